@@ -1,0 +1,65 @@
+"""rivet: native kernels as packed functions on PyTorch, JAX, NumPy, CuPy and MXNet memory.
+
+Tensors cross in both directions through DLPack without copies; see README.md for the API.
+"""
+
+from ._native import (
+    DLPACK_VERSION,
+    Function,
+    Tensor,
+    __version__,
+    from_dlpack,
+    get_global_func,
+    list_global_funcs,
+    num_threads,
+    remove_global_func,
+    zeros,
+)
+from ._native import _register
+from .error import *  # noqa: F401,F403
+from .error import __all__ as _error_names
+from .contrib.dlpack import convert_func, to_jax_func, to_mxnet_func, to_pytorch_func
+
+
+def register_func(name, f=None, override=False):
+    """Register ``f`` (a Python callable or a ``rivet.Function``) as the global function ``name``.
+
+    Without ``f`` it returns a decorator::
+
+        @rivet.register_func("my.add")
+        def add(a, b):
+            return a + b
+
+    Registering a taken name raises ``rivet.RegistryError`` unless ``override=True``.
+    Returns ``f`` unchanged.
+    """
+    if not isinstance(name, str):
+        raise ArgumentError(  # noqa: F405
+            f"register_func: argument 0 ('name') must be a str, got {type(name).__name__}"
+        )
+
+    def register(func):
+        _register(name, func, override)
+        return func
+
+    return register if f is None else register(f)
+
+
+__all__ = [
+    "DLPACK_VERSION",
+    "Function",
+    "Tensor",
+    "__version__",
+    "convert_func",
+    "from_dlpack",
+    "get_global_func",
+    "list_global_funcs",
+    "num_threads",
+    "register_func",
+    "remove_global_func",
+    "to_jax_func",
+    "to_mxnet_func",
+    "to_pytorch_func",
+    "zeros",
+    *_error_names,
+]

@@ -1,0 +1,1 @@
+"""Framework glue, laid out as in TVM (``rivet.contrib.dlpack``)."""

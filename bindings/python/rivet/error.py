@@ -1,0 +1,70 @@
+"""rivet's exception classes.
+
+Every error rivet raises is a :class:`Error`; the subclasses also derive from the builtin a
+Python user would catch (``except ValueError`` keeps working). Messages name the argument
+(position and name), what was expected and what came.
+"""
+
+
+class Error(Exception):
+    """Base class of every error raised by rivet."""
+
+
+class ShapeError(Error, ValueError):
+    """Wrong rank or shape; symbolic dims bound inconsistently."""
+
+
+class DTypeError(Error, TypeError):
+    """Wrong or unsupported dtype."""
+
+
+class DeviceError(Error, ValueError):
+    """Tensor on the wrong device, or the device is not available."""
+
+
+class ArgumentError(Error, TypeError):
+    """Wrong number or kind of arguments."""
+
+
+class ReadOnlyError(Error, ValueError):
+    """A write to a read-only tensor (jax.Array, non-writeable numpy array, read-only export)."""
+
+
+class LayoutError(Error, ValueError):
+    """An output whose elements overlap, or an output partially overlapping an input."""
+
+
+class DLPackError(Error, BufferError):
+    """A reused capsule, a malformed or unsupported DLPack tensor, a failed export."""
+
+
+class FunctionNotFoundError(Error, LookupError):
+    """No function is registered under the name."""
+
+
+class RegistryError(Error, ValueError):
+    """Registering a name that is taken, without override=True."""
+
+
+class CompileError(Error):
+    """The compiler rejected a program."""
+
+
+class InternalError(Error):
+    """A bug in rivet (never the caller's fault); please report it."""
+
+
+__all__ = [
+    "Error",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "ArgumentError",
+    "ReadOnlyError",
+    "LayoutError",
+    "DLPackError",
+    "FunctionNotFoundError",
+    "RegistryError",
+    "CompileError",
+    "InternalError",
+]

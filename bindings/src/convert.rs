@@ -1,0 +1,263 @@
+//! Python object <-> `Value`.
+//!
+//! Tensor import order (first match wins): a `rivet.Tensor`; a type offering
+//! `__dlpack_c_exchange_api__` (torch >= 2.11: no Python call, no capsule); a raw capsule;
+//! `__dlpack__(max_version=(1, 0))`, then `__dlpack__()` for producers that reject the
+//! keyword. What we learn about a type (its exchange API, whether it is a JAX array, which
+//! must be read-only) is cached per type, per thread, so the hot path is a pointer compare.
+
+use crate::capsule;
+use crate::errors::from_pyerr;
+use crate::function::PyFunction;
+use crate::tensor::PyTensor;
+use dlpack_rs::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI};
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
+use rivet_runtime::{dlpack, Error, Function, Result, Tensor, Value};
+use std::cell::RefCell;
+use std::ffi::c_void;
+
+/// What we know about one Python type.
+#[derive(Clone, Copy)]
+struct TypeInfo {
+    ptr: usize,
+    api: Option<&'static DLPackExchangeAPI>,
+    read_only: bool,
+    has_dlpack: bool,
+}
+
+thread_local! {
+    /// Each entry holds its type alive, so the pointer key cannot be reused by another type.
+    static TYPES: RefCell<Vec<(TypeInfo, Py<PyType>)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn type_info(obj: &Bound<'_, PyAny>) -> TypeInfo {
+    type_info_of(&obj.get_type())
+}
+
+/// Looks a type up in the per-thread cache, probing it on a miss.
+fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
+    let ptr = ty.as_ptr() as usize;
+    if let Some(hit) = TYPES.with(|c| c.borrow().iter().find(|t| t.0.ptr == ptr).map(|t| t.0)) {
+        return hit;
+    }
+    let api = ty
+        .getattr(pyo3::intern!(ty.py(), "__dlpack_c_exchange_api__"))
+        .ok()
+        .and_then(|cap| {
+            if !capsule::is_capsule(&cap) {
+                return None;
+            }
+            // SAFETY: a capsule named "dlpack_exchange_api" holds a DLPackExchangeAPI that the
+            // producer keeps alive for the whole process (DLPack's contract).
+            let p =
+                unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
+            if p.is_null() {
+                // SAFETY: clear the error GetPointer set on a name mismatch.
+                unsafe { ffi::PyErr_Clear() };
+                return None;
+            }
+            // SAFETY: see above.
+            let api: &'static DLPackExchangeAPI = unsafe { &*(p as *const DLPackExchangeAPI) };
+            let usable = api.header.version.major == dlpack::VERSION.major
+                && api.managed_tensor_from_py_object_no_sync.is_some();
+            usable.then_some(api)
+        });
+    let module: String = ty.module().map(|m| m.to_string()).unwrap_or_default();
+    // JAX arrays are immutable but export legacy capsules without a read-only flag.
+    let read_only = module == "jax" || module.starts_with("jax.") || module.starts_with("jaxlib");
+    let has_dlpack = ty
+        .hasattr(pyo3::intern!(ty.py(), "__dlpack__"))
+        .unwrap_or(false);
+    let info = TypeInfo {
+        ptr,
+        api,
+        read_only,
+        has_dlpack,
+    };
+    TYPES.with(|c| c.borrow_mut().push((info, ty.clone().unbind())));
+    info
+}
+
+/// Imports any tensor-like object (rivet tensor, exchange-API type, capsule, `__dlpack__`).
+/// Returns `Ok(None)` when the object is not tensor-like at all.
+pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
+    if let Ok(t) = obj.cast::<PyTensor>() {
+        return Ok(Some(t.get().tensor.clone()));
+    }
+    if capsule::is_capsule(obj) {
+        return capsule::consume(obj, false).map(Some);
+    }
+    let info = type_info(obj);
+    if let Some(api) = info.api {
+        let f = api
+            .managed_tensor_from_py_object_no_sync
+            .expect("checked in type_info");
+        let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+        // SAFETY: obj has the type the API was read from; the GIL is held.
+        let rc = unsafe { f(obj.as_ptr() as *mut c_void, &mut out) };
+        if rc != 0 || out.is_null() {
+            let err = PyErr::take(obj.py()).map(|e| from_pyerr(obj.py(), e));
+            return Err(err.unwrap_or_else(|| {
+                Error::DLPack("the producer's DLPack exchange API failed".into())
+            }));
+        }
+        // SAFETY: `out` is a fresh owning managed tensor.
+        let t = unsafe { dlpack::import_versioned(out) }?;
+        return Ok(Some(if info.read_only { t.to_read_only() } else { t }));
+    }
+    if !info.has_dlpack {
+        return Ok(None);
+    }
+    let py = obj.py();
+    let kwargs = [(pyo3::intern!(py, "max_version"), (1, 0))];
+    let method = pyo3::intern!(py, "__dlpack__");
+    let cap = match obj.call_method(
+        method,
+        (),
+        Some(&pyo3::types::IntoPyDict::into_py_dict(kwargs, py).map_err(|e| from_pyerr(py, e))?),
+    ) {
+        Ok(c) => c,
+        // Producers predating DLPack 1.0 do not take `max_version`.
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            obj.call_method0(method).map_err(|e| from_pyerr(py, e))?
+        }
+        Err(e) => return Err(from_pyerr(py, e)),
+    };
+    if !capsule::is_capsule(&cap) {
+        return Err(Error::DLPack(format!(
+            "{}.__dlpack__() returned a {}, not a DLPack capsule",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+            cap.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        )));
+    }
+    capsule::consume(&cap, info.read_only).map(Some)
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .fully_qualified_name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Converts one call argument. `func` and `index` word the error.
+pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, index: usize) -> Result<Value> {
+    // Exact checks first: the cheapest tests for the commonest scalars.
+    if obj.is_exact_instance_of::<PyFloat>() {
+        return Ok(Value::Float(
+            obj.cast::<PyFloat>().expect("checked").value(),
+        ));
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        return Ok(Value::Bool(obj.is_truthy().unwrap_or(false)));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return obj.extract::<i64>().map(Value::Int).map_err(|_| {
+            Error::Argument(format!(
+                "{func}: argument {index} is an int that does not fit in 64 bits"
+            ))
+        });
+    }
+    if let Some(t) = try_tensor(obj)? {
+        return Ok(Value::Tensor(t));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(Value::Float(obj.extract::<f64>().unwrap_or(f64::NAN)));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_string_lossy().as_ref().into()));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Value::Bytes(b.as_bytes().into()));
+    }
+    if let Ok(f) = obj.cast::<PyFunction>() {
+        return Ok(Value::Function(f.get().func.clone()));
+    }
+    if obj.is_callable() {
+        return Ok(Value::Function(wrap_callable(obj.clone().unbind(), None)));
+    }
+    Err(Error::Argument(format!(
+        "{func}: argument {index} has type {}; expected a tensor (rivet.Tensor, an object with __dlpack__ or a DLPack capsule), int, float, bool, str, bytes, None or a callable",
+        type_name(obj)
+    )))
+}
+
+/// Wraps a Python callable as a packed function. Its exceptions travel back unchanged.
+pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
+    let name = name.unwrap_or_else(|| {
+        Python::attach(|py| {
+            f.bind(py)
+                .getattr("__qualname__")
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "<python callable>".into())
+        })
+    });
+    let fname = name.clone();
+    Function::new(name, move |args| {
+        Python::attach(|py| {
+            let items = args
+                .iter()
+                .map(|a| from_value(py, a))
+                .collect::<PyResult<Vec<_>>>()
+                .map_err(|e| from_pyerr(py, e))?;
+            let tuple = PyTuple::new(py, items).map_err(|e| from_pyerr(py, e))?;
+            let r = f.bind(py).call1(tuple).map_err(|e| from_pyerr(py, e))?;
+            to_value(&r, &format!("return value of {fname}"), 0)
+        })
+    })
+}
+
+/// Converts a result back to Python.
+pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
+        Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
+        Value::Float(x) => PyFloat::new(py, *x).into_any().unbind(),
+        Value::Str(s) => PyString::new(py, s).into_any().unbind(),
+        Value::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
+        Value::DType(d) => PyString::new(py, d.name()).into_any().unbind(),
+        Value::Device(d) => PyString::new(py, &d.to_string()).into_any().unbind(),
+        Value::Tensor(t) => Py::new(py, PyTensor { tensor: t.clone() })?.into_any(),
+        Value::Function(f) => Py::new(py, PyFunction::new(f.clone()))?.into_any(),
+    })
+}
+
+/// A tensor result as the type of `framework` (e.g. torch.Tensor): through the type's
+/// exchange API when it has one, else `from_dlpack(rivet_tensor)`.
+pub fn tensor_as(
+    py: Python<'_>,
+    t: &Tensor,
+    ty: &Bound<'_, PyType>,
+    from_dlpack: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    if let Some(api) = type_info_of(ty).api {
+        if let Some(to_py) = api.managed_tensor_to_py_object_no_sync {
+            let m = dlpack::export_versioned(t);
+            let mut out: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `m` is a fresh export whose ownership the call takes (also on failure,
+            // per the DLPack exchange API); the GIL is held.
+            let rc = unsafe { to_py(m, &mut out) };
+            if rc != 0 || out.is_null() {
+                return Err(PyErr::take(py)
+                    .unwrap_or_else(|| PyTypeError::new_err("DLPack exchange export failed")));
+            }
+            // SAFETY: out is a new reference.
+            return Ok(unsafe { Bound::from_owned_ptr(py, out as *mut ffi::PyObject) }.unbind());
+        }
+    }
+    let rt = Py::new(py, PyTensor { tensor: t.clone() })?;
+    from_dlpack.call1((rt,)).map(|o| o.unbind())
+}

@@ -1,0 +1,172 @@
+//! `rivet.Function` and the registry functions. A `Function` call converts the arguments
+//! (holding the GIL), releases the GIL while the native body runs, and converts the result.
+//! Wrappers made by `convert_func` / `to_*_func` carry a framework type: arguments of that
+//! type go through its `to_dlpack` function, tensor results come back as that type.
+
+use crate::convert::{self, tensor_as, to_value, wrap_callable};
+use crate::errors::IntoPyResult;
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+use rivet_runtime::{registry, Function, Value};
+use smallvec::SmallVec;
+
+/// How a wrapper converts between a framework's tensors and rivet's.
+struct Framework {
+    ty: Py<PyType>,
+    /// obj -> DLPack capsule (or any tensor-like); None: rivet imports the type natively.
+    to_dlpack: Option<Py<PyAny>>,
+    /// rivet.Tensor -> framework tensor; None: results stay rivet tensors.
+    from_dlpack: Option<Py<PyAny>>,
+}
+
+#[pyclass(name = "Function", module = "rivet", frozen)]
+pub struct PyFunction {
+    pub func: Function,
+    framework: Option<Framework>,
+}
+
+impl PyFunction {
+    pub fn new(func: Function) -> PyFunction {
+        PyFunction {
+            func,
+            framework: None,
+        }
+    }
+
+    fn convert_arg(&self, obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Value> {
+        let py = obj.py();
+        if let Some(Framework {
+            ty,
+            to_dlpack: Some(to_dlpack),
+            ..
+        }) = &self.framework
+        {
+            if obj.is_instance(ty.bind(py))? {
+                let cap = to_dlpack.bind(py).call1((obj,))?;
+                return to_value(&cap, self.func.name(), index).py_err(py);
+            }
+        }
+        to_value(obj, self.func.name(), index).py_err(py)
+    }
+
+    fn convert_result(&self, py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+        if let (
+            Value::Tensor(t),
+            Some(Framework {
+                ty,
+                from_dlpack: Some(from),
+                ..
+            }),
+        ) = (v, &self.framework)
+        {
+            return tensor_as(py, t, ty.bind(py), from.bind(py));
+        }
+        convert::from_value(py, v)
+    }
+}
+
+#[pymethods]
+impl PyFunction {
+    #[pyo3(signature = (*args))]
+    fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+        let mut values: SmallVec<[Value; 8]> = SmallVec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            values.push(self.convert_arg(&a, i)?);
+        }
+        let func = &self.func;
+        let result = py.detach(|| func.call(&values)).py_err(py)?;
+        // Drop the argument views (and so run producers' deleters) before converting back.
+        drop(values);
+        self.convert_result(py, &result)
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.func.name()
+    }
+
+    /// The typed signature as text, e.g. "(alpha: float, x: Tensor[float32|float64], ...)";
+    /// None for untyped functions.
+    #[getter]
+    fn signature(&self) -> Option<String> {
+        self.func.signature().map(|s| s.to_string())
+    }
+
+    /// A wrapper of this function for a framework's tensor type (see `rivet.convert_func`).
+    #[pyo3(signature = (tensor_type, to_dlpack=None, from_dlpack=None))]
+    fn _with_framework(
+        &self,
+        tensor_type: Bound<'_, PyType>,
+        to_dlpack: Option<Py<PyAny>>,
+        from_dlpack: Option<Py<PyAny>>,
+    ) -> PyFunction {
+        PyFunction {
+            func: self.func.clone(),
+            framework: Some(Framework {
+                ty: tensor_type.unbind(),
+                to_dlpack,
+                from_dlpack,
+            }),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "rivet.Function({}{})",
+            self.func.name(),
+            self.func
+                .signature()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "(...)".into())
+        )
+    }
+}
+
+/// Registers `f` (a rivet.Function or any Python callable) under `name`.
+#[pyfunction]
+#[pyo3(signature = (name, f, override_=false))]
+pub fn _register(
+    py: Python<'_>,
+    name: &str,
+    f: &Bound<'_, PyAny>,
+    override_: bool,
+) -> PyResult<()> {
+    let func = match f.cast::<PyFunction>() {
+        Ok(pf) => pf.get().func.clone(),
+        Err(_) if f.is_callable() => wrap_callable(f.clone().unbind(), Some(name.to_string())),
+        Err(_) => {
+            return Err(rivet_runtime::Error::Argument(format!(
+                "register_func: argument 1 ('f') must be callable, got {}",
+                f.get_type().fully_qualified_name()?
+            )))
+            .py_err(py)
+        }
+    };
+    registry::register(name, func, override_).py_err(py)
+}
+
+#[pyfunction]
+#[pyo3(signature = (name, allow_missing=false))]
+pub fn get_global_func(
+    py: Python<'_>,
+    name: &str,
+    allow_missing: bool,
+) -> PyResult<Option<PyFunction>> {
+    if allow_missing {
+        return Ok(registry::try_get(name).map(PyFunction::new));
+    }
+    registry::get(name)
+        .map(|f| Some(PyFunction::new(f)))
+        .py_err(py)
+}
+
+#[pyfunction]
+pub fn list_global_funcs() -> Vec<String> {
+    registry::list()
+}
+
+/// Removes a registered function; returns whether it was there.
+#[pyfunction]
+pub fn remove_global_func(name: &str) -> bool {
+    registry::remove(name)
+}

@@ -1,0 +1,159 @@
+//! `rivet.Tensor`: a Python handle on a runtime `Tensor` view.
+
+use crate::capsule;
+use crate::convert;
+use crate::errors::IntoPyResult;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use rivet_runtime::{DType, Device, Tensor};
+
+#[pyclass(name = "Tensor", module = "rivet", frozen)]
+pub struct PyTensor {
+    pub tensor: Tensor,
+}
+
+#[pymethods]
+impl PyTensor {
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.tensor.shape())
+    }
+    /// Strides in elements (DLPack's unit), not bytes.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.tensor.strides())
+    }
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.tensor.ndim()
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.tensor.dtype().name()
+    }
+    #[getter]
+    fn device(&self) -> String {
+        self.tensor.device().to_string()
+    }
+    /// Address of element (0, 0, ...), byte offset included.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.tensor.data_ptr() as usize
+    }
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.tensor.is_read_only()
+    }
+    #[getter]
+    fn size(&self) -> i64 {
+        self.tensor.numel()
+    }
+
+    /// A numpy view of the same memory (no copy); read-only tensors give read-only arrays.
+    fn numpy(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        if !slf.get().tensor.device().is_host() {
+            return Err(rivet_runtime::Error::Device(format!(
+                "Tensor.numpy() needs a CPU tensor, this one is on {}",
+                slf.get().tensor.device()
+            )))
+            .py_err(py);
+        }
+        Ok(py
+            .import("numpy")?
+            .call_method1("from_dlpack", (slf,))?
+            .unbind())
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<Bound<'_, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let t = &self.tensor;
+        if let Some(s) = &stream {
+            // On the CPU there is no stream to synchronise with; only None / -1 make sense.
+            if t.device().is_host() && !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
+                return Err(PyValueError::new_err(format!(
+                    "stream must be None for a tensor on {}",
+                    t.device()
+                )));
+            }
+        }
+        if let Some((ty, id)) = dl_device {
+            let d = t.device().to_dlpack();
+            if (ty as u32, id) != (d.device_type, d.device_id) {
+                return Err(PyBufferError::new_err(format!(
+                    "rivet cannot export a tensor on {} to DLPack device ({ty}, {id}) without a cross-device copy",
+                    t.device()
+                )));
+            }
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        if copy == Some(true) {
+            let c = t.copy_compact().py_err(py)?;
+            return capsule::export(py, &c, versioned);
+        }
+        capsule::export(py, t, versioned)
+    }
+
+    /// A legacy capsule even when read-only, for `to_jax_func` only: JAX asks for legacy
+    /// capsules and never writes through them.
+    fn _dlpack_for_immutable_consumer(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        capsule::export_for_immutable_consumer(py, &self.tensor)
+    }
+
+    fn __dlpack_device__(&self) -> (u32, i32) {
+        let d = self.tensor.device().to_dlpack();
+        (d.device_type, d.device_id)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "rivet.Tensor(shape={:?}, strides={:?}, dtype={}, device={}{})",
+            self.tensor.shape(),
+            self.tensor.strides(),
+            self.tensor.dtype(),
+            self.tensor.device(),
+            if self.tensor.is_read_only() {
+                ", read_only=True"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// `rivet.from_dlpack(obj)`: a view of any DLPack producer's memory (no copy).
+#[pyfunction]
+pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTensor>> {
+    match convert::try_tensor(obj).py_err(py)? {
+        Some(t) => Py::new(py, PyTensor { tensor: t }),
+        None => Err(rivet_runtime::Error::Argument(format!(
+            "from_dlpack: argument 0 ('obj') has type {}; expected a rivet.Tensor, an object with __dlpack__ or a DLPack capsule",
+            obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_default()
+        )))
+        .py_err(py),
+    }
+}
+
+/// `rivet.zeros(shape, dtype="float32")`: a new zero-filled CPU tensor in rivet's own memory.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype="float32", device="cpu"))]
+pub fn zeros(py: Python<'_>, shape: Vec<i64>, dtype: &str, device: &str) -> PyResult<Py<PyTensor>> {
+    let dtype: DType = dtype.parse().py_err(py)?;
+    let device: Device = device.parse().py_err(py)?;
+    if device != Device::Cpu {
+        return Err(rivet_runtime::Error::Device(format!(
+            "rivet.zeros: cannot allocate on {device}; only 'cpu' is available"
+        )))
+        .py_err(py);
+    }
+    let t = Tensor::zeros(&shape, dtype).py_err(py)?;
+    Py::new(py, PyTensor { tensor: t })
+}

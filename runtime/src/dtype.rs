@@ -1,0 +1,182 @@
+//! Element types. A `DType` is a plain value; its DLPack encoding is (code, bits, lanes=1).
+//! Only the types rivet can store are representable: sub-byte, complex and fp8 types coming
+//! through DLPack are rejected at import with a `DType` error naming the code and bits.
+
+use crate::error::{Error, Result};
+use dlpack_rs::ffi::{DLDataType, DLDataTypeCode};
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bool,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl DType {
+    pub const ALL: [DType; 13] = [
+        DType::Bool,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// Size of one element in bytes (bool is stored as one byte, as DLPack says).
+    pub const fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::I8 | DType::U8 => 1,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    pub fn to_dlpack(self) -> DLDataType {
+        let code = match self {
+            DType::Bool => DLDataTypeCode::kDLBool,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 => DLDataTypeCode::kDLInt,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 => DLDataTypeCode::kDLUInt,
+            DType::F16 | DType::F32 | DType::F64 => DLDataTypeCode::kDLFloat,
+            DType::BF16 => DLDataTypeCode::kDLBfloat,
+        };
+        DLDataType {
+            code: code as u8,
+            bits: (self.size() * 8) as u8,
+            lanes: 1,
+        }
+    }
+
+    pub fn from_dlpack(t: DLDataType) -> Result<DType> {
+        let unsupported = || {
+            Error::DType(format!(
+                "unsupported DLPack dtype (code={}, bits={}, lanes={}); rivet supports {}",
+                t.code,
+                t.bits,
+                t.lanes,
+                DType::ALL.map(|d| d.name()).join(", ")
+            ))
+        };
+        if t.lanes != 1 {
+            return Err(unsupported());
+        }
+        let d = match (t.code as u32, t.bits) {
+            (DLDataTypeCode::kDLBool, 8) => DType::Bool,
+            // Some producers (older MXNet, numpy<1.25) export bool as uint8 with the bool code
+            // missing; those arrive as uint8 and stay uint8, which is what they are in memory.
+            (DLDataTypeCode::kDLInt, 8) => DType::I8,
+            (DLDataTypeCode::kDLInt, 16) => DType::I16,
+            (DLDataTypeCode::kDLInt, 32) => DType::I32,
+            (DLDataTypeCode::kDLInt, 64) => DType::I64,
+            (DLDataTypeCode::kDLUInt, 8) => DType::U8,
+            (DLDataTypeCode::kDLUInt, 16) => DType::U16,
+            (DLDataTypeCode::kDLUInt, 32) => DType::U32,
+            (DLDataTypeCode::kDLUInt, 64) => DType::U64,
+            (DLDataTypeCode::kDLFloat, 16) => DType::F16,
+            (DLDataTypeCode::kDLFloat, 32) => DType::F32,
+            (DLDataTypeCode::kDLFloat, 64) => DType::F64,
+            (DLDataTypeCode::kDLBfloat, 16) => DType::BF16,
+            _ => return Err(unsupported()),
+        };
+        Ok(d)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<DType> {
+        let alias = match s {
+            "float" => "float32",
+            "double" => "float64",
+            "half" => "float16",
+            "int" => "int32",
+            "long" => "int64",
+            other => other,
+        };
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == alias)
+            .ok_or_else(|| {
+                Error::DType(format!(
+                    "unknown dtype '{s}'; expected one of {}",
+                    DType::ALL.map(|d| d.name()).join(", ")
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_dlpack_and_names() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_dlpack(d.to_dlpack()).unwrap(), d);
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+            assert_eq!(d.to_string(), d.name());
+        }
+    }
+
+    #[test]
+    fn rejects_vector_and_exotic_types() {
+        let mut t = DType::F32.to_dlpack();
+        t.lanes = 4;
+        assert!(matches!(DType::from_dlpack(t), Err(Error::DType(_))));
+        let c = DLDataType {
+            code: DLDataTypeCode::kDLComplex as u8,
+            bits: 64,
+            lanes: 1,
+        };
+        let e = DType::from_dlpack(c).unwrap_err().to_string();
+        assert!(e.contains("code=5") && e.contains("bits=64"), "{e}");
+        assert!("float17".parse::<DType>().is_err());
+    }
+}

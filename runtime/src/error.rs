@@ -1,0 +1,87 @@
+//! The runtime's one error type.
+//!
+//! User errors (bad arguments, bad DLPack input, unknown names) are kept apart from
+//! [`Error::Internal`], which always means a bug in rivet. Each user variant maps to one
+//! Python exception class in the bindings (see README "Errors"), so the variant is the
+//! contract and the message is free text that names the argument, the expectation and what
+//! came.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// An error raised by a foreign caller (e.g. a Python exception inside a callback),
+/// carried through Rust untouched so the bindings can re-raise the very same object.
+#[derive(Clone)]
+pub struct ForeignError {
+    /// Text for Rust callers who cannot interpret the payload.
+    pub message: String,
+    /// The foreign error object (the bindings downcast it back).
+    pub payload: Arc<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for ForeignError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ForeignError")
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Wrong rank or shape, symbolic dims bound inconsistently.
+    #[error("{0}")]
+    Shape(String),
+    /// Wrong or unsupported dtype.
+    #[error("{0}")]
+    DType(String),
+    /// Wrong or unavailable device.
+    #[error("{0}")]
+    Device(String),
+    /// Wrong number or kind of arguments.
+    #[error("{0}")]
+    Argument(String),
+    /// A write to read-only memory was requested.
+    #[error("{0}")]
+    ReadOnly(String),
+    /// Overlapping output elements, output partially aliasing an input.
+    #[error("{0}")]
+    Layout(String),
+    /// Malformed, unsupported or already-consumed DLPack tensors; failed exports.
+    #[error("{0}")]
+    DLPack(String),
+    /// No function registered under the name.
+    #[error("{0}")]
+    NotFound(String),
+    /// Registry conflicts (name taken without override).
+    #[error("{0}")]
+    Registry(String),
+    /// The compiler rejected a program.
+    #[error("{0}")]
+    Compile(String),
+    /// An error from a foreign callee (Python exception in a callback), passed through.
+    #[error("{}", .0.message)]
+    Foreign(ForeignError),
+    /// A bug in rivet, never the user's fault.
+    #[error("internal error (a bug in rivet, please report it): {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where an argument sits in a call: used to word errors as `argument 2 ('y')`.
+#[derive(Debug, Clone, Copy)]
+pub struct ArgName<'a> {
+    pub index: usize,
+    pub name: Option<&'a str>,
+}
+
+impl fmt::Display for ArgName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name {
+            Some(n) => write!(f, "argument {} ('{}')", self.index, n),
+            None => write!(f, "argument {}", self.index),
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Packed functions: `Arc<dyn Fn(&[Value]) -> Result<Value>>` plus an optional typed
+//! signature. When a signature is present, `Function::call` checks every argument against
+//! it before the body runs, so bodies may assume the kinds, dtypes, ranks, fixed and
+//! symbolic dims, devices and writability it declares; errors name the function, the
+//! argument (position and name), what was expected and what came.
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{ArgName, Error, Result};
+use crate::value::Value;
+use std::fmt;
+use std::sync::Arc;
+
+type Body = dyn Fn(&[Value]) -> Result<Value> + Send + Sync;
+
+#[derive(Clone)]
+pub struct Function {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    signature: Option<Signature>,
+    body: Box<Body>,
+}
+
+impl Function {
+    /// An untyped function: the body checks its own arguments.
+    pub fn new(
+        name: impl Into<String>,
+        body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
+    ) -> Function {
+        Function {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                signature: None,
+                body: Box::new(body),
+            }),
+        }
+    }
+
+    /// A typed function: `call` checks the arguments against `signature` first.
+    pub fn with_signature(
+        name: impl Into<String>,
+        signature: Signature,
+        body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
+    ) -> Function {
+        Function {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                signature: Some(signature),
+                body: Box::new(body),
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn signature(&self) -> Option<&Signature> {
+        self.inner.signature.as_ref()
+    }
+
+    pub fn call(&self, args: &[Value]) -> Result<Value> {
+        if let Some(sig) = &self.inner.signature {
+            sig.check(&self.inner.name, args)?;
+        }
+        (self.inner.body)(args)
+    }
+
+    /// True when both handles are the same function object.
+    pub fn same(&self, other: &Function) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl fmt::Debug for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner.signature {
+            Some(sig) => write!(f, "Function({}{sig})", self.inner.name),
+            None => write!(f, "Function({}(...))", self.inner.name),
+        }
+    }
+}
+
+/// One dim of a declared tensor shape.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dim {
+    Fixed(i64),
+    /// A symbolic dim: every occurrence across the arguments must bind the same value.
+    Var(String),
+    Any,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TensorSpec {
+    /// Accepted dtypes; empty means any.
+    pub dtypes: Vec<DType>,
+    /// Declared shape (its length is the rank); `None` means any rank.
+    pub shape: Option<Vec<Dim>>,
+    /// Required device; `None` means any host-readable device.
+    pub device: Option<Device>,
+    /// The function writes this tensor: it must be writable and free of self-overlap.
+    pub output: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamKind {
+    Any,
+    Bool,
+    Int,
+    /// A float; ints and bools are accepted too (Python's numeric tower).
+    Float,
+    Str,
+    Function,
+    Tensor(TensorSpec),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Param {
+    pub name: String,
+    pub kind: ParamKind,
+}
+
+impl Param {
+    pub fn new(name: impl Into<String>, kind: ParamKind) -> Param {
+        Param {
+            name: name.into(),
+            kind,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Signature {
+    pub params: Vec<Param>,
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Var(v) => f.write_str(v),
+            Dim::Any => f.write_str("?"),
+        }
+    }
+}
+
+impl fmt::Display for ParamKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamKind::Any => f.write_str("any"),
+            ParamKind::Bool => f.write_str("bool"),
+            ParamKind::Int => f.write_str("int"),
+            ParamKind::Float => f.write_str("float"),
+            ParamKind::Str => f.write_str("str"),
+            ParamKind::Function => f.write_str("function"),
+            ParamKind::Tensor(t) => {
+                f.write_str("Tensor[")?;
+                let dts: Vec<&str> = t.dtypes.iter().map(|d| d.name()).collect();
+                f.write_str(if dts.is_empty() { "any" } else { "" })?;
+                f.write_str(&dts.join("|"))?;
+                if let Some(shape) = &t.shape {
+                    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+                    write!(f, ", ({})", dims.join(", "))?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Signature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ps: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| format!("{}: {}", p.name, p.kind))
+            .collect();
+        write!(f, "({})", ps.join(", "))
+    }
+}
+
+fn one_of(dtypes: &[DType]) -> String {
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    match names.len() {
+        1 => names[0].to_string(),
+        _ => format!("one of {}", names.join(", ")),
+    }
+}
+
+impl Signature {
+    pub fn new(params: Vec<Param>) -> Signature {
+        Signature { params }
+    }
+
+    /// Checks `args` against the declared parameters; `func` words the errors.
+    pub fn check(&self, func: &str, args: &[Value]) -> Result<()> {
+        if args.len() != self.params.len() {
+            return Err(Error::Argument(format!(
+                "{func}{self} takes {} argument{} but {} were given",
+                self.params.len(),
+                if self.params.len() == 1 { "" } else { "s" },
+                args.len()
+            )));
+        }
+        // Symbolic dims bound so far: (name, value, argument index, argument name).
+        let mut bound: smallvec::SmallVec<[(&str, i64, usize, &str); 8]> =
+            smallvec::SmallVec::new();
+        for (i, (p, a)) in self.params.iter().zip(args).enumerate() {
+            let arg = ArgName {
+                index: i,
+                name: Some(&p.name),
+            };
+            let mismatch = || {
+                Error::Argument(format!(
+                    "{func}: {arg} expected {}, got {}",
+                    p.kind,
+                    a.kind()
+                ))
+            };
+            match (&p.kind, a) {
+                (ParamKind::Any, _) => {}
+                (ParamKind::Bool, Value::Bool(_)) => {}
+                (ParamKind::Int, Value::Int(_) | Value::Bool(_)) => {}
+                (ParamKind::Float, Value::Float(_) | Value::Int(_) | Value::Bool(_)) => {}
+                (ParamKind::Str, Value::Str(_)) => {}
+                (ParamKind::Function, Value::Function(_)) => {}
+                (ParamKind::Tensor(spec), Value::Tensor(t)) => {
+                    if !spec.dtypes.is_empty() && !spec.dtypes.contains(&t.dtype()) {
+                        return Err(Error::DType(format!(
+                            "{func}: {arg} expected dtype {}, got {}",
+                            one_of(&spec.dtypes),
+                            t.dtype()
+                        )));
+                    }
+                    match spec.device {
+                        Some(d) if d != t.device() => {
+                            return Err(Error::Device(format!(
+                                "{func}: {arg} expected a tensor on {d}, got one on {}",
+                                t.device()
+                            )))
+                        }
+                        None if !t.device().is_host() => {
+                            return Err(Error::Device(format!(
+                                "{func}: {arg} expected a CPU tensor, got one on {}",
+                                t.device()
+                            )))
+                        }
+                        _ => {}
+                    }
+                    if let Some(shape) = &spec.shape {
+                        if shape.len() != t.ndim() {
+                            return Err(Error::Shape(format!(
+                                "{func}: {arg} expected a {}-d tensor, got {}-d of shape {:?}",
+                                shape.len(),
+                                t.ndim(),
+                                t.shape()
+                            )));
+                        }
+                        for (d, (want, &got)) in shape.iter().zip(t.shape()).enumerate() {
+                            match want {
+                                Dim::Any => {}
+                                Dim::Fixed(n) if *n == got => {}
+                                Dim::Fixed(n) => {
+                                    return Err(Error::Shape(format!(
+                                        "{func}: {arg} expected size {n} in dim {d}, got shape {:?}",
+                                        t.shape()
+                                    )))
+                                }
+                                Dim::Var(v) => match bound.iter().find(|b| b.0 == v) {
+                                    Some(&(_, val, _, _)) if val == got => {}
+                                    Some(&(_, val, j, jname)) => {
+                                        return Err(Error::Shape(format!(
+                                            "{func}: dim '{v}' is {val} from argument {j} ('{jname}') but {got} from {arg} (dim {d} of shape {:?})",
+                                            t.shape()
+                                        )))
+                                    }
+                                    None => bound.push((v, got, i, &p.name)),
+                                },
+                            }
+                        }
+                    }
+                    if spec.output {
+                        t.check_writable(arg, func)?;
+                    }
+                }
+                _ => return Err(mismatch()),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+
+    fn mm_sig() -> Signature {
+        let t = |dims: [&str; 2], output| {
+            ParamKind::Tensor(TensorSpec {
+                dtypes: vec![DType::F32],
+                shape: Some(dims.iter().map(|d| Dim::Var(d.to_string())).collect()),
+                device: None,
+                output,
+            })
+        };
+        Signature::new(vec![
+            Param::new("A", t(["m", "k"], false)),
+            Param::new("B", t(["k", "n"], false)),
+            Param::new("C", t(["m", "n"], true)),
+        ])
+    }
+
+    #[test]
+    fn binds_symbolic_dims_and_names_conflicts() {
+        let f = Function::with_signature("mm", mm_sig(), |_| Ok(Value::Null));
+        let z = |s: &[i64]| Value::Tensor(Tensor::zeros(s, DType::F32).unwrap());
+        assert!(f.call(&[z(&[2, 3]), z(&[3, 4]), z(&[2, 4])]).is_ok());
+        let e = f.call(&[z(&[2, 3]), z(&[5, 4]), z(&[2, 4])]).unwrap_err();
+        assert!(matches!(e, Error::Shape(_)));
+        assert_eq!(
+            e.to_string(),
+            "mm: dim 'k' is 3 from argument 0 ('A') but 5 from argument 1 ('B') (dim 0 of shape [5, 4])"
+        );
+        let e = f.call(&[z(&[2, 3]), z(&[3, 4])]).unwrap_err();
+        assert!(
+            matches!(e, Error::Argument(_))
+                && e.to_string().contains("takes 3 arguments but 2 were given")
+        );
+        let e = f
+            .call(&[z(&[2, 3]), Value::from("x"), z(&[2, 4])])
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("argument 1 ('B') expected Tensor[float32, (k, n)], got str"),
+            "{e}"
+        );
+        let i = Value::Tensor(Tensor::zeros(&[2, 3], DType::I32).unwrap());
+        let e = f.call(&[i, z(&[3, 4]), z(&[2, 4])]).unwrap_err();
+        assert!(
+            matches!(e, Error::DType(_))
+                && e.to_string().contains("expected dtype float32, got int32")
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! `Tensor`: a view (data pointer, byte offset, shape, strides in elements, dtype, device,
+//! read-only flag) over an owner that keeps the memory alive.
+//!
+//! Invariants, established by every constructor and relied on by kernels:
+//! - `shape.len() == strides.len()`, every dim `>= 0`, and the element count and the byte
+//!   span of the layout fit in `i64` / `isize`;
+//! - for a non-empty tensor, every index inside `shape` addresses memory that the owner
+//!   keeps alive (for foreign memory this is the producer's promise, checked for sanity only);
+//! - clones share the owner: the producer's deleter runs once, when the last view drops.
+
+use crate::alloc::Allocation;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{ArgName, Error, Result};
+use crate::layout::{self, Dims};
+use std::fmt;
+use std::sync::Arc;
+
+/// Something that keeps a tensor's memory alive; dropped when the last view goes.
+pub trait Keepalive: Send + Sync {}
+impl<T: Send + Sync> Keepalive for T {}
+
+#[derive(Clone)]
+pub struct Tensor {
+    owner: Arc<dyn Keepalive>,
+    data: *mut u8,
+    byte_offset: u64,
+    shape: Dims,
+    strides: Dims,
+    dtype: DType,
+    device: Device,
+    read_only: bool,
+}
+
+// SAFETY: the owner is Send + Sync, and the raw pointer is only dereferenced by kernels that
+// follow the framework convention: concurrent writers to one tensor must synchronise.
+unsafe impl Send for Tensor {}
+// SAFETY: as above; `&Tensor` gives no safe way to write the memory.
+unsafe impl Sync for Tensor {}
+
+/// Rust element types with a rivet dtype.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+}
+element!(bool => Bool, i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16,
+         u32 => U32, u64 => U64, half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
+
+/// Validates shape/strides and returns the byte span of the layout.
+fn check_layout(shape: &[i64], strides: &[i64], dtype: DType) -> Result<()> {
+    if shape.len() != strides.len() {
+        return Err(Error::Internal(format!(
+            "shape has {} dims but strides has {}",
+            shape.len(),
+            strides.len()
+        )));
+    }
+    if let Some(d) = shape.iter().position(|&n| n < 0) {
+        return Err(Error::Shape(format!(
+            "dim {d} has negative size {}",
+            shape[d]
+        )));
+    }
+    let n =
+        layout::numel(shape).ok_or_else(|| Error::Shape(format!("shape {shape:?} overflows")))?;
+    if n > 0 {
+        let (lo, hi) = layout::span(shape, strides).ok_or_else(|| {
+            Error::Shape(format!("strides {strides:?} overflow for shape {shape:?}"))
+        })?;
+        let bytes = (hi - lo + 1).checked_mul(dtype.size() as i64);
+        if bytes.is_none_or(|b| b > isize::MAX as i64) {
+            return Err(Error::Shape(format!(
+                "layout {shape:?} / {strides:?} spans too many bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// A new compact, zero-filled CPU tensor in rivet's aligned memory.
+    pub fn zeros(shape: &[i64], dtype: DType) -> Result<Tensor> {
+        let strides = layout::compact_strides(shape);
+        check_layout(shape, &strides, dtype)?;
+        let n = layout::numel(shape).unwrap_or(0) as usize;
+        let alloc = Allocation::zeroed(n * dtype.size())?;
+        let data = alloc.as_ptr();
+        Ok(Tensor {
+            owner: Arc::new(alloc),
+            data,
+            byte_offset: 0,
+            shape: shape.into(),
+            strides,
+            dtype,
+            device: Device::Cpu,
+            read_only: false,
+        })
+    }
+
+    /// A compact CPU tensor holding a copy of `values`.
+    pub fn from_slice<T: Element>(values: &[T], shape: &[i64]) -> Result<Tensor> {
+        let n = layout::numel(shape)
+            .ok_or_else(|| Error::Shape(format!("shape {shape:?} overflows")))?;
+        if n as usize != values.len() {
+            return Err(Error::Shape(format!(
+                "shape {shape:?} holds {n} elements but {} values were given",
+                values.len()
+            )));
+        }
+        let t = Tensor::zeros(shape, T::DTYPE)?;
+        // SAFETY: `t` is a fresh compact allocation of exactly `n` elements of T.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), t.data as *mut T, values.len()) };
+        Ok(t)
+    }
+
+    /// A view of foreign memory.
+    ///
+    /// # Safety
+    /// For a non-empty layout, every element addressed by (`data + byte_offset`, `shape`,
+    /// `strides`) must stay valid, for reads (and writes unless `read_only`), as long as
+    /// `owner` lives.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn from_raw_parts(
+        owner: Arc<dyn Keepalive>,
+        data: *mut u8,
+        byte_offset: u64,
+        shape: Dims,
+        strides: Dims,
+        dtype: DType,
+        device: Device,
+        read_only: bool,
+    ) -> Result<Tensor> {
+        check_layout(&shape, &strides, dtype)?;
+        let empty = shape.contains(&0);
+        if data.is_null() && !empty {
+            return Err(Error::DLPack(format!(
+                "non-empty tensor of shape {shape:?} has a NULL data pointer"
+            )));
+        }
+        if byte_offset > isize::MAX as u64 {
+            return Err(Error::DLPack(format!(
+                "byte_offset {byte_offset} is out of range"
+            )));
+        }
+        Ok(Tensor {
+            owner,
+            data,
+            byte_offset,
+            shape,
+            strides,
+            dtype,
+            device,
+            read_only,
+        })
+    }
+
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+    pub fn strides(&self) -> &[i64] {
+        &self.strides
+    }
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    pub fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
+    pub fn is_compact(&self) -> bool {
+        layout::is_compact(&self.shape, &self.strides)
+    }
+    /// The base pointer as the producer gave it (before `byte_offset`).
+    pub fn raw_data(&self) -> *mut u8 {
+        self.data
+    }
+    pub fn byte_offset(&self) -> u64 {
+        self.byte_offset
+    }
+    /// Address of the element at index (0, 0, ...).
+    pub fn data_ptr(&self) -> *mut u8 {
+        self.data.wrapping_add(self.byte_offset as usize)
+    }
+    /// The owner shared by all views of this memory.
+    pub fn owner(&self) -> &Arc<dyn Keepalive> {
+        &self.owner
+    }
+
+    /// Half-open byte range `[lo, hi)` the tensor touches; `None` when it is empty.
+    pub fn byte_range(&self) -> Option<(usize, usize)> {
+        let (lo, hi) = layout::span(&self.shape, &self.strides)?;
+        let base = self.data_ptr() as isize;
+        let size = self.dtype.size() as isize;
+        Some((
+            (base + lo as isize * size) as usize,
+            (base + (hi as isize + 1) * size) as usize,
+        ))
+    }
+
+    /// The same memory, marked read-only (writers through this view are refused).
+    pub fn to_read_only(&self) -> Tensor {
+        Tensor {
+            read_only: true,
+            ..self.clone()
+        }
+    }
+
+    /// A view with another layout over this view's memory. The new layout must address only
+    /// elements inside this view's span, so a view can never reach memory its parent could not.
+    pub fn as_strided(&self, shape: &[i64], strides: &[i64], elem_offset: i64) -> Result<Tensor> {
+        check_layout(shape, strides, self.dtype)?;
+        if let Some((lo, hi)) = layout::span(shape, strides) {
+            let (plo, phi) = layout::span(&self.shape, &self.strides).ok_or_else(|| {
+                Error::Shape("cannot take a non-empty view of an empty tensor".into())
+            })?;
+            if elem_offset + lo < plo || elem_offset + hi > phi {
+                return Err(Error::Shape(format!(
+                    "view shape {shape:?} strides {strides:?} offset {elem_offset} reaches elements [{}, {}] outside the parent's [{plo}, {phi}]",
+                    elem_offset + lo,
+                    elem_offset + hi
+                )));
+            }
+        }
+        let byte_offset = self.byte_offset as i64 + elem_offset * self.dtype.size() as i64;
+        if byte_offset < 0 {
+            // Negative offsets are folded into the data pointer: DLPack's offset is unsigned.
+            return Ok(Tensor {
+                data: self.data.wrapping_offset(byte_offset as isize),
+                byte_offset: 0,
+                shape: shape.into(),
+                strides: strides.into(),
+                ..self.clone()
+            });
+        }
+        Ok(Tensor {
+            byte_offset: byte_offset as u64,
+            shape: shape.into(),
+            strides: strides.into(),
+            ..self.clone()
+        })
+    }
+
+    /// Checks that the tensor may be written as `arg`: writable and free of self-overlap.
+    pub fn check_writable(&self, arg: ArgName<'_>, func: &str) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly(format!(
+                "{func}: {arg} is written by the function but the tensor is read-only (a jax.Array, a non-writeable numpy array or a read-only DLPack export); pass a writable tensor"
+            )));
+        }
+        if layout::may_self_overlap(&self.shape, &self.strides) {
+            return Err(Error::Layout(format!(
+                "{func}: {arg} is written by the function but its elements overlap in memory (shape {:?}, strides {:?}, e.g. an expanded/broadcast view); pass a tensor whose elements are distinct",
+                self.shape(),
+                self.strides()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_host(&self, what: &str) -> Result<()> {
+        if !self.device.is_host() {
+            return Err(Error::Device(format!(
+                "{what} needs a CPU tensor, got one on {}",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// The elements in row-major order (a gather over any strides).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check_host("Tensor::to_vec")?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::DType(format!(
+                "Tensor::to_vec::<{}> on a {} tensor",
+                T::DTYPE,
+                self.dtype
+            )));
+        }
+        let mut out = Vec::with_capacity(self.numel() as usize);
+        let mut idx = vec![0i64; self.ndim()];
+        if self.numel() == 0 {
+            return Ok(out);
+        }
+        let base = self.data_ptr() as *const T;
+        loop {
+            let off: i64 = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
+            // SAFETY: idx is inside shape, so the offset is inside the validated layout.
+            out.push(unsafe { *base.offset(off as isize) });
+            let mut d = self.ndim();
+            loop {
+                if d == 0 {
+                    return Ok(out);
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+
+    /// A compact copy in fresh rivet memory (what DLPack's `copy=True` asks for).
+    pub fn copy_compact(&self) -> Result<Tensor> {
+        self.check_host("Tensor::copy_compact")?;
+        let out = Tensor::zeros(&self.shape, self.dtype)?;
+        let size = self.dtype.size();
+        let nest = layout::LoopNest::new(&self.shape, [&out.strides, &self.strides]);
+        let (n, [so, si]) = nest.inner();
+        for row in 0..if self.numel() == 0 { 0 } else { nest.rows() } {
+            let [oo, oi] = nest.row_offsets(row);
+            for k in 0..n {
+                // SAFETY: offsets come from indices inside the shared shape of two validated layouts.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.data_ptr()
+                            .offset(((oi + k * si) * size as i64) as isize),
+                        out.data_ptr()
+                            .offset(((oo + k * so) * size as i64) as isize),
+                        size,
+                    )
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({}, shape={:?}, strides={:?}, {}{})",
+            self.dtype,
+            self.shape.as_slice(),
+            self.strides.as_slice(),
+            self.device,
+            if self.read_only { ", read-only" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_are_aligned_and_compact() {
+        let t = Tensor::zeros(&[3, 5], DType::F32).unwrap();
+        assert_eq!(t.data_ptr() as usize % crate::alloc::ALIGN, 0);
+        assert!(t.is_compact());
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0; 15]);
+        let e = Tensor::zeros(&[0, 5], DType::F64).unwrap();
+        assert_eq!(e.numel(), 0);
+        assert!(e.byte_range().is_none());
+    }
+
+    #[test]
+    fn views_stay_inside_parent() {
+        let t = Tensor::from_slice(&[0f32, 1., 2., 3., 4., 5.], &[2, 3]).unwrap();
+        let tt = t.as_strided(&[3, 2], &[1, 3], 0).unwrap();
+        assert_eq!(tt.to_vec::<f32>().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
+        let rev = t.as_strided(&[3], &[-1], 5).unwrap();
+        assert_eq!(rev.to_vec::<f32>().unwrap(), vec![5., 4., 3.]);
+        assert!(t.as_strided(&[4], &[2], 0).is_err());
+        assert_eq!(
+            tt.copy_compact().unwrap().to_vec::<f32>().unwrap(),
+            vec![0., 3., 1., 4., 2., 5.]
+        );
+    }
+
+    #[test]
+    fn writability_checks() {
+        let t = Tensor::from_slice(&[1f32; 5], &[5]).unwrap();
+        let arg = ArgName {
+            index: 2,
+            name: Some("y"),
+        };
+        assert!(t.check_writable(arg, "f").is_ok());
+        let e = t.to_read_only().check_writable(arg, "f").unwrap_err();
+        assert!(matches!(e, Error::ReadOnly(_)) && e.to_string().contains("argument 2 ('y')"));
+        let b = t.as_strided(&[4, 5], &[0, 1], 0).unwrap();
+        assert!(matches!(b.check_writable(arg, "f"), Err(Error::Layout(_))));
+    }
+}

@@ -1,0 +1,1 @@
+//! Shared helpers for rivet's cross-crate integration tests (`tests/tests/*.rs`).
