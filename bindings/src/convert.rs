@@ -10,11 +10,12 @@ use crate::capsule;
 use crate::errors::from_pyerr;
 use crate::function::PyFunction;
 use crate::tensor::PyTensor;
-use dlpack_rs::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI};
+use dlpack_rs::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple, PyType};
 use rivet_runtime::{dlpack, Error, Function, Result, Tensor, Value};
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -27,6 +28,9 @@ struct TypeInfo {
     read_only: bool,
     has_dlpack: bool,
 }
+
+/// `{"max_version": (1, 0)}`, built once (callees do not mutate keyword dicts).
+static DLPACK_KWARGS: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
 
 thread_local! {
     /// Each entry holds its type alive, so the pointer key cannot be reused by another type.
@@ -92,6 +96,24 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
     }
     let info = type_info(obj);
     if let Some(api) = info.api {
+        if let Some(borrow) = api.dltensor_from_py_object_no_sync {
+            // Borrowed DLTensor: no allocation on the producer's side. Its data stays valid
+            // while the Python object lives, so the view's owner is a reference to it.
+            let mut dl = std::mem::MaybeUninit::<DLTensor>::zeroed();
+            // SAFETY: obj has the type the API was read from; the GIL is held.
+            let rc = unsafe { borrow(obj.as_ptr() as *mut c_void, dl.as_mut_ptr()) };
+            if rc != 0 {
+                let err = PyErr::take(obj.py()).map(|e| from_pyerr(obj.py(), e));
+                return Err(err.unwrap_or_else(|| {
+                    Error::DLPack("the producer's DLPack exchange API failed".into())
+                }));
+            }
+            let owner = obj.clone().unbind();
+            // SAFETY: the call succeeded, so `dl` is filled; its data lives as long as `obj`,
+            // which `owner` keeps alive; shape/strides are copied before we return.
+            let t = unsafe { dlpack::view_of(dl.assume_init_ref(), owner, info.read_only) }?;
+            return Ok(Some(t));
+        }
         let f = api
             .managed_tensor_from_py_object_no_sync
             .expect("checked in type_info");
@@ -112,13 +134,16 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let py = obj.py();
-    let kwargs = [(pyo3::intern!(py, "max_version"), (1, 0))];
+    let kwargs = DLPACK_KWARGS
+        .get_or_try_init(py, || {
+            let d = PyDict::new(py);
+            d.set_item("max_version", (1, 0))?;
+            PyResult::Ok(d.unbind())
+        })
+        .map_err(|e| from_pyerr(py, e))?
+        .bind(py);
     let method = pyo3::intern!(py, "__dlpack__");
-    let cap = match obj.call_method(
-        method,
-        (),
-        Some(&pyo3::types::IntoPyDict::into_py_dict(kwargs, py).map_err(|e| from_pyerr(py, e))?),
-    ) {
+    let cap = match obj.call_method(method, (), Some(kwargs)) {
         Ok(c) => c,
         // Producers predating DLPack 1.0 do not take `max_version`.
         Err(e) if e.is_instance_of::<PyTypeError>(py) => {

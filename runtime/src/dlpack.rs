@@ -19,7 +19,6 @@ use dlpack_rs::ffi::{
     DLPACK_FLAG_BITMASK_READ_ONLY,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 /// The DLPack version rivet produces and the newest major it reads.
 pub const VERSION: DLPackVersion = DLPackVersion { major: 1, minor: 1 };
@@ -78,13 +77,15 @@ impl Drop for Managed {
     }
 }
 
-/// Reads a `DLTensor` into a view owned by `owner`.
+/// Reads a `DLTensor` into a view owned by `owner` (shape and strides are copied, so only
+/// the data must outlive the call). Used directly for borrowed DLTensors whose data a
+/// foreign object keeps alive (the bindings pass a reference to that object as `owner`).
 ///
 /// # Safety
-/// `t` must be a valid DLTensor whose memory lives as long as `owner`.
-unsafe fn view_of(
+/// `t` must be a valid DLTensor whose data lives as long as `owner`.
+pub unsafe fn view_of(
     t: &DLTensor,
-    owner: Arc<dyn crate::tensor::Keepalive>,
+    owner: impl crate::tensor::Keepalive + 'static,
     read_only: bool,
 ) -> Result<Tensor> {
     if t.ndim < 0 || t.ndim > MAX_NDIM {
@@ -139,8 +140,8 @@ pub unsafe fn import_versioned(p: *mut DLManagedTensorVersioned) -> Result<Tenso
             "DLPack capsule holds a NULL DLManagedTensorVersioned".into(),
         ));
     }
-    let owner = Arc::new(Managed::new_versioned(p)); // the deleter now runs on every path
-                                                     // SAFETY: p is valid per the caller.
+    let owner = Managed::new_versioned(p); // the deleter now runs on every path
+                                           // SAFETY: p is valid per the caller.
     let m = unsafe { &*p };
     if m.version.major != VERSION.major {
         return Err(Error::DLPack(format!(
@@ -164,7 +165,7 @@ pub unsafe fn import_legacy(p: *mut DLManagedTensor, read_only: bool) -> Result<
             "DLPack capsule holds a NULL DLManagedTensor".into(),
         ));
     }
-    let owner = Arc::new(Managed::new_legacy(p));
+    let owner = Managed::new_legacy(p);
     // SAFETY: p is valid per the caller; the DLTensor lives until `owner` drops.
     unsafe { view_of(&(*p).dl_tensor, owner, read_only) }
 }

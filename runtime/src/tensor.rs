@@ -20,9 +20,20 @@ use std::sync::Arc;
 pub trait Keepalive: Send + Sync {}
 impl<T: Send + Sync> Keepalive for T {}
 
+/// A cheap handle (one `Arc`, one allocation per view with the owner stored inline): clones
+/// share the view, so passing tensors around in `Value`s copies a pointer, not a shape.
 #[derive(Clone)]
-pub struct Tensor {
-    owner: Arc<dyn Keepalive>,
+pub struct Tensor(Arc<View<dyn Keepalive>>);
+
+/// The view's description; the owner sits after it, unsized, in the same allocation.
+struct View<K: ?Sized + Keepalive> {
+    m: Meta,
+    /// Never read: it exists to be dropped (running a deleter, freeing memory) last.
+    _owner: K,
+}
+
+#[derive(Clone)]
+struct Meta {
     data: *mut u8,
     byte_offset: u64,
     shape: Dims,
@@ -34,9 +45,15 @@ pub struct Tensor {
 
 // SAFETY: the owner is Send + Sync, and the raw pointer is only dereferenced by kernels that
 // follow the framework convention: concurrent writers to one tensor must synchronise.
-unsafe impl Send for Tensor {}
+unsafe impl Send for Meta {}
 // SAFETY: as above; `&Tensor` gives no safe way to write the memory.
-unsafe impl Sync for Tensor {}
+unsafe impl Sync for Meta {}
+
+impl Tensor {
+    fn new<K: Keepalive + 'static>(m: Meta, owner: K) -> Tensor {
+        Tensor(Arc::new(View { m, _owner: owner }))
+    }
+}
 
 /// Rust element types with a rivet dtype.
 pub trait Element: Copy + Send + Sync + 'static {
@@ -87,16 +104,18 @@ impl Tensor {
         let n = layout::numel(shape).unwrap_or(0) as usize;
         let alloc = Allocation::zeroed(n * dtype.size())?;
         let data = alloc.as_ptr();
-        Ok(Tensor {
-            owner: Arc::new(alloc),
-            data,
-            byte_offset: 0,
-            shape: shape.into(),
-            strides,
-            dtype,
-            device: Device::Cpu,
-            read_only: false,
-        })
+        Ok(Tensor::new(
+            Meta {
+                data,
+                byte_offset: 0,
+                shape: shape.into(),
+                strides,
+                dtype,
+                device: Device::Cpu,
+                read_only: false,
+            },
+            alloc,
+        ))
     }
 
     /// A compact CPU tensor holding a copy of `values`.
@@ -111,7 +130,9 @@ impl Tensor {
         }
         let t = Tensor::zeros(shape, T::DTYPE)?;
         // SAFETY: `t` is a fresh compact allocation of exactly `n` elements of T.
-        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), t.data as *mut T, values.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(values.as_ptr(), t.0.m.data as *mut T, values.len())
+        };
         Ok(t)
     }
 
@@ -123,7 +144,7 @@ impl Tensor {
     /// `owner` lives.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn from_raw_parts(
-        owner: Arc<dyn Keepalive>,
+        owner: impl Keepalive + 'static,
         data: *mut u8,
         byte_offset: u64,
         shape: Dims,
@@ -144,8 +165,7 @@ impl Tensor {
                 "byte_offset {byte_offset} is out of range"
             )));
         }
-        Ok(Tensor {
-            owner,
+        let m = Meta {
             data,
             byte_offset,
             shape,
@@ -153,74 +173,75 @@ impl Tensor {
             dtype,
             device,
             read_only,
-        })
+        };
+        Ok(Tensor::new(m, owner))
     }
 
     pub fn shape(&self) -> &[i64] {
-        &self.shape
+        &self.0.m.shape
     }
     pub fn strides(&self) -> &[i64] {
-        &self.strides
+        &self.0.m.strides
     }
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        self.0.m.shape.len()
     }
     pub fn dtype(&self) -> DType {
-        self.dtype
+        self.0.m.dtype
     }
     pub fn device(&self) -> Device {
-        self.device
+        self.0.m.device
     }
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.0.m.read_only
     }
     pub fn numel(&self) -> i64 {
-        self.shape.iter().product()
+        self.0.m.shape.iter().product()
     }
     pub fn is_compact(&self) -> bool {
-        layout::is_compact(&self.shape, &self.strides)
+        layout::is_compact(&self.0.m.shape, &self.0.m.strides)
     }
     /// The base pointer as the producer gave it (before `byte_offset`).
     pub fn raw_data(&self) -> *mut u8 {
-        self.data
+        self.0.m.data
     }
     pub fn byte_offset(&self) -> u64 {
-        self.byte_offset
+        self.0.m.byte_offset
     }
     /// Address of the element at index (0, 0, ...).
     pub fn data_ptr(&self) -> *mut u8 {
-        self.data.wrapping_add(self.byte_offset as usize)
+        self.0.m.data.wrapping_add(self.0.m.byte_offset as usize)
     }
-    /// The owner shared by all views of this memory.
-    pub fn owner(&self) -> &Arc<dyn Keepalive> {
-        &self.owner
-    }
-
     /// Half-open byte range `[lo, hi)` the tensor touches; `None` when it is empty.
     pub fn byte_range(&self) -> Option<(usize, usize)> {
-        let (lo, hi) = layout::span(&self.shape, &self.strides)?;
+        let (lo, hi) = layout::span(&self.0.m.shape, &self.0.m.strides)?;
         let base = self.data_ptr() as isize;
-        let size = self.dtype.size() as isize;
+        let size = self.0.m.dtype.size() as isize;
         Some((
             (base + lo as isize * size) as usize,
             (base + (hi as isize + 1) * size) as usize,
         ))
     }
 
+    /// A new view: this one's fields, changed by `edit`; it keeps this view (and so the
+    /// memory's owner) alive.
+    fn with(&self, edit: impl FnOnce(&mut Meta)) -> Tensor {
+        let mut m = self.0.m.clone();
+        edit(&mut m);
+        Tensor::new(m, self.clone())
+    }
+
     /// The same memory, marked read-only (writers through this view are refused).
     pub fn to_read_only(&self) -> Tensor {
-        Tensor {
-            read_only: true,
-            ..self.clone()
-        }
+        self.with(|v| v.read_only = true)
     }
 
     /// A view with another layout over this view's memory. The new layout must address only
     /// elements inside this view's span, so a view can never reach memory its parent could not.
     pub fn as_strided(&self, shape: &[i64], strides: &[i64], elem_offset: i64) -> Result<Tensor> {
-        check_layout(shape, strides, self.dtype)?;
+        check_layout(shape, strides, self.0.m.dtype)?;
         if let Some((lo, hi)) = layout::span(shape, strides) {
-            let (plo, phi) = layout::span(&self.shape, &self.strides).ok_or_else(|| {
+            let (plo, phi) = layout::span(&self.0.m.shape, &self.0.m.strides).ok_or_else(|| {
                 Error::Shape("cannot take a non-empty view of an empty tensor".into())
             })?;
             if elem_offset + lo < plo || elem_offset + hi > phi {
@@ -231,33 +252,31 @@ impl Tensor {
                 )));
             }
         }
-        let byte_offset = self.byte_offset as i64 + elem_offset * self.dtype.size() as i64;
+        let byte_offset = self.0.m.byte_offset as i64 + elem_offset * self.0.m.dtype.size() as i64;
         if byte_offset < 0 {
             // Negative offsets are folded into the data pointer: DLPack's offset is unsigned.
-            return Ok(Tensor {
-                data: self.data.wrapping_offset(byte_offset as isize),
-                byte_offset: 0,
-                shape: shape.into(),
-                strides: strides.into(),
-                ..self.clone()
-            });
+            return Ok(self.with(|v| {
+                v.data = v.data.wrapping_offset(byte_offset as isize);
+                v.byte_offset = 0;
+                v.shape = shape.into();
+                v.strides = strides.into();
+            }));
         }
-        Ok(Tensor {
-            byte_offset: byte_offset as u64,
-            shape: shape.into(),
-            strides: strides.into(),
-            ..self.clone()
-        })
+        Ok(self.with(|v| {
+            v.byte_offset = byte_offset as u64;
+            v.shape = shape.into();
+            v.strides = strides.into();
+        }))
     }
 
     /// Checks that the tensor may be written as `arg`: writable and free of self-overlap.
     pub fn check_writable(&self, arg: ArgName<'_>, func: &str) -> Result<()> {
-        if self.read_only {
+        if self.0.m.read_only {
             return Err(Error::ReadOnly(format!(
                 "{func}: {arg} is written by the function but the tensor is read-only (a jax.Array, a non-writeable numpy array or a read-only DLPack export); pass a writable tensor"
             )));
         }
-        if layout::may_self_overlap(&self.shape, &self.strides) {
+        if layout::may_self_overlap(&self.0.m.shape, &self.0.m.strides) {
             return Err(Error::Layout(format!(
                 "{func}: {arg} is written by the function but its elements overlap in memory (shape {:?}, strides {:?}, e.g. an expanded/broadcast view); pass a tensor whose elements are distinct",
                 self.shape(),
@@ -268,10 +287,10 @@ impl Tensor {
     }
 
     fn check_host(&self, what: &str) -> Result<()> {
-        if !self.device.is_host() {
+        if !self.0.m.device.is_host() {
             return Err(Error::Device(format!(
                 "{what} needs a CPU tensor, got one on {}",
-                self.device
+                self.0.m.device
             )));
         }
         Ok(())
@@ -280,11 +299,11 @@ impl Tensor {
     /// The elements in row-major order (a gather over any strides).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_host("Tensor::to_vec")?;
-        if T::DTYPE != self.dtype {
+        if T::DTYPE != self.0.m.dtype {
             return Err(Error::DType(format!(
                 "Tensor::to_vec::<{}> on a {} tensor",
                 T::DTYPE,
-                self.dtype
+                self.0.m.dtype
             )));
         }
         let mut out = Vec::with_capacity(self.numel() as usize);
@@ -294,7 +313,7 @@ impl Tensor {
         }
         let base = self.data_ptr() as *const T;
         loop {
-            let off: i64 = idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
+            let off: i64 = idx.iter().zip(&self.0.m.strides).map(|(i, s)| i * s).sum();
             // SAFETY: idx is inside shape, so the offset is inside the validated layout.
             out.push(unsafe { *base.offset(off as isize) });
             let mut d = self.ndim();
@@ -304,7 +323,7 @@ impl Tensor {
                 }
                 d -= 1;
                 idx[d] += 1;
-                if idx[d] < self.shape[d] {
+                if idx[d] < self.0.m.shape[d] {
                     break;
                 }
                 idx[d] = 0;
@@ -315,9 +334,9 @@ impl Tensor {
     /// A compact copy in fresh rivet memory (what DLPack's `copy=True` asks for).
     pub fn copy_compact(&self) -> Result<Tensor> {
         self.check_host("Tensor::copy_compact")?;
-        let out = Tensor::zeros(&self.shape, self.dtype)?;
-        let size = self.dtype.size();
-        let nest = layout::LoopNest::new(&self.shape, [&out.strides, &self.strides]);
+        let out = Tensor::zeros(&self.0.m.shape, self.0.m.dtype)?;
+        let size = self.0.m.dtype.size();
+        let nest = layout::LoopNest::new(&self.0.m.shape, [&out.0.m.strides, &self.0.m.strides]);
         let (n, [so, si]) = nest.inner();
         for row in 0..if self.numel() == 0 { 0 } else { nest.rows() } {
             let [oo, oi] = nest.row_offsets(row);
@@ -343,11 +362,15 @@ impl fmt::Debug for Tensor {
         write!(
             f,
             "Tensor({}, shape={:?}, strides={:?}, {}{})",
-            self.dtype,
-            self.shape.as_slice(),
-            self.strides.as_slice(),
-            self.device,
-            if self.read_only { ", read-only" } else { "" }
+            self.0.m.dtype,
+            self.0.m.shape.as_slice(),
+            self.0.m.strides.as_slice(),
+            self.0.m.device,
+            if self.0.m.read_only {
+                ", read-only"
+            } else {
+                ""
+            }
         )
     }
 }

@@ -16,7 +16,12 @@ use crate::tensor::Tensor;
 use crate::value::Value;
 
 pub fn functions() -> Vec<Function> {
-    vec![echo(), axpy()]
+    vec![echo(), nop(), axpy()]
+}
+
+/// Takes any arguments and does nothing: measures the bare cost of a call.
+fn nop() -> Function {
+    Function::new("testing.nop", |_| Ok(Value::Null))
 }
 
 fn echo() -> Function {
