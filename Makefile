@@ -1,0 +1,79 @@
+# rivet: one entry point for a fresh machine (Rust + Python 3.11 + pip).
+#   make demo    venv + build + the CPU demo
+#   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
+#   make bench   venv + build + benches/call_overhead.py
+# Venvs are created once; stamp files inside them record the installed package list, so a
+# second run does not reinstall (edit the lists below and the venv is updated on the next run).
+
+PYTHON ?= python3
+VENV   := .venv
+MXVENV := .venv-mxnet
+
+VPY       := $(VENV)/bin/python
+MXPY      := $(MXVENV)/bin/python
+WHEEL_DIR := target/wheels-out
+
+VENV_DEPS   := torch==2.15.0 "jax[cpu]" numpy pytest maturin matplotlib
+VENV_OPT    := apache-tvm-ffi
+MXVENV_DEPS := mxnet==1.9.1 "numpy<1.24" pytest
+
+VENV_STAMP   := $(VENV)/.deps-stamp
+MXVENV_STAMP := $(MXVENV)/.deps-stamp
+
+# Directory of libpython, for the cargo test binaries that embed Python (cargo drops
+# build-script link paths outside target/ from the loader path). Expanded when a recipe runs.
+PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+
+.DEFAULT_GOAL := build
+.PHONY: venv mxvenv build demo test bench clean FORCE
+FORCE:
+
+# A stamp whose content differs from the current package list is out of date.
+ifneq ($(file < $(VENV_STAMP)),$(VENV_DEPS) $(VENV_OPT))
+$(VENV_STAMP): FORCE
+endif
+ifneq ($(file < $(MXVENV_STAMP)),$(MXVENV_DEPS))
+$(MXVENV_STAMP): FORCE
+endif
+
+venv: $(VENV_STAMP)
+mxvenv: $(MXVENV_STAMP)
+
+$(VENV_STAMP):
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install $(VENV_DEPS)
+	$(VPY) -m pip install $(VENV_OPT) || echo "warning: could not install $(VENV_OPT) (only the benchmarks use it)"
+	printf '%s\n' '$(VENV_DEPS) $(VENV_OPT)' > $@
+
+# numpy<1.24 (needed by mxnet 1.9.1) has no wheels for Python >= 3.12.
+$(MXVENV_STAMP):
+	@test -x $(MXPY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] > (3, 11))' \
+	  || { echo "error: the MXNet venv needs Python <= 3.11; run e.g. 'make test PYTHON=python3.11'" >&2; exit 1; }
+	test -x $(MXPY) || $(PYTHON) -m venv $(MXVENV)
+	$(MXPY) -m pip install --upgrade pip
+	$(MXPY) -m pip install $(MXVENV_DEPS)
+	printf '%s\n' '$(MXVENV_DEPS)' > $@
+
+# One wheel, built against the main venv's interpreter (cp311), installed into both venvs.
+# Always rebuilt: cargo is incremental, so this is cheap when nothing changed.
+build: venv
+	rm -rf $(WHEEL_DIR)
+	$(VENV)/bin/maturin build --release -m bindings/Cargo.toml -o $(WHEEL_DIR) -i $(VPY)
+	$(VPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
+
+demo: venv build
+	$(VPY) bindings/examples/demo.py
+
+test: venv mxvenv build
+	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
+	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+	  cargo test --workspace --release
+	$(VPY) -m pytest -q tests/python
+	MXNET_ENGINE_TYPE=NaiveEngine $(MXPY) -m pytest -q tests/mxnet
+
+bench: venv build
+	$(VPY) benches/call_overhead.py
+
+clean:
+	rm -rf $(WHEEL_DIR)
