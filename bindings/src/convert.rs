@@ -16,7 +16,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple, PyType};
-use rivet_runtime::{dlpack, Error, Function, Result, Tensor, Value};
+use rivet_runtime::{dlpack, ArgName, Error, Function, Result, Tensor, Value};
 use std::cell::RefCell;
 use std::ffi::c_void;
 
@@ -103,10 +103,7 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
             // SAFETY: obj has the type the API was read from; the GIL is held.
             let rc = unsafe { borrow(obj.as_ptr() as *mut c_void, dl.as_mut_ptr()) };
             if rc != 0 {
-                let err = PyErr::take(obj.py()).map(|e| from_pyerr(obj.py(), e));
-                return Err(err.unwrap_or_else(|| {
-                    Error::DLPack("the producer's DLPack exchange API failed".into())
-                }));
+                return Err(producer_error(obj, PyErr::take(obj.py())));
             }
             let owner = obj.clone().unbind();
             // SAFETY: the call succeeded, so `dl` is filled; its data lives as long as `obj`,
@@ -121,10 +118,7 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
         // SAFETY: obj has the type the API was read from; the GIL is held.
         let rc = unsafe { f(obj.as_ptr() as *mut c_void, &mut out) };
         if rc != 0 || out.is_null() {
-            let err = PyErr::take(obj.py()).map(|e| from_pyerr(obj.py(), e));
-            return Err(err.unwrap_or_else(|| {
-                Error::DLPack("the producer's DLPack exchange API failed".into())
-            }));
+            return Err(producer_error(obj, PyErr::take(obj.py())));
         }
         // SAFETY: `out` is a fresh owning managed tensor.
         let t = unsafe { dlpack::import_versioned(out) }?;
@@ -146,10 +140,10 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
     let cap = match obj.call_method(method, (), Some(kwargs)) {
         Ok(c) => c,
         // Producers predating DLPack 1.0 do not take `max_version`.
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
-            obj.call_method0(method).map_err(|e| from_pyerr(py, e))?
-        }
-        Err(e) => return Err(from_pyerr(py, e)),
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => obj
+            .call_method0(method)
+            .map_err(|e| producer_error(obj, Some(e)))?,
+        Err(e) => return Err(producer_error(obj, Some(e))),
     };
     if !capsule::is_capsule(&cap) {
         return Err(Error::DLPack(format!(
@@ -167,6 +161,26 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
     capsule::consume(&cap, info.read_only).map(Some)
 }
 
+/// A producer that failed to export: a DLPack error quoting the first line of its message
+/// (torch appends a C++ stack dump to the rest).
+fn producer_error(obj: &Bound<'_, PyAny>, err: Option<PyErr>) -> Error {
+    let why = err
+        .map(|e| {
+            let ty = e
+                .get_type(obj.py())
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
+            format!("{ty}: {}", e.value(obj.py()))
+        })
+        .unwrap_or_else(|| "it reported failure without a message".into());
+    let first = why.lines().next().unwrap_or_default();
+    Error::DLPack(format!(
+        "the producer ({}) could not export it through DLPack: {first}",
+        type_name(obj)
+    ))
+}
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .fully_qualified_name()
@@ -174,8 +188,8 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Converts one call argument. `func` and `index` word the error.
-pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, index: usize) -> Result<Value> {
+/// Converts one call argument. `func` and `arg` word the error.
+pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, arg: ArgName<'_>) -> Result<Value> {
     // Exact checks first: the cheapest tests for the commonest scalars.
     if obj.is_exact_instance_of::<PyFloat>() {
         return Ok(Value::Float(
@@ -188,11 +202,11 @@ pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, index: usize) -> Result<Valu
     if obj.is_instance_of::<PyInt>() {
         return obj.extract::<i64>().map(Value::Int).map_err(|_| {
             Error::Argument(format!(
-                "{func}: argument {index} is an int that does not fit in 64 bits"
+                "{func}: {arg} is an int that does not fit in 64 bits"
             ))
         });
     }
-    if let Some(t) = try_tensor(obj)? {
+    if let Some(t) = try_tensor(obj).map_err(|e| e.context(&format!("{func}: {arg}: ")))? {
         return Ok(Value::Tensor(t));
     }
     if obj.is_none() {
@@ -214,7 +228,7 @@ pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, index: usize) -> Result<Valu
         return Ok(Value::Function(wrap_callable(obj.clone().unbind(), None)));
     }
     Err(Error::Argument(format!(
-        "{func}: argument {index} has type {}; expected a tensor (rivet.Tensor, an object with __dlpack__ or a DLPack capsule), int, float, bool, str, bytes, None or a callable",
+        "{func}: {arg} has type {}; expected a tensor (rivet.Tensor, an object with __dlpack__ or a DLPack capsule), int, float, bool, str, bytes, None or a callable",
         type_name(obj)
     )))
 }
@@ -239,7 +253,14 @@ pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
                 .map_err(|e| from_pyerr(py, e))?;
             let tuple = PyTuple::new(py, items).map_err(|e| from_pyerr(py, e))?;
             let r = f.bind(py).call1(tuple).map_err(|e| from_pyerr(py, e))?;
-            to_value(&r, &format!("return value of {fname}"), 0)
+            to_value(
+                &r,
+                &fname,
+                ArgName {
+                    index: 0,
+                    name: Some("return value"),
+                },
+            )
         })
     })
 }

@@ -7,7 +7,7 @@ use crate::convert::{self, tensor_as, to_value, wrap_callable};
 use crate::errors::IntoPyResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
-use rivet_runtime::{registry, Function, Value};
+use rivet_runtime::{registry, ArgName, Function, Value};
 use smallvec::SmallVec;
 
 /// How a wrapper converts between a framework's tensors and rivet's.
@@ -35,6 +35,12 @@ impl PyFunction {
 
     fn convert_arg(&self, obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Value> {
         let py = obj.py();
+        let name = self
+            .func
+            .signature()
+            .and_then(|s| s.params.get(index))
+            .map(|p| p.name.as_str());
+        let arg = ArgName { index, name };
         if let Some(Framework {
             ty,
             to_dlpack: Some(to_dlpack),
@@ -43,10 +49,10 @@ impl PyFunction {
         {
             if obj.is_instance(ty.bind(py))? {
                 let cap = to_dlpack.bind(py).call1((obj,))?;
-                return to_value(&cap, self.func.name(), index).py_err(py);
+                return to_value(&cap, self.func.name(), arg).py_err(py);
             }
         }
-        to_value(obj, self.func.name(), index).py_err(py)
+        to_value(obj, self.func.name(), arg).py_err(py)
     }
 
     fn convert_result(&self, py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {

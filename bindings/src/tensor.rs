@@ -3,10 +3,9 @@
 use crate::capsule;
 use crate::convert;
 use crate::errors::IntoPyResult;
-use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
-use rivet_runtime::{DType, Device, Tensor};
+use pyo3::types::{PyDict, PyTuple};
+use rivet_runtime::{DType, Device, Error, Tensor};
 
 #[pyclass(name = "Tensor", module = "rivet", frozen)]
 pub struct PyTensor {
@@ -51,19 +50,31 @@ impl PyTensor {
     }
 
     /// A numpy view of the same memory (no copy); read-only tensors give read-only arrays.
+    /// Goes through `__array_interface__`, which every numpy version honours, read-only flag
+    /// included (numpy < 1.25's `from_dlpack` makes every array read-only).
     fn numpy(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
-        if !slf.get().tensor.device().is_host() {
-            return Err(rivet_runtime::Error::Device(format!(
-                "Tensor.numpy() needs a CPU tensor, this one is on {}",
-                slf.get().tensor.device()
-            )))
-            .py_err(py);
-        }
+        array_typestr(&slf.get().tensor).py_err(py)?;
         Ok(py
             .import("numpy")?
-            .call_method1("from_dlpack", (slf,))?
+            .call_method1("asarray", (slf,))?
             .unbind())
+    }
+
+    /// numpy's array interface (version 3): the array numpy builds keeps this tensor alive.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = &self.tensor;
+        let typestr = array_typestr(t).py_err(py)?;
+        let size = t.dtype().size() as i64;
+        let strides: Vec<i64> = t.strides().iter().map(|s| s * size).collect();
+        let d = PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", PyTuple::new(py, t.shape())?)?;
+        d.set_item("typestr", typestr)?;
+        d.set_item("strides", PyTuple::new(py, strides)?)?;
+        d.set_item("data", (t.data_ptr() as usize, t.is_read_only()))?;
+        Ok(d)
     }
 
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
@@ -79,19 +90,21 @@ impl PyTensor {
         if let Some(s) = &stream {
             // On the CPU there is no stream to synchronise with; only None / -1 make sense.
             if t.device().is_host() && !s.is_none() && s.extract::<i64>().ok() != Some(-1) {
-                return Err(PyValueError::new_err(format!(
-                    "stream must be None for a tensor on {}",
+                return Err(Error::DLPack(format!(
+                    "__dlpack__: argument 'stream' must be None for a tensor on {}, got {s}",
                     t.device()
-                )));
+                )))
+                .py_err(py);
             }
         }
         if let Some((ty, id)) = dl_device {
             let d = t.device().to_dlpack();
             if (ty as u32, id) != (d.device_type, d.device_id) {
-                return Err(PyBufferError::new_err(format!(
-                    "rivet cannot export a tensor on {} to DLPack device ({ty}, {id}) without a cross-device copy",
-                    t.device()
-                )));
+                return Err(Error::DLPack(format!(
+                    "__dlpack__: argument 'dl_device' is ({ty}, {id}) but the tensor is on {} ({}, {}); rivet does not copy across devices",
+                    t.device(), d.device_type, d.device_id
+                )))
+                .py_err(py);
             }
         }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
@@ -129,10 +142,41 @@ impl PyTensor {
     }
 }
 
+/// numpy's type string for the tensor's dtype; errors for what numpy cannot hold.
+fn array_typestr(t: &Tensor) -> Result<&'static str, Error> {
+    if !t.device().is_host() {
+        return Err(Error::Device(format!(
+            "a numpy view needs a CPU tensor, this one is on {}",
+            t.device()
+        )));
+    }
+    Ok(match t.dtype() {
+        DType::Bool => "|b1",
+        DType::I8 => "|i1",
+        DType::I16 => "<i2",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        DType::U8 => "|u1",
+        DType::U16 => "<u2",
+        DType::U32 => "<u4",
+        DType::U64 => "<u8",
+        DType::F16 => "<f2",
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        DType::BF16 => {
+            return Err(Error::DType(
+                "numpy has no bfloat16 dtype; view the tensor with torch.from_dlpack instead"
+                    .into(),
+            ))
+        }
+    })
+}
+
 /// `rivet.from_dlpack(obj)`: a view of any DLPack producer's memory (no copy).
 #[pyfunction]
 pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTensor>> {
-    match convert::try_tensor(obj).py_err(py)? {
+    let ctx = "from_dlpack: argument 0 ('obj'): ";
+    match convert::try_tensor(obj).map_err(|e| e.context(ctx)).py_err(py)? {
         Some(t) => Py::new(py, PyTensor { tensor: t }),
         None => Err(rivet_runtime::Error::Argument(format!(
             "from_dlpack: argument 0 ('obj') has type {}; expected a rivet.Tensor, an object with __dlpack__ or a DLPack capsule",

@@ -70,6 +70,28 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// Prefixes the message with `ctx` (e.g. "testing.axpy: argument 2 ('y'): "), keeping the
+    /// variant. Foreign errors pass through untouched so they can be re-raised as they were.
+    pub fn context(self, ctx: &str) -> Error {
+        let pre = |m: String| format!("{ctx}{m}");
+        match self {
+            Error::Shape(m) => Error::Shape(pre(m)),
+            Error::DType(m) => Error::DType(pre(m)),
+            Error::Device(m) => Error::Device(pre(m)),
+            Error::Argument(m) => Error::Argument(pre(m)),
+            Error::ReadOnly(m) => Error::ReadOnly(pre(m)),
+            Error::Layout(m) => Error::Layout(pre(m)),
+            Error::DLPack(m) => Error::DLPack(pre(m)),
+            Error::NotFound(m) => Error::NotFound(pre(m)),
+            Error::Registry(m) => Error::Registry(pre(m)),
+            Error::Compile(m) => Error::Compile(pre(m)),
+            Error::Internal(m) => Error::Internal(pre(m)),
+            Error::Foreign(f) => Error::Foreign(f),
+        }
+    }
+}
+
 /// Where an argument sits in a call: used to word errors as `argument 2 ('y')`.
 #[derive(Debug, Clone, Copy)]
 pub struct ArgName<'a> {
