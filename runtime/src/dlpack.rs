@@ -102,10 +102,10 @@ pub unsafe fn view_of(
     }
     let dtype = DType::from_dlpack(t.dtype)?;
     let device = Device::from_dlpack(t.device)?;
-    // SAFETY: the producer promises `shape` (and `strides` if non-NULL) hold ndim entries.
     let shape: Dims = if ndim == 0 {
         Dims::new()
     } else {
+        // SAFETY: the producer promises `shape` (and `strides` if non-NULL) hold ndim entries.
         unsafe { std::slice::from_raw_parts(t.shape, ndim) }.into()
     };
     let strides: Dims = if t.strides.is_null() || ndim == 0 {
@@ -149,7 +149,7 @@ pub unsafe fn import_versioned(p: *mut DLManagedTensorVersioned) -> Result<Tenso
             m.version.major, m.version.minor, VERSION.major
         )));
     }
-    let read_only = m.flags & (DLPACK_FLAG_BITMASK_READ_ONLY as u64) != 0;
+    let read_only = m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
     // SAFETY: the DLTensor lives inside the managed tensor, alive until `owner` drops.
     unsafe { view_of(&m.dl_tensor, owner, read_only) }
 }
@@ -215,7 +215,7 @@ pub fn export_versioned(t: &Tensor) -> *mut DLManagedTensorVersioned {
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(delete_versioned),
             flags: if t.is_read_only() {
-                DLPACK_FLAG_BITMASK_READ_ONLY as u64
+                DLPACK_FLAG_BITMASK_READ_ONLY
             } else {
                 0
             },

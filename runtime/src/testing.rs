@@ -141,20 +141,24 @@ fn strided_axpy<T: Float>(alpha: T, x: &Tensor, y: &Tensor) {
         x: x.data_ptr() as *const T,
         y: y.data_ptr() as *mut T,
     };
-    // SAFETY (for every `run` below): row < rows and lo..hi within 0..n, so each offset is an
-    // index inside the validated shape of both tensors.
-    let run = |row: i64, lo: i64, hi: i64| unsafe {
-        let [yo, xo] = nest.row_offsets(row);
-        let Ptrs { x: xp, y: yp } = p.get();
-        let (yp, xp) = (yp.offset(yo as isize), xp.offset(xo as isize));
-        if ys == 1 && xs == 1 {
-            for k in lo..hi {
-                *yp.offset(k as isize) = alpha * *xp.offset(k as isize) + *yp.offset(k as isize);
-            }
-        } else {
-            for k in lo..hi {
-                let (yk, xk) = (yp.offset((k * ys) as isize), xp.offset((k * xs) as isize));
-                *yk = alpha * *xk + *yk;
+    // Callers pass row < rows and lo..hi within 0..n.
+    let run = |row: i64, lo: i64, hi: i64| {
+        // SAFETY: with row < rows and lo..hi within 0..n, every offset is an index inside the
+        // validated shape of both tensors; y's elements are distinct (no self-overlap).
+        unsafe {
+            let [yo, xo] = nest.row_offsets(row);
+            let Ptrs { x: xp, y: yp } = p.get();
+            let (yp, xp) = (yp.offset(yo as isize), xp.offset(xo as isize));
+            if ys == 1 && xs == 1 {
+                for k in lo..hi {
+                    *yp.offset(k as isize) =
+                        alpha * *xp.offset(k as isize) + *yp.offset(k as isize);
+                }
+            } else {
+                for k in lo..hi {
+                    let (yk, xk) = (yp.offset((k * ys) as isize), xp.offset((k * xs) as isize));
+                    *yk = alpha * *xk + *yk;
+                }
             }
         }
     };

@@ -47,8 +47,7 @@ fn make_view(spec: &ViewSpec, fill: impl Fn(usize) -> f64) -> (Tensor, Tensor) {
     // dim d of the view is base dim i where perm[i] == d
     let mut strides = vec![0i64; n];
     let mut offset = 0i64;
-    for i in 0..n {
-        let d = spec.perm[i];
+    for (i, &d) in spec.perm.iter().enumerate() {
         let mut s = base_strides[i] * spec.steps[i];
         if spec.flips[i] && spec.shape[d] > 0 {
             offset += (spec.shape[d] - 1) * s;

@@ -90,8 +90,8 @@ fn corrupt_dltensor_is_refused_and_released() {
     let p = dlpack::export_versioned(&t);
     // SAFETY: as above; a negative dim.
     unsafe { *(*p).dl_tensor.shape = -2 };
-    // SAFETY: consumed once.
     assert!(matches!(
+        // SAFETY: consumed once.
         unsafe { dlpack::import_versioned(p) },
         Err(Error::Shape(_))
     ));
@@ -101,8 +101,8 @@ fn corrupt_dltensor_is_refused_and_released() {
         (*p).dl_tensor.dtype.code = 5;
         (*p).dl_tensor.dtype.bits = 64;
     }
-    // SAFETY: consumed once.
     assert!(matches!(
+        // SAFETY: consumed once.
         unsafe { dlpack::import_versioned(p) },
         Err(Error::DType(_))
     ));
