@@ -65,8 +65,8 @@ pub fn span(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
 /// dims sorted by |stride|, each stride must exceed the span of all smaller dims; layouts
 /// that fail this rule are treated as overlapping (documented in the README).
 pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
-    if shape.contains(&0) {
-        return false;
+    if is_compact(shape, strides) {
+        return false; // the common case, without the sort below
     }
     let mut dims: SmallVec<[(i64, i64); 6]> = shape
         .iter()
@@ -100,6 +100,21 @@ pub struct LoopNest<const N: usize> {
 
 impl<const N: usize> LoopNest<N> {
     pub fn new(shape: &[i64], strides: [&[i64]; N]) -> Self {
+        // The common case: every tensor compact, one flat loop.
+        if strides.iter().all(|s| is_compact(shape, s)) {
+            let n: i64 = shape.iter().product();
+            let one = |v: i64| -> Dims {
+                if n == 1 {
+                    Dims::new()
+                } else {
+                    smallvec::smallvec![v]
+                }
+            };
+            return LoopNest {
+                shape: one(n),
+                strides: std::array::from_fn(|_| one(1)),
+            };
+        }
         let mut order: SmallVec<[usize; 6]> = (0..shape.len()).filter(|&i| shape[i] != 1).collect();
         // Stable sort keeps the logical order among equal strides (e.g. broadcast dims).
         order.sort_by_key(|&i| std::cmp::Reverse(strides[0][i].unsigned_abs()));
