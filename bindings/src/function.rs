@@ -1,5 +1,6 @@
 //! `rivet.Function` and the registry functions. A `Function` call converts the arguments
-//! (holding the GIL), releases the GIL while the native body runs, and converts the result.
+//! (holding the GIL), runs the native body (which releases the GIL around its real work
+//! through `rivet_runtime::host`), and converts the result.
 //! Wrappers made by `convert_func` / `to_*_func` carry a framework type: arguments of that
 //! type go through its `to_dlpack` function, tensor results come back as that type.
 
@@ -80,7 +81,9 @@ impl PyFunction {
             values.push(self.convert_arg(&a, i)?);
         }
         let func = &self.func;
-        let result = py.detach(|| func.call(&values)).py_err(py)?;
+        // Native bodies release the GIL themselves around real work (`host::without_host_lock`),
+        // as numpy does: for tiny calls the release would cost as much as the work.
+        let result = func.call(&values).py_err(py)?;
         // Drop the argument views (and so run producers' deleters) before converting back.
         drop(values);
         self.convert_result(py, &result)

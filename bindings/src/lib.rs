@@ -10,8 +10,29 @@ mod tensor;
 
 use pyo3::prelude::*;
 
+/// The runtime's host-lock hook: release the GIL around `f` if this thread holds it.
+fn run_without_gil(f: &mut dyn FnMut()) {
+    /// `f` runs on this very thread inside `detach`, so sending it is a formality.
+    struct OnThisThread<'a>(&'a mut dyn FnMut());
+    // SAFETY: `detach` runs the closure on the calling thread before returning.
+    unsafe impl Send for OnThisThread<'_> {}
+    // SAFETY: PyGILState_Check only reads the calling thread's state.
+    if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
+        let job = OnThisThread(f);
+        // SAFETY: this thread holds the GIL (checked above).
+        let py = unsafe { Python::assume_attached() };
+        py.detach(move || {
+            let job = job;
+            (job.0)()
+        });
+    } else {
+        f()
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    rivet_runtime::host::set_host_lock_hook(run_without_gil);
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<function::PyFunction>()?;
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;

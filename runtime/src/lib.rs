@@ -12,6 +12,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod function;
+pub mod host;
 pub mod layout;
 pub mod parallel;
 pub mod registry;

@@ -10,6 +10,7 @@
 use crate::dtype::DType;
 use crate::error::{ArgName, Error, Result};
 use crate::function::{Function, Param, ParamKind, Signature, TensorSpec};
+use crate::host::{without_host_lock, RELEASE_GRAIN};
 use crate::layout::LoopNest;
 use crate::parallel::{pool, PARALLEL_GRAIN};
 use crate::tensor::Tensor;
@@ -164,11 +165,22 @@ fn strided_axpy<T: Float>(alpha: T, x: &Tensor, y: &Tensor) {
     };
     let rows = nest.rows();
     let total = rows * n;
-    if total < PARALLEL_GRAIN || crate::parallel::num_threads() == 1 {
+    if total < RELEASE_GRAIN {
         (0..rows).for_each(|r| run(r, 0, n));
         return;
     }
-    // Tasks of about BLOCK elements: a slice of one long row, or several short rows.
+    without_host_lock(|| {
+        if total < PARALLEL_GRAIN || crate::parallel::num_threads() == 1 {
+            (0..rows).for_each(|r| run(r, 0, n));
+        } else {
+            parallel_rows(&run, rows, n);
+        }
+    })
+}
+
+/// Runs `run(row, lo, hi)` over all rows on rivet's pool, in tasks of about BLOCK elements:
+/// a slice of one long row, or several short rows.
+fn parallel_rows(run: &(dyn Fn(i64, i64, i64) + Sync), rows: i64, n: i64) {
     const BLOCK: i64 = 1 << 14;
     use rayon::prelude::*;
     if n >= BLOCK {
