@@ -108,3 +108,29 @@ fn corrupt_dltensor_is_refused_and_released() {
     ));
     assert_eq!(dlpack::live_imports(), live);
 }
+
+#[test]
+fn tensors_on_another_device_are_refused_by_cpu_functions() {
+    let t = Tensor::zeros(&[3], DType::F32).unwrap();
+    let p = dlpack::export_versioned(&t);
+    // SAFETY: p is our own valid export; we relabel it as CUDA memory (never dereferenced).
+    unsafe { (*p).dl_tensor.device = Device::Cuda(0).to_dlpack() };
+    // SAFETY: consumed once.
+    let cuda = unsafe { dlpack::import_versioned(p) }.unwrap();
+    assert_eq!(cuda.device(), Device::Cuda(0));
+    let e = registry::get("testing.axpy")
+        .unwrap()
+        .call(&[
+            Value::Float(1.0),
+            Value::Tensor(cuda.clone()),
+            Value::Tensor(t),
+        ])
+        .unwrap_err();
+    assert!(matches!(e, Error::Device(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("argument 1 ('x') expected a CPU tensor, got one on cuda:0"),
+        "{e}"
+    );
+    assert!(matches!(cuda.to_vec::<f32>(), Err(Error::Device(_))));
+}
