@@ -1,7 +1,21 @@
 //! rivet-compiler: the tensor-expression DSL, schedules, loop IR, passes and code generation
-//! (Cranelift for the CPU, CUDA C through NVRTC). It produces `rivet_runtime::Function`s.
+//! (Cranelift for the CPU). It produces `rivet_runtime::Function`s.
 //!
-//! The compiler is the subject of issue 3; this crate holds the workspace slot and the
-//! dependency direction (`bindings -> compiler -> runtime`) until then.
+//! Pipeline (see `build::build`): te program + schedule -> `lower` (bound inference, loop
+//! nests, inlining, bounds proof, simplification, flattening; a verifier between passes) ->
+//! `ir::PrimFunc` -> a backend (`codegen`) -> a packed function with a typed signature.
 
+pub mod build;
+pub mod codegen;
+pub mod error;
+pub mod ir;
+pub mod kernels;
+pub mod lower;
+pub mod module_file;
+pub mod schedule;
+pub mod te;
+
+pub use build::{build, Module};
+pub use error::{Error, Result};
+pub use schedule::Schedule;
 pub use rivet_runtime as runtime;

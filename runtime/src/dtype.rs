@@ -7,7 +7,9 @@ use dlpack_rs::ffi::{DLDataType, DLDataTypeCode};
 use std::fmt;
 use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Serialised by name ("float32"), the same spelling as the Python API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum DType {
     Bool,
     I8,
@@ -126,6 +128,19 @@ impl DType {
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+impl From<DType> for String {
+    fn from(d: DType) -> String {
+        d.name().to_string()
+    }
+}
+
+impl TryFrom<String> for DType {
+    type Error = Error;
+    fn try_from(s: String) -> Result<DType> {
+        s.parse()
     }
 }
 

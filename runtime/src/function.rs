@@ -21,6 +21,8 @@ pub struct Function {
 struct Inner {
     name: String,
     signature: Option<Signature>,
+    /// `call` checks the arguments against the signature before the body runs.
+    checked: bool,
     body: Box<Body>,
 }
 
@@ -34,6 +36,7 @@ impl Function {
             inner: Arc::new(Inner {
                 name: name.into(),
                 signature: None,
+                checked: false,
                 body: Box::new(body),
             }),
         }
@@ -49,6 +52,24 @@ impl Function {
             inner: Arc::new(Inner {
                 name: name.into(),
                 signature: Some(signature),
+                checked: true,
+                body: Box::new(body),
+            }),
+        }
+    }
+
+    /// A function that checks its own arguments but carries a signature for introspection
+    /// and error wording (e.g. compiled functions, which also accept inputs-only calls).
+    pub fn with_described_signature(
+        name: impl Into<String>,
+        signature: Signature,
+        body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
+    ) -> Function {
+        Function {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                signature: Some(signature),
+                checked: false,
                 body: Box::new(body),
             }),
         }
@@ -63,7 +84,7 @@ impl Function {
     }
 
     pub fn call(&self, args: &[Value]) -> Result<Value> {
-        if let Some(sig) = &self.inner.signature {
+        if let (true, Some(sig)) = (self.inner.checked, &self.inner.signature) {
             sig.check(&self.inner.name, args)?;
         }
         (self.inner.body)(args)

@@ -20,6 +20,8 @@ pub enum Value {
     Device(Device),
     Tensor(Tensor),
     Function(Function),
+    /// Several values (e.g. the outputs a compiled function allocated); a tuple in Python.
+    List(Arc<[Value]>),
 }
 
 impl Value {
@@ -36,6 +38,7 @@ impl Value {
             Value::Device(_) => "device",
             Value::Tensor(_) => "tensor",
             Value::Function(_) => "function",
+            Value::List(_) => "list",
         }
     }
 

@@ -1,0 +1,302 @@
+//! `build`: schedule -> lowered IR -> backend kernel -> packed `Function`s in a `Module`.
+//!
+//! A compiled function is called with all its arguments (outputs written in place, through
+//! their own strides) or with only its inputs (outputs allocated, compact, and returned).
+//! Before any code runs, a call: checks every argument against the typed signature (dtype,
+//! rank, fixed dims, consistent symbolic dims, device, writable and non-overlapping outputs);
+//! binds the symbolic dims; checks dims given by expressions (`n - 2`); evaluates the
+//! function's bounds checks; refuses outputs sharing memory with another argument.
+
+use crate::codegen::{backend, int_slots, CallFrame, Kernel};
+use crate::error::{Error, Result};
+use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
+use crate::ir::stmt::{BufKind, ForKind, PrimFunc};
+use crate::lower;
+use crate::schedule::Schedule;
+use crate::te::Tensor as TeTensor;
+use rivet_runtime::{ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One compiled function: its IR before flattening (what modules save), the final IR, and
+/// the kernel.
+pub struct Compiled {
+    /// The loop-nest IR (pass 1 output): saved modules store this and re-run the proof.
+    pub nest: PrimFunc,
+    pub func: PrimFunc,
+    pub target: String,
+    pub kernel: Box<dyn Kernel>,
+}
+
+/// A set of compiled functions (one per `build` call; several after `Module::import`).
+#[derive(Clone)]
+pub struct Module {
+    pub funcs: Vec<Arc<Compiled>>,
+}
+
+/// Evaluates an int64/bool expression over bound variables (shapes and checks at call time).
+pub fn eval_int(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
+    use crate::codegen::math::{floordiv_i64, floormod_i64};
+    let ev = |x: &Expr| eval_int(x, env);
+    Ok(match e.kind() {
+        ExprKind::Const(Const::Int(v)) => *v,
+        ExprKind::Var(v) => *env.get(v).ok_or_else(|| Error::Internal(format!("unbound variable '{}' at call time", v.name)))?,
+        ExprKind::Unary(UnOp::Neg, a) => ev(a)?.wrapping_neg(),
+        ExprKind::Unary(UnOp::Not, a) => (ev(a)? == 0) as i64,
+        ExprKind::Binary(op, a, b) => {
+            let (x, y) = (ev(a)?, ev(b)?);
+            match op {
+                BinOp::Add => x.wrapping_add(y),
+                BinOp::Sub => x.wrapping_sub(y),
+                BinOp::Mul => x.wrapping_mul(y),
+                BinOp::FloorDiv => floordiv_i64(x, y),
+                BinOp::FloorMod => floormod_i64(x, y),
+                BinOp::Min => x.min(y),
+                BinOp::Max => x.max(y),
+                BinOp::Div | BinOp::Pow => return Err(Error::Internal(format!("float operator in a shape expression: {e}"))),
+            }
+        }
+        ExprKind::Cmp(op, a, b) => {
+            let (x, y) = (ev(a)?, ev(b)?);
+            (match op {
+                CmpOp::Eq => x == y,
+                CmpOp::Ne => x != y,
+                CmpOp::Lt => x < y,
+                CmpOp::Le => x <= y,
+                CmpOp::Gt => x > y,
+                CmpOp::Ge => x >= y,
+            }) as i64
+        }
+        ExprKind::Logic(LogicOp::And, a, b) => ((ev(a)? != 0) && (ev(b)? != 0)) as i64,
+        ExprKind::Logic(LogicOp::Or, a, b) => ((ev(a)? != 0) || (ev(b)? != 0)) as i64,
+        ExprKind::Select(c, a, b) => {
+            if ev(c)? != 0 {
+                ev(a)?
+            } else {
+                ev(b)?
+            }
+        }
+        _ => return Err(Error::Internal(format!("cannot evaluate {e} at call time"))),
+    })
+}
+
+/// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
+pub fn build(sched: &Schedule, args: &[TeTensor], target: &str, name: &str) -> Result<Module> {
+    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+        return Err(Error::Compile(format!("build: name '{name}' must be non-empty letters, digits, '_' or '.'")));
+    }
+    let nest = lower::nest::build_nest(sched, args, name)?;
+    let c = compile(nest, target)?;
+    Ok(Module { funcs: vec![Arc::new(c)] })
+}
+
+/// Runs the rest of the pipeline on a loop-nest function and compiles it.
+pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
+    let func = lower::finish(nest.clone())?;
+    let kernel = backend(target)?.compile(&func)?;
+    lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
+    Ok(Compiled { nest, func, target: target.to_string(), kernel })
+}
+
+impl Module {
+    pub fn function_names(&self) -> Vec<String> {
+        self.funcs.iter().map(|c| c.func.name.clone()).collect()
+    }
+
+    /// `mod[name]` / `mod.get_function(name)`.
+    pub fn get_function(&self, name: &str) -> Result<Function> {
+        let c = self.funcs.iter().find(|c| c.func.name == name).ok_or_else(|| {
+            Error::Runtime(rivet_runtime::Error::NotFound(format!(
+                "module has no function '{name}'; it has: {}",
+                self.function_names().join(", ")
+            )))
+        })?;
+        Ok(make_function(c.clone()))
+    }
+
+    /// Generated code: "ir" (final loop IR), "nest" (IR before the proof), "cranelift" / "asm"
+    /// (the backend's text).
+    pub fn get_source(&self, kind: &str) -> Result<String> {
+        let parts: Vec<String> = self
+            .funcs
+            .iter()
+            .map(|c| match kind {
+                "ir" | "" => Ok(c.func.to_string()),
+                "nest" => Ok(c.nest.to_string()),
+                "cranelift" | "clif" | "asm" => Ok(c.kernel.source()),
+                other => Err(Error::Compile(format!("get_source: unknown kind '{other}'; expected 'ir', 'nest' or 'cranelift'"))),
+            })
+            .collect::<Result<_>>()?;
+        Ok(parts.join("\n"))
+    }
+}
+
+fn dim_name(v: &Var, func: &PrimFunc) -> String {
+    // Two dims with one name get their id appended so the signature keeps them apart.
+    if func.dims.iter().filter(|d| d.name == v.name).count() > 1 {
+        format!("{}#{}", v.name, v.id)
+    } else {
+        v.name.to_string()
+    }
+}
+
+/// The typed signature of a compiled function.
+pub fn signature(func: &PrimFunc) -> Signature {
+    let params = func
+        .params
+        .iter()
+        .map(|id| {
+            let b = func.buffer(*id);
+            let shape = b
+                .shape
+                .iter()
+                .map(|e| match (e.as_int(), e.as_var()) {
+                    (Some(n), _) => Dim::Fixed(n),
+                    (None, Some(v)) => Dim::Var(dim_name(v, func)),
+                    _ => Dim::Any,
+                })
+                .collect();
+            let output = b.kind == (BufKind::Param { output: true });
+            Param::new(b.name.clone(), ParamKind::Tensor(TensorSpec { dtypes: vec![b.dtype], shape: Some(shape), device: None, output }))
+        })
+        .collect();
+    Signature::new(params)
+}
+
+fn shape_error(msg: String) -> Error {
+    Error::Runtime(rivet_runtime::Error::Shape(msg))
+}
+
+/// The packed function of a compiled function.
+pub fn make_function(c: Arc<Compiled>) -> Function {
+    let sig = signature(&c.func);
+    let inputs_sig = Signature::new(
+        sig.params.iter().filter(|p| matches!(&p.kind, ParamKind::Tensor(t) if !t.output)).cloned().collect(),
+    );
+    let name = c.func.name.clone();
+    let body_sig = sig.clone();
+    Function::with_described_signature(name.clone(), sig, move |args| {
+        call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
+    })
+}
+
+fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args: &[Value]) -> Result<Value> {
+    let f = &c.func;
+    let n_out = f.params.len() - inputs_sig.params.len();
+    let allocate = args.len() == inputs_sig.params.len() && n_out > 0 && args.len() != f.params.len();
+    if allocate {
+        inputs_sig.check(name, args)?;
+    } else {
+        sig.check(name, args)?;
+    }
+    // Bind the dims from arguments whose dim is exactly the variable.
+    let mut env: HashMap<Var, i64> = HashMap::new();
+    let mut inputs = args.iter();
+    let mut slots: Vec<Option<Tensor>> = Vec::with_capacity(f.params.len());
+    for id in &f.params {
+        let b = f.buffer(*id);
+        let is_out = b.kind == (BufKind::Param { output: true });
+        slots.push(if allocate && is_out { None } else { Some(inputs.next().and_then(|v| v.as_tensor()).expect("checked").clone()) });
+    }
+    for (slot, id) in slots.iter().zip(&f.params) {
+        if let Some(t) = slot {
+            for (d, e) in f.buffer(*id).shape.iter().enumerate() {
+                if let Some(v) = e.as_var() {
+                    env.entry(v.clone()).or_insert(t.shape()[d]);
+                }
+            }
+        }
+    }
+    for v in &f.dims {
+        if !env.contains_key(v) {
+            return Err(Error::Runtime(rivet_runtime::Error::Argument(format!(
+                "{name}: dim '{}' is only known from an output; pass the outputs too",
+                v.name
+            ))));
+        }
+    }
+    // Dims given by expressions, and the allocation of missing outputs.
+    for (i, (slot, id)) in slots.iter_mut().zip(&f.params).enumerate() {
+        let b = f.buffer(*id);
+        let want: Vec<i64> = b.shape.iter().map(|e| eval_int(e, &env)).collect::<Result<_>>()?;
+        match slot {
+            Some(t) => {
+                for (d, (&w, &g)) in want.iter().zip(t.shape()).enumerate() {
+                    if w != g {
+                        return Err(shape_error(format!(
+                            "{name}: {} has size {g} in dim {d} but the program needs {w} (= {})",
+                            ArgName { index: i, name: Some(&b.name) },
+                            b.shape[d]
+                        )));
+                    }
+                }
+            }
+            None => {
+                if let Some(d) = want.iter().position(|&w| w < 0) {
+                    return Err(shape_error(format!("{name}: output '{}' would have negative size {} in dim {d}", b.name, want[d])));
+                }
+                *slot = Some(Tensor::zeros(&want, b.dtype)?);
+            }
+        }
+    }
+    let tensors: Vec<Tensor> = slots.into_iter().map(|s| s.expect("filled")).collect();
+    for k in &f.checks {
+        if eval_int(&k.cond, &env)? == 0 {
+            let dims: Vec<String> = f.dims.iter().map(|v| format!("{}={}", v.name, env[v])).collect();
+            return Err(shape_error(format!("{name}: out-of-bounds access for these shapes ({}): {}", dims.join(", "), k.message)));
+        }
+    }
+    // Outputs may not share memory with any other argument.
+    for (i, id) in f.params.iter().enumerate() {
+        if f.buffer(*id).kind != (BufKind::Param { output: true }) {
+            continue;
+        }
+        let Some((lo, hi)) = tensors[i].byte_range() else { continue };
+        for (j, other) in tensors.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            if let Some((l2, h2)) = other.byte_range() {
+                if lo < h2 && l2 < hi {
+                    return Err(Error::Runtime(rivet_runtime::Error::Layout(format!(
+                        "{name}: output {} shares memory with {}; outputs must not overlap other arguments",
+                        ArgName { index: i, name: Some(&f.buffer(*id).name) },
+                        ArgName { index: j, name: Some(&f.buffer(f.params[j]).name) },
+                    ))));
+                }
+            }
+        }
+    }
+    let mut ints: Vec<i64> = Vec::new();
+    for v in int_slots(f).iter().take(f.dims.len()) {
+        ints.push(env[v]);
+    }
+    for t in &tensors {
+        ints.extend_from_slice(t.strides());
+    }
+    let frame = CallFrame { ptrs: tensors.iter().map(|t| t.data_ptr()).collect(), ints };
+    let work: i64 = tensors.iter().map(|t| t.numel()).sum();
+    let mut parallel = false;
+    f.body.visit(&mut |s| parallel |= matches!(s, crate::ir::Stmt::For { kind: ForKind::Parallel, .. }));
+    // SAFETY: the frame describes the argument tensors, checked above against the signature,
+    // the dims and the bounds checks.
+    let run = || unsafe { c.kernel.launch(&frame) };
+    if parallel || work >= rivet_runtime::host::RELEASE_GRAIN {
+        rivet_runtime::host::without_host_lock(run)?;
+    } else {
+        run()?;
+    }
+    if allocate {
+        let outs: Vec<Tensor> = tensors
+            .into_iter()
+            .zip(&f.params)
+            .filter(|(_, id)| f.buffer(**id).kind == (BufKind::Param { output: true }))
+            .map(|(t, _)| t)
+            .collect();
+        if outs.len() == 1 {
+            return Ok(Value::Tensor(outs.into_iter().next().unwrap()));
+        }
+        return Ok(Value::List(outs.into_iter().map(Value::Tensor).collect()));
+    }
+    Ok(Value::Null)
+}

@@ -1,0 +1,586 @@
+//! Expressions: values, arithmetic, casts, loads and stores.
+//!
+//! Every expression evaluates to one Cranelift value of its *value type*: `i8`/`i16`/`i32`/
+//! `i64` for ints, uints and bool (`i8` holding 0 or 1), `f32` for float32, float16 and
+//! bfloat16, `f64` for float64. Memory holds the *storage type* (`i16` bits for float16 and
+//! bfloat16).
+
+use super::FnGen;
+use crate::error::{Error, Result};
+use crate::ir::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, BlockArg, InstBuilder, MemFlagsData, Type, Value};
+use rivet_runtime::DType;
+
+/// Flags of every buffer access: the compiler proved it in bounds, so it cannot trap. (No
+/// alignment is claimed: foreign tensors may be misaligned.)
+pub(super) fn flags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// Type of a value of `dt` in registers.
+pub(super) fn value_ty(dt: DType) -> Type {
+    match dt {
+        DType::Bool | DType::I8 | DType::U8 => types::I8,
+        DType::I16 | DType::U16 => types::I16,
+        DType::I32 | DType::U32 => types::I32,
+        DType::I64 | DType::U64 => types::I64,
+        DType::F16 | DType::BF16 | DType::F32 => types::F32,
+        DType::F64 => types::F64,
+    }
+}
+
+/// Type of an element of `dt` in memory.
+pub(super) fn storage_ty(dt: DType) -> Type {
+    match dt {
+        DType::F16 | DType::BF16 => types::I16,
+        _ => value_ty(dt),
+    }
+}
+
+fn is_unsigned(dt: DType) -> bool {
+    matches!(dt, DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64)
+}
+
+fn is_int(dt: DType) -> bool {
+    !dt.is_float() && dt != DType::Bool
+}
+
+/// True when evaluating `e` reads memory.
+fn has_load(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |n| found |= matches!(n.kind(), ExprKind::Load { .. }));
+    found
+}
+
+fn internal(msg: String) -> Error {
+    Error::Internal(msg)
+}
+
+impl FnGen<'_, '_> {
+    /// An integer constant of type `ty`, truncated to its width.
+    pub(super) fn iconst(&mut self, ty: Type, v: i64) -> Value {
+        let bits = ty.bits();
+        let v = if bits >= 64 { v } else { v & ((1i64 << bits) - 1) };
+        self.b.ins().iconst(ty, v)
+    }
+
+    fn fconst(&mut self, ty: Type, v: f64) -> Value {
+        if ty == types::F64 {
+            self.b.ins().f64const(v)
+        } else {
+            self.b.ins().f32const(v as f32)
+        }
+    }
+
+    fn var_value(&mut self, id: u32, name: &str) -> Result<Value> {
+        match self.vars.get(&id) {
+            Some((v, _)) => {
+                let v = *v;
+                Ok(self.b.use_var(v))
+            }
+            None => Err(internal(format!("variable {name} (id {id}) is used outside its scope"))),
+        }
+    }
+
+    pub(super) fn buf_ptr(&mut self, buf: BufId) -> Result<Value> {
+        match self.bufs.get(&buf) {
+            Some(v) => {
+                let v = *v;
+                Ok(self.b.use_var(v))
+            }
+            None => Err(internal(format!(
+                "buffer {} is used outside its allocation",
+                self.func.buffers.iter().find(|b| b.id == buf).map(|b| b.name.as_str()).unwrap_or("?")
+            ))),
+        }
+    }
+
+    /// The address of element `indices[0]` of `buf`.
+    fn address(&mut self, buf: BufId, indices: &[Expr]) -> Result<(Value, DType)> {
+        let dt = self
+            .func
+            .buffers
+            .iter()
+            .find(|b| b.id == buf)
+            .map(|b| b.dtype)
+            .ok_or_else(|| internal(format!("unknown buffer id {}", buf.0)))?;
+        if indices.len() != 1 {
+            return Err(internal(format!(
+                "the Cranelift backend needs flattened accesses (one index), got {} indices",
+                indices.len()
+            )));
+        }
+        let idx = self.expr(&indices[0])?;
+        let idx = self.index_to_i64(idx, indices[0].dtype());
+        let base = self.buf_ptr(buf)?;
+        let size = dt.size() as i64;
+        let off = if size == 1 { idx } else { self.b.ins().imul_imm_s(idx, size) };
+        Ok((self.b.ins().iadd(base, off), dt))
+    }
+
+    /// An index value widened (or narrowed) to i64.
+    fn index_to_i64(&mut self, v: Value, dt: DType) -> Value {
+        let ty = self.b.func.dfg.value_type(v);
+        if ty == types::I64 {
+            v
+        } else if is_unsigned(dt) {
+            self.b.ins().uextend(types::I64, v)
+        } else {
+            self.b.ins().sextend(types::I64, v)
+        }
+    }
+
+    /// Loads element `indices[0]` of `buf` as a value of its dtype.
+    fn load(&mut self, buf: BufId, indices: &[Expr]) -> Result<Value> {
+        let (addr, dt) = self.address(buf, indices)?;
+        let raw = self.b.ins().load(storage_ty(dt), flags(), addr, 0);
+        Ok(match dt {
+            DType::F16 => {
+                let w = self.b.ins().uextend(types::I32, raw);
+                self.call1("rivet_f16_to_f32", &[types::I32], types::F32, &[w])?
+            }
+            DType::BF16 => self.bf16_bits_to_f32(raw),
+            _ => raw,
+        })
+    }
+
+    fn bf16_bits_to_f32(&mut self, bits16: Value) -> Value {
+        let w = self.b.ins().uextend(types::I32, bits16);
+        let w = self.b.ins().ishl_imm_u(w, 16);
+        self.b.ins().bitcast(types::F32, MemFlagsData::new(), w)
+    }
+
+    /// Stores `value` (a value of `buf`'s dtype) at element `indices[0]` of `buf`.
+    pub(super) fn store(&mut self, buf: BufId, indices: &[Expr], value: &Expr) -> Result<()> {
+        let v = self.expr(value)?;
+        let (addr, dt) = self.address(buf, indices)?;
+        if value.dtype() != dt {
+            return Err(internal(format!("store of a {} value into a {} buffer", value.dtype(), dt)));
+        }
+        let raw = match dt {
+            DType::F16 => {
+                let bits = self.call1("rivet_f32_to_f16", &[types::F32], types::I32, &[v])?;
+                self.b.ins().ireduce(types::I16, bits)
+            }
+            DType::BF16 => {
+                let bits = self.call1("rivet_f32_to_bf16", &[types::F32], types::I32, &[v])?;
+                self.b.ins().ireduce(types::I16, bits)
+            }
+            _ => v,
+        };
+        self.b.ins().store(flags(), raw, addr, 0);
+        Ok(())
+    }
+
+    /// Evaluates an expression to a value of its dtype's value type.
+    pub(super) fn expr(&mut self, e: &Expr) -> Result<Value> {
+        let dt = e.dtype();
+        match e.kind() {
+            ExprKind::Const(c) => Ok(self.constant(*c, dt)),
+            ExprKind::Var(v) => {
+                let x = self.var_value(v.id, &v.name)?;
+                // Vars are int64; a binding of another type (never produced by lowering) is
+                // converted like a cast.
+                let ty = self.b.func.dfg.value_type(x);
+                if ty == value_ty(dt) {
+                    Ok(x)
+                } else {
+                    Err(internal(format!("variable {} has type {ty} but is used as {dt}", v.name)))
+                }
+            }
+            ExprKind::Unary(op, a) => {
+                let x = self.expr(a)?;
+                self.unary(*op, x, a.dtype())
+            }
+            ExprKind::Binary(op, a, b) => {
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                self.binary(*op, x, y, a.dtype())
+            }
+            ExprKind::Cmp(op, a, b) => {
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                Ok(self.compare(*op, x, y, a.dtype()))
+            }
+            ExprKind::Logic(op, a, b) => {
+                let x = self.expr(a)?;
+                if has_load(b) {
+                    // Short-circuit, as the interpreter: the right operand's loads may be
+                    // valid only when the left one does not decide the result.
+                    let rhs = self.b.create_block();
+                    let merge = self.b.create_block();
+                    let r = self.b.append_block_param(merge, types::I8);
+                    match op {
+                        LogicOp::And => self.b.ins().brif(x, rhs, &[], merge, &[BlockArg::Value(x)]),
+                        LogicOp::Or => self.b.ins().brif(x, merge, &[BlockArg::Value(x)], rhs, &[]),
+                    };
+                    self.b.switch_to_block(rhs);
+                    let y = self.expr(b)?;
+                    self.b.ins().jump(merge, &[BlockArg::Value(y)]);
+                    self.b.switch_to_block(merge);
+                    return Ok(r);
+                }
+                let y = self.expr(b)?;
+                Ok(match op {
+                    LogicOp::And => self.b.ins().band(x, y),
+                    LogicOp::Or => self.b.ins().bor(x, y),
+                })
+            }
+            ExprKind::Cast(a) => {
+                let x = self.expr(a)?;
+                self.cast(x, a.dtype(), dt)
+            }
+            ExprKind::Select(c, a, b) => {
+                let c = self.expr(c)?;
+                if has_load(a) || has_load(b) {
+                    // Only the chosen arm runs (as in the interpreter), so a load guarded by
+                    // the condition is never performed out of bounds.
+                    let then_b = self.b.create_block();
+                    let else_b = self.b.create_block();
+                    let merge = self.b.create_block();
+                    let r = self.b.append_block_param(merge, value_ty(dt));
+                    self.b.ins().brif(c, then_b, &[], else_b, &[]);
+                    self.b.switch_to_block(then_b);
+                    let x = self.expr(a)?;
+                    self.b.ins().jump(merge, &[BlockArg::Value(x)]);
+                    self.b.switch_to_block(else_b);
+                    let y = self.expr(b)?;
+                    self.b.ins().jump(merge, &[BlockArg::Value(y)]);
+                    self.b.switch_to_block(merge);
+                    return Ok(r);
+                }
+                // Arms without memory accesses cannot trap: evaluate both, pick without a
+                // branch.
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                Ok(self.b.ins().select(c, x, y))
+            }
+            ExprKind::Load { buf, indices } => self.load(*buf, indices),
+            ExprKind::Read { .. } | ExprKind::Reduce { .. } | ExprKind::Invalid(_) => {
+                Err(internal(format!("te-only expression in a lowered function: {e}")))
+            }
+        }
+    }
+
+    /// A constant of dtype `dt`: an integer constant converted as by a cast from int64, a
+    /// float one as by a cast from float64 (so a float16 constant is rounded to float16, and
+    /// a float constant of an int dtype saturates), as the interpreter does.
+    fn constant(&mut self, c: Const, dt: DType) -> Value {
+        let ty = value_ty(dt);
+        match c {
+            Const::Int(v) => match dt {
+                DType::Bool => self.iconst(ty, (v != 0) as i64),
+                DType::F64 => self.b.ins().f64const(v as f64),
+                DType::F32 => self.b.ins().f32const(v as f32),
+                DType::F16 => self.b.ins().f32const(half::f16::from_f32(v as f32).to_f32()),
+                DType::BF16 => self.b.ins().f32const(half::bf16::from_f32(v as f32).to_f32()),
+                _ => self.iconst(ty, v),
+            },
+            Const::Float(x) => match dt {
+                DType::Bool => self.iconst(ty, (x != 0.0) as i64),
+                DType::F64 => self.b.ins().f64const(x),
+                DType::F32 => self.b.ins().f32const(x as f32),
+                DType::F16 => self.b.ins().f32const(half::f16::from_f64(x).to_f32()),
+                DType::BF16 => self.b.ins().f32const(half::bf16::from_f64(x).to_f32()),
+                DType::I8 => self.iconst(ty, x as i8 as i64),
+                DType::I16 => self.iconst(ty, x as i16 as i64),
+                DType::I32 => self.iconst(ty, x as i32 as i64),
+                DType::I64 => self.iconst(ty, x as i64),
+                DType::U8 => self.iconst(ty, x as u8 as i64),
+                DType::U16 => self.iconst(ty, x as u16 as i64),
+                DType::U32 => self.iconst(ty, x as u32 as i64),
+                DType::U64 => self.iconst(ty, x as u64 as i64),
+            },
+        }
+    }
+
+    fn unary(&mut self, op: UnOp, x: Value, dt: DType) -> Result<Value> {
+        let f64_ = value_ty(dt) == types::F64;
+        let ins = self.b.ins();
+        Ok(match op {
+            UnOp::Neg if dt.is_float() => ins.fneg(x),
+            UnOp::Neg => ins.ineg(x),
+            UnOp::Not => ins.bxor_imm_u(x, 1),
+            UnOp::Abs if dt.is_float() => ins.fabs(x),
+            UnOp::Abs if is_unsigned(dt) => x,
+            UnOp::Abs => {
+                let neg = self.b.ins().ineg(x);
+                let lt = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, 0);
+                self.b.ins().select(lt, neg, x)
+            }
+            _ if !dt.is_float() => return Err(internal(format!("{op:?} on {dt}"))),
+            UnOp::Sqrt => ins.sqrt(x),
+            UnOp::Floor => ins.floor(x),
+            UnOp::Ceil => ins.ceil(x),
+            UnOp::Rsqrt => {
+                let s = self.b.ins().sqrt(x);
+                let one = self.fconst(value_ty(dt), 1.0);
+                self.b.ins().fdiv(one, s)
+            }
+            UnOp::Exp => self.math1(if f64_ { "rivet_exp" } else { "rivet_expf" }, x)?,
+            UnOp::Log => self.math1(if f64_ { "rivet_log" } else { "rivet_logf" }, x)?,
+            UnOp::Tanh => self.math1(if f64_ { "rivet_tanh" } else { "rivet_tanhf" }, x)?,
+            UnOp::Erf => self.math1(if f64_ { "rivet_erf" } else { "rivet_erff" }, x)?,
+            UnOp::Sigmoid => {
+                let n = self.b.ins().fneg(x);
+                let e = self.math1(if f64_ { "rivet_exp" } else { "rivet_expf" }, n)?;
+                let one = self.fconst(value_ty(dt), 1.0);
+                let d = self.b.ins().fadd(one, e);
+                self.b.ins().fdiv(one, d)
+            }
+        })
+    }
+
+    /// Calls a one-argument float helper of `math::symbols()`.
+    fn math1(&mut self, name: &'static str, x: Value) -> Result<Value> {
+        let ty = self.b.func.dfg.value_type(x);
+        self.call1(name, &[ty], ty, &[x])
+    }
+
+    fn math2(&mut self, name: &'static str, x: Value, y: Value) -> Result<Value> {
+        let ty = self.b.func.dfg.value_type(x);
+        self.call1(name, &[ty, ty], ty, &[x, y])
+    }
+
+    fn binary(&mut self, op: BinOp, x: Value, y: Value, dt: DType) -> Result<Value> {
+        if dt.is_float() {
+            let f64_ = value_ty(dt) == types::F64;
+            let ins = self.b.ins();
+            return Ok(match op {
+                BinOp::Add => ins.fadd(x, y),
+                BinOp::Sub => ins.fsub(x, y),
+                BinOp::Mul => ins.fmul(x, y),
+                BinOp::Div => ins.fdiv(x, y),
+                BinOp::Min => self.fminmax(x, y, FloatCC::LessThan),
+                BinOp::Max => self.fminmax(x, y, FloatCC::GreaterThan),
+                BinOp::Pow => self.math2(if f64_ { "rivet_pow" } else { "rivet_powf" }, x, y)?,
+                BinOp::FloorDiv => self.math2(if f64_ { "rivet_floordiv" } else { "rivet_floordivf" }, x, y)?,
+                BinOp::FloorMod => self.math2(if f64_ { "rivet_floormod" } else { "rivet_floormodf" }, x, y)?,
+            });
+        }
+        if !is_int(dt) {
+            return Err(internal(format!("{op:?} on {dt}")));
+        }
+        let unsigned = is_unsigned(dt);
+        let ins = self.b.ins();
+        Ok(match op {
+            BinOp::Add => ins.iadd(x, y),
+            BinOp::Sub => ins.isub(x, y),
+            BinOp::Mul => ins.imul(x, y),
+            BinOp::Min if unsigned => ins.umin(x, y),
+            BinOp::Min => ins.smin(x, y),
+            BinOp::Max if unsigned => ins.umax(x, y),
+            BinOp::Max => ins.smax(x, y),
+            BinOp::FloorDiv if unsigned => self.udivmod(x, y, false),
+            BinOp::FloorMod if unsigned => self.udivmod(x, y, true),
+            BinOp::FloorDiv => self.sfloordiv(x, y),
+            BinOp::FloorMod => self.sfloormod(x, y),
+            BinOp::Div | BinOp::Pow => return Err(internal(format!("{op:?} on {dt} (needs floats)"))),
+        })
+    }
+
+    /// `math::fmin`/`fmax`: the canonical NaN if either is NaN, else `x` if `x cc y`, else `y`
+    /// (so `min(-0.0, 0.0)` is `0.0`, as in the interpreter; Cranelift's `fmin` would give
+    /// `-0.0`).
+    fn fminmax(&mut self, x: Value, y: Value, cc: FloatCC) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        let pick = self.b.ins().fcmp(cc, x, y);
+        let r = self.b.ins().select(pick, x, y);
+        let uno = self.b.ins().fcmp(FloatCC::Unordered, x, y);
+        let nan = if ty == types::F64 { self.b.ins().f64const(f64::NAN) } else { self.b.ins().f32const(f32::NAN) };
+        self.b.ins().select(uno, nan, r)
+    }
+
+    /// Unsigned `//` or `%` (floor = truncation); divisor 0 gives 0.
+    fn udivmod(&mut self, x: Value, y: Value, rem: bool) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        let zero = self.iconst(ty, 0);
+        let one = self.iconst(ty, 1);
+        let is0 = self.b.ins().icmp(IntCC::Equal, y, zero);
+        let safe = self.b.ins().select(is0, one, y);
+        if rem {
+            // x % 1 == 0: already the result for a zero divisor.
+            self.b.ins().urem(x, safe)
+        } else {
+            let q = self.b.ins().udiv(x, safe);
+            self.b.ins().select(is0, zero, q)
+        }
+    }
+
+    /// The divisor with 0 and -1 replaced by 1 (so `sdiv`/`srem` cannot trap), and the flags
+    /// `y == 0`, `y == -1`.
+    fn safe_sdivisor(&mut self, y: Value) -> (Value, Value, Value) {
+        let ty = self.b.func.dfg.value_type(y);
+        let zero = self.iconst(ty, 0);
+        let one = self.iconst(ty, 1);
+        let m1 = self.iconst(ty, -1);
+        let is0 = self.b.ins().icmp(IntCC::Equal, y, zero);
+        let ism1 = self.b.ins().icmp(IntCC::Equal, y, m1);
+        let bad = self.b.ins().bor(is0, ism1);
+        (self.b.ins().select(bad, one, y), is0, ism1)
+    }
+
+    /// `r != 0 && sign(r) != sign(y)`: the truncated quotient must be floored.
+    fn needs_floor(&mut self, r: Value, y: Value) -> Value {
+        let ty = self.b.func.dfg.value_type(r);
+        let zero = self.iconst(ty, 0);
+        let rnz = self.b.ins().icmp(IntCC::NotEqual, r, zero);
+        let xor = self.b.ins().bxor(r, y);
+        let differ = self.b.ins().icmp(IntCC::SignedLessThan, xor, zero);
+        self.b.ins().band(rnz, differ)
+    }
+
+    /// Python `x // y` on signed ints: 0 for y == 0, `-x` (wrapping) for y == -1.
+    fn sfloordiv(&mut self, x: Value, y: Value) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        let (safe, is0, ism1) = self.safe_sdivisor(y);
+        let q = self.b.ins().sdiv(x, safe);
+        let r = self.b.ins().srem(x, safe);
+        let adj = self.needs_floor(r, y);
+        let qm1 = self.b.ins().iadd_imm_s(q, -1);
+        let q = self.b.ins().select(adj, qm1, q);
+        let zero = self.iconst(ty, 0);
+        let q = self.b.ins().select(is0, zero, q);
+        let neg = self.b.ins().ineg(x);
+        self.b.ins().select(ism1, neg, q)
+    }
+
+    /// Python `x % y` on signed ints (the result takes y's sign); 0 for y == 0 and y == -1.
+    fn sfloormod(&mut self, x: Value, y: Value) -> Value {
+        let (safe, _, _) = self.safe_sdivisor(y);
+        // With the divisor replaced by 1, r is 0: the right result for y == 0 and y == -1.
+        let r = self.b.ins().srem(x, safe);
+        let adj = self.needs_floor(r, y);
+        let ry = self.b.ins().iadd(r, y);
+        self.b.ins().select(adj, ry, r)
+    }
+
+    fn compare(&mut self, op: CmpOp, x: Value, y: Value, dt: DType) -> Value {
+        if dt.is_float() {
+            // Rust's operators: every comparison with NaN is false except `!=`.
+            let cc = match op {
+                CmpOp::Eq => FloatCC::Equal,
+                CmpOp::Ne => FloatCC::NotEqual,
+                CmpOp::Lt => FloatCC::LessThan,
+                CmpOp::Le => FloatCC::LessThanOrEqual,
+                CmpOp::Gt => FloatCC::GreaterThan,
+                CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+            };
+            return self.b.ins().fcmp(cc, x, y);
+        }
+        let u = is_unsigned(dt);
+        let cc = match op {
+            CmpOp::Eq => IntCC::Equal,
+            CmpOp::Ne => IntCC::NotEqual,
+            CmpOp::Lt if u => IntCC::UnsignedLessThan,
+            CmpOp::Le if u => IntCC::UnsignedLessThanOrEqual,
+            CmpOp::Gt if u => IntCC::UnsignedGreaterThan,
+            CmpOp::Ge if u => IntCC::UnsignedGreaterThanOrEqual,
+            CmpOp::Lt => IntCC::SignedLessThan,
+            CmpOp::Le => IntCC::SignedLessThanOrEqual,
+            CmpOp::Gt => IntCC::SignedGreaterThan,
+            CmpOp::Ge => IntCC::SignedGreaterThanOrEqual,
+        };
+        self.b.ins().icmp(cc, x, y)
+    }
+
+    /// An int (or bool) value of type `from` resized to `to` (wrapping or extending by `from`'s
+    /// signedness).
+    fn resize_int(&mut self, x: Value, from: DType, to: Type) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        if ty.bits() == to.bits() {
+            x
+        } else if ty.bits() > to.bits() {
+            self.b.ins().ireduce(to, x)
+        } else if is_unsigned(from) {
+            self.b.ins().uextend(to, x)
+        } else {
+            self.b.ins().sextend(to, x)
+        }
+    }
+
+    /// Rounds an f32 value to the nearest float16 / bfloat16 (as `half`), returned as f32.
+    fn round_half(&mut self, x: Value, to: DType) -> Result<Value> {
+        match to {
+            DType::F16 => {
+                let bits = self.call1("rivet_f32_to_f16", &[types::F32], types::I32, &[x])?;
+                self.call1("rivet_f16_to_f32", &[types::I32], types::F32, &[bits])
+            }
+            _ => {
+                let bits = self.call1("rivet_f32_to_bf16", &[types::F32], types::I32, &[x])?;
+                let bits = self.b.ins().ireduce(types::I16, bits);
+                Ok(self.bf16_bits_to_f32(bits))
+            }
+        }
+    }
+
+    /// Converts a value of dtype `from` to dtype `to` (`Cast`'s semantics, see the module doc).
+    pub(super) fn cast(&mut self, x: Value, from: DType, to: DType) -> Result<Value> {
+        if from == to {
+            return Ok(x);
+        }
+        let to_ty = value_ty(to);
+        if to == DType::Bool {
+            return Ok(if from.is_float() {
+                let zero = self.fconst(value_ty(from), 0.0);
+                self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+            } else {
+                self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0)
+            });
+        }
+        if !from.is_float() {
+            if !to.is_float() {
+                return Ok(self.resize_int(x, from, to_ty));
+            }
+            // int/bool -> float: exact widening to i64 first, then one rounding.
+            let wide = self.resize_int(x, from, types::I64);
+            let f = if is_unsigned(from) {
+                self.b.ins().fcvt_from_uint(to_ty, wide)
+            } else {
+                self.b.ins().fcvt_from_sint(to_ty, wide)
+            };
+            return if matches!(to, DType::F16 | DType::BF16) { self.round_half(f, to) } else { Ok(f) };
+        }
+        if !to.is_float() {
+            // float -> int: saturating, NaN -> 0 (Rust's `as`).
+            return Ok(match to_ty.bits() {
+                32 | 64 if is_unsigned(to) => self.b.ins().fcvt_to_uint_sat(to_ty, x),
+                32 | 64 => self.b.ins().fcvt_to_sint_sat(to_ty, x),
+                _ => {
+                    let bits = to_ty.bits();
+                    let t = if is_unsigned(to) {
+                        let t = self.b.ins().fcvt_to_uint_sat(types::I32, x);
+                        let max = self.iconst(types::I32, (1i64 << bits) - 1);
+                        self.b.ins().umin(t, max)
+                    } else {
+                        let t = self.b.ins().fcvt_to_sint_sat(types::I32, x);
+                        let max = self.iconst(types::I32, (1i64 << (bits - 1)) - 1);
+                        let min = self.iconst(types::I32, -(1i64 << (bits - 1)));
+                        let t = self.b.ins().smin(t, max);
+                        self.b.ins().smax(t, min)
+                    };
+                    self.b.ins().ireduce(to_ty, t)
+                }
+            });
+        }
+        // float -> float.
+        Ok(match (from, to) {
+            (DType::F64, DType::F32) => self.b.ins().fdemote(types::F32, x),
+            (_, DType::F64) => self.b.ins().fpromote(types::F64, x),
+            (DType::F64, DType::F16) => {
+                let bits = self.call1("rivet_f64_to_f16", &[types::F64], types::I32, &[x])?;
+                self.call1("rivet_f16_to_f32", &[types::I32], types::F32, &[bits])?
+            }
+            (DType::F64, _) => {
+                let bits = self.call1("rivet_f64_to_bf16", &[types::F64], types::I32, &[x])?;
+                let bits = self.b.ins().ireduce(types::I16, bits);
+                self.bf16_bits_to_f32(bits)
+            }
+            // float16/bfloat16 values are already f32.
+            (_, DType::F32) => x,
+            (_, _) => self.round_half(x, to)?,
+        })
+    }
+}
+

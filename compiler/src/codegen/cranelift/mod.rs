@@ -1,0 +1,406 @@
+//! The CPU backend: JIT-compiles a flattened `PrimFunc` to native code with Cranelift.
+//!
+//! One compiled kernel is one `JITModule` holding an entry function
+//! `extern "C" fn(ptrs: *const *mut u8, ints: *const i64)` (the `CallFrame` ABI of
+//! `codegen/mod.rs`) and one outlined function per parallel loop
+//! `extern "C" fn(ctx: *const i64, lo: i64, hi: i64)`, run on rivet's rayon pool by
+//! `rivet_parallel_for` (see `parallel.rs`).
+//!
+//! Semantics follow the interpreter (`codegen/math.rs`, `ir/expr.rs`) bit for bit:
+//! - ints are computed at their dtype's width with wrapping; uints use unsigned compares,
+//!   division and extension; bool is an `i8` holding 0 or 1;
+//! - float32/float64 are computed in `f32`/`f64`; float16/bfloat16 are loaded and widened to
+//!   `f32`, computed in `f32`, and rounded (to nearest even, as the `half` crate) when stored
+//!   or cast to float16/bfloat16 (a cast from float64 rounds once, with `half`'s `from_f64`);
+//! - transcendentals, `pow` and float `//`/`%` call the `math::symbols()` helpers; `sqrt`,
+//!   `abs`, `floor`, `ceil` are native; no `fma` is ever emitted (a*b+c rounds twice, as in
+//!   the interpreter);
+//! - integer `//` and `%` are guarded so that no division traps (divisor 0 gives 0, `MIN // -1`
+//!   wraps); float-to-int casts saturate (NaN gives 0), as Rust's `as`;
+//! - `Select` whose arms load memory, and `&&`/`||` whose right operand loads memory, branch
+//!   and evaluate only what the interpreter evaluates (a guarded load is never performed);
+//!   memory-free ones use a branchless `select` / `band` / `bor`;
+//! - every function is checked by `ir::verify` (flattened) before code is generated.
+//!
+//! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
+//! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
+//! `extern "C"` runtime helpers generated code calls besides `math::symbols()`).
+
+mod expr;
+mod helpers;
+mod parallel;
+mod stmt;
+#[cfg(test)]
+mod tests;
+
+use crate::codegen::{int_slots, Backend, CallFrame, Kernel};
+use crate::error::{Error, Result};
+use crate::ir::{BufId, PrimFunc};
+use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Type, UserFuncName};
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::Context;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
+use std::collections::HashMap;
+
+/// The pointer type of generated code (the backend only targets 64-bit hosts).
+const PTR: Type = types::I64;
+
+/// The Cranelift CPU backend ("cpu").
+pub struct CraneliftBackend {
+    isa: OwnedTargetIsa,
+    /// Keep the disassembly of generated code (costs about 20% of compile time).
+    disassemble: bool,
+}
+
+impl std::fmt::Debug for CraneliftBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CraneliftBackend({})", self.isa.triple())
+    }
+}
+
+impl CraneliftBackend {
+    /// A backend for the host CPU: its ISA features (AVX, FMA, ...) detected by
+    /// `cranelift_native`, optimised for speed.
+    pub fn new() -> Result<Self> {
+        if usize::BITS != 64 {
+            return Err(Error::Compile("the Cranelift CPU backend needs a 64-bit host".into()));
+        }
+        let mut flags = settings::builder();
+        let set = |fb: &mut settings::Builder, k: &str, v: &str| {
+            fb.set(k, v).map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
+        };
+        set(&mut flags, "opt_level", "speed")?;
+        // The JIT places code and helpers anywhere in the address space: no colocated calls,
+        // absolute relocations.
+        set(&mut flags, "use_colocated_libcalls", "false")?;
+        set(&mut flags, "is_pic", "false")?;
+        let isa_builder = cranelift_native::builder()
+            .map_err(|e| Error::Compile(format!("the host CPU is not supported by Cranelift: {e}")))?;
+        let isa = isa_builder
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
+        Ok(CraneliftBackend { isa, disassemble: std::env::var_os("RIVET_DUMP").is_some() })
+    }
+
+    /// Whether kernels keep their disassembly (`CraneliftKernel::disassembly`); on by default
+    /// only when `RIVET_DUMP` is set.
+    pub fn set_disassembly(&mut self, on: bool) {
+        self.disassemble = on;
+    }
+
+    /// Like `Backend::compile`, with the concrete kernel type (gives access to the
+    /// disassembly).
+    pub fn compile_kernel(&self, func: &PrimFunc) -> Result<CraneliftKernel> {
+        // Generated code trusts the IR (scoping, types, one index per access): check it.
+        crate::ir::verify::verify(func, true)?;
+        let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
+        for (name, addr) in crate::codegen::math::symbols() {
+            jb.symbol(name, addr);
+        }
+        for (name, addr) in helpers::symbols() {
+            jb.symbol(name, addr);
+        }
+        let module = JITModule::new(jb);
+        let mut cx = Compiler {
+            module,
+            func,
+            helper_ids: HashMap::new(),
+            disassemble: self.disassemble,
+            bodies: Vec::new(),
+            n_bodies: 0,
+        };
+        let (entry_id, entry_text) = cx.gen_entry()?;
+        let Compiler { mut module, bodies, .. } = cx;
+        module.finalize_definitions().map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
+        let code = module.get_finalized_function(entry_id);
+        // SAFETY: `code` is the finalised entry function, generated with exactly this signature
+        // (two pointer parameters, no results, the host's default C calling convention).
+        let entry = unsafe { std::mem::transmute::<*const u8, EntryFn>(code) };
+        let mut source = entry_text.clif;
+        let mut disasm = entry_text.disasm;
+        for b in bodies {
+            source.push('\n');
+            source.push_str(&b.clif);
+            disasm.push('\n');
+            disasm.push_str(&b.disasm);
+        }
+        Ok(CraneliftKernel {
+            _module: OwnedModule(Some(module)),
+            entry,
+            n_ptrs: func.params.len(),
+            n_ints: int_slots(func).len(),
+            source,
+            disasm,
+        })
+    }
+}
+
+impl Backend for CraneliftBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
+        Ok(Box::new(self.compile_kernel(func)?))
+    }
+}
+
+type EntryFn = unsafe extern "C" fn(*const *mut u8, *const i64);
+
+/// Owns the JIT memory of a kernel and frees it on drop.
+struct OwnedModule(Option<JITModule>);
+
+impl Drop for OwnedModule {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            // SAFETY: the module's code is only reachable through the `CraneliftKernel` that
+            // owns this wrapper (its `entry` pointer), which is being dropped; no call into it
+            // can be running, since `launch` borrows the kernel.
+            unsafe { m.free_memory() }
+        }
+    }
+}
+
+// SAFETY: after `finalize_definitions` the module is never used again except to be freed on
+// drop: launches only call the finalised, immutable machine code through `entry`. The
+// non-thread-safe parts of `JITModule` (its symbol-table `RefCell`, raw pointers to its code
+// memory) are therefore never touched concurrently.
+unsafe impl Send for OwnedModule {}
+// SAFETY: as above, shared references to the module are never used.
+unsafe impl Sync for OwnedModule {}
+
+/// A kernel compiled by Cranelift.
+pub struct CraneliftKernel {
+    entry: EntryFn,
+    n_ptrs: usize,
+    n_ints: usize,
+    source: String,
+    disasm: String,
+    // Owns the code `entry` points to (only ever dropped).
+    _module: OwnedModule,
+}
+
+impl std::fmt::Debug for CraneliftKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CraneliftKernel").field("n_ptrs", &self.n_ptrs).field("n_ints", &self.n_ints).finish()
+    }
+}
+
+impl CraneliftKernel {
+    /// The machine code of every function, as disassembled by Cranelift (for debugging and for
+    /// checking which instructions were selected); only headers unless the backend was asked
+    /// to keep it (`set_disassembly`, or `RIVET_DUMP` set).
+    pub fn disassembly(&self) -> &str {
+        &self.disasm
+    }
+}
+
+impl Kernel for CraneliftKernel {
+    unsafe fn launch(&self, frame: &CallFrame) -> Result<()> {
+        if frame.ptrs.len() != self.n_ptrs || frame.ints.len() != self.n_ints {
+            return Err(Error::Internal(format!(
+                "call frame has {} pointers and {} ints; the kernel expects {} and {}",
+                frame.ptrs.len(),
+                frame.ints.len(),
+                self.n_ptrs,
+                self.n_ints
+            )));
+        }
+        // SAFETY: the entry function follows the CallFrame ABI; the frame has the expected
+        // number of entries (checked above) and the caller guarantees (`launch`'s contract)
+        // that the pointers address memory matching the buffers under these ints.
+        unsafe { (self.entry)(frame.ptrs.as_ptr(), frame.ints.as_ptr()) };
+        Ok(())
+    }
+
+    fn source(&self) -> String {
+        self.source.clone()
+    }
+}
+
+/// The text of one generated function.
+struct FuncText {
+    clif: String,
+    disasm: String,
+}
+
+/// State shared by all functions of one kernel.
+struct Compiler<'f> {
+    module: JITModule,
+    func: &'f PrimFunc,
+    /// Helper functions declared in the module, by symbol.
+    helper_ids: HashMap<&'static str, FuncId>,
+    disassemble: bool,
+    /// Texts of the outlined parallel bodies, in order of generation.
+    bodies: Vec<FuncText>,
+    n_bodies: usize,
+}
+
+fn cl_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Internal(format!("cranelift: {what}: {e:?}"))
+}
+
+impl<'f> Compiler<'f> {
+    fn name(&self) -> String {
+        if self.func.name.is_empty() {
+            "kernel".into()
+        } else {
+            self.func.name.clone()
+        }
+    }
+
+    /// Declares, builds and defines the entry function.
+    fn gen_entry(&mut self) -> Result<(FuncId, FuncText)> {
+        let mut sig = self.module.make_signature();
+        sig.params.push(AbiParam::new(PTR));
+        sig.params.push(AbiParam::new(PTR));
+        let name = self.name();
+        let id = self.module.declare_function(&name, Linkage::Export, &sig).map_err(|e| cl_err("declare", e))?;
+        let mut ctx = self.module.make_context();
+        ctx.func.signature = sig;
+        ctx.func.name = UserFuncName::user(0, id.as_u32());
+        let mut fctx = FunctionBuilderContext::new();
+        let config = self.module.target_config();
+        let func = self.func;
+        {
+            let b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let mut g = FnGen::new(b, self, false);
+            let block = g.b.create_block();
+            g.b.append_block_params_for_function_params(block);
+            g.b.switch_to_block(block);
+            let ptrs = g.b.block_params(block)[0];
+            let ints = g.b.block_params(block)[1];
+            for (k, id) in func.params.iter().enumerate() {
+                let p = g.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32);
+                g.bind_buf(*id, p);
+            }
+            for (k, v) in int_slots(func).iter().enumerate() {
+                let x = g.b.ins().load(types::I64, expr::flags(), ints, (8 * k) as i32);
+                g.bind_var(v.id, x);
+            }
+            g.stmt(&func.body)?;
+            g.b.ins().return_(&[]);
+            g.b.seal_all_blocks();
+            g.b.finalize(config);
+        }
+        let text = self.define(id, &format!("{name} (entry)"), &mut ctx)?;
+        Ok((id, text))
+    }
+
+    /// Compiles a finished function into the module; returns its texts.
+    fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
+        let clif = format!("; {title}\n{}", ctx.func.display());
+        ctx.set_disasm(self.disassemble);
+        self.module.define_function(id, ctx).map_err(|e| match e {
+            cranelift_module::ModuleError::Compilation(cranelift_codegen::CodegenError::Verifier(errs)) => {
+                Error::Internal(format!(
+                    "cranelift verifier rejected generated code for {title}:\n{}",
+                    cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, errs)
+                ))
+            }
+            other => cl_err(&format!("compiling {title}"), other),
+        })?;
+        let disasm = ctx.compiled_code().and_then(|c| c.vcode.clone()).unwrap_or_default();
+        let disasm = format!("; {title}\n{disasm}");
+        self.module.clear_context(ctx);
+        Ok(FuncText { clif, disasm })
+    }
+
+    /// The module-level id of helper `name`, declared on first use.
+    fn helper_id(&mut self, name: &'static str, params: &[Type], rets: &[Type]) -> Result<FuncId> {
+        if let Some(id) = self.helper_ids.get(name) {
+            return Ok(*id);
+        }
+        let mut sig = self.module.make_signature();
+        sig.params.extend(params.iter().map(|t| AbiParam::new(*t)));
+        sig.returns.extend(rets.iter().map(|t| AbiParam::new(*t)));
+        let id = self.module.declare_function(name, Linkage::Import, &sig).map_err(|e| cl_err("declare helper", e))?;
+        self.helper_ids.insert(name, id);
+        Ok(id)
+    }
+}
+
+/// The generator of one Cranelift function: the builder plus the scope of IR variables and
+/// buffers.
+struct FnGen<'a, 'f> {
+    b: FunctionBuilder<'a>,
+    cx: &'a mut Compiler<'f>,
+    func: &'f PrimFunc,
+    /// IR variables in scope (by `Var::id`): the Cranelift variable and its type.
+    vars: HashMap<u32, (Variable, Type)>,
+    /// Buffers in scope: the variable holding the address of element 0.
+    bufs: HashMap<BufId, Variable>,
+    /// Helpers imported into this function.
+    frefs: HashMap<&'static str, FuncRef>,
+    /// True in an outlined parallel body (nested parallel loops run serially there).
+    in_body: bool,
+}
+
+impl<'a, 'f> FnGen<'a, 'f> {
+    fn new(b: FunctionBuilder<'a>, cx: &'a mut Compiler<'f>, in_body: bool) -> Self {
+        let func = cx.func;
+        FnGen { b, cx, func, vars: HashMap::new(), bufs: HashMap::new(), frefs: HashMap::new(), in_body }
+    }
+
+    /// Binds IR variable `id` to `val` (in a fresh Cranelift variable); returns the previous
+    /// binding, to restore when the scope ends.
+    fn bind_var(&mut self, id: u32, val: cranelift_codegen::ir::Value) -> Option<(Variable, Type)> {
+        let ty = self.b.func.dfg.value_type(val);
+        let v = self.b.declare_var(ty);
+        self.b.def_var(v, val);
+        self.vars.insert(id, (v, ty))
+    }
+
+    fn restore_var(&mut self, id: u32, old: Option<(Variable, Type)>) {
+        match old {
+            Some(o) => self.vars.insert(id, o),
+            None => self.vars.remove(&id),
+        };
+    }
+
+    fn bind_buf(&mut self, id: BufId, ptr: cranelift_codegen::ir::Value) -> Option<Variable> {
+        let v = self.b.declare_var(PTR);
+        self.b.def_var(v, ptr);
+        self.bufs.insert(id, v)
+    }
+
+    fn restore_buf(&mut self, id: BufId, old: Option<Variable>) {
+        match old {
+            Some(o) => self.bufs.insert(id, o),
+            None => self.bufs.remove(&id),
+        };
+    }
+
+    /// Calls helper `name` (declared with the given signature) and returns its results.
+    fn call(
+        &mut self,
+        name: &'static str,
+        params: &[Type],
+        rets: &[Type],
+        args: &[cranelift_codegen::ir::Value],
+    ) -> Result<Vec<cranelift_codegen::ir::Value>> {
+        let fref = match self.frefs.get(name) {
+            Some(f) => *f,
+            None => {
+                let id = self.cx.helper_id(name, params, rets)?;
+                let f = self.cx.module.declare_func_in_func(id, self.b.func);
+                self.frefs.insert(name, f);
+                f
+            }
+        };
+        let inst = self.b.ins().call(fref, args);
+        Ok(self.b.inst_results(inst).to_vec())
+    }
+
+    fn call1(
+        &mut self,
+        name: &'static str,
+        params: &[Type],
+        ret: Type,
+        args: &[cranelift_codegen::ir::Value],
+    ) -> Result<cranelift_codegen::ir::Value> {
+        Ok(self.call(name, params, &[ret], args)?[0])
+    }
+}

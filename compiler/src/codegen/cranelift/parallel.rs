@@ -1,0 +1,189 @@
+//! Parallel loops: the body of a `ForKind::Parallel` loop is outlined into its own function
+//! `body(ctx: *const i64, lo: i64, hi: i64)` running iterations `[lo, hi)`. `ctx` is an
+//! array of 8-byte slots, in a stack slot of the caller, holding every buffer pointer and
+//! variable the body uses from outside (sorted by buffer id, then variable id). The caller
+//! then calls `rivet_parallel_for(body, ctx, min, extent)`, which splits the range over
+//! rivet's rayon pool. Parallel loops nested in a parallel body run serially.
+
+use super::{Compiler, FnGen, FuncText, PTR};
+use crate::error::{Error, Result};
+use crate::ir::{BufId, Expr, ExprKind, PrimFunc, Stmt, Var};
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, StackSlotData, StackSlotKind, Type, UserFuncName, Value};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{FuncId, Linkage, Module};
+use std::collections::BTreeSet;
+
+/// One value passed to an outlined body.
+#[derive(Clone, Copy, Debug)]
+enum Capture {
+    Buf(BufId),
+    Var(u32, Type),
+}
+
+/// Buffers and variables referenced by `s` (including the shapes of locals it allocates).
+fn references(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut BTreeSet<u32>) {
+    let on_expr = |e: &Expr, bufs: &mut BTreeSet<BufId>, vars: &mut BTreeSet<u32>| {
+        e.visit(&mut |n| match n.kind() {
+            ExprKind::Var(v) => {
+                vars.insert(v.id);
+            }
+            ExprKind::Load { buf, .. } => {
+                bufs.insert(*buf);
+            }
+            _ => {}
+        })
+    };
+    s.visit(&mut |st| match st {
+        Stmt::For { min, extent, .. } => {
+            on_expr(min, bufs, vars);
+            on_expr(extent, bufs, vars);
+        }
+        Stmt::Store { buf, indices, value } => {
+            bufs.insert(*buf);
+            indices.iter().for_each(|i| on_expr(i, bufs, vars));
+            on_expr(value, bufs, vars);
+        }
+        Stmt::If { cond, .. } => on_expr(cond, bufs, vars),
+        Stmt::Let { value, .. } => on_expr(value, bufs, vars),
+        Stmt::Allocate { buf, .. } => {
+            if let Some(b) = func.buffers.iter().find(|b| b.id == *buf) {
+                b.shape.iter().for_each(|e| on_expr(e, bufs, vars));
+            }
+        }
+        Stmt::Seq(_) => {}
+    });
+}
+
+impl FnGen<'_, '_> {
+    /// Emits a parallel loop: spills the captured values, outlines the body, calls the driver.
+    pub(super) fn parallel_for(&mut self, var: &Var, lo: Value, ext: Value, body: &Stmt) -> Result<()> {
+        let mut bufs = BTreeSet::new();
+        let mut vars = BTreeSet::new();
+        references(body, self.func, &mut bufs, &mut vars);
+        let mut caps = Vec::new();
+        for b in bufs {
+            if self.bufs.contains_key(&b) {
+                caps.push(Capture::Buf(b));
+            }
+        }
+        for v in vars {
+            if v == var.id {
+                continue;
+            }
+            if let Some((_, ty)) = self.vars.get(&v) {
+                caps.push(Capture::Var(v, *ty));
+            }
+        }
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (8 * caps.len().max(1)) as u32,
+            3,
+        ));
+        for (k, c) in caps.iter().enumerate() {
+            let x = match *c {
+                Capture::Buf(b) => self.buf_ptr(b)?,
+                Capture::Var(v, _) => {
+                    let cv = self.vars[&v].0;
+                    self.b.use_var(cv)
+                }
+            };
+            self.b.ins().stack_store(PTR, x, slot, (8 * k) as i32);
+        }
+        let ctx = self.b.ins().stack_addr(PTR, slot, 0);
+        let body_id = self.cx.gen_body(var, body, &caps)?;
+        let fref = self.cx.module.declare_func_in_func(body_id, self.b.func);
+        let faddr = self.b.ins().func_addr(PTR, fref);
+        self.call("rivet_parallel_for", &[PTR, PTR, types::I64, types::I64], &[], &[faddr, ctx, lo, ext])?;
+        Ok(())
+    }
+}
+
+impl Compiler<'_> {
+    /// Builds and defines the outlined body of a parallel loop.
+    fn gen_body(&mut self, var: &Var, body: &Stmt, caps: &[Capture]) -> Result<FuncId> {
+        let mut sig = self.module.make_signature();
+        sig.params.push(AbiParam::new(PTR));
+        sig.params.push(AbiParam::new(types::I64));
+        sig.params.push(AbiParam::new(types::I64));
+        let name = format!("{}.parallel{}", self.name(), self.n_bodies);
+        self.n_bodies += 1;
+        let id = self
+            .module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| Error::Internal(format!("cranelift: declare {name}: {e:?}")))?;
+        let mut ctx = self.module.make_context();
+        ctx.func.signature = sig;
+        ctx.func.name = UserFuncName::user(0, id.as_u32());
+        let mut fctx = FunctionBuilderContext::new();
+        let config = self.module.target_config();
+        {
+            let b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let mut g = FnGen::new(b, self, true);
+            let block = g.b.create_block();
+            g.b.append_block_params_for_function_params(block);
+            g.b.switch_to_block(block);
+            let (cptr, lo, hi) = {
+                let p = g.b.block_params(block);
+                (p[0], p[1], p[2])
+            };
+            for (k, c) in caps.iter().enumerate() {
+                let off = (8 * k) as i32;
+                match *c {
+                    Capture::Buf(b) => {
+                        let p = g.b.ins().load(PTR, super::expr::flags(), cptr, off);
+                        g.bind_buf(b, p);
+                    }
+                    Capture::Var(v, ty) => {
+                        let x = g.b.ins().load(ty, super::expr::flags(), cptr, off);
+                        g.bind_var(v, x);
+                    }
+                }
+            }
+            g.counted_loop(var, lo, hi, body)?;
+            g.b.ins().return_(&[]);
+            g.b.seal_all_blocks();
+            g.b.finalize(config);
+        }
+        let FuncText { clif, disasm } = self.define(id, &name, &mut ctx)?;
+        self.bodies.push(FuncText { clif, disasm });
+        Ok(id)
+    }
+}
+
+/// The signature of an outlined parallel body.
+pub(super) type BodyFn = unsafe extern "C" fn(*const i64, i64, i64);
+
+/// Runs `body(ctx, lo, hi)` over `[min, min + extent)` split into contiguous chunks on rivet's
+/// pool, with the host lock released; serially when the range is tiny or the pool has one
+/// thread.
+///
+/// # Safety
+/// `body` must be an outlined body generated for `ctx`, safe to run concurrently on disjoint
+/// ranges (the compiler's contract for parallel loops), and `ctx` must stay valid until this
+/// returns.
+pub(super) unsafe extern "C" fn rivet_parallel_for(body: BodyFn, ctx: *const i64, min: i64, extent: i64) {
+    if extent <= 0 {
+        return;
+    }
+    let pool = rivet_runtime::parallel::pool();
+    let threads = pool.current_num_threads().max(1) as i64;
+    if extent < 2 || threads == 1 {
+        // SAFETY: the caller's contract.
+        unsafe { body(ctx, min, min + extent) };
+        return;
+    }
+    let chunks = extent.min(threads * 4);
+    let ctx_addr = ctx as usize;
+    rivet_runtime::host::without_host_lock(|| {
+        pool.install(|| {
+            use rayon::prelude::*;
+            (0..chunks).into_par_iter().for_each(|c| {
+                let lo = min + ((extent as i128 * c as i128) / chunks as i128) as i64;
+                let hi = min + ((extent as i128 * (c + 1) as i128) / chunks as i128) as i64;
+                // SAFETY: the caller's contract: iterations write disjoint elements and `ctx`
+                // outlives this call (it is only read).
+                unsafe { body(ctx_addr as *const i64, lo, hi) };
+            })
+        })
+    });
+}

@@ -1,0 +1,138 @@
+//! Statements: loops, conditionals, bindings, stores and local allocations.
+
+use super::expr::value_ty;
+use super::{FnGen, PTR};
+use crate::error::{Error, Result};
+use crate::ir::{BufId, BufKind, ForKind, Stmt, Var};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, InstBuilder, Value};
+use rivet_runtime::DType;
+
+impl FnGen<'_, '_> {
+    pub(super) fn stmt(&mut self, s: &Stmt) -> Result<()> {
+        match s {
+            Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
+            Stmt::Store { buf, indices, value } => self.store(*buf, indices, value),
+            Stmt::Let { var, value, body } => {
+                let x = self.expr(value)?;
+                if self.b.func.dfg.value_type(x) != value_ty(value.dtype()) {
+                    return Err(Error::Internal(format!("let {}: value of the wrong type", var.name)));
+                }
+                let old = self.bind_var(var.id, x);
+                self.stmt(body)?;
+                self.restore_var(var.id, old);
+                Ok(())
+            }
+            Stmt::If { cond, then, otherwise } => {
+                let c = self.expr(cond)?;
+                let then_b = self.b.create_block();
+                let merge = self.b.create_block();
+                let else_b = if otherwise.is_some() { self.b.create_block() } else { merge };
+                self.b.ins().brif(c, then_b, &[], else_b, &[]);
+                self.b.switch_to_block(then_b);
+                self.stmt(then)?;
+                self.b.ins().jump(merge, &[]);
+                if let Some(o) = otherwise {
+                    self.b.switch_to_block(else_b);
+                    self.stmt(o)?;
+                    self.b.ins().jump(merge, &[]);
+                }
+                self.b.switch_to_block(merge);
+                Ok(())
+            }
+            Stmt::For { var, min, extent, kind, body } => {
+                let lo = self.expr(min)?;
+                let lo = self.index_i64(lo, min.dtype());
+                let ext = self.expr(extent)?;
+                let ext = self.index_i64(ext, extent.dtype());
+                if *kind == ForKind::Parallel && !self.in_body {
+                    return self.parallel_for(var, lo, ext, body);
+                }
+                // Serial, Vectorized and Unrolled loops all run as plain counted loops.
+                let hi = self.b.ins().iadd(lo, ext);
+                self.counted_loop(var, lo, hi, body)
+            }
+            Stmt::Allocate { buf, body } => self.allocate(*buf, body),
+        }
+    }
+
+    fn index_i64(&mut self, v: Value, dt: DType) -> Value {
+        let ty = self.b.func.dfg.value_type(v);
+        if ty == types::I64 {
+            v
+        } else if matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::Bool) {
+            self.b.ins().uextend(types::I64, v)
+        } else {
+            self.b.ins().sextend(types::I64, v)
+        }
+    }
+
+    /// `for var in lo..hi { body }`, tested at the loop top (the exit reads the header's
+    /// state; no block arguments on the conditional branch).
+    pub(super) fn counted_loop(&mut self, var: &Var, lo: Value, hi: Value, body: &Stmt) -> Result<()> {
+        let header = self.b.create_block();
+        let body_b = self.b.create_block();
+        let exit = self.b.create_block();
+        let old = self.bind_var(var.id, lo);
+        let counter = self.vars[&var.id].0;
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let i = self.b.use_var(counter);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
+        self.b.ins().brif(go, body_b, &[], exit, &[]);
+        self.b.switch_to_block(body_b);
+        self.stmt(body)?;
+        let i = self.b.use_var(counter);
+        let next = self.b.ins().iadd_imm_s(i, 1);
+        self.b.def_var(counter, next);
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(exit);
+        self.restore_var(var.id, old);
+        Ok(())
+    }
+
+    /// A local buffer: compact strides from its shape, zeroed memory from `rivet_alloc`, freed
+    /// after the body.
+    fn allocate(&mut self, id: BufId, body: &Stmt) -> Result<()> {
+        let func = self.func;
+        let buf = func
+            .buffers
+            .iter()
+            .find(|b| b.id == id)
+            .ok_or_else(|| Error::Internal(format!("Allocate of unknown buffer id {}", id.0)))?;
+        if buf.kind != BufKind::Local {
+            return Err(Error::Internal(format!("Allocate of parameter buffer {}", buf.name)));
+        }
+        if !buf.strides.is_empty() && buf.strides.len() != buf.shape.len() {
+            return Err(Error::Internal(format!("local {}: {} strides for {} dims", buf.name, buf.strides.len(), buf.shape.len())));
+        }
+        let mut extents = Vec::with_capacity(buf.shape.len());
+        for s in &buf.shape {
+            let v = self.expr(s)?;
+            extents.push(self.index_i64(v, s.dtype()));
+        }
+        // Compact (row-major) strides; a negative extent counts as 0 elements.
+        let mut strides = vec![self.iconst(types::I64, 1); extents.len()];
+        let mut count = self.iconst(types::I64, 1);
+        for k in (0..extents.len()).rev() {
+            strides[k] = count;
+            let zero = self.iconst(types::I64, 0);
+            let e = self.b.ins().smax(extents[k], zero);
+            count = self.b.ins().imul(count, e);
+        }
+        let bytes = self.b.ins().imul_imm_s(count, buf.dtype.size() as i64);
+        let ptr = self.call1("rivet_alloc", &[types::I64], PTR, &[bytes])?;
+        let mut olds = Vec::new();
+        for (v, s) in buf.strides.iter().zip(&strides) {
+            olds.push((v.id, self.bind_var(v.id, *s)));
+        }
+        let old_buf = self.bind_buf(id, ptr);
+        self.stmt(body)?;
+        self.call("rivet_free", &[PTR, types::I64], &[], &[ptr, bytes])?;
+        self.restore_buf(id, old_buf);
+        for (v, old) in olds.into_iter().rev() {
+            self.restore_var(v, old);
+        }
+        Ok(())
+    }
+}

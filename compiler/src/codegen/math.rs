@@ -1,0 +1,143 @@
+//! Scalar semantics shared by every backend, so that the interpreter (the oracle) and
+//! generated code agree bit for bit.
+//!
+//! - Transcendentals come from the `libm` crate (a port of musl's libm): the interpreter calls
+//!   these functions, and the Cranelift backend calls the very same ones through the
+//!   `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact (IEEE), so backends
+//!   may use native instructions for them. float16/bfloat16 are computed in float32.
+//! - `erf`: musl's, max error below 1 ulp in float64 and float32.
+//! - `sigmoid(x) = 1 / (1 + exp(-x))`, `rsqrt(x) = 1 / sqrt(x)`, evaluated in the dtype.
+//! - Float `min`/`max` propagate NaN (as `numpy.minimum` / `torch.minimum`).
+//! - Integer `//` and `%` follow Python (floor) semantics; a zero divisor gives 0 for both
+//!   (no trap), and `MIN // -1` wraps. Integer arithmetic wraps at the dtype's width.
+//! - Float-to-int casts saturate (NaN gives 0), as Rust's `as`.
+
+pub fn floordiv_i64(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let q = a.wrapping_div(b);
+    if (a.wrapping_rem(b) != 0) && ((a < 0) != (b < 0)) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+pub fn floormod_i64(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let r = a.wrapping_rem(b);
+    if r != 0 && ((r < 0) != (b < 0)) {
+        r + b
+    } else {
+        r
+    }
+}
+
+pub fn fmin<T: num_like::Float>(a: T, b: T) -> T {
+    if a.is_nan() || b.is_nan() {
+        T::nan()
+    } else if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+pub fn fmax<T: num_like::Float>(a: T, b: T) -> T {
+    if a.is_nan() || b.is_nan() {
+        T::nan()
+    } else if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Python's float `//` and `%`: floor(a / b) and a - floor(a / b) * b.
+pub fn floordiv_f64(a: f64, b: f64) -> f64 {
+    libm::floor(a / b)
+}
+pub fn floormod_f64(a: f64, b: f64) -> f64 {
+    a - libm::floor(a / b) * b
+}
+pub fn floordiv_f32(a: f32, b: f32) -> f32 {
+    libm::floorf(a / b)
+}
+pub fn floormod_f32(a: f32, b: f32) -> f32 {
+    a - libm::floorf(a / b) * b
+}
+
+pub mod num_like {
+    pub trait Float: Copy + PartialOrd {
+        fn is_nan(self) -> bool;
+        fn nan() -> Self;
+    }
+    impl Float for f32 {
+        fn is_nan(self) -> bool {
+            f32::is_nan(self)
+        }
+        fn nan() -> Self {
+            f32::NAN
+        }
+    }
+    impl Float for f64 {
+        fn is_nan(self) -> bool {
+            f64::is_nan(self)
+        }
+        fn nan() -> Self {
+            f64::NAN
+        }
+    }
+}
+
+/// `extern "C"` entry points for generated code: (symbol, address). The interpreter calls the
+/// same `libm` functions directly.
+macro_rules! externs {
+    ($($name:ident: fn($($a:ident: $t:ty),*) -> $r:ty = $body:expr;)*) => {
+        pub mod ffi {
+            $(pub extern "C" fn $name($($a: $t),*) -> $r { $body })*
+        }
+        /// Every helper symbol generated code may call.
+        pub fn symbols() -> Vec<(&'static str, *const u8)> {
+            vec![$((concat!("rivet_", stringify!($name)), ffi::$name as *const u8)),*]
+        }
+    };
+}
+
+externs! {
+    expf: fn(x: f32) -> f32 = libm::expf(x);
+    exp: fn(x: f64) -> f64 = libm::exp(x);
+    logf: fn(x: f32) -> f32 = libm::logf(x);
+    log: fn(x: f64) -> f64 = libm::log(x);
+    tanhf: fn(x: f32) -> f32 = libm::tanhf(x);
+    tanh: fn(x: f64) -> f64 = libm::tanh(x);
+    erff: fn(x: f32) -> f32 = libm::erff(x);
+    erf: fn(x: f64) -> f64 = libm::erf(x);
+    powf: fn(x: f32, y: f32) -> f32 = libm::powf(x, y);
+    pow: fn(x: f64, y: f64) -> f64 = libm::pow(x, y);
+    floordivf: fn(x: f32, y: f32) -> f32 = super::floordiv_f32(x, y);
+    floordiv: fn(x: f64, y: f64) -> f64 = super::floordiv_f64(x, y);
+    floormodf: fn(x: f32, y: f32) -> f32 = super::floormod_f32(x, y);
+    floormod: fn(x: f64, y: f64) -> f64 = super::floormod_f64(x, y);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_floor_semantics() {
+        for (a, b) in [(7i64, 2i64), (-7, 2), (7, -2), (-7, -2), (6, 3), (-6, 3), (0, 5)] {
+            let (q, r) = (floordiv_i64(a, b), floormod_i64(a, b));
+            assert_eq!(q * b + r, a, "{a} {b}");
+            assert!(r == 0 || (r < 0) == (b < 0), "{a} % {b} = {r}");
+        }
+        assert_eq!((floordiv_i64(5, 0), floormod_i64(5, 0)), (0, 0));
+        assert_eq!(floordiv_i64(i64::MIN, -1), i64::MIN);
+        assert_eq!(floormod_f64(-7.0, 2.0), 1.0);
+        assert!(fmin(f32::NAN, 1.0).is_nan() && fmax(1.0, f64::NAN).is_nan());
+    }
+}

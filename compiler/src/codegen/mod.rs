@@ -1,0 +1,65 @@
+//! Code generation: one `Backend` trait, peers implementing it (the IR interpreter, Cranelift
+//! for the CPU; CUDA later), and the call ABI they share.
+//!
+//! ABI: a compiled kernel receives a `CallFrame`: `ptrs[i]` is the address of element (0, ...)
+//! of parameter buffer `i` (in `PrimFunc::params` order), `ints` holds the values of the
+//! variables listed by `int_slots(func)`: first the symbolic dims (`func.dims`), then the
+//! stride variables of each parameter buffer in order. Bounds checks (`func.checks`) have run
+//! and passed before a kernel is launched; a kernel trusts its frame.
+
+pub mod cranelift;
+pub mod math;
+
+use crate::error::Result;
+use crate::ir::{PrimFunc, Var};
+
+/// Everything a kernel needs at launch.
+#[derive(Debug, Clone)]
+pub struct CallFrame {
+    pub ptrs: Vec<*mut u8>,
+    pub ints: Vec<i64>,
+}
+
+/// The variables whose values `CallFrame::ints` holds, in order.
+pub fn int_slots(func: &PrimFunc) -> Vec<Var> {
+    let mut v = func.dims.clone();
+    for id in &func.params {
+        v.extend(func.buffer(*id).strides.iter().cloned());
+    }
+    v
+}
+
+/// A compiled function, ready to launch.
+pub trait Kernel: Send + Sync {
+    /// Runs the function on a frame built for it.
+    ///
+    /// # Safety
+    /// The frame's pointers must address memory matching the function's parameter buffers
+    /// under the frame's dims and strides, and `func.checks` must hold for them.
+    unsafe fn launch(&self, frame: &CallFrame) -> Result<()>;
+
+    /// Generated code as text (Cranelift IR for the CPU backend), for dumps and debugging.
+    fn source(&self) -> String;
+}
+
+/// A code generator.
+pub trait Backend: Send + Sync {
+    /// Target name as users spell it ("cpu", "interp").
+    fn name(&self) -> &'static str;
+    /// Compiles a verified, flattened function.
+    fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>>;
+}
+
+/// The backend for a target name.
+pub fn backend(target: &str) -> Result<Box<dyn Backend>> {
+    match target {
+        "cpu" | "llvm" | "cranelift" => Ok(Box::new(cranelift::CraneliftBackend::new()?)),
+        "interp" => Ok(Box::new(crate::ir::interp::InterpBackend)),
+        "cuda" => Err(crate::Error::Compile(
+            "target 'cuda' is not available yet (the CUDA backend is a later issue); use target='cpu'".into(),
+        )),
+        other => Err(crate::Error::Compile(format!(
+            "unknown target '{other}'; expected 'cpu' (Cranelift) or 'interp' (the IR interpreter)"
+        ))),
+    }
+}

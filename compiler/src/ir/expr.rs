@@ -1,0 +1,418 @@
+//! Typed expressions, shared by the tensor-expression DSL (`te`) and the loop IR.
+//!
+//! An `Expr` is a cheap handle (`Arc`) on an immutable node that carries its dtype. Two kinds
+//! exist only on one side of lowering: `Read` (a tensor element, multi-dim) and `Reduce` live
+//! in te programs; `Load` (a buffer element) lives in the loop IR. The verifier checks that
+//! lowered functions contain no `Read`/`Reduce`, and that flattened ones index with one offset.
+//!
+//! Type rules (checked by the constructors, reported as `CompileError`):
+//! - index arithmetic is int64; `Var`s are int64;
+//! - binary arithmetic needs both operands of one dtype (a Python number takes the other
+//!   operand's dtype before it gets here); float32 maths stays float32;
+//! - `Div` is true division and needs floats; `FloorDiv`/`FloorMod` follow Python's
+//!   semantics (round toward -inf, result takes the divisor's sign) for ints and floats;
+//! - comparisons and logical ops give `bool`; `Select` needs a bool condition and equal arms;
+//! - math functions (`exp`, `log`, ...) need floats; `abs` also takes ints.
+
+use crate::error::{Error, Result};
+use rivet_runtime::DType;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// An int64 variable: a loop index, a symbolic dim (`te.var("n")`) or a runtime stride.
+/// Identity is the `id`; the name is for printing only.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Var {
+    pub id: u32,
+    pub name: Arc<str>,
+}
+
+static NEXT_VAR: AtomicU32 = AtomicU32::new(1);
+
+impl Var {
+    /// A fresh variable, distinct from every other one in the process.
+    pub fn new(name: &str) -> Var {
+        Var { id: NEXT_VAR.fetch_add(1, Ordering::Relaxed), name: name.into() }
+    }
+
+    /// Ensures later `Var::new` ids are above `id` (after loading saved IR).
+    pub fn reserve(id: u32) {
+        NEXT_VAR.fetch_max(id + 1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    /// True division (floats only).
+    Div,
+    /// Python `//`.
+    FloorDiv,
+    /// Python `%`.
+    FloorMod,
+    Min,
+    Max,
+    /// `pow(a, b)` (floats only).
+    Pow,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnOp {
+    Neg,
+    /// Logical not (bool only).
+    Not,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Abs,
+    Floor,
+    Ceil,
+    /// Error function; accuracy documented in README (max abs error 1.5e-7 in f64 maths).
+    Erf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LogicOp {
+    And,
+    Or,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+/// Identifies a buffer of a `PrimFunc` (a parameter or a local allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BufId(pub u32);
+
+/// A constant. Integers (and bools) are kept as i64, floats as f64; the node's dtype says
+/// how to interpret them (an f32 constant is rounded to f32 when used).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Const {
+    Int(i64),
+    Float(f64),
+}
+
+/// A loop axis of a compute (data-parallel) or a reduction axis, over `[min, min + extent)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IterVar {
+    pub var: Var,
+    pub min: Expr,
+    pub extent: Expr,
+    pub reduce: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ExprKind {
+    Const(Const),
+    Var(Var),
+    Unary(UnOp, Expr),
+    Binary(BinOp, Expr, Expr),
+    Cmp(CmpOp, Expr, Expr),
+    Logic(LogicOp, Expr, Expr),
+    /// Conversion to the node's dtype.
+    Cast(Expr),
+    /// `cond ? a : b` (both arms may be evaluated: they must be free of side effects, and
+    /// loads in both are bounds-checked as if executed).
+    Select(Expr, Expr, Expr),
+    /// te only: element `indices` of a tensor (a placeholder or another compute).
+    Read { tensor: crate::te::Tensor, indices: Vec<Expr> },
+    /// te only: a reduction of `body` over `axes`.
+    Reduce { op: ReduceOp, body: Expr, axes: Vec<IterVar> },
+    /// loop IR only: element of a buffer, multi-dim before `flatten`, one offset after.
+    Load { buf: BufId, indices: Vec<Expr> },
+    /// A DSL misuse found while building an expression with Rust operators (which cannot
+    /// return errors); `build` reports it as a `CompileError`.
+    Invalid(String),
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExprNode {
+    pub kind: ExprKind,
+    pub dtype: DType,
+}
+
+/// A shared, immutable expression.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct Expr(pub Arc<ExprNode>);
+
+impl fmt::Debug for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+fn type_error(msg: String) -> Error {
+    Error::Compile(msg)
+}
+
+impl Expr {
+    pub fn new(kind: ExprKind, dtype: DType) -> Expr {
+        Expr(Arc::new(ExprNode { kind, dtype }))
+    }
+    pub fn kind(&self) -> &ExprKind {
+        &self.0.kind
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn same(&self, other: &Expr) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    // ---- leaves -------------------------------------------------------------------------
+
+    pub fn int(v: i64) -> Expr {
+        Expr::new(ExprKind::Const(Const::Int(v)), DType::I64)
+    }
+    /// A constant of any dtype (floats rounded, ints truncated, bools 0/1).
+    pub fn constant(v: f64, dtype: DType) -> Expr {
+        let c = if dtype.is_float() {
+            Const::Float(v)
+        } else if dtype == DType::Bool {
+            Const::Int((v != 0.0) as i64)
+        } else {
+            Const::Int(v as i64)
+        };
+        Expr::new(ExprKind::Const(c), dtype)
+    }
+    pub fn const_int(v: i64, dtype: DType) -> Expr {
+        if dtype.is_float() {
+            Expr::new(ExprKind::Const(Const::Float(v as f64)), dtype)
+        } else {
+            Expr::new(ExprKind::Const(Const::Int(v)), dtype)
+        }
+    }
+    pub fn bool(v: bool) -> Expr {
+        Expr::new(ExprKind::Const(Const::Int(v as i64)), DType::Bool)
+    }
+    pub fn var(v: &Var) -> Expr {
+        Expr::new(ExprKind::Var(v.clone()), DType::I64)
+    }
+
+    /// The value when this is an integer constant.
+    pub fn as_int(&self) -> Option<i64> {
+        match self.kind() {
+            ExprKind::Const(Const::Int(v)) if !self.dtype().is_float() => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn as_var(&self) -> Option<&Var> {
+        match self.kind() {
+            ExprKind::Var(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    // ---- checked constructors (the DSL's type rules) --------------------------------------
+
+    pub fn binary(op: BinOp, a: Expr, b: Expr) -> Result<Expr> {
+        if a.dtype() != b.dtype() {
+            return Err(type_error(format!(
+                "operands of {op:?} have different dtypes: {} ({a}) and {} ({b}); use te.cast to convert one",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        let dt = a.dtype();
+        if dt == DType::Bool {
+            return Err(type_error(format!("{op:?} is not defined on bool ({a}, {b}); cast to an int or float dtype first")));
+        }
+        if matches!(op, BinOp::Div | BinOp::Pow) && !dt.is_float() {
+            return Err(type_error(format!(
+                "{op:?} needs float operands, got {dt} ({a}, {b}); for ints use // (floordiv) or cast to a float dtype"
+            )));
+        }
+        Ok(Expr::new(ExprKind::Binary(op, a, b), dt))
+    }
+
+    pub fn cmp(op: CmpOp, a: Expr, b: Expr) -> Result<Expr> {
+        if a.dtype() != b.dtype() {
+            return Err(type_error(format!(
+                "comparison {op:?} of different dtypes: {} ({a}) and {} ({b})",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        Ok(Expr::new(ExprKind::Cmp(op, a, b), DType::Bool))
+    }
+
+    pub fn logic(op: LogicOp, a: Expr, b: Expr) -> Result<Expr> {
+        if a.dtype() != DType::Bool || b.dtype() != DType::Bool {
+            return Err(type_error(format!(
+                "logical {op:?} needs bool operands, got {} ({a}) and {} ({b})",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        Ok(Expr::new(ExprKind::Logic(op, a, b), DType::Bool))
+    }
+
+    pub fn unary(op: UnOp, a: Expr) -> Result<Expr> {
+        let dt = a.dtype();
+        let ok = match op {
+            UnOp::Not => dt == DType::Bool,
+            UnOp::Neg => dt != DType::Bool,
+            UnOp::Abs => dt != DType::Bool,
+            _ => dt.is_float(),
+        };
+        if !ok {
+            return Err(type_error(format!("{op:?} is not defined on {dt} ({a})")));
+        }
+        Ok(Expr::new(ExprKind::Unary(op, a), dt))
+    }
+
+    pub fn cast(dtype: DType, a: Expr) -> Expr {
+        if a.dtype() == dtype {
+            return a;
+        }
+        Expr::new(ExprKind::Cast(a), dtype)
+    }
+
+    pub fn select(c: Expr, a: Expr, b: Expr) -> Result<Expr> {
+        if c.dtype() != DType::Bool {
+            return Err(type_error(format!("if_then_else condition must be bool, got {} ({c})", c.dtype())));
+        }
+        if a.dtype() != b.dtype() {
+            return Err(type_error(format!(
+                "if_then_else arms have different dtypes: {} ({a}) and {} ({b})",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        let dt = a.dtype();
+        Ok(Expr::new(ExprKind::Select(c, a, b), dt))
+    }
+
+    pub fn load(buf: BufId, indices: Vec<Expr>, dtype: DType) -> Expr {
+        Expr::new(ExprKind::Load { buf, indices }, dtype)
+    }
+
+    // ---- unchecked index arithmetic (int64, used by lowering) -----------------------------
+
+    pub fn add(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::Add, self.clone(), b.clone()), DType::I64)
+    }
+    pub fn sub(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::Sub, self.clone(), b.clone()), DType::I64)
+    }
+    pub fn mul(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::Mul, self.clone(), b.clone()), DType::I64)
+    }
+    pub fn floordiv(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::FloorDiv, self.clone(), b.clone()), DType::I64)
+    }
+    pub fn floormod(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::FloorMod, self.clone(), b.clone()), DType::I64)
+    }
+    pub fn min_(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::Min, self.clone(), b.clone()), self.dtype())
+    }
+    pub fn max_(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Binary(BinOp::Max, self.clone(), b.clone()), self.dtype())
+    }
+    pub fn lt(&self, b: &Expr) -> Expr {
+        Expr::new(ExprKind::Cmp(CmpOp::Lt, self.clone(), b.clone()), DType::Bool)
+    }
+
+    /// Rebuilds the expression bottom-up; `f` sees each rebuilt node and may replace it.
+    pub fn rewrite(&self, f: &mut dyn FnMut(&Expr) -> Option<Expr>) -> Expr {
+        let rebuilt = self.map_children(&mut |c| c.rewrite(f));
+        f(&rebuilt).unwrap_or(rebuilt)
+    }
+
+    /// This node with each child replaced by `g(child)` (shared when nothing changed).
+    pub fn map_children(&self, g: &mut dyn FnMut(&Expr) -> Expr) -> Expr {
+        let dt = self.dtype();
+        let kind = match self.kind() {
+            ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => return self.clone(),
+            ExprKind::Unary(op, a) => ExprKind::Unary(*op, g(a)),
+            ExprKind::Binary(op, a, b) => ExprKind::Binary(*op, g(a), g(b)),
+            ExprKind::Cmp(op, a, b) => ExprKind::Cmp(*op, g(a), g(b)),
+            ExprKind::Logic(op, a, b) => ExprKind::Logic(*op, g(a), g(b)),
+            ExprKind::Cast(a) => ExprKind::Cast(g(a)),
+            ExprKind::Select(c, a, b) => ExprKind::Select(g(c), g(a), g(b)),
+            ExprKind::Read { tensor, indices } => ExprKind::Read { tensor: tensor.clone(), indices: indices.iter().map(&mut *g).collect() },
+            ExprKind::Reduce { op, body, axes } => ExprKind::Reduce {
+                op: *op,
+                body: g(body),
+                axes: axes
+                    .iter()
+                    .map(|a| IterVar { var: a.var.clone(), min: g(&a.min), extent: g(&a.extent), reduce: a.reduce })
+                    .collect(),
+            },
+            ExprKind::Load { buf, indices } => ExprKind::Load { buf: *buf, indices: indices.iter().map(&mut *g).collect() },
+        };
+        let new = Expr::new(kind, dt);
+        if new == *self {
+            self.clone()
+        } else {
+            new
+        }
+    }
+
+    /// Visits every node, pre-order.
+    pub fn visit(&self, f: &mut dyn FnMut(&Expr)) {
+        f(self);
+        match self.kind() {
+            ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
+            ExprKind::Unary(_, a) | ExprKind::Cast(a) => a.visit(f),
+            ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+                a.visit(f);
+                b.visit(f)
+            }
+            ExprKind::Select(c, a, b) => {
+                c.visit(f);
+                a.visit(f);
+                b.visit(f)
+            }
+            ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => indices.iter().for_each(|i| i.visit(f)),
+            ExprKind::Reduce { body, axes, .. } => {
+                body.visit(f);
+                for a in axes {
+                    a.min.visit(f);
+                    a.extent.visit(f);
+                }
+            }
+        }
+    }
+
+    /// Replaces variables by expressions.
+    pub fn substitute(&self, map: &dyn Fn(&Var) -> Option<Expr>) -> Expr {
+        self.rewrite(&mut |e| e.as_var().and_then(map))
+    }
+
+    /// True when `v` occurs in the expression.
+    pub fn uses(&self, v: &Var) -> bool {
+        let mut found = false;
+        self.visit(&mut |e| found |= e.as_var() == Some(v));
+        found
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::ir::printer::fmt_expr(self, f)
+    }
+}

@@ -1,0 +1,11 @@
+//! The loop IR: typed expressions (shared with the DSL), statements, functions, and the
+//! tools every pass and backend uses: printer, verifier, interpreter.
+
+pub mod expr;
+pub mod interp;
+pub mod printer;
+pub mod stmt;
+pub mod verify;
+
+pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
+pub use stmt::{BufKind, Buffer, Check, ForKind, PrimFunc, Stmt};

@@ -1,0 +1,158 @@
+//! Statements and functions of the loop IR: plain data, printable, serialisable.
+//!
+//! A `PrimFunc` is what every backend compiles and the interpreter runs. Its invariants,
+//! checked by `verify`:
+//! - parameter buffers come first in `buffers`, in the order of `params`; locals are
+//!   introduced by `Allocate` before use;
+//! - every `Var` used is bound: a symbolic dim in `dims` (bound from argument shapes at call
+//!   time), a stride in a buffer's `strides`, a `For` or `Let` variable in scope;
+//! - after `flatten`, every `Load`/`Store` has exactly one index (an element offset computed
+//!   with the buffer's stride variables), and no te-only node (`Read`, `Reduce`) remains.
+
+use super::expr::{BufId, Expr, Var};
+use rivet_runtime::DType;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ForKind {
+    Serial,
+    /// Iterations may run on several threads (they write disjoint elements).
+    Parallel,
+    /// Iterations may run as SIMD lanes (constant extent, innermost, no reduction carried).
+    Vectorized,
+    /// The backend may unroll the loop (constant extent).
+    Unrolled,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Stmt {
+    For { var: Var, min: Expr, extent: Expr, kind: ForKind, body: Box<Stmt> },
+    /// `buf[indices] = value`.
+    Store { buf: BufId, indices: Vec<Expr>, value: Expr },
+    If { cond: Expr, then: Box<Stmt>, otherwise: Option<Box<Stmt>> },
+    /// An int64 binding visible in `body`.
+    Let { var: Var, value: Expr, body: Box<Stmt> },
+    /// A local buffer (declared in `PrimFunc::buffers`) alive during `body`.
+    Allocate { buf: BufId, body: Box<Stmt> },
+    Seq(Vec<Stmt>),
+}
+
+/// Where a buffer comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BufKind {
+    /// A function parameter; `output` when the function writes it.
+    Param { output: bool },
+    /// A local temporary, compact, freed at the end of its `Allocate`.
+    Local,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub id: BufId,
+    pub name: String,
+    pub dtype: DType,
+    /// Extents in elements, in terms of constants and the function's `dims`.
+    pub shape: Vec<Expr>,
+    /// Stride variables (elements), bound at call time for parameters; locals are compact and
+    /// their strides are bound by `Allocate` from `shape`.
+    pub strides: Vec<Var>,
+    pub kind: BufKind,
+}
+
+/// A condition checked once per call, after the dims are bound and before any code runs
+/// (bounds the compiler could not prove for every value of the symbolic dims).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub cond: Expr,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrimFunc {
+    pub name: String,
+    /// Parameter buffers, in call order.
+    pub params: Vec<BufId>,
+    /// All buffers: parameters first (same order as `params`), then locals.
+    pub buffers: Vec<Buffer>,
+    /// Symbolic dims (`te.var`), bound from the arguments' shapes.
+    pub dims: Vec<Var>,
+    pub checks: Vec<Check>,
+    pub body: Stmt,
+}
+
+impl PrimFunc {
+    pub fn buffer(&self, id: BufId) -> &Buffer {
+        self.buffers.iter().find(|b| b.id == id).expect("buffer ids are verified")
+    }
+}
+
+impl Stmt {
+    pub fn seq(mut stmts: Vec<Stmt>) -> Stmt {
+        if stmts.len() == 1 {
+            stmts.pop().unwrap()
+        } else {
+            Stmt::Seq(stmts)
+        }
+    }
+
+    /// Rebuilds the statement bottom-up: `fe` rewrites every expression, `fs` may replace each
+    /// rebuilt statement.
+    pub fn rewrite(&self, fe: &mut dyn FnMut(&Expr) -> Expr, fs: &mut dyn FnMut(Stmt) -> Stmt) -> Stmt {
+        let s = match self {
+            Stmt::For { var, min, extent, kind, body } => Stmt::For {
+                var: var.clone(),
+                min: fe(min),
+                extent: fe(extent),
+                kind: *kind,
+                body: Box::new(body.rewrite(fe, fs)),
+            },
+            Stmt::Store { buf, indices, value } => {
+                Stmt::Store { buf: *buf, indices: indices.iter().map(&mut *fe).collect(), value: fe(value) }
+            }
+            Stmt::If { cond, then, otherwise } => Stmt::If {
+                cond: fe(cond),
+                then: Box::new(then.rewrite(fe, fs)),
+                otherwise: otherwise.as_ref().map(|o| Box::new(o.rewrite(fe, fs))),
+            },
+            Stmt::Let { var, value, body } => {
+                Stmt::Let { var: var.clone(), value: fe(value), body: Box::new(body.rewrite(fe, fs)) }
+            }
+            Stmt::Allocate { buf, body } => Stmt::Allocate { buf: *buf, body: Box::new(body.rewrite(fe, fs)) },
+            Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),
+        };
+        fs(s)
+    }
+
+    /// Visits statements pre-order.
+    pub fn visit(&self, f: &mut dyn FnMut(&Stmt)) {
+        f(self);
+        match self {
+            Stmt::For { body, .. } | Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => body.visit(f),
+            Stmt::If { then, otherwise, .. } => {
+                then.visit(f);
+                if let Some(o) = otherwise {
+                    o.visit(f)
+                }
+            }
+            Stmt::Seq(v) => v.iter().for_each(|s| s.visit(f)),
+            Stmt::Store { .. } => {}
+        }
+    }
+
+    /// Visits every expression of every statement (not recursing into the expressions).
+    pub fn visit_exprs(&self, f: &mut dyn FnMut(&Expr)) {
+        self.visit(&mut |s| match s {
+            Stmt::For { min, extent, .. } => {
+                f(min);
+                f(extent)
+            }
+            Stmt::Store { indices, value, .. } => {
+                indices.iter().for_each(&mut *f);
+                f(value)
+            }
+            Stmt::If { cond, .. } => f(cond),
+            Stmt::Let { value, .. } => f(value),
+            Stmt::Allocate { .. } | Stmt::Seq(_) => {}
+        });
+    }
+}

@@ -1,0 +1,737 @@
+//! The loop-IR verifier: checks the invariants every pass must preserve and every backend
+//! relies on. Passes produce the IR, so a violation is a bug in rivet and is reported as
+//! `Error::Internal`, with a message naming the function, the rule, the offending expression
+//! (infix, as the printer writes it) and the statement it sits in (its first printed line).
+//!
+//! Rules (`verify(func, flattened)`):
+//! - buffers: `params` are the first entries of `buffers`, in order; buffer ids are unique;
+//!   parameters have kind `Param`, the others `Local`; `strides.len() == shape.len()`;
+//!   parameter shapes are int64 expressions of constants and `dims`.
+//! - scoping: every `Var` in an expression is bound — a dim, a parameter's stride variable
+//!   (both in scope everywhere), a local buffer's stride variable (inside its `Allocate`), or a
+//!   `For`/`Let` variable (inside its body). No variable is bound twice in nested scopes (no
+//!   shadowing); re-binding one in disjoint sibling scopes is fine.
+//! - nodes: `Read`/`Reduce` (te only) and `Invalid` never appear; every `Load`/`Store` names an existing
+//!   buffer, a local one only inside its `Allocate`; a local is not allocated twice in nested
+//!   scopes and only locals are allocated.
+//! - types (`verify_expr_types` for one expression): indices, `For` min/extent, `Let` values
+//!   and buffer shapes are int64; `If`/`Select` conditions are bool; a `Store`'s value and a
+//!   `Load` node have the buffer's dtype; binary and comparison operands have equal dtypes;
+//!   plus the constructor rules of `ir::expr` (float-only ops, bool-only `Not`, ...).
+//! - shape of accesses: with `flattened`, every `Load`/`Store` has exactly one index (an
+//!   element offset); otherwise one index per buffer dimension.
+//! - `Vectorized` and `Unrolled` loops have a constant integer extent.
+//! - `func.checks` conditions are bool and use only dims and parameter stride variables.
+
+use super::expr::{BinOp, BufId, Const, Expr, ExprKind, UnOp};
+use super::printer::stmt_to_string;
+use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Stmt};
+use crate::error::{Error, Result};
+use rivet_runtime::DType;
+use std::collections::{HashMap, HashSet};
+
+/// Checks the invariants listed in the module documentation; `flattened` says whether the
+/// function has been through `flatten` (one index per access) or not (one per dimension).
+pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
+    let mut v = Verifier::new(func, flattened);
+    v.header()?;
+    v.stmt(&func.body)
+}
+
+/// Checks the dtype rules of one expression tree (no scoping, no buffers): see the module
+/// documentation. Errors are `Error::Internal` naming the offending node and the rule.
+pub fn verify_expr_types(e: &Expr) -> Result<()> {
+    check_types(e).map_err(|(node, rule)| Error::Internal(format!("{rule}: in `{node}` (of `{e}`)")))
+}
+
+/// The dtype rules of one node and, recursively, its children. On failure: the offending node
+/// and the rule it breaks.
+fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
+    let dt = e.dtype();
+    let bad = |rule: String| Err((e.clone(), rule));
+    match e.kind() {
+        ExprKind::Const(Const::Int(v)) => {
+            if dt.is_float() {
+                return bad(format!("constant kind mismatch: integer constant with float dtype {dt}"));
+            }
+            if dt == DType::Bool && *v != 0 && *v != 1 {
+                return bad(format!("constant kind mismatch: bool constant {v} is not 0 or 1"));
+            }
+        }
+        ExprKind::Const(Const::Float(_)) => {
+            if !dt.is_float() {
+                return bad(format!("constant kind mismatch: float constant with non-float dtype {dt}"));
+            }
+        }
+        ExprKind::Var(_) => {
+            if dt != DType::I64 {
+                return bad(format!("variables are int64, this one is typed {dt}"));
+            }
+        }
+        ExprKind::Unary(op, a) => {
+            check_types(a)?;
+            if a.dtype() != dt {
+                return bad(format!("operand dtypes differ: {op:?} of {} typed {dt}", a.dtype()));
+            }
+            let ok = match op {
+                UnOp::Not => dt == DType::Bool,
+                UnOp::Neg | UnOp::Abs => dt != DType::Bool,
+                _ => dt.is_float(),
+            };
+            if !ok {
+                return bad(format!("unary {op:?} is not defined on {dt}"));
+            }
+        }
+        ExprKind::Binary(op, a, b) => {
+            check_types(a)?;
+            check_types(b)?;
+            if a.dtype() != b.dtype() || a.dtype() != dt {
+                return bad(format!("operand dtypes differ: {op:?} of {} and {} typed {dt}", a.dtype(), b.dtype()));
+            }
+            if dt == DType::Bool {
+                return bad(format!("binary {op:?} is not defined on bool"));
+            }
+            if matches!(op, BinOp::Div | BinOp::Pow) && !dt.is_float() {
+                return bad(format!("binary {op:?} needs floats, got {dt}"));
+            }
+        }
+        ExprKind::Cmp(op, a, b) => {
+            check_types(a)?;
+            check_types(b)?;
+            if a.dtype() != b.dtype() {
+                return bad(format!("operand dtypes differ: comparison {op:?} of {} and {}", a.dtype(), b.dtype()));
+            }
+            if dt != DType::Bool {
+                return bad(format!("comparison {op:?} must be typed bool, is {dt}"));
+            }
+        }
+        ExprKind::Logic(op, a, b) => {
+            check_types(a)?;
+            check_types(b)?;
+            if a.dtype() != DType::Bool || b.dtype() != DType::Bool || dt != DType::Bool {
+                return bad(format!(
+                    "condition must be bool: logical {op:?} of {} and {} typed {dt}",
+                    a.dtype(),
+                    b.dtype()
+                ));
+            }
+        }
+        ExprKind::Cast(a) => check_types(a)?,
+        ExprKind::Select(c, a, b) => {
+            check_types(c)?;
+            check_types(a)?;
+            check_types(b)?;
+            if c.dtype() != DType::Bool {
+                return bad(format!("condition must be bool: select condition is {}", c.dtype()));
+            }
+            if a.dtype() != b.dtype() || a.dtype() != dt {
+                return bad(format!("operand dtypes differ: select arms {} and {} typed {dt}", a.dtype(), b.dtype()));
+            }
+        }
+        ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+            for i in indices {
+                check_types(i)?;
+                if i.dtype() != DType::I64 {
+                    return Err((i.clone(), format!("index must be int64, is {}", i.dtype())));
+                }
+            }
+        }
+        ExprKind::Invalid(msg) => return bad(format!("invalid expression (a DSL misuse that reached the IR): {msg}")),
+        ExprKind::Reduce { body, axes, .. } => {
+            check_types(body)?;
+            if body.dtype() != dt {
+                return bad(format!("operand dtypes differ: reduction of {} typed {dt}", body.dtype()));
+            }
+            for a in axes {
+                for x in [&a.min, &a.extent] {
+                    check_types(x)?;
+                    if x.dtype() != DType::I64 {
+                        return Err((x.clone(), format!("axis bounds must be int64, is {}", x.dtype())));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Verifier<'a> {
+    func: &'a PrimFunc,
+    flattened: bool,
+    /// Buffers by id.
+    bufs: HashMap<BufId, &'a Buffer>,
+    /// Ids of the variables in scope at the current point of the walk.
+    bound: HashSet<u32>,
+    /// Local buffers whose `Allocate` encloses the current point.
+    live: HashSet<BufId>,
+    /// The statement whose expressions are being checked (for messages).
+    cur: Option<&'a Stmt>,
+}
+
+impl<'a> Verifier<'a> {
+    fn new(func: &'a PrimFunc, flattened: bool) -> Verifier<'a> {
+        Verifier {
+            func,
+            flattened,
+            bufs: HashMap::new(),
+            bound: HashSet::new(),
+            live: HashSet::new(),
+            cur: None,
+        }
+    }
+
+    /// An `Internal` error naming the function, the rule, and the current statement.
+    fn fail(&self, rule: &str, detail: impl std::fmt::Display) -> Error {
+        let mut msg = format!("IR verifier, function `{}`: {rule}: {detail}", self.func.name);
+        if let Some(s) = self.cur {
+            let text = stmt_to_string(Some(self.func), s);
+            let first = text.lines().next().unwrap_or("").trim();
+            msg.push_str(&format!("\n  in statement: {first}"));
+        }
+        Error::Internal(msg)
+    }
+
+    /// Buffers, dims, parameter strides and checks; leaves dims and parameter strides bound.
+    fn header(&mut self) -> Result<()> {
+        let f = self.func;
+        if f.buffers.len() < f.params.len() {
+            return Err(self.fail(
+                "params must be the first buffers, in order",
+                format!("{} params but only {} buffers", f.params.len(), f.buffers.len()),
+            ));
+        }
+        for (i, p) in f.params.iter().enumerate() {
+            if f.buffers[i].id != *p {
+                return Err(self.fail(
+                    "params must be the first buffers, in order",
+                    format!("param {i} is buffer id {}, but buffers[{i}] is `{}` (id {})", p.0, f.buffers[i].name, f.buffers[i].id.0),
+                ));
+            }
+        }
+        for (i, b) in f.buffers.iter().enumerate() {
+            if self.bufs.insert(b.id, b).is_some() {
+                return Err(self.fail("duplicate buffer id", format!("id {} is used by more than one buffer (`{}`)", b.id.0, b.name)));
+            }
+            let is_param = i < f.params.len();
+            match (is_param, b.kind) {
+                (true, BufKind::Param { .. }) | (false, BufKind::Local) => {}
+                (true, k) => return Err(self.fail("param buffer must have kind Param", format!("`{}` has kind {k:?}", b.name))),
+                (false, k) => return Err(self.fail("non-param buffer must have kind Local", format!("`{}` has kind {k:?}", b.name))),
+            }
+            if b.strides.len() != b.shape.len() {
+                return Err(self.fail(
+                    "strides.len() must equal shape.len()",
+                    format!("`{}` has {} dims and {} strides", b.name, b.shape.len(), b.strides.len()),
+                ));
+            }
+        }
+        // Dims, then parameter strides: in scope everywhere, each bound once.
+        for d in &f.dims {
+            if !self.bound.insert(d.id) {
+                return Err(self.fail("variable bound twice", format!("dim `{}` (id {}) is listed twice", d.name, d.id)));
+            }
+        }
+        // Parameter shapes: constants and dims only.
+        for p in &f.params {
+            let b = self.bufs[p];
+            for s in &b.shape {
+                self.expr(s, &format!("shape of param `{}`", b.name))?;
+                if s.dtype() != DType::I64 {
+                    return Err(self.fail("shape must be int64", format!("shape `{s}` of `{}` is {}", b.name, s.dtype())));
+                }
+            }
+        }
+        for p in &f.params {
+            let b = self.bufs[p];
+            for s in &b.strides {
+                if !self.bound.insert(s.id) {
+                    return Err(self.fail(
+                        "variable bound twice",
+                        format!("stride `{}` (id {}) of param `{}` is already bound", s.name, s.id, b.name),
+                    ));
+                }
+            }
+        }
+        // Checks: bool, over dims and parameter strides only, no memory access.
+        for c in &f.checks {
+            self.expr(&c.cond, "check (checks use only dims and param stride variables)")?;
+            if c.cond.dtype() != DType::Bool {
+                return Err(self.fail("condition must be bool", format!("check `{}` is {}", c.cond, c.cond.dtype())));
+            }
+            let mut access = None;
+            c.cond.visit(&mut |e| {
+                if matches!(e.kind(), ExprKind::Load { .. }) && access.is_none() {
+                    access = Some(e.clone());
+                }
+            });
+            if let Some(e) = access {
+                return Err(self.fail(
+                    "checks use only dims and param stride variables",
+                    format!("check `{}` reads memory: `{e}`", c.cond),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds `v` for a nested scope; an error if it is already bound (shadowing).
+    fn bind(&mut self, v: &super::expr::Var, what: &str) -> Result<()> {
+        if !self.bound.insert(v.id) {
+            return Err(self.fail(
+                "variable bound twice (shadowing)",
+                format!("{what} `{}` (id {}) is already bound in an enclosing scope", v.name, v.id),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks an expression in the current scope: types, bound vars, te-only nodes, buffers.
+    fn expr(&self, e: &Expr, what: &str) -> Result<()> {
+        if let Err((node, rule)) = check_types(e) {
+            return Err(self.fail(&rule, format!("in `{node}` ({what} `{e}`)")));
+        }
+        let mut err: Option<Error> = None;
+        e.visit(&mut |n| {
+            if err.is_some() {
+                return;
+            }
+            match n.kind() {
+                ExprKind::Var(v) if !self.bound.contains(&v.id) => {
+                    err = Some(self.fail("unbound variable", format!("`{}` (id {}) in {what} `{e}`", v.name, v.id)));
+                }
+                ExprKind::Read { .. } | ExprKind::Reduce { .. } => {
+                    err = Some(self.fail("te-only node (Read/Reduce) in loop IR", format!("`{n}` in {what} `{e}`")));
+                }
+                ExprKind::Load { buf, indices } => {
+                    if let Err(x) = self.access(*buf, indices.len(), n.dtype(), "load") {
+                        err = Some(x);
+                    }
+                }
+                _ => {}
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+
+    /// A `Load`/`Store` of `buf` with `nidx` indices and element dtype `dtype`.
+    fn access(&self, buf: BufId, nidx: usize, dtype: DType, what: &str) -> Result<()> {
+        let Some(b) = self.bufs.get(&buf) else {
+            return Err(self.fail("unknown buffer", format!("{what} of buffer id {} which the function does not declare", buf.0)));
+        };
+        if b.kind == BufKind::Local && !self.live.contains(&buf) {
+            return Err(self.fail("local buffer used outside its Allocate", format!("{what} of `{}`", b.name)));
+        }
+        if self.flattened && nidx != 1 {
+            return Err(self.fail("flattened access must have exactly 1 index", format!("{what} of `{}` has {nidx}", b.name)));
+        }
+        if !self.flattened && nidx != b.shape.len() {
+            return Err(self.fail(
+                "index count must equal buffer rank",
+                format!("{what} of `{}` has {nidx} indices, the buffer has {} dims", b.name, b.shape.len()),
+            ));
+        }
+        if dtype != b.dtype {
+            return Err(self.fail(
+                &format!("{what} dtype must equal buffer dtype"),
+                format!("{what} typed {dtype} of `{}` which is {}", b.name, b.dtype),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An int64 expression (index, bound, Let value).
+    fn int_expr(&self, e: &Expr, what: &str) -> Result<()> {
+        self.expr(e, what)?;
+        if e.dtype() != DType::I64 {
+            return Err(self.fail(&format!("{what} must be int64"), format!("`{e}` is {}", e.dtype())));
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &'a Stmt) -> Result<()> {
+        let saved = self.cur.replace(s);
+        let r = self.stmt_inner(s);
+        self.cur = saved;
+        r
+    }
+
+    fn stmt_inner(&mut self, s: &'a Stmt) -> Result<()> {
+        match s {
+            Stmt::For { var, min, extent, kind, body } => {
+                self.int_expr(min, "For min")?;
+                self.int_expr(extent, "For extent")?;
+                if matches!(kind, ForKind::Vectorized | ForKind::Unrolled) && extent.as_int().is_none() {
+                    return Err(self.fail(
+                        "vectorized/unrolled loop needs a constant extent",
+                        format!("{kind:?} loop over `{}` has extent `{extent}`", var.name),
+                    ));
+                }
+                self.bind(var, "loop variable")?;
+                let r = self.stmt(body);
+                self.bound.remove(&var.id);
+                r
+            }
+            Stmt::Store { buf, indices, value } => {
+                for i in indices {
+                    self.int_expr(i, "index")?;
+                }
+                self.expr(value, "stored value")?;
+                self.access(*buf, indices.len(), value.dtype(), "store")
+            }
+            Stmt::If { cond, then, otherwise } => {
+                self.expr(cond, "If condition")?;
+                if cond.dtype() != DType::Bool {
+                    return Err(self.fail("condition must be bool", format!("If condition `{cond}` is {}", cond.dtype())));
+                }
+                self.stmt(then)?;
+                if let Some(o) = otherwise {
+                    self.stmt(o)?;
+                }
+                Ok(())
+            }
+            Stmt::Let { var, value, body } => {
+                self.int_expr(value, "Let value")?;
+                self.bind(var, "Let variable")?;
+                let r = self.stmt(body);
+                self.bound.remove(&var.id);
+                r
+            }
+            Stmt::Allocate { buf, body } => {
+                let Some(b) = self.bufs.get(buf).copied() else {
+                    return Err(self.fail("unknown buffer", format!("Allocate of buffer id {} which the function does not declare", buf.0)));
+                };
+                if b.kind != BufKind::Local {
+                    return Err(self.fail("only local buffers are allocated", format!("Allocate of param `{}`", b.name)));
+                }
+                if self.live.contains(buf) {
+                    return Err(self.fail("local buffer allocated twice in nested scopes", format!("`{}`", b.name)));
+                }
+                for e in &b.shape {
+                    self.int_expr(e, &format!("shape of local `{}`", b.name))?;
+                }
+                for (k, v) in b.strides.iter().enumerate() {
+                    if let Err(e) = self.bind(v, &format!("stride of local `{}`", b.name)) {
+                        for w in &b.strides[..k] {
+                            self.bound.remove(&w.id);
+                        }
+                        return Err(e);
+                    }
+                }
+                self.live.insert(*buf);
+                let r = self.stmt(body);
+                self.live.remove(buf);
+                for v in &b.strides {
+                    self.bound.remove(&v.id);
+                }
+                r
+            }
+            Stmt::Seq(v) => {
+                for s in v {
+                    self.stmt(s)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Check, ExprKind, IterVar, ReduceOp, Var};
+
+    /// A small valid function, and handles on its parts:
+    /// `for i in [0, n): allocate T: T[i*sT] = A[i*sA]; C[i*sC] = T[i*sT]`.
+    struct Base {
+        f: PrimFunc,
+        n: Var,
+        i: Var,
+        a: Buffer,
+        c: Buffer,
+        t: Buffer,
+    }
+
+    fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
+        let strides = (0..shape.len()).map(|k| Var::new(&format!("{name}_s{k}"))).collect();
+        Buffer { id: BufId(id), name: name.into(), dtype, shape, strides, kind }
+    }
+
+    fn off(b: &Buffer, i: &Var) -> Expr {
+        Expr::var(i).mul(&Expr::var(&b.strides[0]))
+    }
+
+    fn base() -> Base {
+        let n = Var::new("n");
+        let i = Var::new("i");
+        let a = buffer(0, "A", DType::F32, vec![Expr::var(&n)], BufKind::Param { output: false });
+        let c = buffer(1, "C", DType::F32, vec![Expr::var(&n)], BufKind::Param { output: true });
+        let t = buffer(2, "T", DType::F32, vec![Expr::var(&n)], BufKind::Local);
+        let body = Stmt::For {
+            var: i.clone(),
+            min: Expr::int(0),
+            extent: Expr::var(&n),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Allocate {
+                buf: t.id,
+                body: Box::new(Stmt::Seq(vec![
+                    Stmt::Store { buf: t.id, indices: vec![off(&t, &i)], value: Expr::load(a.id, vec![off(&a, &i)], DType::F32) },
+                    Stmt::Store { buf: c.id, indices: vec![off(&c, &i)], value: Expr::load(t.id, vec![off(&t, &i)], DType::F32) },
+                ])),
+            }),
+        };
+        let f = PrimFunc {
+            name: "copy_via_local".into(),
+            params: vec![a.id, c.id],
+            buffers: vec![a.clone(), c.clone(), t.clone()],
+            dims: vec![n.clone()],
+            checks: vec![],
+            body,
+        };
+        Base { f, n, i, a, c, t }
+    }
+
+    /// The base function with `C[i*sC] = value` (inside the loop and allocation) instead.
+    fn with_store(b: &Base, indices: Vec<Expr>, value: Expr) -> PrimFunc {
+        let mut f = b.f.clone();
+        f.body = Stmt::For {
+            var: b.i.clone(),
+            min: Expr::int(0),
+            extent: Expr::var(&b.n),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Allocate {
+                buf: b.t.id,
+                body: Box::new(Stmt::Store { buf: b.c.id, indices, value }),
+            }),
+        };
+        f
+    }
+
+    fn expect_err(f: &PrimFunc, flattened: bool, rule: &str) {
+        match verify(f, flattened) {
+            Err(Error::Internal(m)) => {
+                assert!(m.contains(rule), "expected rule `{rule}` in: {m}");
+                assert!(m.contains(&f.name), "message does not name the function: {m}");
+            }
+            other => panic!("expected an internal error for `{rule}`, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn base_is_valid() {
+        let b = base();
+        verify(&b.f, true).unwrap();
+        // One index per dim of a 1-d buffer: also valid unflattened.
+        verify(&b.f, false).unwrap();
+    }
+
+    #[test]
+    fn params_first_in_order() {
+        let mut f = base().f;
+        f.buffers.swap(0, 1);
+        expect_err(&f, true, "params must be the first buffers, in order");
+    }
+
+    #[test]
+    fn unique_ids() {
+        let mut f = base().f;
+        f.buffers[2].id = BufId(0);
+        expect_err(&f, true, "duplicate buffer id");
+    }
+
+    #[test]
+    fn buffer_kinds() {
+        let mut f = base().f;
+        f.buffers[0].kind = BufKind::Local;
+        expect_err(&f, true, "param buffer must have kind Param");
+        let mut f = base().f;
+        f.buffers[2].kind = BufKind::Param { output: false };
+        expect_err(&f, true, "non-param buffer must have kind Local");
+    }
+
+    #[test]
+    fn strides_match_shape() {
+        let mut f = base().f;
+        f.buffers[1].strides.push(Var::new("extra"));
+        expect_err(&f, true, "strides.len() must equal shape.len()");
+    }
+
+    #[test]
+    fn unbound_variables() {
+        let b = base();
+        let stray = Var::new("stray");
+        let f = with_store(&b, vec![Expr::var(&stray)], Expr::constant(1.0, DType::F32));
+        expect_err(&f, true, "unbound variable");
+        // A local's stride is bound only inside its Allocate.
+        let mut f = b.f.clone();
+        f.body = Stmt::Store { buf: b.c.id, indices: vec![Expr::var(&b.t.strides[0])], value: Expr::constant(1.0, DType::F32) };
+        expect_err(&f, true, "unbound variable");
+        // A loop variable is out of scope after its loop.
+        let mut f = b.f.clone();
+        f.body = Stmt::Seq(vec![b.f.body.clone(), Stmt::Store { buf: b.c.id, indices: vec![Expr::var(&b.i)], value: Expr::constant(1.0, DType::F32) }]);
+        expect_err(&f, true, "unbound variable");
+        // Parameter shapes use dims only.
+        let mut f = b.f.clone();
+        f.buffers[0].shape[0] = Expr::var(&b.i);
+        expect_err(&f, true, "unbound variable");
+    }
+
+    #[test]
+    fn no_shadowing_but_siblings_may_rebind() {
+        let b = base();
+        let mut f = b.f.clone();
+        f.body = Stmt::For { var: b.i.clone(), min: Expr::int(0), extent: Expr::int(2), kind: ForKind::Serial, body: Box::new(b.f.body.clone()) };
+        expect_err(&f, true, "variable bound twice");
+        // A loop over a dim's variable.
+        let mut f = b.f.clone();
+        f.body = Stmt::For { var: b.n.clone(), min: Expr::int(0), extent: Expr::int(2), kind: ForKind::Serial, body: Box::new(Stmt::Seq(vec![])) };
+        expect_err(&f, true, "variable bound twice");
+        // A Let of a param stride.
+        let mut f = b.f.clone();
+        f.body = Stmt::Let { var: b.a.strides[0].clone(), value: Expr::int(1), body: Box::new(Stmt::Seq(vec![])) };
+        expect_err(&f, true, "variable bound twice");
+        // Two sibling loops over the same variable are fine.
+        let mut f = b.f.clone();
+        f.body = Stmt::Seq(vec![b.f.body.clone(), b.f.body.clone()]);
+        verify(&f, true).unwrap();
+    }
+
+    #[test]
+    fn te_only_nodes() {
+        let b = base();
+        let t = crate::te::placeholder(&[Expr::int(4)], DType::F32, "P").unwrap();
+        let read = t.at(&[Expr::var(&b.i)]).unwrap();
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], read), true, "te-only node");
+        let k = Var::new("k");
+        let reduce = Expr::new(
+            ExprKind::Reduce {
+                op: ReduceOp::Sum,
+                body: Expr::constant(1.0, DType::F32),
+                axes: vec![IterVar { var: k, min: Expr::int(0), extent: Expr::int(3), reduce: true }],
+            },
+            DType::F32,
+        );
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], reduce), true, "te-only node");
+        let invalid = Expr::new(ExprKind::Invalid("misuse".into()), DType::F32);
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], invalid), true, "invalid expression");
+    }
+
+    #[test]
+    fn buffers_exist_and_locals_are_live() {
+        let b = base();
+        let bogus = Expr::load(BufId(99), vec![Expr::int(0)], DType::F32);
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], bogus), true, "unknown buffer");
+        let mut f = b.f.clone();
+        f.body = Stmt::Store { buf: b.t.id, indices: vec![Expr::int(0)], value: Expr::constant(1.0, DType::F32) };
+        expect_err(&f, true, "local buffer used outside its Allocate");
+        let mut f = b.f.clone();
+        f.body = Stmt::Allocate { buf: b.a.id, body: Box::new(Stmt::Seq(vec![])) };
+        expect_err(&f, true, "only local buffers are allocated");
+        let mut f = b.f.clone();
+        f.body = Stmt::Allocate { buf: b.t.id, body: Box::new(b.f.body.clone()) };
+        expect_err(&f, true, "allocated twice");
+    }
+
+    #[test]
+    fn int64_indices_bounds_and_lets() {
+        let b = base();
+        let f = with_store(&b, vec![Expr::const_int(0, DType::I32)], Expr::constant(1.0, DType::F32));
+        expect_err(&f, true, "index must be int64");
+        let mut f = b.f.clone();
+        f.body = Stmt::For { var: Var::new("j"), min: Expr::int(0), extent: Expr::const_int(3, DType::I32), kind: ForKind::Serial, body: Box::new(Stmt::Seq(vec![])) };
+        expect_err(&f, true, "For extent must be int64");
+        let mut f = b.f.clone();
+        f.body = Stmt::Let { var: Var::new("x"), value: Expr::const_int(3, DType::U64), body: Box::new(Stmt::Seq(vec![])) };
+        expect_err(&f, true, "Let value must be int64");
+    }
+
+    #[test]
+    fn conditions_are_bool() {
+        let b = base();
+        let mut f = b.f.clone();
+        f.body = Stmt::If { cond: Expr::int(1), then: Box::new(b.f.body.clone()), otherwise: None };
+        expect_err(&f, true, "condition must be bool");
+        let bad_select = Expr::new(
+            ExprKind::Select(Expr::int(1), Expr::constant(1.0, DType::F32), Expr::constant(2.0, DType::F32)),
+            DType::F32,
+        );
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], bad_select), true, "condition must be bool");
+    }
+
+    #[test]
+    fn dtypes_of_stores_loads_and_operands() {
+        let b = base();
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], Expr::constant(1.0, DType::F64)), true, "store dtype must equal buffer dtype");
+        let wrong_load = Expr::load(b.a.id, vec![off(&b.a, &b.i)], DType::F64);
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], Expr::cast(DType::F32, wrong_load)), true, "load dtype must equal buffer dtype");
+        let mixed = Expr::new(
+            ExprKind::Binary(BinOp::Add, Expr::constant(1.0, DType::F32), Expr::constant(1.0, DType::F64)),
+            DType::F32,
+        );
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], mixed), true, "operand dtypes differ");
+        let mixed_cmp = Expr::new(ExprKind::Cmp(crate::ir::CmpOp::Lt, Expr::int(1), Expr::const_int(1, DType::I32)), DType::Bool);
+        let sel = Expr::select(mixed_cmp.clone(), Expr::constant(1.0, DType::F32), Expr::constant(2.0, DType::F32)).unwrap();
+        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], sel), true, "operand dtypes differ");
+        assert!(matches!(verify_expr_types(&mixed_cmp), Err(Error::Internal(m)) if m.contains("operand dtypes differ")));
+        assert!(verify_expr_types(&Expr::var(&b.i).add(&Expr::int(1))).is_ok());
+    }
+
+    #[test]
+    fn index_counts() {
+        let b = base();
+        let two = vec![off(&b.c, &b.i), Expr::int(0)];
+        expect_err(&with_store(&b, two, Expr::constant(1.0, DType::F32)), true, "flattened access must have exactly 1 index");
+        // Unflattened: one index per dimension.
+        let mut f = b.f.clone();
+        let m = Var::new("m");
+        f.dims.push(m.clone());
+        f.buffers[1].shape.push(Expr::var(&m));
+        f.buffers[1].strides.push(Var::new("C_s1"));
+        expect_err(&f, false, "index count must equal buffer rank");
+        verify(&f, true).unwrap();
+    }
+
+    #[test]
+    fn vectorized_and_unrolled_need_constant_extents() {
+        let b = base();
+        for kind in [ForKind::Vectorized, ForKind::Unrolled] {
+            let mut f = b.f.clone();
+            let Stmt::For { kind: k, .. } = &mut f.body else { unreachable!() };
+            *k = kind;
+            expect_err(&f, true, "vectorized/unrolled loop needs a constant extent");
+            let mut f = b.f.clone();
+            let Stmt::For { kind: k, extent, .. } = &mut f.body else { unreachable!() };
+            *k = kind;
+            *extent = Expr::int(4);
+            verify(&f, true).unwrap();
+        }
+    }
+
+    #[test]
+    fn checks() {
+        let b = base();
+        let mut f = b.f.clone();
+        f.checks.push(Check { cond: Expr::var(&b.n), message: "n".into() });
+        expect_err(&f, true, "condition must be bool");
+        let mut f = b.f.clone();
+        f.checks.push(Check { cond: Expr::var(&b.i).lt(&Expr::var(&b.n)), message: "i < n".into() });
+        expect_err(&f, true, "checks use only dims and param stride variables");
+        let mut f = b.f.clone();
+        f.checks.push(Check { cond: Expr::var(&b.t.strides[0]).lt(&Expr::var(&b.n)), message: "local stride".into() });
+        expect_err(&f, true, "checks use only dims and param stride variables");
+        let mut f = b.f.clone();
+        let x = Expr::load(b.a.id, vec![Expr::int(0)], DType::F32);
+        f.checks.push(Check { cond: Expr::cmp(crate::ir::CmpOp::Lt, x.clone(), x).unwrap(), message: "load".into() });
+        expect_err(&f, true, "checks use only dims and param stride variables");
+        let mut f = b.f.clone();
+        f.checks.push(Check { cond: Expr::var(&b.a.strides[0]).lt(&Expr::var(&b.n)), message: "ok".into() });
+        verify(&f, true).unwrap();
+    }
+
+    #[test]
+    fn messages_name_the_statement() {
+        let b = base();
+        let f = with_store(&b, vec![off(&b.c, &b.i)], Expr::constant(1.0, DType::F64));
+        let Err(Error::Internal(m)) = verify(&f, true) else { panic!() };
+        assert!(m.contains("in statement: C[(i * C_s0)] = 1.0:float64"), "{m}");
+    }
+}

@@ -1,0 +1,154 @@
+//! Pass: the bounds proof. Every `Load`/`Store` index of every dimension is bounded by
+//! interval analysis (loop ranges, `let`s, guards of enclosing `if`s) and compared with the
+//! buffer's extent:
+//! - proven for all values of the symbolic dims: nothing to do;
+//! - refuted by constants: a `CompileError` naming the tensor, the index expression and
+//!   the extent (static shapes never reach run time with a possible out-of-bounds access);
+//! - unknown but expressible over the dims alone: a `Check` evaluated once per call, before
+//!   any code runs (it holds vacuously when an enclosing loop is empty);
+//! - not boundable at all: a `CompileError`.
+//!
+//! Runs before simplification, so guards still match the index expressions structurally.
+
+use super::interval::{interval, prove_le, Env, Interval};
+use super::simplify::simplify;
+use crate::error::{Error, Result};
+use crate::ir::expr::{Expr, ExprKind, LogicOp, Var};
+use crate::ir::stmt::{Check, PrimFunc, Stmt};
+use crate::ir::BufId;
+use std::collections::HashSet;
+
+struct Prover<'a> {
+    func: &'a PrimFunc,
+    dims: HashSet<Var>,
+    checks: Vec<Check>,
+    /// Extents of the enclosing loops (a check is vacuous when one of them is empty).
+    loop_extents: Vec<Expr>,
+}
+
+impl Prover<'_> {
+    fn only_dims(&self, e: &Expr) -> bool {
+        let mut ok = true;
+        e.visit(&mut |n| {
+            if let Some(v) = n.as_var() {
+                ok &= self.dims.contains(v);
+            }
+        });
+        ok
+    }
+
+    fn access(&mut self, buf: BufId, indices: &[Expr], env: &Env) -> Result<()> {
+        let b = self.func.buffer(buf);
+        for (d, (i, extent)) in indices.iter().zip(&b.shape).enumerate() {
+            let what = || format!("tensor '{}' dim {d}: index {i} must lie in [0, {extent})", b.name);
+            let Some(Interval { lo, hi }) = interval(i, env) else {
+                return Err(Error::Compile(format!("{}, and rivet cannot bound that index expression", what())));
+            };
+            let last = simplify(&extent.sub(&Expr::int(1)));
+            for (ok, a, c, side) in [(prove_le(&Expr::int(0), &lo), Expr::int(0), lo.clone(), "lowest"), (prove_le(&hi, &last), hi.clone(), last.clone(), "highest")] {
+                match ok {
+                    Some(true) => {}
+                    Some(false) => {
+                        return Err(Error::Compile(format!(
+                            "{}, but its {side} value is {} (out of bounds)",
+                            what(),
+                            if side == "lowest" { &c } else { &a }
+                        )))
+                    }
+                    None => {
+                        let cond = a.lt(&c.add(&Expr::int(1)));
+                        if !self.only_dims(&cond) {
+                            return Err(Error::Compile(format!(
+                                "{}, and rivet cannot prove it (its {side} value is {})",
+                                what(),
+                                if side == "lowest" { &c } else { &a }
+                            )));
+                        }
+                        // Vacuous when an enclosing loop runs zero times.
+                        let mut full = cond;
+                        let mut seen: Vec<&Expr> = Vec::new();
+                        for e in &self.loop_extents {
+                            if self.only_dims(e) && e.as_int().is_none() && !seen.contains(&e) {
+                                seen.push(e);
+                                let empty = e.lt(&Expr::int(1));
+                                full = Expr::logic(LogicOp::Or, empty, full).expect("bools");
+                            }
+                        }
+                        let message = format!("{} (its {side} value is {})", what(), if side == "lowest" { &c } else { &a });
+                        if !self.checks.iter().any(|k| k.message == message) {
+                            self.checks.push(Check { cond: full, message });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn exprs(&mut self, e: &Expr, env: &Env) -> Result<()> {
+        let mut loads = Vec::new();
+        e.visit(&mut |n| {
+            if let ExprKind::Load { buf, indices } = n.kind() {
+                loads.push((*buf, indices.clone()));
+            }
+        });
+        for (b, idx) in loads {
+            self.access(b, &idx, env)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt, env: &Env) -> Result<()> {
+        match s {
+            Stmt::For { var, min, extent, body, .. } => {
+                let mut inner = env.clone();
+                let hi = min.add(extent).sub(&Expr::int(1));
+                // Ranges of the bounds themselves (they may use outer loop vars).
+                let lo_iv = interval(min, env).map(|i| i.lo).unwrap_or_else(|| min.clone());
+                let hi_iv = interval(&hi, env).map(|i| i.hi).unwrap_or(hi);
+                inner.vars.insert(var.clone(), Interval { lo: lo_iv, hi: hi_iv });
+                inner.loops.insert(var.clone(), (min.clone(), extent.clone()));
+                self.loop_extents.push(extent.clone());
+                let r = self.stmt(body, &inner);
+                self.loop_extents.pop();
+                r
+            }
+            Stmt::Store { buf, indices, value } => {
+                self.access(*buf, indices, env)?;
+                for i in indices {
+                    self.exprs(i, env)?;
+                }
+                self.exprs(value, env)
+            }
+            Stmt::If { cond, then, otherwise } => {
+                self.exprs(cond, env)?;
+                let mut t = env.clone();
+                t.assume(cond);
+                self.stmt(then, &t)?;
+                match otherwise {
+                    Some(o) => self.stmt(o, env),
+                    None => Ok(()),
+                }
+            }
+            Stmt::Let { var, value, body } => {
+                self.exprs(value, env)?;
+                let mut inner = env.clone();
+                if let Some(iv) = interval(value, env) {
+                    inner.vars.insert(var.clone(), iv);
+                }
+                self.stmt(body, &inner)
+            }
+            Stmt::Allocate { body, .. } => self.stmt(body, env),
+            Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
+        }
+    }
+}
+
+/// Proves every access of `func` in bounds, adding per-call checks where needed.
+pub fn prove(func: &mut PrimFunc) -> Result<()> {
+    let mut p = Prover { func, dims: func.dims.iter().cloned().collect(), checks: vec![], loop_extents: vec![] };
+    p.stmt(&func.body, &Env::default())?;
+    let checks = p.checks;
+    func.checks.extend(checks);
+    Ok(())
+}

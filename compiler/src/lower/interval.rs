@@ -1,0 +1,192 @@
+//! Interval arithmetic on int64 index expressions, with symbolic endpoints.
+//!
+//! `interval(e, env)` bounds `e` by `[lo, hi]` (inclusive), where the endpoints are expressions
+//! over the variables `env` does not range over (symbolic dims, outer loops kept fixed). Sound:
+//! every value `e` takes, for every value of the ranged variables within their intervals and
+//! under the recorded guards, lies in the result; `None` means "cannot bound".
+//!
+//! Guards are facts `lo <= g <= hi` about a sub-expression `g`, learned from enclosing `if`s
+//! (split remainders); they apply where `g` occurs structurally, so indices must be analysed
+//! before simplification rewrites them.
+
+use super::simplify::{prove_nonneg, simplify};
+use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, Var};
+use rivet_runtime::DType;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug)]
+pub struct Interval {
+    pub lo: Expr,
+    pub hi: Expr,
+}
+
+impl Interval {
+    pub fn point(e: &Expr) -> Interval {
+        Interval { lo: e.clone(), hi: e.clone() }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Env {
+    pub vars: HashMap<Var, Interval>,
+    /// Loop variables with their (min, extent), for the fused-loop rule below.
+    pub loops: HashMap<Var, (Expr, Expr)>,
+    /// `(g, lower bound, upper bound)` facts.
+    pub guards: Vec<(Expr, Option<Expr>, Option<Expr>)>,
+}
+
+impl Env {
+    /// Records what `cond` (true on the branch being entered) says about sub-expressions.
+    pub fn assume(&mut self, cond: &Expr) {
+        match cond.kind() {
+            ExprKind::Logic(LogicOp::And, a, b) => {
+                self.assume(a);
+                self.assume(b);
+            }
+            ExprKind::Cmp(op, a, b) if a.dtype() == DType::I64 => match op {
+                CmpOp::Lt => self.guards.push((a.clone(), None, Some(b.sub(&Expr::int(1))))),
+                CmpOp::Le => self.guards.push((a.clone(), None, Some(b.clone()))),
+                CmpOp::Gt => self.guards.push((a.clone(), Some(b.add(&Expr::int(1))), None)),
+                CmpOp::Ge => self.guards.push((a.clone(), Some(b.clone()), None)),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+}
+
+/// `a <= b` for all values of the (non-negative) symbolic dims: `Some(true)` proven,
+/// `Some(false)` refuted (constants), `None` unknown.
+pub fn prove_le(a: &Expr, b: &Expr) -> Option<bool> {
+    match (a.kind(), b.kind()) {
+        (_, ExprKind::Binary(BinOp::Min, x, y)) => and3(prove_le(a, x), prove_le(a, y)),
+        (ExprKind::Binary(BinOp::Max, x, y), _) => and3(prove_le(x, b), prove_le(y, b)),
+        (ExprKind::Binary(BinOp::Min, x, y), _) => or3(prove_le(x, b), prove_le(y, b)),
+        (_, ExprKind::Binary(BinOp::Max, x, y)) => or3(prove_le(a, x), prove_le(a, y)),
+        _ => prove_nonneg(&b.sub(a)),
+    }
+}
+
+fn and3(x: Option<bool>, y: Option<bool>) -> Option<bool> {
+    match (x, y) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (Some(true), Some(true)) => Some(true),
+        _ => None,
+    }
+}
+
+fn or3(x: Option<bool>, y: Option<bool>) -> Option<bool> {
+    match (x, y) {
+        (Some(true), _) | (_, Some(true)) => Some(true),
+        (Some(false), Some(false)) => Some(false),
+        _ => None,
+    }
+}
+
+fn smin(a: &Expr, b: &Expr) -> Expr {
+    match prove_le(a, b) {
+        Some(true) => a.clone(),
+        Some(false) if prove_le(b, a) == Some(true) => b.clone(),
+        _ => simplify(&a.min_(b)),
+    }
+}
+
+fn smax(a: &Expr, b: &Expr) -> Expr {
+    match prove_le(a, b) {
+        Some(true) => b.clone(),
+        Some(false) if prove_le(b, a) == Some(true) => a.clone(),
+        _ => simplify(&a.max_(b)),
+    }
+}
+
+fn nonneg(e: &Expr) -> bool {
+    prove_nonneg(e) == Some(true)
+}
+
+pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
+    let raw = raw_interval(e, env)?;
+    // Apply guards that speak about exactly this expression.
+    let mut iv = raw;
+    for (g, lo, hi) in &env.guards {
+        if g == e {
+            if let Some(lo) = lo {
+                iv.lo = smax(&iv.lo, lo);
+            }
+            if let Some(hi) = hi {
+                iv.hi = smin(&iv.hi, hi);
+            }
+        }
+    }
+    Some(Interval { lo: simplify(&iv.lo), hi: simplify(&iv.hi) })
+}
+
+fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
+    if e.dtype() != DType::I64 {
+        return None;
+    }
+    match e.kind() {
+        ExprKind::Const(Const::Int(_)) => Some(Interval::point(e)),
+        ExprKind::Var(v) => Some(env.vars.get(v).cloned().unwrap_or_else(|| Interval::point(e))),
+        ExprKind::Unary(crate::ir::expr::UnOp::Neg, a) => {
+            let a = interval(a, env)?;
+            Some(Interval { lo: Expr::int(0).sub(&a.hi), hi: Expr::int(0).sub(&a.lo) })
+        }
+        ExprKind::Binary(op, a, b) => {
+            // Fused loops: `f // D` and `f % D` for a loop `f` over [0, E * D).
+            if let (Some(f), BinOp::FloorDiv | BinOp::FloorMod) = (a.as_var(), op) {
+                if let Some((min, ext)) = env.loops.get(f) {
+                    if let ExprKind::Binary(BinOp::Mul, outer, inner) = ext.kind() {
+                        if min.as_int() == Some(0) && inner == b {
+                            let top = if *op == BinOp::FloorDiv { outer } else { inner };
+                            return Some(Interval { lo: Expr::int(0), hi: top.sub(&Expr::int(1)) });
+                        }
+                    }
+                }
+            }
+            let (x, y) = (interval(a, env)?, interval(b, env)?);
+            match op {
+                BinOp::Add => Some(Interval { lo: x.lo.add(&y.lo), hi: x.hi.add(&y.hi) }),
+                BinOp::Sub => Some(Interval { lo: x.lo.sub(&y.hi), hi: x.hi.sub(&y.lo) }),
+                BinOp::Mul => {
+                    let k = b.as_int().map(|k| (k, &x)).or_else(|| a.as_int().map(|k| (k, &y)));
+                    if let Some((k, other)) = k {
+                        let (l, h) = (other.lo.mul(&Expr::int(k)), other.hi.mul(&Expr::int(k)));
+                        return Some(if k >= 0 { Interval { lo: l, hi: h } } else { Interval { lo: h, hi: l } });
+                    }
+                    if nonneg(&x.lo) && nonneg(&y.lo) {
+                        return Some(Interval { lo: x.lo.mul(&y.lo), hi: x.hi.mul(&y.hi) });
+                    }
+                    None
+                }
+                BinOp::FloorDiv => match b.as_int() {
+                    Some(k) if k > 0 => Some(Interval { lo: x.lo.floordiv(b), hi: x.hi.floordiv(b) }),
+                    // A non-negative value divided by a size (>= 1, or 0 giving 0) shrinks.
+                    _ if nonneg(&x.lo) && nonneg(&y.lo) => Some(Interval { lo: Expr::int(0), hi: x.hi }),
+                    _ => None,
+                },
+                BinOp::FloorMod => match b.as_int() {
+                    Some(k) if k > 0 => {
+                        if nonneg(&x.lo) && prove_le(&x.hi, &Expr::int(k - 1)) == Some(true) {
+                            Some(x)
+                        } else {
+                            Some(Interval { lo: Expr::int(0), hi: Expr::int(k - 1) })
+                        }
+                    }
+                    // `% d` for a size d: in [0, d - 1], or 0 when d is 0.
+                    _ if b.as_var().is_some() => {
+                        Some(Interval { lo: Expr::int(0), hi: smax(&b.sub(&Expr::int(1)), &Expr::int(0)) })
+                    }
+                    _ => None,
+                },
+                BinOp::Min => Some(Interval { lo: smin(&x.lo, &y.lo), hi: smin(&x.hi, &y.hi) }),
+                BinOp::Max => Some(Interval { lo: smax(&x.lo, &y.lo), hi: smax(&x.hi, &y.hi) }),
+                BinOp::Div | BinOp::Pow => None,
+            }
+        }
+        ExprKind::Select(_, a, b) => {
+            let (x, y) = (interval(a, env)?, interval(b, env)?);
+            Some(Interval { lo: smin(&x.lo, &y.lo), hi: smax(&x.hi, &y.hi) })
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,439 @@
+//! Pass 1: schedule -> loop nests (bound inference, schedule application, inlining).
+//!
+//! Output: a `PrimFunc` whose `Load`/`Store`s are still multi-dimensional (one index per dim;
+//! `flatten` comes later), with:
+//! - one parameter buffer per argument (its stride variables bound at call time), one local
+//!   buffer per materialised intermediate (allocated at the top, full size, compact);
+//! - for each stage, loops in the schedule's leaf order; root axis values rebuilt from the
+//!   leaves (`parent = outer * factor + inner`, fused loops split back with `//` and `%`),
+//!   guarded by `if` where a split does not divide;
+//! - reductions as an init nest (identity) then the update nest `C = C op body`: always
+//!   correct whatever the loop order (a reduction loop may sit outside data-parallel loops);
+//! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
+//!   iterations reads (interval analysis, clamped to the producer's extent).
+
+use super::interval::{interval, Env, Interval};
+use super::simplify::simplify;
+use crate::error::{Error, Result};
+use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
+use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Stmt};
+use crate::schedule::{Attach, Relation, Schedule, Stage};
+use crate::te::tensor::{inputs, post_order, top_reduce, Tensor};
+use rivet_runtime::DType;
+use std::collections::{HashMap, HashSet};
+
+struct Ctx<'a> {
+    sched: &'a Schedule,
+    buffers: Vec<Buffer>,
+    buf_of: HashMap<u32, BufId>,
+    inlined: HashSet<u32>,
+}
+
+fn cerr<T>(msg: String) -> Result<T> {
+    Err(Error::Compile(msg))
+}
+
+/// The identity of a reduction in `dtype`.
+pub fn identity(op: ReduceOp, dtype: DType) -> Expr {
+    let v = match op {
+        ReduceOp::Sum => 0.0,
+        ReduceOp::Prod => 1.0,
+        ReduceOp::Max | ReduceOp::Min => {
+            let neg = op == ReduceOp::Max;
+            if dtype.is_float() {
+                return Expr::constant(if neg { f64::NEG_INFINITY } else { f64::INFINITY }, dtype);
+            }
+            let bits = dtype.size() as u32 * 8;
+            let signed = matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
+            let (lo, hi): (i64, i64) = match (signed, bits) {
+                (true, 64) => (i64::MIN, i64::MAX),
+                (true, b) => (-(1i64 << (b - 1)), (1i64 << (b - 1)) - 1),
+                (false, 64) => (0, -1), // u64::MAX as i64 bits
+                (false, b) => (0, (1i64 << b) - 1),
+            };
+            return Expr::const_int(if neg { lo } else { hi }, dtype);
+        }
+    };
+    Expr::constant(v, dtype)
+}
+
+fn combine(op: ReduceOp, acc: Expr, v: Expr) -> Result<Expr> {
+    let bop = match op {
+        ReduceOp::Sum => BinOp::Add,
+        ReduceOp::Prod => BinOp::Mul,
+        ReduceOp::Max => BinOp::Max,
+        ReduceOp::Min => BinOp::Min,
+    };
+    Expr::binary(bop, acc, v)
+}
+
+impl Ctx<'_> {
+    /// te expression -> IR expression: reads of inlined stages are substituted, other reads
+    /// become loads of the tensor's buffer.
+    fn to_ir(&self, e: &Expr) -> Result<Expr> {
+        let mut failure = None;
+        let out = e.rewrite(&mut |n| match n.kind() {
+            ExprKind::Read { tensor, indices } => {
+                if self.inlined.contains(&tensor.id()) {
+                    let body = tensor.body().expect("inlined stages are computes");
+                    let axis = tensor.axis();
+                    let sub = body.substitute(&|v| axis.iter().position(|a| &a.var == v).map(|d| indices[d].clone()));
+                    match self.to_ir(&sub) {
+                        Ok(x) => Some(x),
+                        Err(err) => {
+                            failure = Some(err);
+                            None
+                        }
+                    }
+                } else {
+                    match self.buf_of.get(&tensor.id()) {
+                        Some(b) => Some(Expr::load(*b, indices.clone(), tensor.dtype())),
+                        None => {
+                            failure.get_or_insert(Error::Compile(format!(
+                                "tensor '{}' is read but is neither an argument nor computed by the schedule; pass it in args",
+                                tensor.name()
+                            )));
+                            None
+                        }
+                    }
+                }
+            }
+            ExprKind::Reduce { .. } => {
+                failure.get_or_insert(Error::Compile(format!("a reduction can only be the whole body of a compute: {n}")));
+                None
+            }
+            ExprKind::Invalid(m) => {
+                failure.get_or_insert(Error::Compile(m.clone()));
+                None
+            }
+            _ => None,
+        });
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    fn stage_of(&self, id: u32) -> &Stage {
+        self.sched.stages.iter().find(|s| s.tensor.id() == id).expect("stage exists")
+    }
+
+    /// The loop nest of one stage. `region`: per data-parallel dim, (first index, extent) to
+    /// compute (None: the whole tensor).
+    fn emit(&self, stage: &Stage, region: Option<Vec<(Expr, Expr)>>) -> Result<Stmt> {
+        let t = &stage.tensor;
+        let name = t.name();
+        let buf = self.buf_of[&t.id()];
+        let axis = t.axis();
+        let (reduce_op, inner_body, raxes) = match top_reduce(t.body().expect("compute")) {
+            Some((op, b, a)) => (Some(op), b.clone(), a.to_vec()),
+            None => (None, t.body().unwrap().clone(), vec![]),
+        };
+        // Root domains: (first value, extent) per root var.
+        let region = region.unwrap_or_else(|| axis.iter().map(|a| (Expr::int(0), a.extent.clone())).collect());
+        let mut ext: HashMap<Var, Expr> = HashMap::new();
+        let mut base: HashMap<Var, Expr> = HashMap::new();
+        for (a, (lo, e)) in axis.iter().zip(&region) {
+            ext.insert(a.var.clone(), e.clone());
+            base.insert(a.var.clone(), lo.clone());
+        }
+        for r in &raxes {
+            ext.insert(r.var.clone(), r.extent.clone());
+            base.insert(r.var.clone(), r.min.clone());
+        }
+        // Leaf extents, through the relations in order.
+        let mut guards: Vec<Expr> = Vec::new();
+        for rel in &stage.relations {
+            match rel {
+                Relation::Split { parent, outer, inner, factor, nparts } => {
+                    let pe = ext[parent].clone();
+                    let (oe, ie) = match (factor, nparts) {
+                        (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
+                        (None, Some(n)) => (n.clone(), pe.add(n).sub(&Expr::int(1)).floordiv(n)),
+                        _ => unreachable!("checked by split"),
+                    };
+                    ext.insert(outer.clone(), simplify(&oe));
+                    ext.insert(inner.clone(), simplify(&ie));
+                }
+                Relation::Fuse { outer, inner, fused } => {
+                    // Kept as a product (not simplified): the bounds proof recognises `f // D`.
+                    ext.insert(fused.clone(), ext[outer].mul(&ext[inner]));
+                }
+            }
+        }
+        // Values of every var in terms of the leaves, walking the relations backwards.
+        let mut val: HashMap<Var, Expr> = stage.leaves.iter().map(|l| (l.var.clone(), Expr::var(&l.var))).collect();
+        for rel in stage.relations.iter().rev() {
+            match rel {
+                Relation::Split { parent, outer, inner, .. } => {
+                    let v = val[outer].mul(&ext[inner]).add(&val[inner]);
+                    let pe = &ext[parent];
+                    let divides = match (simplify(&ext[outer].mul(&ext[inner])).as_int(), simplify(pe).as_int()) {
+                        (Some(a), Some(b)) => a == b,
+                        _ => false,
+                    };
+                    if !divides {
+                        guards.push(v.lt(pe));
+                    }
+                    val.insert(parent.clone(), v);
+                }
+                Relation::Fuse { outer, inner, fused } => {
+                    let f = val[fused].clone();
+                    val.insert(outer.clone(), f.floordiv(&ext[inner]));
+                    val.insert(inner.clone(), f.floormod(&ext[inner]));
+                }
+            }
+        }
+        let root_value = |v: &Var| base[v].add(&val[v]);
+        let idx: Vec<Expr> = axis.iter().map(|a| root_value(&a.var)).collect();
+        let body_sub = inner_body.substitute(&|v| {
+            if axis.iter().any(|a| &a.var == v) || raxes.iter().any(|r| &r.var == v) {
+                Some(root_value(v))
+            } else {
+                None
+            }
+        });
+        let body_ir = self.to_ir(&body_sub)?;
+        let store = match reduce_op {
+            None => Stmt::Store { buf, indices: idx.clone(), value: body_ir },
+            Some(op) => {
+                let acc = Expr::load(buf, idx.clone(), t.dtype());
+                Stmt::Store { buf, indices: idx.clone(), value: combine(op, acc, body_ir)? }
+            }
+        };
+        let mut inner = if guards.is_empty() {
+            store
+        } else {
+            let cond = guards.into_iter().reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools")).unwrap();
+            Stmt::If { cond, then: Box::new(store), otherwise: None }
+        };
+        // Loops, innermost first; producers attached at a leaf go at the top of its body.
+        let n = stage.leaves.len();
+        for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
+            let e = ext[&leaf.var].clone();
+            if matches!(leaf.kind, ForKind::Vectorized | ForKind::Unrolled) {
+                let what = if leaf.kind == ForKind::Vectorized { "vectorize" } else { "unroll" };
+                if simplify(&e).as_int().is_none() {
+                    return cerr(format!(
+                        "schedule of '{name}': cannot {what} '{}': its extent ({e}) is not a constant; split it by a constant factor first",
+                        leaf.var.name
+                    ));
+                }
+                if leaf.kind == ForKind::Vectorized && pos != n - 1 {
+                    return cerr(format!(
+                        "schedule of '{name}': the vectorized loop '{}' must be the innermost loop",
+                        leaf.var.name
+                    ));
+                }
+            }
+            let attached = self.attached_at(stage, &leaf.var, &inner)?;
+            if !attached.is_empty() {
+                let mut v = attached;
+                v.push(inner);
+                inner = Stmt::Seq(v);
+            }
+            inner = Stmt::For { var: leaf.var.clone(), min: Expr::int(0), extent: e, kind: leaf.kind, body: Box::new(inner) };
+        }
+        // Reductions start from the identity over the region, in a nest of their own.
+        if let Some(op) = reduce_op {
+            let vars: Vec<Var> = axis.iter().map(|a| Var::new(&format!("{}.init", a.var.name))).collect();
+            let ridx: Vec<Expr> = region.iter().zip(&vars).map(|((lo, _), v)| lo.add(&Expr::var(v))).collect();
+            let mut init = Stmt::Store { buf, indices: ridx, value: identity(op, t.dtype()) };
+            for (v, (_, e)) in vars.iter().zip(&region).rev() {
+                init = Stmt::For { var: v.clone(), min: Expr::int(0), extent: e.clone(), kind: ForKind::Serial, body: Box::new(init) };
+            }
+            return Ok(Stmt::Seq(vec![init, inner]));
+        }
+        Ok(inner)
+    }
+
+    /// Nests of the stages attached at loop `var` of `consumer`, over the regions that
+    /// `consumer_body` (the loops inside `var`) reads.
+    fn attached_at(&self, consumer: &Stage, var: &Var, consumer_body: &Stmt) -> Result<Vec<Stmt>> {
+        let mut out = Vec::new();
+        for st in &self.sched.stages {
+            let Attach::At { consumer: cid, var: v } = &st.attach else { continue };
+            if *cid != consumer.tensor.id() || v != var {
+                continue;
+            }
+            let pbuf = self.buf_of[&st.tensor.id()];
+            // Ranges of the loops inside `var` (they vary within one iteration of it).
+            let mut env = Env::default();
+            consumer_body.visit(&mut |s| {
+                if let Stmt::For { var, min, extent, .. } = s {
+                    env.vars.insert(var.clone(), Interval { lo: min.clone(), hi: min.add(extent).sub(&Expr::int(1)) });
+                    env.loops.insert(var.clone(), (min.clone(), extent.clone()));
+                }
+            });
+            let ndim = st.tensor.ndim();
+            let mut acc: Vec<Option<Interval>> = vec![None; ndim];
+            let mut unknown = false;
+            let mut found = false;
+            consumer_body.visit_exprs(&mut |e| {
+                e.visit(&mut |n| {
+                    if let ExprKind::Load { buf, indices } = n.kind() {
+                        if *buf == pbuf {
+                            found = true;
+                            for (d, i) in indices.iter().enumerate() {
+                                match interval(i, &env) {
+                                    Some(iv) => {
+                                        acc[d] = Some(match acc[d].take() {
+                                            None => iv,
+                                            Some(p) => Interval { lo: simplify(&p.lo.min_(&iv.lo)), hi: simplify(&p.hi.max_(&iv.hi)) },
+                                        })
+                                    }
+                                    None => unknown = true,
+                                }
+                            }
+                        }
+                    }
+                })
+            });
+            if !found || unknown {
+                return cerr(format!(
+                    "schedule of '{}': compute_at '{}' inside loop '{}' of '{}': {}",
+                    st.tensor.name(),
+                    st.tensor.name(),
+                    var.name,
+                    consumer.tensor.name(),
+                    if found { "cannot bound the region it reads" } else { "that loop does not read it; attach it to a loop of a stage that reads it" }
+                ));
+            }
+            let region = acc
+                .into_iter()
+                .zip(st.tensor.shape())
+                .map(|(iv, extent)| {
+                    let iv = iv.expect("found");
+                    let lo = simplify(&iv.lo.max_(&Expr::int(0)));
+                    let hi = simplify(&iv.hi.min_(&extent.sub(&Expr::int(1))));
+                    (lo.clone(), simplify(&hi.sub(&lo).add(&Expr::int(1))))
+                })
+                .collect();
+            out.push(self.emit(st, Some(region))?);
+        }
+        Ok(out)
+    }
+}
+
+/// Builds the loop-nest function of `sched` with parameters `args` (inputs and outputs).
+pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
+    for (i, a) in args.iter().enumerate() {
+        if args[..i].contains(a) {
+            return cerr(format!("build: tensor '{}' is passed twice in args", a.name()));
+        }
+    }
+    for o in &sched.outputs {
+        if !args.contains(o) {
+            return cerr(format!("build: output '{}' of the schedule must be in args", o.name()));
+        }
+    }
+    let all = post_order(&sched.outputs);
+    for t in &all {
+        if t.is_placeholder() && !args.contains(t) {
+            return cerr(format!("build: placeholder '{}' is read but not passed in args", t.name()));
+        }
+    }
+    for a in args {
+        if !all.contains(a) {
+            return cerr(format!("build: argument '{}' is not used by the schedule's outputs", a.name()));
+        }
+    }
+    let inlined: HashSet<u32> = sched.stages.iter().filter(|s| s.attach == Attach::Inline).map(|s| s.tensor.id()).collect();
+    for a in args {
+        if inlined.contains(&a.id()) {
+            return cerr(format!("build: '{}' is an argument, so it cannot be compute_inline'd", a.name()));
+        }
+    }
+    // Symbolic dims: bound from bare-variable dims of the arguments' shapes.
+    let mut dims: Vec<Var> = Vec::new();
+    for a in args {
+        for d in a.shape() {
+            if let Some(v) = d.as_var() {
+                if !dims.contains(v) {
+                    dims.push(v.clone());
+                }
+            }
+        }
+    }
+    let mut axis_vars: HashSet<Var> = HashSet::new();
+    for t in &all {
+        axis_vars.extend(t.axis().iter().map(|a| a.var.clone()));
+        axis_vars.extend(t.reduce_axis().iter().map(|a| a.var.clone()));
+    }
+    let check_free = |e: &Expr, what: &str| -> Result<()> {
+        let mut bad = None;
+        e.visit(&mut |n| {
+            if let Some(v) = n.as_var() {
+                if !dims.contains(v) && !axis_vars.contains(v) {
+                    bad.get_or_insert(v.clone());
+                }
+            }
+        });
+        match bad {
+            Some(v) => cerr(format!(
+                "build: dim '{}' used in {what} cannot be bound: it is not a dimension of any argument (give some argument a dim that is exactly '{}')",
+                v.name, v.name
+            )),
+            None => Ok(()),
+        }
+    };
+    for t in &all {
+        for d in t.shape() {
+            check_free(d, &format!("the shape of '{}'", t.name()))?;
+        }
+        if let Some(b) = t.body() {
+            check_free(b, &format!("the body of '{}'", t.name()))?;
+        }
+    }
+    // Buffers: parameters in argument order, then locals for materialised intermediates.
+    let mut buffers = Vec::new();
+    let mut buf_of = HashMap::new();
+    let mut next = 0u32;
+    let mut add = |t: &Tensor, kind: BufKind, buffers: &mut Vec<Buffer>| {
+        let id = BufId(next);
+        next += 1;
+        let strides = (0..t.ndim()).map(|d| Var::new(&format!("{}.s{d}", t.name()))).collect();
+        buffers.push(Buffer { id, name: t.name().to_string(), dtype: t.dtype(), shape: t.shape().to_vec(), strides, kind });
+        buf_of.insert(t.id(), id);
+        id
+    };
+    let params: Vec<BufId> =
+        args.iter().map(|a| add(a, BufKind::Param { output: !a.is_placeholder() }, &mut buffers)).collect();
+    let mut locals = Vec::new();
+    for st in &sched.stages {
+        if st.attach != Attach::Inline && !args.contains(&st.tensor) {
+            locals.push(add(&st.tensor, BufKind::Local, &mut buffers));
+        }
+    }
+    let ctx = Ctx { sched, buffers, buf_of, inlined };
+    // compute_at targets must be the only consumer.
+    for st in &sched.stages {
+        if let Attach::At { consumer, .. } = &st.attach {
+            let readers: Vec<&Stage> =
+                sched.stages.iter().filter(|c| c.attach != Attach::Inline && reads_through_inlined(&ctx, &c.tensor, &st.tensor)).collect();
+            if readers.len() != 1 || readers[0].tensor.id() != *consumer {
+                return cerr(format!(
+                    "schedule of '{}': compute_at needs the target '{}' to be its only consumer",
+                    st.tensor.name(),
+                    ctx.stage_of(*consumer).tensor.name()
+                ));
+            }
+        }
+    }
+    let mut body = Vec::new();
+    for st in &sched.stages {
+        if st.attach == Attach::Root {
+            body.push(ctx.emit(st, None)?);
+        }
+    }
+    let mut stmt = Stmt::seq(body);
+    for id in locals.into_iter().rev() {
+        stmt = Stmt::Allocate { buf: id, body: Box::new(stmt) };
+    }
+    Ok(PrimFunc { name: name.to_string(), params, buffers: ctx.buffers, dims, checks: vec![], body: stmt })
+}
+
+/// True when `consumer` reads `producer` directly or through inlined stages.
+fn reads_through_inlined(ctx: &Ctx, consumer: &Tensor, producer: &Tensor) -> bool {
+    inputs(consumer).iter().any(|i| i == producer || (ctx.inlined.contains(&i.id()) && reads_through_inlined(ctx, i, producer)))
+}

@@ -1,0 +1,206 @@
+//! Simplification of int64 index arithmetic: constant folding, identities (`x + 0`, `x * 1`,
+//! `x * 0`, `min(x, x)`), and a linear normal form (sum of `coefficient * var` plus a constant)
+//! used to fold `(i * 4 + j) - i * 4` style expressions and to prove inequalities.
+//!
+//! Only int64 arithmetic is rewritten (exact, Python floor semantics); float expressions are
+//! folded only where folding is exact in IEEE arithmetic (never reassociated), and every other
+//! node is kept as written, so simplification never changes a program's results.
+
+use crate::codegen::math::{floordiv_i64, floormod_i64};
+use crate::ir::expr::{BinOp, Const, Expr, ExprKind, Var};
+use crate::ir::stmt::Stmt;
+use rivet_runtime::DType;
+use std::collections::BTreeMap;
+
+/// `sum(coef * var) + constant`, over int64 variables.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Linear {
+    pub terms: BTreeMap<Var, i64>,
+    pub constant: i64,
+}
+
+impl Linear {
+    fn scale(mut self, k: i64) -> Option<Linear> {
+        for c in self.terms.values_mut() {
+            *c = c.checked_mul(k)?;
+        }
+        self.constant = self.constant.checked_mul(k)?;
+        Some(self)
+    }
+    fn plus(mut self, other: Linear, sign: i64) -> Option<Linear> {
+        for (v, c) in other.terms {
+            let e = self.terms.entry(v).or_insert(0);
+            *e = e.checked_add(c.checked_mul(sign)?)?;
+        }
+        self.terms.retain(|_, c| *c != 0);
+        self.constant = self.constant.checked_add(other.constant.checked_mul(sign)?)?;
+        Some(self)
+    }
+
+    /// The expression for this form (terms in variable order, constant last).
+    pub fn to_expr(&self) -> Expr {
+        let mut acc: Option<Expr> = None;
+        for (v, &c) in &self.terms {
+            let term = if c == 1 { Expr::var(v) } else { Expr::int(c).mul(&Expr::var(v)) };
+            acc = Some(match acc {
+                None => term,
+                Some(a) => a.add(&term),
+            });
+        }
+        match acc {
+            None => Expr::int(self.constant),
+            Some(a) if self.constant == 0 => a,
+            Some(a) if self.constant < 0 => a.sub(&Expr::int(-self.constant)),
+            Some(a) => a.add(&Expr::int(self.constant)),
+        }
+    }
+}
+
+/// The linear form of an int64 expression, if it is one.
+pub fn linear(e: &Expr) -> Option<Linear> {
+    if e.dtype() != DType::I64 {
+        return None;
+    }
+    match e.kind() {
+        ExprKind::Const(Const::Int(c)) => Some(Linear { terms: BTreeMap::new(), constant: *c }),
+        ExprKind::Var(v) => Some(Linear { terms: BTreeMap::from([(v.clone(), 1)]), constant: 0 }),
+        ExprKind::Binary(BinOp::Add, a, b) => linear(a)?.plus(linear(b)?, 1),
+        ExprKind::Binary(BinOp::Sub, a, b) => linear(a)?.plus(linear(b)?, -1),
+        ExprKind::Binary(BinOp::Mul, a, b) => {
+            let (la, lb) = (linear(a)?, linear(b)?);
+            if la.terms.is_empty() {
+                lb.scale(la.constant)
+            } else if lb.terms.is_empty() {
+                la.scale(lb.constant)
+            } else {
+                None
+            }
+        }
+        ExprKind::Unary(crate::ir::expr::UnOp::Neg, a) => linear(a)?.scale(-1),
+        _ => None,
+    }
+}
+
+fn int_of(e: &Expr) -> Option<i64> {
+    if e.dtype() == DType::I64 {
+        e.as_int()
+    } else {
+        None
+    }
+}
+
+/// Simplifies one node whose children are already simplified.
+fn simplify_node(e: &Expr) -> Option<Expr> {
+    if e.dtype() != DType::I64 {
+        return None;
+    }
+    if let ExprKind::Binary(op, a, b) = e.kind() {
+        let (ca, cb) = (int_of(a), int_of(b));
+        if let (Some(x), Some(y)) = (ca, cb) {
+            let v = match op {
+                BinOp::Add => x.wrapping_add(y),
+                BinOp::Sub => x.wrapping_sub(y),
+                BinOp::Mul => x.wrapping_mul(y),
+                BinOp::FloorDiv => floordiv_i64(x, y),
+                BinOp::FloorMod => floormod_i64(x, y),
+                BinOp::Min => x.min(y),
+                BinOp::Max => x.max(y),
+                BinOp::Div | BinOp::Pow => return None,
+            };
+            return Some(Expr::int(v));
+        }
+        match (op, ca, cb) {
+            (BinOp::Add, Some(0), _) => return Some(b.clone()),
+            (BinOp::Add | BinOp::Sub, _, Some(0)) => return Some(a.clone()),
+            (BinOp::Mul, Some(0), _) | (BinOp::Mul, _, Some(0)) => return Some(Expr::int(0)),
+            (BinOp::Mul, Some(1), _) => return Some(b.clone()),
+            (BinOp::Mul, _, Some(1)) | (BinOp::FloorDiv, _, Some(1)) => return Some(a.clone()),
+            (BinOp::FloorMod, _, Some(1)) => return Some(Expr::int(0)),
+            (BinOp::Min | BinOp::Max, _, _) if a == b => return Some(a.clone()),
+            _ => {}
+        }
+        if matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul) {
+            if let Some(l) = linear(e) {
+                let canon = l.to_expr();
+                if node_count(&canon) < node_count(e) {
+                    return Some(canon);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn node_count(e: &Expr) -> usize {
+    let mut n = 0;
+    e.visit(&mut |_| n += 1);
+    n
+}
+
+/// Simplifies an expression bottom-up.
+pub fn simplify(e: &Expr) -> Expr {
+    e.rewrite(&mut |n| simplify_node(n))
+}
+
+/// Simplifies every expression of a statement, and drops loops of constant extent 0 and
+/// `if` statements with constant conditions.
+pub fn simplify_stmt(s: &Stmt) -> Stmt {
+    s.rewrite(&mut |e| simplify(e), &mut |s| match s {
+        Stmt::If { cond, then, otherwise } => match cond.as_int() {
+            Some(c) if cond.dtype() == DType::Bool => {
+                if c != 0 {
+                    *then
+                } else {
+                    otherwise.map(|o| *o).unwrap_or(Stmt::Seq(vec![]))
+                }
+            }
+            _ => Stmt::If { cond, then, otherwise },
+        },
+        Stmt::For { extent, .. } if extent.as_int() == Some(0) => Stmt::Seq(vec![]),
+        Stmt::Seq(v) => {
+            let mut flat = Vec::new();
+            for s in v {
+                match s {
+                    Stmt::Seq(inner) => flat.extend(inner),
+                    other => flat.push(other),
+                }
+            }
+            Stmt::seq(flat)
+        }
+        other => other,
+    })
+}
+
+/// Proves `e >= 0` for every value of the variables, each of which is known `>= 0` (symbolic
+/// dims are sizes). `Some(true)`: proven; `Some(false)`: false for some values (a constant
+/// that is negative); `None`: unknown.
+pub fn prove_nonneg(e: &Expr) -> Option<bool> {
+    let s = simplify(e);
+    if let Some(c) = int_of(&s) {
+        return Some(c >= 0);
+    }
+    let l = linear(&s)?;
+    if l.terms.values().all(|&c| c >= 0) && l.constant >= 0 {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folds_and_canonicalises() {
+        let i = Var::new("i");
+        let e = Expr::var(&i).mul(&Expr::int(4)).add(&Expr::int(3)).sub(&Expr::var(&i).mul(&Expr::int(4)));
+        assert_eq!(simplify(&e).as_int(), Some(3));
+        let f = Expr::int(7).floordiv(&Expr::int(-2));
+        assert_eq!(simplify(&f).as_int(), Some(-4));
+        let n = Var::new("n");
+        assert_eq!(prove_nonneg(&Expr::var(&n).sub(&Expr::int(1)).sub(&Expr::var(&n).sub(&Expr::int(2)))), Some(true));
+        assert_eq!(prove_nonneg(&Expr::int(-1)), Some(false));
+        assert_eq!(prove_nonneg(&Expr::var(&n).sub(&Expr::int(1))), None);
+    }
+}

@@ -1,0 +1,9 @@
+//! The tensor-expression DSL (Rust side; the Python DSL in the bindings mirrors it):
+//! `var`, `placeholder`, `reduce_axis`, `compute`, reductions, math functions. Programs are
+//! plain data (`Tensor`s whose bodies are `Expr`s) handed to `schedule` and `lower`.
+
+pub mod ops;
+pub mod tensor;
+
+pub use ops::*;
+pub use tensor::{compute, compute_from, placeholder, Op, Tensor};

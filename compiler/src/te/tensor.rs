@@ -1,0 +1,271 @@
+//! Tensors of the DSL: placeholders (inputs) and computes (a body over index variables).
+//!
+//! A `Tensor` is a cheap handle; identity is its `id`. A compute's body may read other
+//! tensors (multi-stage programs); a reduction (`sum`, `max`, ...) may only be the top-level
+//! node of a body, as in TVM, so every stage is either elementwise
+//! or one reduction.
+
+use crate::error::{Error, Result};
+use crate::ir::expr::{Expr, ExprKind, IterVar, ReduceOp, Var};
+use rivet_runtime::DType;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub enum Op {
+    Placeholder,
+    /// `body` over `axis` (one data-parallel `IterVar` per output dim, `[0, shape[d])`).
+    Compute { axis: Vec<IterVar>, body: Expr },
+}
+
+#[derive(Debug)]
+pub struct TensorNode {
+    pub id: u32,
+    pub name: String,
+    pub shape: Vec<Expr>,
+    pub dtype: DType,
+    pub op: Op,
+}
+
+#[derive(Clone)]
+pub struct Tensor(pub Arc<TensorNode>);
+
+static NEXT_TENSOR: AtomicU32 = AtomicU32::new(1);
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {}, {:?})", self.0.name, self.0.dtype, self.0.shape)
+    }
+}
+
+// te expressions are never serialised: only lowered IR (which has no `Read`) is saved.
+impl serde::Serialize for Tensor {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("tensor-expression reads cannot be serialised; lower the program first"))
+    }
+}
+impl<'de> serde::Deserialize<'de> for Tensor {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Tensor, D::Error> {
+        Err(serde::de::Error::custom("tensor-expression reads cannot be deserialised"))
+    }
+}
+
+fn check_shape(shape: &[Expr], what: &str) -> Result<()> {
+    for (d, e) in shape.iter().enumerate() {
+        if e.dtype() != DType::I64 {
+            return Err(Error::Compile(format!("{what}: dim {d} ({e}) must be an int64 expression, got {}", e.dtype())));
+        }
+        if let Some(v) = e.as_int() {
+            if v < 0 {
+                return Err(Error::Compile(format!("{what}: dim {d} is negative ({v})")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reduction of a body, if the body is one (reductions are only allowed at the top).
+pub fn top_reduce(body: &Expr) -> Option<(ReduceOp, &Expr, &[IterVar])> {
+    match body.kind() {
+        ExprKind::Reduce { op, body, axes } => Some((*op, body, axes)),
+        _ => None,
+    }
+}
+
+impl Tensor {
+    pub fn id(&self) -> u32 {
+        self.0.id
+    }
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    pub fn shape(&self) -> &[Expr] {
+        &self.0.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn ndim(&self) -> usize {
+        self.0.shape.len()
+    }
+    pub fn op(&self) -> &Op {
+        &self.0.op
+    }
+    pub fn is_placeholder(&self) -> bool {
+        matches!(self.0.op, Op::Placeholder)
+    }
+
+    /// The data-parallel axes of a compute (empty for a placeholder).
+    pub fn axis(&self) -> &[IterVar] {
+        match &self.0.op {
+            Op::Compute { axis, .. } => axis,
+            Op::Placeholder => &[],
+        }
+    }
+
+    /// The reduction axes of a compute (empty when it has no reduction).
+    pub fn reduce_axis(&self) -> &[IterVar] {
+        match &self.0.op {
+            Op::Compute { body, .. } => top_reduce(body).map(|(_, _, a)| a).unwrap_or(&[]),
+            Op::Placeholder => &[],
+        }
+    }
+
+    pub fn body(&self) -> Option<&Expr> {
+        match &self.0.op {
+            Op::Compute { body, .. } => Some(body),
+            Op::Placeholder => None,
+        }
+    }
+
+    /// The element at `indices` (int64 expressions, one per dim).
+    pub fn at(&self, indices: &[Expr]) -> Result<Expr> {
+        if indices.len() != self.ndim() {
+            return Err(Error::Compile(format!(
+                "tensor '{}' has {} dims but was indexed with {} indices",
+                self.name(),
+                self.ndim(),
+                indices.len()
+            )));
+        }
+        for (d, i) in indices.iter().enumerate() {
+            if i.dtype() != DType::I64 {
+                return Err(Error::Compile(format!(
+                    "index {d} of '{}' must be an int64 expression, got {} ({i}); cast it with te.cast('int64', ...)",
+                    self.name(),
+                    i.dtype()
+                )));
+            }
+            let mut data_dependent = false;
+            i.visit(&mut |e| data_dependent |= matches!(e.kind(), ExprKind::Read { .. }));
+            if data_dependent {
+                return Err(Error::Compile(format!(
+                    "index {d} of '{}' ({i}) reads a tensor: data-dependent indices are not supported yet",
+                    self.name()
+                )));
+            }
+        }
+        Ok(Expr::new(ExprKind::Read { tensor: self.clone(), indices: indices.to_vec() }, self.dtype()))
+    }
+
+    /// `at`, panicking on misuse: for Rust DSL closures (`A.idx(&[i, k])`), where a wrong
+    /// index count is a programming error. Errors are reported at build time instead when
+    /// possible: this returns an `Invalid` expression rather than panicking.
+    pub fn idx(&self, indices: &[Expr]) -> Expr {
+        self.at(indices).unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), self.dtype()))
+    }
+}
+
+/// An input tensor.
+pub fn placeholder(shape: &[Expr], dtype: DType, name: &str) -> Result<Tensor> {
+    check_shape(shape, &format!("placeholder '{name}'"))?;
+    Ok(Tensor(Arc::new(TensorNode {
+        id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        dtype,
+        op: Op::Placeholder,
+    })))
+}
+
+/// A computed tensor: `fcompute` receives one int64 index expression per dim.
+pub fn compute(shape: &[Expr], fcompute: impl FnOnce(&[Expr]) -> Expr, name: &str) -> Result<Tensor> {
+    let names = ["i", "j", "k", "l", "m", "n", "o", "p"];
+    let axis: Vec<IterVar> = shape
+        .iter()
+        .enumerate()
+        .map(|(d, ext)| IterVar {
+            var: Var::new(names.get(d).copied().unwrap_or("ax")),
+            min: Expr::int(0),
+            extent: ext.clone(),
+            reduce: false,
+        })
+        .collect();
+    let idx: Vec<Expr> = axis.iter().map(|a| Expr::var(&a.var)).collect();
+    let body = fcompute(&idx);
+    compute_from(shape, axis, body, name)
+}
+
+/// `compute` with explicit axes and body (used by the Python DSL, which builds them itself).
+pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) -> Result<Tensor> {
+    check_shape(shape, &format!("compute '{name}'"))?;
+    let mut problem = None;
+    body.visit(&mut |e| {
+        if let ExprKind::Invalid(m) = e.kind() {
+            problem.get_or_insert_with(|| m.clone());
+        }
+    });
+    if let Some(m) = problem {
+        return Err(Error::Compile(format!("compute '{name}': {m}")));
+    }
+    // Reductions only at the top (under casts).
+    let top = top_reduce(&body).map(|(_, inner, _)| inner.clone());
+    let mut nested = false;
+    let check_from = top.as_ref().unwrap_or(&body);
+    check_from.visit(&mut |e| nested |= matches!(e.kind(), ExprKind::Reduce { .. }));
+    if nested {
+        return Err(Error::Compile(format!(
+            "compute '{name}': a reduction (sum/max/min/prod) must be the whole body of a stage; compute it in its own stage and cast or combine it in the next"
+        )));
+    }
+    if let Some((_, _, axes)) = top_reduce(&body) {
+        if axes.is_empty() {
+            return Err(Error::Compile(format!("compute '{name}': a reduction needs at least one reduce_axis")));
+        }
+        for a in axes {
+            if !a.reduce {
+                return Err(Error::Compile(format!(
+                    "compute '{name}': reduction over '{}', which is not a reduce_axis",
+                    a.var.name
+                )));
+            }
+        }
+    }
+    Ok(Tensor(Arc::new(TensorNode {
+        id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        dtype: body.dtype(),
+        op: Op::Compute { axis, body },
+    })))
+}
+
+/// The tensors `t` reads directly (each once, in first-read order).
+pub fn inputs(t: &Tensor) -> Vec<Tensor> {
+    let mut out: Vec<Tensor> = Vec::new();
+    if let Some(body) = t.body() {
+        body.visit(&mut |e| {
+            if let ExprKind::Read { tensor, .. } = e.kind() {
+                if !out.contains(tensor) {
+                    out.push(tensor.clone());
+                }
+            }
+        });
+    }
+    out
+}
+
+/// Every tensor `outputs` depend on, producers before consumers.
+pub fn post_order(outputs: &[Tensor]) -> Vec<Tensor> {
+    fn go(t: &Tensor, seen: &mut Vec<Tensor>) {
+        if seen.contains(t) {
+            return;
+        }
+        for i in inputs(t) {
+            go(&i, seen);
+        }
+        seen.push(t.clone());
+    }
+    let mut seen = Vec::new();
+    for t in outputs {
+        go(t, &mut seen);
+    }
+    seen
+}

@@ -1,0 +1,313 @@
+//! End-to-end compiler tests, one suite run for every backend ("interp", "cpu"): DSL ->
+//! schedule -> build -> call on runtime tensors, against naive Rust references; saved modules,
+//! including corrupt and crafted files.
+
+use rivet_compiler::ir::Expr;
+use rivet_compiler::kernels::{self, DimSpec};
+use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::{build, Module, Schedule};
+use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
+
+const BACKENDS: [&str; 2] = ["interp", "cpu"];
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    // Small integers and halves: exact in f32, so sums are exact in any order.
+    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 9) as f32 * 0.5 - 2.0).collect()
+}
+
+fn t(v: &[f32], shape: &[i64]) -> Tensor {
+    Tensor::from_slice(v, shape).unwrap()
+}
+
+fn call1(f: &Function, args: Vec<Tensor>) -> Vec<f32> {
+    let out = f.call(&args.into_iter().map(Value::Tensor).collect::<Vec<_>>()).unwrap();
+    out.as_tensor().expect("allocated output").to_vec::<f32>().unwrap()
+}
+
+fn naive_mm(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f32;
+            for r in 0..k {
+                acc += a[i * k + r] * b[r * n + j];
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    c
+}
+
+fn seed_gemm(target: &str, split: bool) -> Function {
+    let n = te::var("n");
+    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
+    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
+    let c = compute(&[n.clone(), n], |i| ok(te::sum(a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]), &[k2.clone()])), "C").unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    if split {
+        let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+        let st = s.stage(&c).unwrap();
+        let (io, ii) = st.split(&i, Some(Expr::int(8)), None).unwrap();
+        st.reorder(&[io.clone(), k.var.clone(), ii, j]).unwrap();
+        st.parallel(&io).unwrap();
+    }
+    build(&s, &[a, b, c], target, "mm").unwrap().get_function("mm").unwrap()
+}
+
+#[test]
+fn seed_gemm_symbolic_every_size_every_backend() {
+    for target in BACKENDS {
+        for split in [false, true] {
+            let f = seed_gemm(target, split);
+            for n in [1usize, 7, 56, 61] {
+                let (av, bv) = (data(n * n, 1), data(n * n, 2));
+                let got = call1(&f, vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])]);
+                assert_eq!(got, naive_mm(&av, &bv, n, n, n), "{target} split={split} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn outputs_written_in_place_through_strides() {
+    for target in BACKENDS {
+        let f = seed_gemm(target, true);
+        let n = 9i64;
+        let (av, bv) = (data(81, 3), data(81, 4));
+        // C is the transpose of a view with a gap column: C[i, j] lives at base[j, 2 * i].
+        let base = Tensor::from_slice(&vec![7.5f32; (n * 2 * n) as usize], &[n, 2 * n]).unwrap();
+        let c = base.as_strided(&[n, n], &[2, 2 * n], 0).unwrap();
+        // A transposed view as input.
+        let at = t(&av, &[n, n]).as_strided(&[n, n], &[1, n], 0).unwrap();
+        f.call(&[Value::Tensor(at.clone()), Value::Tensor(t(&bv, &[n, n])), Value::Tensor(c.clone())]).unwrap();
+        let a_logical = at.to_vec::<f32>().unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), naive_mm(&a_logical, &bv, 9, 9, 9), "{target}");
+        let all = base.to_vec::<f32>().unwrap();
+        for (idx, v) in all.iter().enumerate() {
+            if idx % 2 == 1 {
+                assert_eq!(*v, 7.5, "{target}: gap element {idx} was written");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_calls_have_runtime_errors() {
+    let f = seed_gemm("interp", false);
+    let z = |s: &[i64], d: DType| Value::Tensor(Tensor::zeros(s, d).unwrap());
+    let e = f.call(&[z(&[3, 3], DType::F32), z(&[4, 4], DType::F32)]).unwrap_err();
+    assert!(matches!(e, RtError::Shape(_)) && e.to_string().contains("dim 'n' is 3"), "{e}");
+    let e = f.call(&[z(&[3, 3], DType::F64), z(&[3, 3], DType::F32)]).unwrap_err();
+    assert!(matches!(e, RtError::DType(_)), "{e}");
+    let e = f.call(&[z(&[3, 3], DType::F32)]).unwrap_err();
+    assert!(matches!(e, RtError::Argument(_)), "{e}");
+    let a = Tensor::zeros(&[3, 3], DType::F32).unwrap();
+    let e = f.call(&[Value::Tensor(a.clone()), z(&[3, 3], DType::F32), Value::Tensor(a)]).unwrap_err();
+    assert!(matches!(e, RtError::Layout(_)), "{e}");
+}
+
+#[test]
+fn symbolic_out_of_bounds_is_checked_per_call() {
+    // C[i] = A[i + 1], A of size m, C of size n: in bounds iff n + 1 <= m, known per call.
+    let (m, n) = (te::var("m"), te::var("n"));
+    let a = placeholder(&[m], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let c = compute(&[n.clone()], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let module = build(&s, &[a.clone(), c.clone()], "interp", "shift").unwrap();
+    assert!(module.get_source("ir").unwrap().contains("check"));
+    let f = module.get_function("shift").unwrap();
+    let z = |k: i64| Value::Tensor(Tensor::zeros(&[k], DType::F32).unwrap());
+    let e = f.call(&[z(4), z(4)]).unwrap_err();
+    assert!(matches!(e, RtError::Shape(_)) && e.to_string().contains("tensor 'A'") && e.to_string().contains("n=4"), "{e}");
+    let a5 = Tensor::from_slice(&[1f32, 2., 3., 4., 5.], &[5]).unwrap();
+    let c4 = Tensor::zeros(&[4], DType::F32).unwrap();
+    f.call(&[Value::Tensor(a5), Value::Tensor(c4.clone())]).unwrap();
+    assert_eq!(c4.to_vec::<f32>().unwrap(), vec![2., 3., 4., 5.]);
+    // Same sizes on both sides: out of bounds for every non-empty n, refuted at build time.
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let c = compute(&[n], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    assert!(build(&s, &[a, c], "interp", "shift2").is_err());
+    // Static version: a build error naming tensor, index and extent.
+    let a = placeholder(&[Expr::int(10)], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let c = compute(&[Expr::int(10)], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let e = build(&s, &[a, c], "interp", "f").err().unwrap().to_string();
+    assert!(e.contains("tensor 'A' dim 0") && e.contains("[0, 10)") && e.contains("out of bounds"), "{e}");
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+#[test]
+fn kernel_library_matches_references() {
+    for target in BACKENDS {
+        let (m, k, n) = (5usize, 7usize, 3usize);
+        let (av, bv) = (data(m * k, 5), data(k * n, 6));
+        let mm = kernels::matmul(DType::F32, target).unwrap();
+        assert_eq!(call1(&mm, vec![t(&av, &[5, 7]), t(&bv, &[7, 3])]), naive_mm(&av, &bv, m, k, n));
+        let bmm = kernels::batch_matmul(DType::F32, target).unwrap();
+        let (a2, b2) = (data(2 * m * k, 7), data(2 * k * n, 8));
+        let mut want = naive_mm(&a2[..m * k], &b2[..k * n], m, k, n);
+        want.extend(naive_mm(&a2[m * k..], &b2[k * n..], m, k, n));
+        assert_eq!(call1(&bmm, vec![t(&a2, &[2, 5, 7]), t(&b2, &[2, 7, 3])]), want);
+        // add with broadcasting: (n, 1) + (1, m)
+        let nm = |s: &str| DimSpec::Name(s.into());
+        let add = kernels::add(DType::F32, &[nm("n"), DimSpec::Size(1)], &[DimSpec::Size(1), nm("m")], target).unwrap();
+        let (x, y) = (data(4, 9), data(3, 10));
+        let got = call1(&add, vec![t(&x, &[4, 1]), t(&y, &[1, 3])]);
+        let want: Vec<f32> = (0..12).map(|q| x[q / 3] + y[q % 3]).collect();
+        assert_eq!(got, want);
+        let relu = kernels::relu(DType::F32, 2, target).unwrap();
+        let xv = data(12, 11);
+        assert_eq!(call1(&relu, vec![t(&xv, &[3, 4])]), xv.iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
+        let gelu = kernels::gelu(DType::F32, 1, target).unwrap();
+        let want: Vec<f32> = xv.iter().map(|&v| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2))).collect();
+        close(&call1(&gelu, vec![t(&xv, &[12])]), &want, 1e-6, "gelu");
+        let sm = kernels::softmax(DType::F32, 2, -1, target).unwrap();
+        let got = call1(&sm, vec![t(&xv, &[3, 4])]);
+        for r in 0..3 {
+            let row = &xv[r * 4..r * 4 + 4];
+            let mx = row.iter().cloned().fold(f32::MIN, f32::max);
+            let s: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+            let want: Vec<f32> = row.iter().map(|v| (v - mx).exp() / s).collect();
+            close(&got[r * 4..r * 4 + 4], &want, 1e-6, "softmax");
+        }
+        let ln = kernels::layer_norm(DType::F32, 2, 1e-5, target).unwrap();
+        let (g, b) = (data(4, 12), data(4, 13));
+        let got = call1(&ln, vec![t(&xv, &[3, 4]), t(&g, &[4]), t(&b, &[4])]);
+        for r in 0..3 {
+            let row = &xv[r * 4..r * 4 + 4];
+            let mean = row.iter().sum::<f32>() / 4.0;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 4.0;
+            let want: Vec<f32> = (0..4).map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c]).collect();
+            close(&got[r * 4..r * 4 + 4], &want, 1e-5, "layer_norm");
+        }
+        let rs = kernels::reduce_sum(DType::F32, 2, 0, target).unwrap();
+        let want: Vec<f32> = (0..4).map(|c| (0..3).map(|r| xv[r * 4 + c]).sum()).collect();
+        assert_eq!(call1(&rs, vec![t(&xv, &[3, 4])]), want);
+        let rm = kernels::reduce_max(DType::F32, 2, 1, target).unwrap();
+        let want: Vec<f32> = (0..3).map(|r| xv[r * 4..r * 4 + 4].iter().cloned().fold(f32::MIN, f32::max)).collect();
+        assert_eq!(call1(&rm, vec![t(&xv, &[3, 4])]), want);
+        let tr = kernels::transpose(DType::F32, &[1, 0], target).unwrap();
+        let want: Vec<f32> = (0..12).map(|q| xv[(q % 3) * 4 + q / 3]).collect();
+        assert_eq!(call1(&tr, vec![t(&xv, &[3, 4])]), want);
+    }
+}
+
+fn libm_erf(x: f32) -> f32 {
+    // Abramowitz-Stegun 7.1.26 is too coarse; integrate numerically in f64 instead.
+    let n = 2000;
+    let h = x as f64 / n as f64;
+    let f = |t: f64| (-t * t).exp();
+    let mut s = f(0.0) + f(x as f64);
+    for i in 1..n {
+        s += f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+    }
+    (s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()) as f32
+}
+
+fn gemm_module() -> Module {
+    let n = te::var("n");
+    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
+    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
+    let c = compute(&[n.clone(), n], |i| ok(te::sum(a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]), &[k2.clone()])), "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    build(&s, &[a, b, c], "cpu", "mm").unwrap()
+}
+
+#[test]
+fn saved_modules_round_trip_and_refuse_bad_files() {
+    let m = gemm_module();
+    let bytes = m.to_bytes().unwrap();
+    let back = Module::from_bytes(&bytes, "memory").unwrap();
+    assert_eq!(back.get_source("ir").unwrap(), m.get_source("ir").unwrap());
+    let f = back.get_function("mm").unwrap();
+    let (av, bv) = (data(16, 1), data(16, 2));
+    assert_eq!(call1(&f, vec![t(&av, &[4, 4]), t(&bv, &[4, 4])]), naive_mm(&av, &bv, 4, 4, 4));
+    // Files on disk.
+    let dir = std::env::temp_dir().join(format!("rivet-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("mm.rivet");
+    m.save(&p).unwrap();
+    assert!(Module::load(&p).is_ok());
+    let err = |b: &[u8]| Module::from_bytes(b, "x").err().expect("must fail").to_string();
+    assert!(err(&bytes[..bytes.len() / 2]).contains("truncated"));
+    assert!(err(&bytes[..10]).contains("truncated"));
+    assert!(err(b"PK\x03\x04 this is a zip file, not a module").contains("magic"));
+    for pos in [30, bytes.len() / 2, bytes.len() - 3] {
+        let mut flipped = bytes.clone();
+        flipped[pos] ^= 0x10;
+        assert!(err(&flipped).contains("checksum"), "flip at {pos}");
+    }
+    // A crafted file: valid checksum, but the IR's loop runs one past the end of C.
+    let json = String::from_utf8(bytes[24..].to_vec()).unwrap();
+    let mut v: serde_json_value::Value = serde_json_value::from_str(&json);
+    let crafted = v.widen_first_loop();
+    let mut evil = bytes[..24].to_vec();
+    evil[12..20].copy_from_slice(&(crafted.len() as u64).to_le_bytes());
+    evil[20..24].copy_from_slice(&crc(crafted.as_bytes()).to_le_bytes());
+    evil.extend_from_slice(crafted.as_bytes());
+    let e = err(&evil);
+    assert!(e.contains("must lie in") || e.contains("out of bounds"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Minimal JSON surgery without a JSON dependency in this crate: widen the first loop
+/// extent `"extent":X` to `X + 1` by wrapping it in an Add node.
+mod serde_json_value {
+    pub struct Value(String);
+    pub fn from_str(s: &str) -> Value {
+        Value(s.to_string())
+    }
+    impl Value {
+        pub fn widen_first_loop(&mut self) -> String {
+            let s = &self.0;
+            let start = s.find("\"For\"").expect("a loop");
+            let ext = start + s[start..].find("\"extent\":").expect("extent") + "\"extent\":".len();
+            // The extent is a JSON object; find its end by brace matching.
+            let bytes = s.as_bytes();
+            let (mut depth, mut end) = (0i32, ext);
+            for (i, &c) in bytes[ext..].iter().enumerate() {
+                match c {
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = ext + i + 1;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let old = &s[ext..end];
+            let one = r#"{"kind":{"Const":{"Int":1}},"dtype":"int64"}"#;
+            let widened = format!(r#"{{"kind":{{"Binary":["Add",{old},{one}]}},"dtype":"int64"}}"#);
+            format!("{}{}{}", &s[..ext], widened, &s[end..])
+        }
+    }
+}
+
+fn crc(b: &[u8]) -> u32 {
+    // CRC-32 (IEEE), bitwise: the same checksum the module format uses.
+    let mut c = 0xFFFF_FFFFu32;
+    for &x in b {
+        c ^= x as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+        }
+    }
+    !c
+}
