@@ -1,5 +1,5 @@
 # rivet: one entry point for a fresh machine (Rust + Python 3.11 + pip).
-#   make demo    venv + build + the CPU demo
+#   make demo    venv + build + the CPU demos (runtime; a GEMM built in Rust, used from Python)
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
 #   make bench   venv + build + benches/call_overhead.py
 # Venvs are created once; stamp files inside them record the installed package list, so a
@@ -64,6 +64,8 @@ build: venv
 
 demo: venv build
 	$(VPY) bindings/examples/demo.py
+	cargo run --release -p rivet-compiler --example gemm_module -- target/gemm.rivet
+	$(VPY) compiler/examples/use_gemm.py target/gemm.rivet
 
 test: venv mxvenv build
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl

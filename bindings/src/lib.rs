@@ -6,7 +6,9 @@ mod capsule;
 mod convert;
 mod errors;
 mod function;
+mod kernels;
 mod tensor;
+mod te;
 
 use pyo3::prelude::*;
 
@@ -42,7 +44,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(function::list_global_funcs, m)?)?;
     m.add_function(wrap_pyfunction!(function::remove_global_func, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
+    te::register(m)?;
     m.add(
         "DLPACK_VERSION",
         (

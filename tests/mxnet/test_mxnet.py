@@ -267,3 +267,26 @@ def test_no_leak_mx_imports(rss_bytes):
     gc.collect()
     grew = rss_bytes() - r0
     assert grew < 20 * MB, grew / MB
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+def test_seed_gemm_to_mxnet_func(rng, random_array, target):
+    """Issue 3's seed: the te GEMM through to_mxnet_func against numpy's dot."""
+    from rivet import te
+
+    n = te.var("n")
+    A = te.placeholder((n, n), "float32", name="A")
+    B = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    s = rivet.create_schedule(C)
+    f = rivet.to_mxnet_func(rivet.build(s, [A, B, C], target=target, name="mm")["mm"])
+    for size in (1, 56):
+        x = mx.nd.array(random_array(rng, (size, size)))
+        y = mx.nd.array(random_array(rng, (size, size)))
+        z = mx.nd.full((size, size), float("nan"))
+        f(x, y, z)
+        np.testing.assert_allclose(z.asnumpy(), x.asnumpy().dot(y.asnumpy()), rtol=1e-4, atol=1e-4)
+        w = f(x, y)  # inputs only: allocated and returned as an MXNet NDArray
+        assert isinstance(w, mx.nd.NDArray)
+        np.testing.assert_allclose(w.asnumpy(), x.asnumpy().dot(y.asnumpy()), rtol=1e-4, atol=1e-4)

@@ -6,11 +6,17 @@ Tensors cross in both directions through DLPack without copies; see README.md fo
 from ._native import (
     DLPACK_VERSION,
     Function,
+    Module,
+    Schedule,
+    Stage,
     Tensor,
     __version__,
+    build,
+    create_schedule,
     from_dlpack,
     get_global_func,
     list_global_funcs,
+    load_module,
     num_threads,
     remove_global_func,
     zeros,
@@ -19,6 +25,8 @@ from ._native import _register
 from .error import *  # noqa: F401,F403
 from .error import __all__ as _error_names
 from .contrib.dlpack import convert_func, to_jax_func, to_mxnet_func, to_pytorch_func
+from . import te  # noqa: E402  (the DSL: rivet.te.placeholder / compute / ...)
+from . import kernels  # noqa: E402  (kernels written in Rust: rivet.kernels.matmul(...))
 
 
 def register_func(name, f=None, override=False):
@@ -48,18 +56,26 @@ def register_func(name, f=None, override=False):
 __all__ = [
     "DLPACK_VERSION",
     "Function",
+    "Module",
+    "Schedule",
+    "Stage",
     "Tensor",
     "__version__",
+    "build",
     "convert_func",
+    "create_schedule",
     "from_dlpack",
     "get_global_func",
     "list_global_funcs",
+    "load_module",
     "num_threads",
     "register_func",
     "remove_global_func",
     "to_jax_func",
     "to_mxnet_func",
     "to_pytorch_func",
+    "te",
+    "kernels",
     "zeros",
     *_error_names,
 ]

@@ -1129,3 +1129,36 @@ fn matches_the_interpreter_on_random_programs() {
     }
 }
 
+
+#[test]
+fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
+    // tmp = alloc[n]; parallel for i in 3..n: tmp[i] = a[i] * 2; for i in 3..n: out[i] = tmp[i] + 1
+    let n = Var::new("n");
+    let (i, j) = (Var::new("i"), Var::new("j"));
+    let a = input(0, "a", DType::I64, vec![v(&n)]);
+    let out = output(1, "out", DType::I64, vec![v(&n)]);
+    let tmp = buffer(2, "tmp", DType::I64, vec![v(&n)], BufKind::Local);
+    let loop_from_3 = |x: &Var, kind, body| Stmt::For {
+        var: x.clone(),
+        min: Expr::int(3),
+        extent: v(&n).sub(&Expr::int(3)),
+        kind,
+        body: Box::new(body),
+    };
+    let body = Stmt::Allocate {
+        buf: tmp.id,
+        body: Box::new(Stmt::seq(vec![
+            loop_from_3(&i, ForKind::Parallel, store(&tmp, &[v(&i)], load(&a, &[v(&i)]).mul(&Expr::int(2)))),
+            loop_from_3(&j, ForKind::Serial, store(&out, &[v(&j)], load(&tmp, &[v(&j)]).add(&Expr::int(1)))),
+        ])),
+    };
+    let f = func("local_par", vec![a, out, tmp], vec![n], body);
+    let nn = 10_000usize;
+    let av: Vec<i64> = (0..nn as i64).map(|x| x * x - 77).collect();
+    let mut data = vec![av.iter().flat_map(|x| x.to_le_bytes()).collect(), vec![0u8; 8 * nn]];
+    run_1d(&f, nn, &mut data);
+    for x in 0..nn {
+        let got = i64::from_le_bytes(data[1][8 * x..8 * x + 8].try_into().unwrap());
+        assert_eq!(got, if x < 3 { 0 } else { av[x] * 2 + 1 }, "out[{x}]");
+    }
+}

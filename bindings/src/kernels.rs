@@ -1,0 +1,58 @@
+//! `rivet.kernels.*`: the Rust kernel library (`rivet_compiler::kernels`) for Python. One
+//! entry point; `rivet/kernels.py` gives each kernel its documented signature.
+
+use crate::errors::IntoPyResult;
+use crate::function::PyFunction;
+use pyo3::prelude::*;
+use rivet_compiler::kernels::{self, DimSpec};
+use rivet_runtime::DType;
+
+fn dims(spec: Option<Vec<Bound<'_, PyAny>>>, arg: &str) -> PyResult<Vec<DimSpec>> {
+    spec.unwrap_or_default()
+        .iter()
+        .map(|d| {
+            if let Ok(n) = d.extract::<i64>() {
+                Ok(DimSpec::Size(n))
+            } else if let Ok(s) = d.extract::<String>() {
+                Ok(DimSpec::Name(s))
+            } else {
+                Err(pyo3::exceptions::PyTypeError::new_err(format!("{arg}: each dim must be an int or a dim name (str)")))
+            }
+        })
+        .collect()
+}
+
+#[pyfunction]
+#[pyo3(signature = (name, dtype, target="cpu", ndim=None, axis=None, eps=None, perm=None, a_shape=None, b_shape=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn _kernel(
+    py: Python<'_>,
+    name: &str,
+    dtype: &str,
+    target: &str,
+    ndim: Option<usize>,
+    axis: Option<i64>,
+    eps: Option<f64>,
+    perm: Option<Vec<usize>>,
+    a_shape: Option<Vec<Bound<'_, PyAny>>>,
+    b_shape: Option<Vec<Bound<'_, PyAny>>>,
+) -> PyResult<PyFunction> {
+    let dt: DType = dtype.parse().py_err(py)?;
+    let nd = ndim.unwrap_or(2);
+    let r = match name {
+        "matmul" => kernels::matmul(dt, target),
+        "batch_matmul" => kernels::batch_matmul(dt, target),
+        "add" => kernels::add(dt, &dims(a_shape, "a_shape")?, &dims(b_shape, "b_shape")?, target),
+        "mul" => kernels::mul(dt, &dims(a_shape, "a_shape")?, &dims(b_shape, "b_shape")?, target),
+        "relu" => kernels::relu(dt, nd, target),
+        "gelu" => kernels::gelu(dt, nd, target),
+        "softmax" => kernels::softmax(dt, nd, axis.unwrap_or(-1), target),
+        "layer_norm" => kernels::layer_norm(dt, nd, eps.unwrap_or(1e-5), target),
+        "sum" => kernels::reduce_sum(dt, nd, axis.unwrap_or(-1), target),
+        "max" => kernels::reduce_max(dt, nd, axis.unwrap_or(-1), target),
+        "transpose" => kernels::transpose(dt, &perm.unwrap_or_else(|| vec![1, 0]), target),
+        other => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown kernel '{other}'"))),
+    };
+    let f = r.map_err(rivet_runtime::Error::from).py_err(py)?;
+    Ok(PyFunction::new(f))
+}
