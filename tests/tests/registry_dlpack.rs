@@ -3,7 +3,11 @@
 
 use rivet_runtime::{dlpack, registry, DType, Device, Error, Function, Tensor, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// `dlpack::live_imports()` is process-wide: tests that import or count take this lock so
+/// the counts they compare are not disturbed by another test thread.
+static IMPORTS: Mutex<()> = Mutex::new(());
 
 #[test]
 fn registry_protects_names_and_lists_builtins() {
@@ -40,6 +44,7 @@ impl Drop for Counted {
 
 #[test]
 fn foreign_owner_dropped_once_after_last_view() {
+    let _serial = IMPORTS.lock().unwrap_or_else(|e| e.into_inner());
     let drops = Arc::new(AtomicUsize::new(0));
     let mut buf = vec![1f32, 2., 3., 4.];
     // SAFETY: `buf` outlives every view (they are all dropped before it).
@@ -75,6 +80,7 @@ fn foreign_owner_dropped_once_after_last_view() {
 
 #[test]
 fn corrupt_dltensor_is_refused_and_released() {
+    let _serial = IMPORTS.lock().unwrap_or_else(|e| e.into_inner());
     let t = Tensor::zeros(&[3], DType::F32).unwrap();
     let live = dlpack::live_imports();
     let p = dlpack::export_versioned(&t);
@@ -111,6 +117,7 @@ fn corrupt_dltensor_is_refused_and_released() {
 
 #[test]
 fn tensors_on_another_device_are_refused_by_cpu_functions() {
+    let _serial = IMPORTS.lock().unwrap_or_else(|e| e.into_inner());
     let t = Tensor::zeros(&[3], DType::F32).unwrap();
     let p = dlpack::export_versioned(&t);
     // SAFETY: p is our own valid export; we relabel it as CUDA memory (never dereferenced).
