@@ -14,13 +14,15 @@ use crate::function::PyFunction;
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::PyClassInitializer;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyTuple};
-use rivet_compiler::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
+use pyo3::PyClassInitializer;
+use rivet_compiler::ir::expr::{
+    BinOp, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var,
+};
+use rivet_compiler::ir::stmt::ForKind;
 use rivet_compiler::lower::simplify::simplify;
 use rivet_compiler::schedule::{Attach, Relation, Schedule, Stage};
 use rivet_compiler::te::{self, Tensor};
-use rivet_compiler::ir::stmt::ForKind;
 use rivet_runtime::DType;
 use std::collections::HashMap;
 
@@ -79,11 +81,26 @@ fn operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<Operand>> {
     if obj.is_instance_of::<PyInt>() {
         return match obj.extract::<i64>() {
             Ok(v) => Ok(Some(Operand::Int(v))),
-            Err(_) => Err(compile_err(py, format!("the Python int {obj} does not fit in int64"))),
+            Err(_) => Err(compile_err(
+                py,
+                format!("the Python int {obj} does not fit in int64"),
+            )),
         };
     }
     if obj.is_instance_of::<PyFloat>() {
         return Ok(Some(Operand::Float(obj.extract::<f64>()?)));
+    }
+    // numpy scalars (np.int64(3), np.float32(0.5), np.bool_(True)): their Python value.
+    let ty = obj.get_type();
+    if ty
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
+        && obj.hasattr("item")?
+    {
+        let item = obj.call_method0("item")?;
+        if !item.is(obj) {
+            return operand(&item);
+        }
     }
     Ok(None)
 }
@@ -93,7 +110,10 @@ fn operand_or_err(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Operand> {
         Some(o) => Ok(o),
         None => Err(arg_err(
             obj.py(),
-            format!("{what} must be a te.Expr or a Python number, got {}", type_name(obj)),
+            format!(
+                "{what} must be a te.Expr or a Python number, got {}",
+                type_name(obj)
+            ),
         )),
     }
 }
@@ -113,7 +133,12 @@ fn int_range(dt: DType) -> (i128, i128) {
 }
 
 /// A Python number as a constant of `dt` (the dtype of the other operand, `like`).
-fn number_as(py: Python<'_>, o: &Operand, dt: DType, like: &dyn std::fmt::Display) -> PyResult<Expr> {
+fn number_as(
+    py: Python<'_>,
+    o: &Operand,
+    dt: DType,
+    like: &dyn std::fmt::Display,
+) -> PyResult<Expr> {
     match *o {
         Operand::Expr(ref e) => Ok(e.clone()),
         Operand::Bool(b) => Ok(Expr::bool(b)),
@@ -134,7 +159,12 @@ fn number_as(py: Python<'_>, o: &Operand, dt: DType, like: &dyn std::fmt::Displa
         Operand::Float(x) if dt.is_float() => Ok(Expr::constant(x, dt)),
         Operand::Float(x) => {
             let (lo, hi) = int_range(dt);
-            if dt != DType::Bool && x.fract() == 0.0 && x >= lo as f64 && x <= hi as f64 && x.abs() < 9.0e15 {
+            if dt != DType::Bool
+                && x.fract() == 0.0
+                && x >= lo as f64
+                && x <= hi as f64
+                && x.abs() < 9.0e15
+            {
                 return Ok(Expr::const_int(x as i64, dt));
             }
             Err(compile_err(
@@ -176,7 +206,11 @@ fn pair(py: Python<'_>, a: Operand, b: Operand) -> PyResult<(Expr, Expr)> {
                 Operand::Int(_) => 1,
                 _ => 0,
             };
-            let dt = if rank(&a) >= rank(&b) { default_dtype(&a) } else { default_dtype(&b) };
+            let dt = if rank(&a) >= rank(&b) {
+                default_dtype(&a)
+            } else {
+                default_dtype(&b)
+            };
             Ok((number_as(py, &a, dt, &dt)?, number_as(py, &b, dt, &dt)?))
         }
     }
@@ -195,7 +229,10 @@ fn index_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Expr> {
         Some(Operand::Int(v)) => Ok(Expr::int(v)),
         _ => Err(arg_err(
             py,
-            format!("{what} must be an int or an int64 te.Expr, got {} ({obj})", type_name(obj)),
+            format!(
+                "{what} must be an int or an int64 te.Expr, got {} ({obj})",
+                type_name(obj)
+            ),
         )),
     }
 }
@@ -261,17 +298,31 @@ impl PyExpr {
             return Ok(py.NotImplemented());
         };
         let me = Operand::Expr(self.e.clone());
-        let (a, b) = if reflected { pair(py, o, me)? } else { pair(py, me, o)? };
+        let (a, b) = if reflected {
+            pair(py, o, me)?
+        } else {
+            pair(py, me, o)?
+        };
         new_expr(py, Expr::binary(op, a, b).cpy(py)?)
     }
 
-    fn logic(&self, other: &Bound<'_, PyAny>, op: LogicOp, sym: &str, reflected: bool) -> PyResult<Py<PyAny>> {
+    fn logic(
+        &self,
+        other: &Bound<'_, PyAny>,
+        op: LogicOp,
+        sym: &str,
+        reflected: bool,
+    ) -> PyResult<Py<PyAny>> {
         let py = other.py();
         let Some(o) = operand(other)? else {
             return Ok(py.NotImplemented());
         };
         let me = Operand::Expr(self.e.clone());
-        let (a, b) = if reflected { pair(py, o, me)? } else { pair(py, me, o)? };
+        let (a, b) = if reflected {
+            pair(py, o, me)?
+        } else {
+            pair(py, me, o)?
+        };
         if a.dtype() != DType::Bool || b.dtype() != DType::Bool {
             return Err(compile_err(
                 py,
@@ -299,7 +350,9 @@ impl PyExpr {
     #[getter]
     fn value(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         Ok(match (self.e.kind(), self.e.dtype()) {
-            (ExprKind::Const(Const::Int(v)), DType::Bool) => PyBool::new(py, *v != 0).to_owned().into_any().unbind(),
+            (ExprKind::Const(Const::Int(v)), DType::Bool) => {
+                PyBool::new(py, *v != 0).to_owned().into_any().unbind()
+            }
             (ExprKind::Const(Const::Int(v)), _) => v.into_pyobject(py)?.into_any().unbind(),
             (ExprKind::Const(Const::Float(v)), _) => v.into_pyobject(py)?.into_any().unbind(),
             _ => py.None(),
@@ -313,7 +366,9 @@ impl PyExpr {
 
     /// True when both are the very same expression node.
     fn same_as(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PyExpr>().is_ok_and(|o| o.get().e.same(&self.e))
+        other
+            .cast::<PyExpr>()
+            .is_ok_and(|o| o.get().e.same(&self.e))
     }
 
     fn __repr__(&self) -> String {
@@ -375,15 +430,29 @@ impl PyExpr {
     fn __rmod__(&self, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.arith(o, BinOp::FloorMod, true)
     }
-    fn __pow__(&self, o: &Bound<'_, PyAny>, modulo: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    fn __pow__(
+        &self,
+        o: &Bound<'_, PyAny>,
+        modulo: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         if modulo.is_some_and(|m| !m.is_none()) {
-            return Err(compile_err(o.py(), "pow with a modulus is not supported on te.Expr".into()));
+            return Err(compile_err(
+                o.py(),
+                "pow with a modulus is not supported on te.Expr".into(),
+            ));
         }
         self.arith(o, BinOp::Pow, false)
     }
-    fn __rpow__(&self, o: &Bound<'_, PyAny>, modulo: Option<&Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+    fn __rpow__(
+        &self,
+        o: &Bound<'_, PyAny>,
+        modulo: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         if modulo.is_some_and(|m| !m.is_none()) {
-            return Err(compile_err(o.py(), "pow with a modulus is not supported on te.Expr".into()));
+            return Err(compile_err(
+                o.py(),
+                "pow with a modulus is not supported on te.Expr".into(),
+            ));
         }
         self.arith(o, BinOp::Pow, true)
     }
@@ -438,11 +507,6 @@ impl PyExpr {
         };
         new_expr(py, Expr::cmp(cop, a, b).cpy(py)?)
     }
-
-    /// Iterating an expression is always a mistake (it has no elements).
-    fn __iter__(&self) -> PyResult<()> {
-        Err(PyTypeError::new_err(format!("a te.Expr is a scalar expression and cannot be iterated ({})", self.e)))
-    }
 }
 
 // ---- IterVar ---------------------------------------------------------------------------------
@@ -454,8 +518,13 @@ pub struct PyIterVar {
 }
 
 fn new_itervar(py: Python<'_>, iv: IterVar) -> PyResult<Py<PyIterVar>> {
-    let base = PyExpr { e: Expr::var(&iv.var) };
-    Py::new(py, PyClassInitializer::from(base).add_subclass(PyIterVar { iv }))
+    let base = PyExpr {
+        e: Expr::var(&iv.var),
+    };
+    Py::new(
+        py,
+        PyClassInitializer::from(base).add_subclass(PyIterVar { iv }),
+    )
 }
 
 #[pymethods]
@@ -480,7 +549,10 @@ impl PyIterVar {
     /// `(min, extent)`.
     #[getter]
     fn dom(&self, py: Python<'_>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
-        Ok((expr_or_int(py, &self.iv.min)?, expr_or_int(py, &self.iv.extent)?))
+        Ok((
+            expr_or_int(py, &self.iv.min)?,
+            expr_or_int(py, &self.iv.extent)?,
+        ))
     }
     /// "reduce" or "data_par".
     #[getter]
@@ -530,7 +602,10 @@ pub struct PyTeTensor {
 }
 
 fn shape_tuple<'py>(py: Python<'py>, shape: &[Expr]) -> PyResult<Bound<'py, PyTuple>> {
-    let items = shape.iter().map(|e| expr_or_int(py, e)).collect::<PyResult<Vec<_>>>()?;
+    let items = shape
+        .iter()
+        .map(|e| expr_or_int(py, e))
+        .collect::<PyResult<Vec<_>>>()?;
     PyTuple::new(py, items)
 }
 
@@ -541,13 +616,19 @@ fn read(py: Python<'_>, t: &Tensor, idx: &Bound<'_, PyAny>) -> PyResult<Py<PyAny
     };
     let mut indices = Vec::with_capacity(items.len());
     for (d, it) in items.iter().enumerate() {
-        if it.is_instance_of::<pyo3::types::PySlice>() || it.is_none() || it.is(py.Ellipsis().bind(py)) {
+        if it.is_instance_of::<pyo3::types::PySlice>()
+            || it.is_none()
+            || it.is(py.Ellipsis().bind(py))
+        {
             return Err(compile_err(
                 py,
                 format!("tensor '{}': index {d} is {it}; only element access is supported (one int64 expression per dim)", t.name()),
             ));
         }
-        indices.push(index_arg(it, &format!("index {d} of tensor '{}'", t.name()))?);
+        indices.push(index_arg(
+            it,
+            &format!("index {d} of tensor '{}'", t.name()),
+        )?);
     }
     new_expr(py, t.at(&indices).cpy(py)?)
 }
@@ -589,7 +670,9 @@ impl PyTeTensor {
         )))
     }
     fn same_as(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PyTeTensor>().is_ok_and(|o| o.get().t == self.t)
+        other
+            .cast::<PyTeTensor>()
+            .is_ok_and(|o| o.get().t == self.t)
     }
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         self.same_as(other)
@@ -624,20 +707,35 @@ impl PyTensorOp {
     /// The data-parallel axes (one per output dim; empty for a placeholder).
     #[getter]
     fn axis(&self, py: Python<'_>) -> PyResult<Vec<Py<PyIterVar>>> {
-        self.t.axis().iter().map(|iv| new_itervar(py, iv.clone())).collect()
+        self.t
+            .axis()
+            .iter()
+            .map(|iv| new_itervar(py, iv.clone()))
+            .collect()
     }
     #[getter]
     fn reduce_axis(&self, py: Python<'_>) -> PyResult<Vec<Py<PyIterVar>>> {
-        self.t.reduce_axis().iter().map(|iv| new_itervar(py, iv.clone())).collect()
+        self.t
+            .reduce_axis()
+            .iter()
+            .map(|iv| new_itervar(py, iv.clone()))
+            .collect()
     }
     #[getter]
     fn input_tensors(&self) -> Vec<PyTeTensor> {
-        te::tensor::inputs(&self.t).into_iter().map(|t| PyTeTensor { t }).collect()
+        te::tensor::inputs(&self.t)
+            .into_iter()
+            .map(|t| PyTeTensor { t })
+            .collect()
     }
     /// The body as a one-element list (empty for a placeholder), as in TVM.
     #[getter]
     fn body(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
-        self.t.body().map(|b| new_expr(py, b.clone())).into_iter().collect()
+        self.t
+            .body()
+            .map(|b| new_expr(py, b.clone()))
+            .into_iter()
+            .collect()
     }
     #[getter]
     fn is_placeholder(&self) -> bool {
@@ -649,18 +747,34 @@ impl PyTensorOp {
     }
     fn output(&self, py: Python<'_>, index: usize) -> PyResult<PyTeTensor> {
         if index != 0 {
-            return Err(arg_err(py, format!("op '{}' has one output, asked for output {index}", self.t.name())));
+            return Err(arg_err(
+                py,
+                format!(
+                    "op '{}' has one output, asked for output {index}",
+                    self.t.name()
+                ),
+            ));
         }
         Ok(PyTeTensor { t: self.t.clone() })
     }
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PyTensorOp>().is_ok_and(|o| o.get().t == self.t)
+        other
+            .cast::<PyTensorOp>()
+            .is_ok_and(|o| o.get().t == self.t)
     }
     fn __hash__(&self) -> u64 {
         self.t.id() as u64
     }
     fn __repr__(&self) -> String {
-        format!("te.Op({}, {})", self.t.name(), if self.t.is_placeholder() { "placeholder" } else { "compute" })
+        format!(
+            "te.Op({}, {})",
+            self.t.name(),
+            if self.t.is_placeholder() {
+                "placeholder"
+            } else {
+                "compute"
+            }
+        )
     }
 }
 
@@ -672,7 +786,10 @@ fn tensor_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
     if let Ok(op) = obj.cast::<PyTensorOp>() {
         return Ok(op.get().t.clone());
     }
-    Err(arg_err(obj.py(), format!("{what} must be a te.Tensor, got {} ({obj})", type_name(obj))))
+    Err(arg_err(
+        obj.py(),
+        format!("{what} must be a te.Tensor, got {} ({obj})", type_name(obj)),
+    ))
 }
 
 /// One tensor or a list / tuple of them.
@@ -693,17 +810,30 @@ fn tensors_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<Tensor>> {
 #[pyo3(signature = (name="n", dtype="int64"))]
 pub fn te_var(py: Python<'_>, name: &str, dtype: &str) -> PyResult<Py<PyAny>> {
     if parse_dtype(py, dtype)? != DType::I64 {
-        return Err(compile_err(py, format!("te.var('{name}'): variables are int64 (dims and indices), not {dtype}")));
+        return Err(compile_err(
+            py,
+            format!("te.var('{name}'): variables are int64 (dims and indices), not {dtype}"),
+        ));
     }
     new_expr(py, te::var(name))
 }
 
 #[pyfunction]
 #[pyo3(signature = (value, dtype=None))]
-pub fn te_const(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: Option<&str>) -> PyResult<Py<PyAny>> {
+pub fn te_const(
+    py: Python<'_>,
+    value: &Bound<'_, PyAny>,
+    dtype: Option<&str>,
+) -> PyResult<Py<PyAny>> {
     let o = match operand(value)? {
         Some(Operand::Expr(_)) | None => {
-            return Err(arg_err(py, format!("te.const: value must be a Python bool, int or float, got {}", type_name(value))))
+            return Err(arg_err(
+                py,
+                format!(
+                    "te.const: value must be a Python bool, int or float, got {}",
+                    type_name(value)
+                ),
+            ))
         }
         Some(o) => o,
     };
@@ -714,7 +844,9 @@ pub fn te_const(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: Option<&str>) -
             match o {
                 // te.const(1.7, "int32") truncates, as a cast would; te.const(True, "float32") is 1.0.
                 Operand::Bool(b) => Expr::const_int(b as i64, dt),
-                Operand::Float(x) if !dt.is_float() => Expr::cast(dt, Expr::constant(x, DType::F64)),
+                Operand::Float(x) if !dt.is_float() => {
+                    Expr::cast(dt, Expr::constant(x, DType::F64))
+                }
                 o => number_as(py, &o, dt, &dt)?,
             }
         }
@@ -722,27 +854,43 @@ pub fn te_const(py: Python<'_>, value: &Bound<'_, PyAny>, dtype: Option<&str>) -
     new_expr(py, e)
 }
 
-fn shape_arg(py: Python<'_>, shape: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<Expr>> {
-    let items: Vec<Bound<'_, PyAny>> = if shape.is_instance_of::<PyList>() || shape.is_instance_of::<PyTuple>() {
-        shape.try_iter()?.collect::<PyResult<_>>()?
-    } else {
-        vec![shape.clone()]
-    };
-    let _ = py;
-    items.iter().enumerate().map(|(d, x)| index_arg(x, &format!("{what}: dim {d}"))).collect()
+fn shape_arg(shape: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<Expr>> {
+    let items: Vec<Bound<'_, PyAny>> =
+        if shape.is_instance_of::<PyList>() || shape.is_instance_of::<PyTuple>() {
+            shape.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![shape.clone()]
+        };
+    items
+        .iter()
+        .enumerate()
+        .map(|(d, x)| index_arg(x, &format!("{what}: dim {d}")))
+        .collect()
 }
 
 #[pyfunction]
 #[pyo3(signature = (shape, dtype="float32", name="placeholder"))]
-pub fn te_placeholder(py: Python<'_>, shape: &Bound<'_, PyAny>, dtype: &str, name: &str) -> PyResult<PyTeTensor> {
-    let shape = shape_arg(py, shape, &format!("placeholder '{name}' shape"))?;
+pub fn te_placeholder(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    dtype: &str,
+    name: &str,
+) -> PyResult<PyTeTensor> {
+    let shape = shape_arg(shape, &format!("placeholder '{name}' shape"))?;
     let dt = parse_dtype(py, dtype)?;
-    Ok(PyTeTensor { t: te::placeholder(&shape, dt, name).cpy(py)? })
+    Ok(PyTeTensor {
+        t: te::placeholder(&shape, dt, name).cpy(py)?,
+    })
 }
 
 #[pyfunction]
 #[pyo3(signature = (lo, hi, name="rv"))]
-pub fn te_reduce_axis(py: Python<'_>, lo: &Bound<'_, PyAny>, hi: &Bound<'_, PyAny>, name: &str) -> PyResult<Py<PyIterVar>> {
+pub fn te_reduce_axis(
+    py: Python<'_>,
+    lo: &Bound<'_, PyAny>,
+    hi: &Bound<'_, PyAny>,
+    name: &str,
+) -> PyResult<Py<PyIterVar>> {
     let lo = index_arg(lo, &format!("reduce_axis '{name}': lower bound"))?;
     let hi = index_arg(hi, &format!("reduce_axis '{name}': upper bound"))?;
     let iv = te::reduce_axis(lo, hi, name).cpy(py)?;
@@ -753,7 +901,15 @@ pub fn te_reduce_axis(py: Python<'_>, lo: &Bound<'_, PyAny>, hi: &Bound<'_, PyAn
 #[pyfunction]
 pub fn te_axis(py: Python<'_>, extent: &Bound<'_, PyAny>, name: &str) -> PyResult<Py<PyIterVar>> {
     let extent = index_arg(extent, &format!("axis '{name}': extent"))?;
-    new_itervar(py, IterVar { var: Var::new(name), min: Expr::int(0), extent, reduce: false })
+    new_itervar(
+        py,
+        IterVar {
+            var: Var::new(name),
+            min: Expr::int(0),
+            extent,
+            reduce: false,
+        },
+    )
 }
 
 #[pyfunction]
@@ -764,16 +920,26 @@ pub fn te_compute(
     body: &Bound<'_, PyAny>,
     name: &str,
 ) -> PyResult<PyTeTensor> {
-    let shape = shape_arg(py, shape, &format!("compute '{name}' shape"))?;
+    let shape = shape_arg(shape, &format!("compute '{name}' shape"))?;
     let axis: Vec<IterVar> = axis
         .iter()
         .map(|a| match a.cast::<PyIterVar>() {
             Ok(iv) => Ok(iv.get().iv.clone()),
-            Err(_) => Err(arg_err(py, format!("compute '{name}': axis must be IterVars"))),
+            Err(_) => Err(arg_err(
+                py,
+                format!("compute '{name}': axis must be IterVars"),
+            )),
         })
         .collect::<PyResult<_>>()?;
     if axis.len() != shape.len() {
-        return Err(compile_err(py, format!("compute '{name}': {} axes for {} dims", axis.len(), shape.len())));
+        return Err(compile_err(
+            py,
+            format!(
+                "compute '{name}': {} axes for {} dims",
+                axis.len(),
+                shape.len()
+            ),
+        ));
     }
     let body = match body.cast::<PyExpr>() {
         Ok(e) => e.get().e.clone(),
@@ -788,11 +954,18 @@ pub fn te_compute(
             ))
         }
     };
-    Ok(PyTeTensor { t: te::compute_from(&shape, axis, body, name).cpy(py)? })
+    Ok(PyTeTensor {
+        t: te::compute_from(&shape, axis, body, name).cpy(py)?,
+    })
 }
 
 #[pyfunction]
-pub fn te_reduce(py: Python<'_>, op: &str, body: &Bound<'_, PyAny>, axes: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+pub fn te_reduce(
+    py: Python<'_>,
+    op: &str,
+    body: &Bound<'_, PyAny>,
+    axes: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
     let rop = match op {
         "sum" => ReduceOp::Sum,
         "prod" => ReduceOp::Prod,
@@ -800,18 +973,22 @@ pub fn te_reduce(py: Python<'_>, op: &str, body: &Bound<'_, PyAny>, axes: &Bound
         "min" => ReduceOp::Min,
         other => return Err(arg_err(py, format!("unknown reduction '{other}'"))),
     };
-    let items: Vec<Bound<'_, PyAny>> = if axes.is_instance_of::<PyList>() || axes.is_instance_of::<PyTuple>() {
-        axes.try_iter()?.collect::<PyResult<_>>()?
-    } else {
-        vec![axes.clone()]
-    };
+    let items: Vec<Bound<'_, PyAny>> =
+        if axes.is_instance_of::<PyList>() || axes.is_instance_of::<PyTuple>() {
+            axes.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![axes.clone()]
+        };
     let axes: Vec<IterVar> = items
         .iter()
         .map(|a| match a.cast::<PyIterVar>() {
             Ok(iv) => Ok(iv.get().iv.clone()),
             Err(_) => Err(arg_err(
                 py,
-                format!("te.{op}: axis must be a te.reduce_axis (or a list of them), got {} ({a})", type_name(a)),
+                format!(
+                    "te.{op}: axis must be a te.reduce_axis (or a list of them), got {} ({a})",
+                    type_name(a)
+                ),
             )),
         })
         .collect::<PyResult<_>>()?;
@@ -820,9 +997,18 @@ pub fn te_reduce(py: Python<'_>, op: &str, body: &Bound<'_, PyAny>, axes: &Bound
 }
 
 #[pyfunction]
-pub fn te_binary(py: Python<'_>, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+pub fn te_binary(
+    py: Python<'_>,
+    op: &str,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
     let bop = binop_of(op).ok_or_else(|| arg_err(py, format!("unknown operator '{op}'")))?;
-    let (x, y) = pair(py, operand_or_err(a, &format!("te.{op}: argument 0"))?, operand_or_err(b, &format!("te.{op}: argument 1"))?)?;
+    let (x, y) = pair(
+        py,
+        operand_or_err(a, &format!("te.{op}: argument 0"))?,
+        operand_or_err(b, &format!("te.{op}: argument 1"))?,
+    )?;
     new_expr(py, Expr::binary(bop, x, y).cpy(py)?)
 }
 
@@ -834,13 +1020,22 @@ pub fn te_unary(py: Python<'_>, op: &str, a: &Bound<'_, PyAny>) -> PyResult<Py<P
 }
 
 #[pyfunction]
-pub fn te_logic(py: Python<'_>, op: &str, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+pub fn te_logic(
+    py: Python<'_>,
+    op: &str,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
     let lop = match op {
         "and" => LogicOp::And,
         "or" => LogicOp::Or,
         other => return Err(arg_err(py, format!("unknown logical operator '{other}'"))),
     };
-    let (x, y) = pair(py, operand_or_err(a, "a condition")?, operand_or_err(b, "a condition")?)?;
+    let (x, y) = pair(
+        py,
+        operand_or_err(a, "a condition")?,
+        operand_or_err(b, "a condition")?,
+    )?;
     new_expr(py, Expr::logic(lop, x, y).cpy(py)?)
 }
 
@@ -852,7 +1047,12 @@ pub fn te_cast(py: Python<'_>, dtype: &str, a: &Bound<'_, PyAny>) -> PyResult<Py
 }
 
 #[pyfunction]
-pub fn te_select(py: Python<'_>, cond: &Bound<'_, PyAny>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+pub fn te_select(
+    py: Python<'_>,
+    cond: &Bound<'_, PyAny>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
     let c = expr_arg(cond, "te.if_then_else: condition")?;
     let (x, y) = pair(
         py,
@@ -873,7 +1073,9 @@ pub struct PySchedule {
 #[pyfunction]
 pub fn create_schedule(py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PySchedule> {
     let outs = tensors_arg(outputs, "create_schedule: argument 0 ('outputs')")?;
-    Ok(PySchedule { sched: Schedule::new(&outs).cpy(py)? })
+    Ok(PySchedule {
+        sched: Schedule::new(&outs).cpy(py)?,
+    })
 }
 
 #[pymethods]
@@ -882,11 +1084,18 @@ impl PySchedule {
         let py = slf.py();
         let t = tensor_arg(t, "s[...]")?;
         slf.borrow().sched.stage_index(&t).cpy(py)?;
-        Ok(PyStage { sched: slf.clone().unbind(), t })
+        Ok(PyStage {
+            sched: slf.clone().unbind(),
+            t,
+        })
     }
     #[getter]
     fn outputs(&self) -> Vec<PyTeTensor> {
-        self.sched.outputs.iter().map(|t| PyTeTensor { t: t.clone() }).collect()
+        self.sched
+            .outputs
+            .iter()
+            .map(|t| PyTeTensor { t: t.clone() })
+            .collect()
     }
     /// Every stage, producers first.
     #[getter]
@@ -895,7 +1104,10 @@ impl PySchedule {
             .sched
             .stages
             .iter()
-            .map(|s| PyStage { sched: slf.clone().unbind(), t: s.tensor.clone() })
+            .map(|s| PyStage {
+                sched: slf.clone().unbind(),
+                t: s.tensor.clone(),
+            })
             .collect()
     }
     fn __repr__(&self) -> String {
@@ -913,8 +1125,16 @@ fn extents(st: &Stage) -> HashMap<Var, Expr> {
     }
     for rel in &st.relations {
         match rel {
-            Relation::Split { parent, outer, inner, factor, nparts } => {
-                let Some(pe) = ext.get(parent).cloned() else { continue };
+            Relation::Split {
+                parent,
+                outer,
+                inner,
+                factor,
+                nparts,
+            } => {
+                let Some(pe) = ext.get(parent).cloned() else {
+                    continue;
+                };
                 let (oe, ie) = match (factor, nparts) {
                     (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
                     (None, Some(n)) => (n.clone(), pe.add(n).sub(&Expr::int(1)).floordiv(n)),
@@ -923,7 +1143,11 @@ fn extents(st: &Stage) -> HashMap<Var, Expr> {
                 ext.insert(outer.clone(), simplify(&oe));
                 ext.insert(inner.clone(), simplify(&ie));
             }
-            Relation::Fuse { outer, inner, fused } => {
+            Relation::Fuse {
+                outer,
+                inner,
+                fused,
+            } => {
                 if let (Some(o), Some(i)) = (ext.get(outer), ext.get(inner)) {
                     let f = simplify(&o.mul(i));
                     ext.insert(fused.clone(), f);
@@ -937,9 +1161,22 @@ fn extents(st: &Stage) -> HashMap<Var, Expr> {
 /// The IterVar of loop `v` of a stage.
 fn leaf_itervar(py: Python<'_>, st: &Stage, v: &Var) -> PyResult<Py<PyIterVar>> {
     let ext = extents(st);
-    let reduce = st.leaves.iter().find(|l| &l.var == v).map(|l| l.reduce).unwrap_or(false);
+    let reduce = st
+        .leaves
+        .iter()
+        .find(|l| &l.var == v)
+        .map(|l| l.reduce)
+        .unwrap_or(false);
     let extent = ext.get(v).cloned().unwrap_or_else(|| Expr::int(0));
-    new_itervar(py, IterVar { var: v.clone(), min: Expr::int(0), extent, reduce })
+    new_itervar(
+        py,
+        IterVar {
+            var: v.clone(),
+            min: Expr::int(0),
+            extent,
+            reduce,
+        },
+    )
 }
 
 fn factor_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Expr>> {
@@ -950,6 +1187,9 @@ fn factor_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Exp
     }
 }
 
+/// `(x.outer, y.outer, x.inner, y.inner)` of `Stage.tile`.
+type TileAxes = (Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>);
+
 /// `s[C]`: the loops of one stage; the primitives reshape and annotate them.
 #[pyclass(name = "Stage", module = "rivet", frozen)]
 pub struct PyStage {
@@ -959,7 +1199,11 @@ pub struct PyStage {
 
 impl PyStage {
     /// Runs `f` on this stage (inside the schedule, mutably).
-    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut Stage) -> rivet_compiler::Result<R>) -> PyResult<R> {
+    fn with<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Stage) -> rivet_compiler::Result<R>,
+    ) -> PyResult<R> {
         let mut s = self.sched.bind(py).borrow_mut();
         let st = s.sched.stage(&self.t).cpy(py)?;
         f(st).cpy(py)
@@ -985,7 +1229,10 @@ impl PyStage {
         let s = self.sched.bind(py).borrow();
         let i = s.sched.stage_index(&self.t).cpy(py)?;
         let st = &s.sched.stages[i];
-        st.leaves.iter().map(|l| leaf_itervar(py, st, &l.var)).collect()
+        st.leaves
+            .iter()
+            .map(|l| leaf_itervar(py, st, &l.var))
+            .collect()
     }
 
     /// The loop kinds, outermost first ("serial", "parallel", "vectorized", "unrolled").
@@ -1043,7 +1290,13 @@ impl PyStage {
             .map(|(i, a)| axis_var(&a, &format!("fuse: argument {i}")))
             .collect::<PyResult<_>>()?;
         let Some(first) = vars.first().cloned() else {
-            return Err(compile_err(py, format!("schedule of '{}': fuse needs at least one loop", self.t.name())));
+            return Err(compile_err(
+                py,
+                format!(
+                    "schedule of '{}': fuse needs at least one loop",
+                    self.t.name()
+                ),
+            ));
         };
         let fused = self.with(py, |st| {
             let mut acc = first;
@@ -1074,13 +1327,18 @@ impl PyStage {
         y_parent: &Bound<'_, PyAny>,
         x_factor: &Bound<'_, PyAny>,
         y_factor: &Bound<'_, PyAny>,
-    ) -> PyResult<(Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>)> {
+    ) -> PyResult<TileAxes> {
         let x = axis_var(x_parent, "tile: argument 0 ('x_parent')")?;
         let y = axis_var(y_parent, "tile: argument 1 ('y_parent')")?;
         let xf = index_arg(x_factor, "tile: x_factor")?;
         let yf = index_arg(y_factor, "tile: y_factor")?;
         let (xo, yo, xi, yi) = self.with(py, |st| st.tile(&x, &y, xf, yf))?;
-        Ok((self.itervar(py, &xo)?, self.itervar(py, &yo)?, self.itervar(py, &xi)?, self.itervar(py, &yi)?))
+        Ok((
+            self.itervar(py, &xo)?,
+            self.itervar(py, &yo)?,
+            self.itervar(py, &xi)?,
+            self.itervar(py, &yi)?,
+        ))
     }
 
     fn unroll(&self, py: Python<'_>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -1106,14 +1364,22 @@ impl PyStage {
 
     /// Computes this stage inside loop `axis` of `parent` (a stage or a tensor), over the
     /// region one iteration of that loop reads.
-    fn compute_at(&self, py: Python<'_>, parent: &Bound<'_, PyAny>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn compute_at(
+        &self,
+        py: Python<'_>,
+        parent: &Bound<'_, PyAny>,
+        axis: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let consumer = match parent.cast::<PyStage>() {
             Ok(st) => {
                 let st = st.get();
                 if !st.sched.is(&self.sched) {
                     return Err(compile_err(
                         py,
-                        format!("schedule of '{}': compute_at target belongs to another schedule", self.t.name()),
+                        format!(
+                            "schedule of '{}': compute_at target belongs to another schedule",
+                            self.t.name()
+                        ),
                     ));
                 }
                 st.t.clone()
@@ -1128,7 +1394,12 @@ impl PyStage {
     fn __repr__(&self, py: Python<'_>) -> String {
         let s = self.sched.bind(py).borrow();
         let loops = match s.sched.stage_index(&self.t) {
-            Ok(i) => s.sched.stages[i].leaves.iter().map(|l| l.var.name.to_string()).collect::<Vec<_>>().join(", "),
+            Ok(i) => s.sched.stages[i]
+                .leaves
+                .iter()
+                .map(|l| l.var.name.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             Err(_) => String::new(),
         };
         format!("rivet.Stage({}, loops=[{loops}])", self.t.name())
@@ -1145,7 +1416,13 @@ pub struct PyModule_ {
 
 #[pyfunction]
 #[pyo3(signature = (s, args, target="cpu", name="default_function"))]
-pub fn build(py: Python<'_>, s: &Bound<'_, PyAny>, args: &Bound<'_, PyAny>, target: &str, name: &str) -> PyResult<PyModule_> {
+pub fn build(
+    py: Python<'_>,
+    s: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    target: &str,
+    name: &str,
+) -> PyResult<PyModule_> {
     let Ok(sched) = s.cast::<PySchedule>() else {
         return Err(arg_err(
             py,
@@ -1189,14 +1466,20 @@ impl PyModule_ {
     }
     fn __repr__(&self) -> String {
         let targets: Vec<&str> = self.m.funcs.iter().map(|c| c.target.as_str()).collect();
-        format!("rivet.Module([{}], target={})", self.m.function_names().join(", "), targets.join(", "))
+        format!(
+            "rivet.Module([{}], target={})",
+            self.m.function_names().join(", "),
+            targets.join(", ")
+        )
     }
 }
 
 /// `rivet.load_module(path)`: a module saved by `Module.save` (from Python or Rust).
 #[pyfunction]
 pub fn load_module(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyModule_> {
-    Ok(PyModule_ { m: rivet_compiler::Module::load(&path).cpy(py)? })
+    Ok(PyModule_ {
+        m: rivet_compiler::Module::load(&path).cpy(py)?,
+    })
 }
 
 /// Registers the classes and functions of this file on `rivet._native`.

@@ -311,3 +311,40 @@ fn crc(b: &[u8]) -> u32 {
     }
     !c
 }
+
+#[test]
+fn compute_at_and_padding_every_backend() {
+    for target in BACKENDS {
+        // P computed inside loop i of C, over the rows C's iteration needs (a 3-row stencil).
+        let n = te::var("n");
+        let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+        let a2 = a.clone();
+        let p = compute(&[n.clone()], |i| a2.idx(i) * 3.0 + 1.0, "P").unwrap();
+        let p2 = p.clone();
+        let c = compute(
+            &[n.clone()],
+            |i| {
+                let (i0, last) = (i[0].clone(), n.clone() - 1i64);
+                let left = ok(te::if_then_else(ok(te::compare(rivet_compiler::ir::CmpOp::Gt, i0.clone(), Expr::int(0))), p2.idx(&[i0.clone() - 1i64]), te::constant(0.0, DType::F32)));
+                let right = ok(te::if_then_else(ok(te::compare(rivet_compiler::ir::CmpOp::Lt, i0.clone(), last)), p2.idx(&[i0.clone() + 1i64]), te::constant(0.0, DType::F32)));
+                left + p2.idx(&[i0]) + right
+            },
+            "C",
+        )
+        .unwrap();
+        let mut s = Schedule::new(&[c.clone()]).unwrap();
+        let i = c.axis()[0].var.clone();
+        s.compute_at(&p, &c, &i).unwrap();
+        let m = build(&s, &[a, c], target, "stencil").unwrap();
+        assert!(!m.get_source("ir").unwrap().contains("check"), "{}", m.get_source("ir").unwrap());
+        let f = m.get_function("stencil").unwrap();
+        for len in [1usize, 2, 9] {
+            let av = data(len, 21);
+            let pv: Vec<f32> = av.iter().map(|x| x * 3.0 + 1.0).collect();
+            let want: Vec<f32> = (0..len)
+                .map(|q| (if q > 0 { pv[q - 1] } else { 0.0 }) + pv[q] + (if q + 1 < len { pv[q + 1] } else { 0.0 }))
+                .collect();
+            assert_eq!(call1(&f, vec![t(&av, &[len as i64])]), want, "{target} len={len}");
+        }
+    }
+}

@@ -133,8 +133,8 @@ pub enum ExprKind {
     Logic(LogicOp, Expr, Expr),
     /// Conversion to the node's dtype.
     Cast(Expr),
-    /// `cond ? a : b` (both arms may be evaluated: they must be free of side effects, and
-    /// loads in both are bounds-checked as if executed).
+    /// `cond ? a : b`: only the chosen arm is evaluated (backends branch when an arm loads),
+    /// so the bounds proof checks each arm's loads under its condition (padding patterns).
     Select(Expr, Expr, Expr),
     /// te only: element `indices` of a tensor (a placeholder or another compute).
     Read { tensor: crate::te::Tensor, indices: Vec<Expr> },

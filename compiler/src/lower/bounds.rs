@@ -40,7 +40,8 @@ impl Prover<'_> {
     fn access(&mut self, buf: BufId, indices: &[Expr], env: &Env) -> Result<()> {
         let b = self.func.buffer(buf);
         for (d, (i, extent)) in indices.iter().zip(&b.shape).enumerate() {
-            let what = || format!("tensor '{}' dim {d}: index {i} must lie in [0, {extent})", b.name);
+            let shown = simplify(i);
+            let what = || format!("tensor '{}' dim {d}: index {shown} must lie in [0, {extent})", b.name);
             let Some(Interval { lo, hi }) = interval(i, env) else {
                 return Err(Error::Compile(format!("{}, and rivet cannot bound that index expression", what())));
             };
@@ -85,17 +86,46 @@ impl Prover<'_> {
         Ok(())
     }
 
+    /// Checks the loads of an expression in evaluation order: an `if_then_else` arm under its
+    /// condition (or its negation), the right operand of `&&` / `||` under the left one's
+    /// outcome. Backends evaluate exactly what the interpreter does, so a guarded read that
+    /// would be out of bounds (padding) is never performed.
     fn exprs(&mut self, e: &Expr, env: &Env) -> Result<()> {
-        let mut loads = Vec::new();
-        e.visit(&mut |n| {
-            if let ExprKind::Load { buf, indices } = n.kind() {
-                loads.push((*buf, indices.clone()));
+        match e.kind() {
+            ExprKind::Load { buf, indices } => {
+                self.access(*buf, indices, env)?;
+                indices.iter().try_for_each(|i| self.exprs(i, env))
             }
-        });
-        for (b, idx) in loads {
-            self.access(b, &idx, env)?;
+            ExprKind::Select(c, a, b) => {
+                self.exprs(c, env)?;
+                let (mut ta, mut tb) = (env.clone(), env.clone());
+                ta.assume(c);
+                tb.assume(&negate(c));
+                self.exprs(a, &ta)?;
+                self.exprs(b, &tb)
+            }
+            ExprKind::Logic(op, a, b) => {
+                self.exprs(a, env)?;
+                let mut tb = env.clone();
+                tb.assume(&if *op == LogicOp::And { a.clone() } else { negate(a) });
+                self.exprs(b, &tb)
+            }
+            _ => {
+                let mut r = Ok(());
+                let mut first = true;
+                // Children only (this node is not a load / select / logic).
+                e.map_children(&mut |c| {
+                    if first || r.is_ok() {
+                        first = false;
+                        if r.is_ok() {
+                            r = self.exprs(c, env);
+                        }
+                    }
+                    c.clone()
+                });
+                r
+            }
         }
-        Ok(())
     }
 
     fn stmt(&mut self, s: &Stmt, env: &Env) -> Result<()> {
@@ -141,6 +171,25 @@ impl Prover<'_> {
             Stmt::Allocate { body, .. } => self.stmt(body, env),
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
         }
+    }
+}
+
+/// `!c` for the comparison forms `Env::assume` understands (others: no information).
+fn negate(c: &Expr) -> Expr {
+    use crate::ir::expr::CmpOp;
+    match c.kind() {
+        ExprKind::Cmp(op, a, b) => {
+            let n = match op {
+                CmpOp::Lt => CmpOp::Ge,
+                CmpOp::Le => CmpOp::Gt,
+                CmpOp::Gt => CmpOp::Le,
+                CmpOp::Ge => CmpOp::Lt,
+                CmpOp::Eq => CmpOp::Ne,
+                CmpOp::Ne => CmpOp::Eq,
+            };
+            Expr::cmp(n, a.clone(), b.clone()).expect("same dtypes")
+        }
+        _ => Expr::bool(true),
     }
 }
 

@@ -10,7 +10,7 @@
 //! - reductions as an init nest (identity) then the update nest `C = C op body`: always
 //!   correct whatever the loop order (a reduction loop may sit outside data-parallel loops);
 //! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
-//!   iterations reads (interval analysis, clamped to the producer's extent).
+//!   iterations reads (interval analysis), its stores guarded by the producer's extent.
 
 use super::interval::{interval, Env, Interval};
 use super::simplify::simplify;
@@ -130,6 +130,7 @@ impl Ctx<'_> {
             None => (None, t.body().unwrap().clone(), vec![]),
         };
         // Root domains: (first value, extent) per root var.
+        let partial = region.is_some();
         let region = region.unwrap_or_else(|| axis.iter().map(|a| (Expr::int(0), a.extent.clone())).collect());
         let mut ext: HashMap<Var, Expr> = HashMap::new();
         let mut base: HashMap<Var, Expr> = HashMap::new();
@@ -186,6 +187,18 @@ impl Ctx<'_> {
         }
         let root_value = |v: &Var| base[v].add(&val[v]);
         let idx: Vec<Expr> = axis.iter().map(|a| root_value(&a.var)).collect();
+        // A region (compute_at) may reach past the tensor's edges: those elements are skipped.
+        let in_tensor = |idx: &[Expr]| -> Vec<Expr> {
+            idx.iter()
+                .zip(t.shape())
+                .flat_map(|(i, e)| {
+                    [Expr::cmp(crate::ir::CmpOp::Ge, i.clone(), Expr::int(0)).expect("int64"), i.lt(e)]
+                })
+                .collect()
+        };
+        if partial {
+            guards.extend(in_tensor(&idx));
+        }
         let body_sub = inner_body.substitute(&|v| {
             if axis.iter().any(|a| &a.var == v) || raxes.iter().any(|r| &r.var == v) {
                 Some(root_value(v))
@@ -238,7 +251,13 @@ impl Ctx<'_> {
         if let Some(op) = reduce_op {
             let vars: Vec<Var> = axis.iter().map(|a| Var::new(&format!("{}.init", a.var.name))).collect();
             let ridx: Vec<Expr> = region.iter().zip(&vars).map(|((lo, _), v)| lo.add(&Expr::var(v))).collect();
-            let mut init = Stmt::Store { buf, indices: ridx, value: identity(op, t.dtype()) };
+            let mut init = Stmt::Store { buf, indices: ridx.clone(), value: identity(op, t.dtype()) };
+            if partial {
+                let cond = in_tensor(&ridx).into_iter().reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools"));
+                if let Some(cond) = cond {
+                    init = Stmt::If { cond, then: Box::new(init), otherwise: None };
+                }
+            }
             for (v, (_, e)) in vars.iter().zip(&region).rev() {
                 init = Stmt::For { var: v.clone(), min: Expr::int(0), extent: e.clone(), kind: ForKind::Serial, body: Box::new(init) };
             }
@@ -302,11 +321,11 @@ impl Ctx<'_> {
             let region = acc
                 .into_iter()
                 .zip(st.tensor.shape())
-                .map(|(iv, extent)| {
+                .map(|(iv, _extent)| {
+                    // Not clamped here: `emit` guards the stores with the tensor's bounds,
+                    // which keeps index and guard in one form the bounds proof can match.
                     let iv = iv.expect("found");
-                    let lo = simplify(&iv.lo.max_(&Expr::int(0)));
-                    let hi = simplify(&iv.hi.min_(&extent.sub(&Expr::int(1))));
-                    (lo.clone(), simplify(&hi.sub(&lo).add(&Expr::int(1))))
+                    (iv.lo.clone(), simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1))))
                 })
                 .collect();
             out.push(self.emit(st, Some(region))?);
