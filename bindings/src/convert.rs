@@ -295,7 +295,10 @@ pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
         Value::Tensor(t) => Py::new(py, PyTensor { tensor: t.clone() })?.into_any(),
         Value::Function(f) => Py::new(py, PyFunction::new(f.clone()))?.into_any(),
         Value::List(items) => {
-            let objs = items.iter().map(|v| from_value(py, v)).collect::<PyResult<Vec<_>>>()?;
+            let objs = items
+                .iter()
+                .map(|v| from_value(py, v))
+                .collect::<PyResult<Vec<_>>>()?;
             PyTuple::new(py, objs)?.into_any().unbind()
         }
     })

@@ -16,7 +16,9 @@ fn dims(spec: Option<Vec<Bound<'_, PyAny>>>, arg: &str) -> PyResult<Vec<DimSpec>
             } else if let Ok(s) = d.extract::<String>() {
                 Ok(DimSpec::Name(s))
             } else {
-                Err(pyo3::exceptions::PyTypeError::new_err(format!("{arg}: each dim must be an int or a dim name (str)")))
+                Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{arg}: each dim must be an int or a dim name (str)"
+                )))
             }
         })
         .collect()
@@ -42,8 +44,18 @@ pub fn _kernel(
     let r = match name {
         "matmul" => kernels::matmul(dt, target),
         "batch_matmul" => kernels::batch_matmul(dt, target),
-        "add" => kernels::add(dt, &dims(a_shape, "a_shape")?, &dims(b_shape, "b_shape")?, target),
-        "mul" => kernels::mul(dt, &dims(a_shape, "a_shape")?, &dims(b_shape, "b_shape")?, target),
+        "add" => kernels::add(
+            dt,
+            &dims(a_shape, "a_shape")?,
+            &dims(b_shape, "b_shape")?,
+            target,
+        ),
+        "mul" => kernels::mul(
+            dt,
+            &dims(a_shape, "a_shape")?,
+            &dims(b_shape, "b_shape")?,
+            target,
+        ),
         "relu" => kernels::relu(dt, nd, target),
         "gelu" => kernels::gelu(dt, nd, target),
         "softmax" => kernels::softmax(dt, nd, axis.unwrap_or(-1), target),
@@ -51,7 +63,11 @@ pub fn _kernel(
         "sum" => kernels::reduce_sum(dt, nd, axis.unwrap_or(-1), target),
         "max" => kernels::reduce_max(dt, nd, axis.unwrap_or(-1), target),
         "transpose" => kernels::transpose(dt, &perm.unwrap_or_else(|| vec![1, 0]), target),
-        other => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown kernel '{other}'"))),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown kernel '{other}'"
+            )))
+        }
     };
     let f = r.map_err(rivet_runtime::Error::from).py_err(py)?;
     Ok(PyFunction::new(f))

@@ -7,8 +7,8 @@ mod convert;
 mod errors;
 mod function;
 mod kernels;
-mod tensor;
 mod te;
+mod tensor;
 
 use pyo3::prelude::*;
 

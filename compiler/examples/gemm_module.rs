@@ -10,7 +10,9 @@ use rivet_compiler::{build, Schedule};
 use rivet_runtime::DType;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "gemm.rivet".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "gemm.rivet".into());
 
     // C[i, j] = sum_k A[i, k] * B[k, j], for any n (a symbolic dim bound at call time).
     let n = te::var("n");
@@ -19,7 +21,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let k = te::reduce_axis(Expr::int(0), n.clone(), "k")?;
     let c = compute(
         &[n.clone(), n],
-        |i| ok(te::sum(a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]), &[k.clone()])),
+        |i| {
+            ok(te::sum(
+                a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
+                &[k.clone()],
+            ))
+        },
         "C",
     )?;
 

@@ -14,7 +14,9 @@ use crate::ir::stmt::{BufKind, ForKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
 use crate::te::Tensor as TeTensor;
-use rivet_runtime::{ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value};
+use rivet_runtime::{
+    ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -40,7 +42,9 @@ pub fn eval_int(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
     let ev = |x: &Expr| eval_int(x, env);
     Ok(match e.kind() {
         ExprKind::Const(Const::Int(v)) => *v,
-        ExprKind::Var(v) => *env.get(v).ok_or_else(|| Error::Internal(format!("unbound variable '{}' at call time", v.name)))?,
+        ExprKind::Var(v) => *env.get(v).ok_or_else(|| {
+            Error::Internal(format!("unbound variable '{}' at call time", v.name))
+        })?,
         ExprKind::Unary(UnOp::Neg, a) => ev(a)?.wrapping_neg(),
         ExprKind::Unary(UnOp::Not, a) => (ev(a)? == 0) as i64,
         ExprKind::Binary(op, a, b) => {
@@ -53,7 +57,11 @@ pub fn eval_int(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
                 BinOp::FloorMod => floormod_i64(x, y),
                 BinOp::Min => x.min(y),
                 BinOp::Max => x.max(y),
-                BinOp::Div | BinOp::Pow => return Err(Error::Internal(format!("float operator in a shape expression: {e}"))),
+                BinOp::Div | BinOp::Pow => {
+                    return Err(Error::Internal(format!(
+                        "float operator in a shape expression: {e}"
+                    )))
+                }
             }
         }
         ExprKind::Cmp(op, a, b) => {
@@ -82,12 +90,20 @@ pub fn eval_int(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
 pub fn build(sched: &Schedule, args: &[TeTensor], target: &str, name: &str) -> Result<Module> {
-    if name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') {
-        return Err(Error::Compile(format!("build: name '{name}' must be non-empty letters, digits, '_' or '.'")));
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+    {
+        return Err(Error::Compile(format!(
+            "build: name '{name}' must be non-empty letters, digits, '_' or '.'"
+        )));
     }
     let nest = lower::nest::build_nest(sched, args, name)?;
     let c = compile(nest, target)?;
-    Ok(Module { funcs: vec![Arc::new(c)] })
+    Ok(Module {
+        funcs: vec![Arc::new(c)],
+    })
 }
 
 /// Runs the rest of the pipeline on a loop-nest function and compiles it.
@@ -95,7 +111,12 @@ pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
     let func = lower::finish(nest.clone())?;
     let kernel = backend(target)?.compile(&func)?;
     lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
-    Ok(Compiled { nest, func, target: target.to_string(), kernel })
+    Ok(Compiled {
+        nest,
+        func,
+        target: target.to_string(),
+        kernel,
+    })
 }
 
 impl Module {
@@ -105,12 +126,16 @@ impl Module {
 
     /// `mod[name]` / `mod.get_function(name)`.
     pub fn get_function(&self, name: &str) -> Result<Function> {
-        let c = self.funcs.iter().find(|c| c.func.name == name).ok_or_else(|| {
-            Error::Runtime(rivet_runtime::Error::NotFound(format!(
-                "module has no function '{name}'; it has: {}",
-                self.function_names().join(", ")
-            )))
-        })?;
+        let c = self
+            .funcs
+            .iter()
+            .find(|c| c.func.name == name)
+            .ok_or_else(|| {
+                Error::Runtime(rivet_runtime::Error::NotFound(format!(
+                    "module has no function '{name}'; it has: {}",
+                    self.function_names().join(", ")
+                )))
+            })?;
         Ok(make_function(c.clone()))
     }
 
@@ -124,7 +149,9 @@ impl Module {
                 "ir" | "" => Ok(c.func.to_string()),
                 "nest" => Ok(c.nest.to_string()),
                 "cranelift" | "clif" | "asm" => Ok(c.kernel.source()),
-                other => Err(Error::Compile(format!("get_source: unknown kind '{other}'; expected 'ir', 'nest' or 'cranelift'"))),
+                other => Err(Error::Compile(format!(
+                    "get_source: unknown kind '{other}'; expected 'ir', 'nest' or 'cranelift'"
+                ))),
             })
             .collect::<Result<_>>()?;
         Ok(parts.join("\n"))
@@ -157,7 +184,15 @@ pub fn signature(func: &PrimFunc) -> Signature {
                 })
                 .collect();
             let output = b.kind == (BufKind::Param { output: true });
-            Param::new(b.name.clone(), ParamKind::Tensor(TensorSpec { dtypes: vec![b.dtype], shape: Some(shape), device: None, output }))
+            Param::new(
+                b.name.clone(),
+                ParamKind::Tensor(TensorSpec {
+                    dtypes: vec![b.dtype],
+                    shape: Some(shape),
+                    device: None,
+                    output,
+                }),
+            )
         })
         .collect();
     Signature::new(params)
@@ -171,7 +206,11 @@ fn shape_error(msg: String) -> Error {
 pub fn make_function(c: Arc<Compiled>) -> Function {
     let sig = signature(&c.func);
     let inputs_sig = Signature::new(
-        sig.params.iter().filter(|p| matches!(&p.kind, ParamKind::Tensor(t) if !t.output)).cloned().collect(),
+        sig.params
+            .iter()
+            .filter(|p| matches!(&p.kind, ParamKind::Tensor(t) if !t.output))
+            .cloned()
+            .collect(),
     );
     let name = c.func.name.clone();
     let body_sig = sig.clone();
@@ -180,10 +219,17 @@ pub fn make_function(c: Arc<Compiled>) -> Function {
     })
 }
 
-fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args: &[Value]) -> Result<Value> {
+fn call(
+    c: &Compiled,
+    name: &str,
+    sig: &Signature,
+    inputs_sig: &Signature,
+    args: &[Value],
+) -> Result<Value> {
     let f = &c.func;
     let n_out = f.params.len() - inputs_sig.params.len();
-    let allocate = args.len() == inputs_sig.params.len() && n_out > 0 && args.len() != f.params.len();
+    let allocate =
+        args.len() == inputs_sig.params.len() && n_out > 0 && args.len() != f.params.len();
     if allocate {
         inputs_sig.check(name, args)?;
     } else {
@@ -196,7 +242,17 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
     for id in &f.params {
         let b = f.buffer(*id);
         let is_out = b.kind == (BufKind::Param { output: true });
-        slots.push(if allocate && is_out { None } else { Some(inputs.next().and_then(|v| v.as_tensor()).expect("checked").clone()) });
+        slots.push(if allocate && is_out {
+            None
+        } else {
+            Some(
+                inputs
+                    .next()
+                    .and_then(|v| v.as_tensor())
+                    .expect("checked")
+                    .clone(),
+            )
+        });
     }
     for (slot, id) in slots.iter().zip(&f.params) {
         if let Some(t) = slot {
@@ -218,14 +274,21 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
     // Dims given by expressions, and the allocation of missing outputs.
     for (i, (slot, id)) in slots.iter_mut().zip(&f.params).enumerate() {
         let b = f.buffer(*id);
-        let want: Vec<i64> = b.shape.iter().map(|e| eval_int(e, &env)).collect::<Result<_>>()?;
+        let want: Vec<i64> = b
+            .shape
+            .iter()
+            .map(|e| eval_int(e, &env))
+            .collect::<Result<_>>()?;
         match slot {
             Some(t) => {
                 for (d, (&w, &g)) in want.iter().zip(t.shape()).enumerate() {
                     if w != g {
                         return Err(shape_error(format!(
                             "{name}: {} has size {g} in dim {d} but the program needs {w} (= {})",
-                            ArgName { index: i, name: Some(&b.name) },
+                            ArgName {
+                                index: i,
+                                name: Some(&b.name)
+                            },
                             b.shape[d]
                         )));
                     }
@@ -233,7 +296,10 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
             }
             None => {
                 if let Some(d) = want.iter().position(|&w| w < 0) {
-                    return Err(shape_error(format!("{name}: output '{}' would have negative size {} in dim {d}", b.name, want[d])));
+                    return Err(shape_error(format!(
+                        "{name}: output '{}' would have negative size {} in dim {d}",
+                        b.name, want[d]
+                    )));
                 }
                 *slot = Some(Tensor::zeros(&want, b.dtype)?);
             }
@@ -242,8 +308,16 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
     let tensors: Vec<Tensor> = slots.into_iter().map(|s| s.expect("filled")).collect();
     for k in &f.checks {
         if eval_int(&k.cond, &env)? == 0 {
-            let dims: Vec<String> = f.dims.iter().map(|v| format!("{}={}", v.name, env[v])).collect();
-            return Err(shape_error(format!("{name}: out-of-bounds access for these shapes ({}): {}", dims.join(", "), k.message)));
+            let dims: Vec<String> = f
+                .dims
+                .iter()
+                .map(|v| format!("{}={}", v.name, env[v]))
+                .collect();
+            return Err(shape_error(format!(
+                "{name}: out-of-bounds access for these shapes ({}): {}",
+                dims.join(", "),
+                k.message
+            )));
         }
     }
     // Outputs may not share memory with any other argument.
@@ -251,7 +325,9 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
         if f.buffer(*id).kind != (BufKind::Param { output: true }) {
             continue;
         }
-        let Some((lo, hi)) = tensors[i].byte_range() else { continue };
+        let Some((lo, hi)) = tensors[i].byte_range() else {
+            continue;
+        };
         for (j, other) in tensors.iter().enumerate() {
             if i == j {
                 continue;
@@ -274,10 +350,21 @@ fn call(c: &Compiled, name: &str, sig: &Signature, inputs_sig: &Signature, args:
     for t in &tensors {
         ints.extend_from_slice(t.strides());
     }
-    let frame = CallFrame { ptrs: tensors.iter().map(|t| t.data_ptr()).collect(), ints };
+    let frame = CallFrame {
+        ptrs: tensors.iter().map(|t| t.data_ptr()).collect(),
+        ints,
+    };
     let work: i64 = tensors.iter().map(|t| t.numel()).sum();
     let mut parallel = false;
-    f.body.visit(&mut |s| parallel |= matches!(s, crate::ir::Stmt::For { kind: ForKind::Parallel, .. }));
+    f.body.visit(&mut |s| {
+        parallel |= matches!(
+            s,
+            crate::ir::Stmt::For {
+                kind: ForKind::Parallel,
+                ..
+            }
+        )
+    });
     // SAFETY: the frame describes the argument tensors, checked above against the signature,
     // the dims and the bounds checks.
     let run = || unsafe { c.kernel.launch(&frame) };

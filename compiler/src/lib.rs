@@ -17,5 +17,5 @@ pub mod te;
 
 pub use build::{build, Module};
 pub use error::{Error, Result};
-pub use schedule::Schedule;
 pub use rivet_runtime as runtime;
+pub use schedule::Schedule;

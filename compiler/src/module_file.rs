@@ -49,9 +49,17 @@ impl Module {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let payload = Payload {
             rivet: env!("CARGO_PKG_VERSION").to_string(),
-            functions: self.funcs.iter().map(|c| SavedFunction { target: c.target.clone(), ir: c.nest.clone() }).collect(),
+            functions: self
+                .funcs
+                .iter()
+                .map(|c| SavedFunction {
+                    target: c.target.clone(),
+                    ir: c.nest.clone(),
+                })
+                .collect(),
         };
-        let json = serde_json::to_vec(&payload).map_err(|e| Error::Internal(format!("serialising a module: {e}")))?;
+        let json = serde_json::to_vec(&payload)
+            .map_err(|e| Error::Internal(format!("serialising a module: {e}")))?;
         let mut out = Vec::with_capacity(HEADER + json.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -74,14 +82,23 @@ impl Module {
     /// Parses and re-compiles a module; `origin` names the source in errors.
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Module> {
         if bytes.len() < HEADER {
-            return Err(bad(origin, format!("the file is truncated ({} bytes, a module has at least {HEADER})", bytes.len())));
+            return Err(bad(
+                origin,
+                format!(
+                    "the file is truncated ({} bytes, a module has at least {HEADER})",
+                    bytes.len()
+                ),
+            ));
         }
         if &bytes[..8] != MAGIC {
             return Err(bad(origin, "not a rivet module (wrong magic bytes)".into()));
         }
         let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         if version != FORMAT_VERSION {
-            return Err(bad(origin, format!("format version {version}; this rivet reads version {FORMAT_VERSION}")));
+            return Err(bad(
+                origin,
+                format!("format version {version}; this rivet reads version {FORMAT_VERSION}"),
+            ));
         }
         let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
         let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
@@ -92,19 +109,28 @@ impl Module {
         if crc32fast::hash(payload) != crc {
             return Err(bad(origin, "checksum mismatch: the file is corrupt".into()));
         }
-        let p: Payload = serde_json::from_slice(payload).map_err(|e| bad(origin, format!("malformed payload: {e}")))?;
+        let p: Payload = serde_json::from_slice(payload)
+            .map_err(|e| bad(origin, format!("malformed payload: {e}")))?;
         let mut funcs = Vec::new();
         for f in p.functions {
             let mut max_id = 0;
             let mut note = |v: &crate::ir::Var| max_id = max_id.max(v.id);
             f.ir.dims.iter().for_each(&mut note);
-            f.ir.buffers.iter().flat_map(|b| &b.strides).for_each(&mut note);
+            f.ir.buffers
+                .iter()
+                .flat_map(|b| &b.strides)
+                .for_each(&mut note);
             f.ir.body.visit(&mut |s| match s {
                 crate::ir::Stmt::For { var, .. } | crate::ir::Stmt::Let { var, .. } => note(var),
                 _ => {}
             });
             crate::ir::Var::reserve(max_id);
-            verify(&f.ir, false).map_err(|e| bad(origin, format!("invalid IR in function '{}': {e}", f.ir.name)))?;
+            verify(&f.ir, false).map_err(|e| {
+                bad(
+                    origin,
+                    format!("invalid IR in function '{}': {e}", f.ir.name),
+                )
+            })?;
             let c = compile(f.ir, &f.target).map_err(|e| match e {
                 Error::Internal(m) => bad(origin, m),
                 other => other,
@@ -116,7 +142,8 @@ impl Module {
 
     pub fn load(path: impl AsRef<Path>) -> Result<Module> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| bad(&path.display().to_string(), e.to_string()))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| bad(&path.display().to_string(), e.to_string()))?;
         Module::from_bytes(&bytes, &path.display().to_string())
     }
 }

@@ -18,7 +18,13 @@ use crate::te::tensor::{post_order, Tensor};
 pub enum Relation {
     /// `parent = outer * factor + inner`; `factor` is the inner extent, or with `nparts` the
     /// outer extent is fixed and the inner one is `ceil(parent / nparts)`.
-    Split { parent: Var, outer: Var, inner: Var, factor: Option<Expr>, nparts: Option<Expr> },
+    Split {
+        parent: Var,
+        outer: Var,
+        inner: Var,
+        factor: Option<Expr>,
+        nparts: Option<Expr>,
+    },
     /// `fused = outer * extent(inner) + inner`.
     Fuse { outer: Var, inner: Var, fused: Var },
 }
@@ -57,7 +63,10 @@ pub struct Schedule {
 }
 
 fn err<T>(stage: &Stage, msg: String) -> Result<T> {
-    Err(Error::Compile(format!("schedule of '{}': {msg}", stage.tensor.name())))
+    Err(Error::Compile(format!(
+        "schedule of '{}': {msg}",
+        stage.tensor.name()
+    )))
 }
 
 impl Stage {
@@ -66,9 +75,18 @@ impl Stage {
             .axis()
             .iter()
             .chain(t.reduce_axis())
-            .map(|iv| Leaf { var: iv.var.clone(), reduce: iv.reduce, kind: ForKind::Serial })
+            .map(|iv| Leaf {
+                var: iv.var.clone(),
+                reduce: iv.reduce,
+                kind: ForKind::Serial,
+            })
             .collect();
-        Stage { tensor: t.clone(), leaves, relations: Vec::new(), attach: Attach::Root }
+        Stage {
+            tensor: t.clone(),
+            leaves,
+            relations: Vec::new(),
+            attach: Attach::Root,
+        }
     }
 
     fn leaf_pos(&self, v: &Var, what: &str) -> Result<usize> {
@@ -91,25 +109,54 @@ impl Stage {
 
     /// Splits loop `parent` into `(outer, inner)` with `inner` of extent `factor`, or with
     /// `outer` of extent `nparts`. Extents that do not divide add a guard.
-    pub fn split(&mut self, parent: &Var, factor: Option<Expr>, nparts: Option<Expr>) -> Result<(Var, Var)> {
+    pub fn split(
+        &mut self,
+        parent: &Var,
+        factor: Option<Expr>,
+        nparts: Option<Expr>,
+    ) -> Result<(Var, Var)> {
         let pos = self.leaf_pos(parent, "split")?;
         let by = match (&factor, &nparts) {
             (Some(f), None) | (None, Some(f)) => f,
-            _ => return err(self, format!("split of '{}' takes exactly one of factor= and nparts=", parent.name)),
+            _ => {
+                return err(
+                    self,
+                    format!(
+                        "split of '{}' takes exactly one of factor= and nparts=",
+                        parent.name
+                    ),
+                )
+            }
         };
         if by.dtype() != rivet_runtime::DType::I64 {
-            return err(self, format!("split factor must be an int, got {}", by.dtype()));
+            return err(
+                self,
+                format!("split factor must be an int, got {}", by.dtype()),
+            );
         }
         if let Some(v) = by.as_int() {
             if v < 1 {
-                return err(self, format!("split factor of '{}' must be >= 1, got {v}", parent.name));
+                return err(
+                    self,
+                    format!("split factor of '{}' must be >= 1, got {v}", parent.name),
+                );
             }
         }
         let leaf = self.leaves[pos].clone();
         let outer = Var::new(&format!("{}.outer", parent.name));
         let inner = Var::new(&format!("{}.inner", parent.name));
-        self.relations.push(Relation::Split { parent: parent.clone(), outer: outer.clone(), inner: inner.clone(), factor, nparts });
-        let mk = |v: &Var| Leaf { var: v.clone(), reduce: leaf.reduce, kind: ForKind::Serial };
+        self.relations.push(Relation::Split {
+            parent: parent.clone(),
+            outer: outer.clone(),
+            inner: inner.clone(),
+            factor,
+            nparts,
+        });
+        let mk = |v: &Var| Leaf {
+            var: v.clone(),
+            reduce: leaf.reduce,
+            kind: ForKind::Serial,
+        };
         self.leaves.splice(pos..=pos, [mk(&outer), mk(&inner)]);
         Ok((outer, inner))
     }
@@ -124,12 +171,29 @@ impl Stage {
             ));
         }
         if self.leaves[po].reduce != self.leaves[pi].reduce {
-            return err(self, format!("cannot fuse a reduction loop with a data-parallel loop ('{}', '{}')", outer.name, inner.name));
+            return err(
+                self,
+                format!(
+                    "cannot fuse a reduction loop with a data-parallel loop ('{}', '{}')",
+                    outer.name, inner.name
+                ),
+            );
         }
         let fused = Var::new(&format!("{}.{}.fused", outer.name, inner.name));
         let reduce = self.leaves[po].reduce;
-        self.relations.push(Relation::Fuse { outer: outer.clone(), inner: inner.clone(), fused: fused.clone() });
-        self.leaves.splice(po..=pi, [Leaf { var: fused.clone(), reduce, kind: ForKind::Serial }]);
+        self.relations.push(Relation::Fuse {
+            outer: outer.clone(),
+            inner: inner.clone(),
+            fused: fused.clone(),
+        });
+        self.leaves.splice(
+            po..=pi,
+            [Leaf {
+                var: fused.clone(),
+                reduce,
+                kind: ForKind::Serial,
+            }],
+        );
         Ok(fused)
     }
 
@@ -187,13 +251,25 @@ impl Schedule {
     /// One stage per compute reachable from `outputs`.
     pub fn new(outputs: &[Tensor]) -> Result<Schedule> {
         if outputs.is_empty() {
-            return Err(Error::Compile("create_schedule needs at least one output tensor".into()));
+            return Err(Error::Compile(
+                "create_schedule needs at least one output tensor".into(),
+            ));
         }
         if let Some(p) = outputs.iter().find(|t| t.is_placeholder()) {
-            return Err(Error::Compile(format!("create_schedule: '{}' is a placeholder, not a compute", p.name())));
+            return Err(Error::Compile(format!(
+                "create_schedule: '{}' is a placeholder, not a compute",
+                p.name()
+            )));
         }
-        let stages = post_order(outputs).iter().filter(|t| !t.is_placeholder()).map(Stage::new).collect();
-        Ok(Schedule { outputs: outputs.to_vec(), stages })
+        let stages = post_order(outputs)
+            .iter()
+            .filter(|t| !t.is_placeholder())
+            .map(Stage::new)
+            .collect();
+        Ok(Schedule {
+            outputs: outputs.to_vec(),
+            stages,
+        })
     }
 
     pub fn stage_index(&self, t: &Tensor) -> Result<usize> {
@@ -216,7 +292,10 @@ impl Schedule {
         let i = self.stage_index(t)?;
         let st = &self.stages[i];
         if !t.reduce_axis().is_empty() {
-            return err(st, "cannot compute_inline a reduction; use compute_at or keep it at root".into());
+            return err(
+                st,
+                "cannot compute_inline a reduction; use compute_at or keep it at root".into(),
+            );
         }
         if self.outputs.contains(t) {
             return err(st, "cannot compute_inline an output of the schedule".into());
@@ -233,13 +312,22 @@ impl Schedule {
         let i = self.stage_index(t)?;
         let c = self.stage_index(consumer)?;
         if i == c {
-            return err(&self.stages[i], "cannot compute_at a stage inside itself".into());
+            return err(
+                &self.stages[i],
+                "cannot compute_at a stage inside itself".into(),
+            );
         }
         self.stages[c].leaf_pos(var, "compute_at inside")?;
         if self.outputs.contains(t) {
-            return err(&self.stages[i], "cannot compute_at an output of the schedule".into());
+            return err(
+                &self.stages[i],
+                "cannot compute_at an output of the schedule".into(),
+            );
         }
-        self.stages[i].attach = Attach::At { consumer: consumer.id(), var: var.clone() };
+        self.stages[i].attach = Attach::At {
+            consumer: consumer.id(),
+            var: var.clone(),
+        };
         Ok(())
     }
 }

@@ -12,7 +12,11 @@ const BACKENDS: [&str; 2] = ["interp", "cpu"];
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     // Small integers and halves: exact in f32, so sums are exact in any order.
-    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 9) as f32 * 0.5 - 2.0).collect()
+    (0..n)
+        .map(|i| {
+            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 9) as f32 * 0.5 - 2.0
+        })
+        .collect()
 }
 
 fn t(v: &[f32], shape: &[i64]) -> Tensor {
@@ -20,8 +24,13 @@ fn t(v: &[f32], shape: &[i64]) -> Tensor {
 }
 
 fn call1(f: &Function, args: Vec<Tensor>) -> Vec<f32> {
-    let out = f.call(&args.into_iter().map(Value::Tensor).collect::<Vec<_>>()).unwrap();
-    out.as_tensor().expect("allocated output").to_vec::<f32>().unwrap()
+    let out = f
+        .call(&args.into_iter().map(Value::Tensor).collect::<Vec<_>>())
+        .unwrap();
+    out.as_tensor()
+        .expect("allocated output")
+        .to_vec::<f32>()
+        .unwrap()
 }
 
 fn naive_mm(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -44,7 +53,17 @@ fn seed_gemm(target: &str, split: bool) -> Function {
     let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
     let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
     let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(&[n.clone(), n], |i| ok(te::sum(a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]), &[k2.clone()])), "C").unwrap();
+    let c = compute(
+        &[n.clone(), n],
+        |i| {
+            ok(te::sum(
+                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
+                &[k2.clone()],
+            ))
+        },
+        "C",
+    )
+    .unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     if split {
         let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
@@ -53,7 +72,10 @@ fn seed_gemm(target: &str, split: bool) -> Function {
         st.reorder(&[io.clone(), k.var.clone(), ii, j]).unwrap();
         st.parallel(&io).unwrap();
     }
-    build(&s, &[a, b, c], target, "mm").unwrap().get_function("mm").unwrap()
+    build(&s, &[a, b, c], target, "mm")
+        .unwrap()
+        .get_function("mm")
+        .unwrap()
 }
 
 #[test]
@@ -63,8 +85,15 @@ fn seed_gemm_symbolic_every_size_every_backend() {
             let f = seed_gemm(target, split);
             for n in [1usize, 7, 56, 61] {
                 let (av, bv) = (data(n * n, 1), data(n * n, 2));
-                let got = call1(&f, vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])]);
-                assert_eq!(got, naive_mm(&av, &bv, n, n, n), "{target} split={split} n={n}");
+                let got = call1(
+                    &f,
+                    vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])],
+                );
+                assert_eq!(
+                    got,
+                    naive_mm(&av, &bv, n, n, n),
+                    "{target} split={split} n={n}"
+                );
             }
         }
     }
@@ -81,9 +110,18 @@ fn outputs_written_in_place_through_strides() {
         let c = base.as_strided(&[n, n], &[2, 2 * n], 0).unwrap();
         // A transposed view as input.
         let at = t(&av, &[n, n]).as_strided(&[n, n], &[1, n], 0).unwrap();
-        f.call(&[Value::Tensor(at.clone()), Value::Tensor(t(&bv, &[n, n])), Value::Tensor(c.clone())]).unwrap();
+        f.call(&[
+            Value::Tensor(at.clone()),
+            Value::Tensor(t(&bv, &[n, n])),
+            Value::Tensor(c.clone()),
+        ])
+        .unwrap();
         let a_logical = at.to_vec::<f32>().unwrap();
-        assert_eq!(c.to_vec::<f32>().unwrap(), naive_mm(&a_logical, &bv, 9, 9, 9), "{target}");
+        assert_eq!(
+            c.to_vec::<f32>().unwrap(),
+            naive_mm(&a_logical, &bv, 9, 9, 9),
+            "{target}"
+        );
         let all = base.to_vec::<f32>().unwrap();
         for (idx, v) in all.iter().enumerate() {
             if idx % 2 == 1 {
@@ -97,14 +135,27 @@ fn outputs_written_in_place_through_strides() {
 fn bad_calls_have_runtime_errors() {
     let f = seed_gemm("interp", false);
     let z = |s: &[i64], d: DType| Value::Tensor(Tensor::zeros(s, d).unwrap());
-    let e = f.call(&[z(&[3, 3], DType::F32), z(&[4, 4], DType::F32)]).unwrap_err();
-    assert!(matches!(e, RtError::Shape(_)) && e.to_string().contains("dim 'n' is 3"), "{e}");
-    let e = f.call(&[z(&[3, 3], DType::F64), z(&[3, 3], DType::F32)]).unwrap_err();
+    let e = f
+        .call(&[z(&[3, 3], DType::F32), z(&[4, 4], DType::F32)])
+        .unwrap_err();
+    assert!(
+        matches!(e, RtError::Shape(_)) && e.to_string().contains("dim 'n' is 3"),
+        "{e}"
+    );
+    let e = f
+        .call(&[z(&[3, 3], DType::F64), z(&[3, 3], DType::F32)])
+        .unwrap_err();
     assert!(matches!(e, RtError::DType(_)), "{e}");
     let e = f.call(&[z(&[3, 3], DType::F32)]).unwrap_err();
     assert!(matches!(e, RtError::Argument(_)), "{e}");
     let a = Tensor::zeros(&[3, 3], DType::F32).unwrap();
-    let e = f.call(&[Value::Tensor(a.clone()), z(&[3, 3], DType::F32), Value::Tensor(a)]).unwrap_err();
+    let e = f
+        .call(&[
+            Value::Tensor(a.clone()),
+            z(&[3, 3], DType::F32),
+            Value::Tensor(a),
+        ])
+        .unwrap_err();
     assert!(matches!(e, RtError::Layout(_)), "{e}");
 }
 
@@ -121,10 +172,16 @@ fn symbolic_out_of_bounds_is_checked_per_call() {
     let f = module.get_function("shift").unwrap();
     let z = |k: i64| Value::Tensor(Tensor::zeros(&[k], DType::F32).unwrap());
     let e = f.call(&[z(4), z(4)]).unwrap_err();
-    assert!(matches!(e, RtError::Shape(_)) && e.to_string().contains("tensor 'A'") && e.to_string().contains("n=4"), "{e}");
+    assert!(
+        matches!(e, RtError::Shape(_))
+            && e.to_string().contains("tensor 'A'")
+            && e.to_string().contains("n=4"),
+        "{e}"
+    );
     let a5 = Tensor::from_slice(&[1f32, 2., 3., 4., 5.], &[5]).unwrap();
     let c4 = Tensor::zeros(&[4], DType::F32).unwrap();
-    f.call(&[Value::Tensor(a5), Value::Tensor(c4.clone())]).unwrap();
+    f.call(&[Value::Tensor(a5), Value::Tensor(c4.clone())])
+        .unwrap();
     assert_eq!(c4.to_vec::<f32>().unwrap(), vec![2., 3., 4., 5.]);
     // Same sizes on both sides: out of bounds for every non-empty n, refuted at build time.
     let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
@@ -138,13 +195,19 @@ fn symbolic_out_of_bounds_is_checked_per_call() {
     let c = compute(&[Expr::int(10)], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let e = build(&s, &[a, c], "interp", "f").err().unwrap().to_string();
-    assert!(e.contains("tensor 'A' dim 0") && e.contains("[0, 10)") && e.contains("out of bounds"), "{e}");
+    assert!(
+        e.contains("tensor 'A' dim 0") && e.contains("[0, 10)") && e.contains("out of bounds"),
+        "{e}"
+    );
 }
 
 fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: {g} vs {w}");
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs {w}"
+        );
     }
 }
 
@@ -154,24 +217,42 @@ fn kernel_library_matches_references() {
         let (m, k, n) = (5usize, 7usize, 3usize);
         let (av, bv) = (data(m * k, 5), data(k * n, 6));
         let mm = kernels::matmul(DType::F32, target).unwrap();
-        assert_eq!(call1(&mm, vec![t(&av, &[5, 7]), t(&bv, &[7, 3])]), naive_mm(&av, &bv, m, k, n));
+        assert_eq!(
+            call1(&mm, vec![t(&av, &[5, 7]), t(&bv, &[7, 3])]),
+            naive_mm(&av, &bv, m, k, n)
+        );
         let bmm = kernels::batch_matmul(DType::F32, target).unwrap();
         let (a2, b2) = (data(2 * m * k, 7), data(2 * k * n, 8));
         let mut want = naive_mm(&a2[..m * k], &b2[..k * n], m, k, n);
         want.extend(naive_mm(&a2[m * k..], &b2[k * n..], m, k, n));
-        assert_eq!(call1(&bmm, vec![t(&a2, &[2, 5, 7]), t(&b2, &[2, 7, 3])]), want);
+        assert_eq!(
+            call1(&bmm, vec![t(&a2, &[2, 5, 7]), t(&b2, &[2, 7, 3])]),
+            want
+        );
         // add with broadcasting: (n, 1) + (1, m)
         let nm = |s: &str| DimSpec::Name(s.into());
-        let add = kernels::add(DType::F32, &[nm("n"), DimSpec::Size(1)], &[DimSpec::Size(1), nm("m")], target).unwrap();
+        let add = kernels::add(
+            DType::F32,
+            &[nm("n"), DimSpec::Size(1)],
+            &[DimSpec::Size(1), nm("m")],
+            target,
+        )
+        .unwrap();
         let (x, y) = (data(4, 9), data(3, 10));
         let got = call1(&add, vec![t(&x, &[4, 1]), t(&y, &[1, 3])]);
         let want: Vec<f32> = (0..12).map(|q| x[q / 3] + y[q % 3]).collect();
         assert_eq!(got, want);
         let relu = kernels::relu(DType::F32, 2, target).unwrap();
         let xv = data(12, 11);
-        assert_eq!(call1(&relu, vec![t(&xv, &[3, 4])]), xv.iter().map(|v| v.max(0.0)).collect::<Vec<_>>());
+        assert_eq!(
+            call1(&relu, vec![t(&xv, &[3, 4])]),
+            xv.iter().map(|v| v.max(0.0)).collect::<Vec<_>>()
+        );
         let gelu = kernels::gelu(DType::F32, 1, target).unwrap();
-        let want: Vec<f32> = xv.iter().map(|&v| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2))).collect();
+        let want: Vec<f32> = xv
+            .iter()
+            .map(|&v| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2)))
+            .collect();
         close(&call1(&gelu, vec![t(&xv, &[12])]), &want, 1e-6, "gelu");
         let sm = kernels::softmax(DType::F32, 2, -1, target).unwrap();
         let got = call1(&sm, vec![t(&xv, &[3, 4])]);
@@ -189,14 +270,25 @@ fn kernel_library_matches_references() {
             let row = &xv[r * 4..r * 4 + 4];
             let mean = row.iter().sum::<f32>() / 4.0;
             let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 4.0;
-            let want: Vec<f32> = (0..4).map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c]).collect();
+            let want: Vec<f32> = (0..4)
+                .map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c])
+                .collect();
             close(&got[r * 4..r * 4 + 4], &want, 1e-5, "layer_norm");
         }
         let rs = kernels::reduce_sum(DType::F32, 2, 0, target).unwrap();
-        let want: Vec<f32> = (0..4).map(|c| (0..3).map(|r| xv[r * 4 + c]).sum()).collect();
+        let want: Vec<f32> = (0..4)
+            .map(|c| (0..3).map(|r| xv[r * 4 + c]).sum())
+            .collect();
         assert_eq!(call1(&rs, vec![t(&xv, &[3, 4])]), want);
         let rm = kernels::reduce_max(DType::F32, 2, 1, target).unwrap();
-        let want: Vec<f32> = (0..3).map(|r| xv[r * 4..r * 4 + 4].iter().cloned().fold(f32::MIN, f32::max)).collect();
+        let want: Vec<f32> = (0..3)
+            .map(|r| {
+                xv[r * 4..r * 4 + 4]
+                    .iter()
+                    .cloned()
+                    .fold(f32::MIN, f32::max)
+            })
+            .collect();
         assert_eq!(call1(&rm, vec![t(&xv, &[3, 4])]), want);
         let tr = kernels::transpose(DType::F32, &[1, 0], target).unwrap();
         let want: Vec<f32> = (0..12).map(|q| xv[(q % 3) * 4 + q / 3]).collect();
@@ -222,7 +314,17 @@ fn gemm_module() -> Module {
     let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
     let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
     let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(&[n.clone(), n], |i| ok(te::sum(a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]), &[k2.clone()])), "C").unwrap();
+    let c = compute(
+        &[n.clone(), n],
+        |i| {
+            ok(te::sum(
+                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
+                &[k2.clone()],
+            ))
+        },
+        "C",
+    )
+    .unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     build(&s, &[a, b, c], "cpu", "mm").unwrap()
 }
@@ -235,14 +337,22 @@ fn saved_modules_round_trip_and_refuse_bad_files() {
     assert_eq!(back.get_source("ir").unwrap(), m.get_source("ir").unwrap());
     let f = back.get_function("mm").unwrap();
     let (av, bv) = (data(16, 1), data(16, 2));
-    assert_eq!(call1(&f, vec![t(&av, &[4, 4]), t(&bv, &[4, 4])]), naive_mm(&av, &bv, 4, 4, 4));
+    assert_eq!(
+        call1(&f, vec![t(&av, &[4, 4]), t(&bv, &[4, 4])]),
+        naive_mm(&av, &bv, 4, 4, 4)
+    );
     // Files on disk.
     let dir = std::env::temp_dir().join(format!("rivet-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("mm.rivet");
     m.save(&p).unwrap();
     assert!(Module::load(&p).is_ok());
-    let err = |b: &[u8]| Module::from_bytes(b, "x").err().expect("must fail").to_string();
+    let err = |b: &[u8]| {
+        Module::from_bytes(b, "x")
+            .err()
+            .expect("must fail")
+            .to_string()
+    };
     assert!(err(&bytes[..bytes.len() / 2]).contains("truncated"));
     assert!(err(&bytes[..10]).contains("truncated"));
     assert!(err(b"PK\x03\x04 this is a zip file, not a module").contains("magic"));
@@ -260,7 +370,10 @@ fn saved_modules_round_trip_and_refuse_bad_files() {
     evil[20..24].copy_from_slice(&crc(crafted.as_bytes()).to_le_bytes());
     evil.extend_from_slice(crafted.as_bytes());
     let e = err(&evil);
-    assert!(e.contains("must lie in") || e.contains("out of bounds"), "{e}");
+    assert!(
+        e.contains("must lie in") || e.contains("out of bounds"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -306,7 +419,11 @@ fn crc(b: &[u8]) -> u32 {
     for &x in b {
         c ^= x as u32;
         for _ in 0..8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
         }
     }
     !c
@@ -325,8 +442,20 @@ fn compute_at_and_padding_every_backend() {
             &[n.clone()],
             |i| {
                 let (i0, last) = (i[0].clone(), n.clone() - 1i64);
-                let left = ok(te::if_then_else(ok(te::compare(rivet_compiler::ir::CmpOp::Gt, i0.clone(), Expr::int(0))), p2.idx(&[i0.clone() - 1i64]), te::constant(0.0, DType::F32)));
-                let right = ok(te::if_then_else(ok(te::compare(rivet_compiler::ir::CmpOp::Lt, i0.clone(), last)), p2.idx(&[i0.clone() + 1i64]), te::constant(0.0, DType::F32)));
+                let left = ok(te::if_then_else(
+                    ok(te::compare(
+                        rivet_compiler::ir::CmpOp::Gt,
+                        i0.clone(),
+                        Expr::int(0),
+                    )),
+                    p2.idx(&[i0.clone() - 1i64]),
+                    te::constant(0.0, DType::F32),
+                ));
+                let right = ok(te::if_then_else(
+                    ok(te::compare(rivet_compiler::ir::CmpOp::Lt, i0.clone(), last)),
+                    p2.idx(&[i0.clone() + 1i64]),
+                    te::constant(0.0, DType::F32),
+                ));
                 left + p2.idx(&[i0]) + right
             },
             "C",
@@ -336,15 +465,27 @@ fn compute_at_and_padding_every_backend() {
         let i = c.axis()[0].var.clone();
         s.compute_at(&p, &c, &i).unwrap();
         let m = build(&s, &[a, c], target, "stencil").unwrap();
-        assert!(!m.get_source("ir").unwrap().contains("check"), "{}", m.get_source("ir").unwrap());
+        assert!(
+            !m.get_source("ir").unwrap().contains("check"),
+            "{}",
+            m.get_source("ir").unwrap()
+        );
         let f = m.get_function("stencil").unwrap();
         for len in [1usize, 2, 9] {
             let av = data(len, 21);
             let pv: Vec<f32> = av.iter().map(|x| x * 3.0 + 1.0).collect();
             let want: Vec<f32> = (0..len)
-                .map(|q| (if q > 0 { pv[q - 1] } else { 0.0 }) + pv[q] + (if q + 1 < len { pv[q + 1] } else { 0.0 }))
+                .map(|q| {
+                    (if q > 0 { pv[q - 1] } else { 0.0 })
+                        + pv[q]
+                        + (if q + 1 < len { pv[q + 1] } else { 0.0 })
+                })
                 .collect();
-            assert_eq!(call1(&f, vec![t(&av, &[len as i64])]), want, "{target} len={len}");
+            assert_eq!(
+                call1(&f, vec![t(&av, &[len as i64])]),
+                want,
+                "{target} len={len}"
+            );
         }
     }
 }

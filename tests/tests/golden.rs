@@ -9,13 +9,19 @@ use rivet_runtime::DType;
 use std::path::PathBuf;
 
 fn golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("golden")
+        .join(name);
     if std::env::var("RIVET_BLESS").is_ok_and(|v| v == "1") {
         std::fs::write(&path, text).unwrap();
         return;
     }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("{} is missing: run with RIVET_BLESS=1 to create it", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "{} is missing: run with RIVET_BLESS=1 to create it",
+            path.display()
+        )
+    });
     assert!(want == text, "{name} differs from the golden file (RIVET_BLESS=1 to update):\n--- golden\n{want}\n--- now\n{text}");
 }
 
@@ -25,14 +31,25 @@ fn gemm(split: bool) -> Module {
     let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
     let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
     let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(&[n.clone(), n], |i| ok(te::sum(a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]), &[k2.clone()])), "C").unwrap();
+    let c = compute(
+        &[n.clone(), n],
+        |i| {
+            ok(te::sum(
+                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
+                &[k2.clone()],
+            ))
+        },
+        "C",
+    )
+    .unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     if split {
         let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
         let st = s.stage(&c).unwrap();
         let (io, ii) = st.split(&i, Some(Expr::int(4)), None).unwrap();
         let (jo, ji) = st.split(&j, Some(Expr::int(4)), None).unwrap();
-        st.reorder(&[io.clone(), jo, k.var.clone(), ii, ji.clone()]).unwrap();
+        st.reorder(&[io.clone(), jo, k.var.clone(), ii, ji.clone()])
+            .unwrap();
         st.parallel(&io).unwrap();
         st.vectorize(&ji).unwrap();
     }
@@ -45,11 +62,31 @@ fn softmax_inlined() -> Module {
     let r1 = te::reduce_axis(Expr::int(0), n.clone(), "r1").unwrap();
     let r2 = te::reduce_axis(Expr::int(0), n.clone(), "r2").unwrap();
     let x1 = x.clone();
-    let mx = compute(&[m.clone()], |i| ok(te::max_over(x1.idx(&[i[0].clone(), ax(&r1)]), &[r1.clone()])), "mx").unwrap();
+    let mx = compute(
+        &[m.clone()],
+        |i| {
+            ok(te::max_over(
+                x1.idx(&[i[0].clone(), ax(&r1)]),
+                &[r1.clone()],
+            ))
+        },
+        "mx",
+    )
+    .unwrap();
     let (x2, mx2) = (x.clone(), mx.clone());
-    let e = compute(&[m.clone(), n.clone()], |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))), "e").unwrap();
+    let e = compute(
+        &[m.clone(), n.clone()],
+        |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))),
+        "e",
+    )
+    .unwrap();
     let e2 = e.clone();
-    let sm = compute(&[m.clone()], |i| ok(te::sum(e2.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])), "sm").unwrap();
+    let sm = compute(
+        &[m.clone()],
+        |i| ok(te::sum(e2.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])),
+        "sm",
+    )
+    .unwrap();
     let (e3, sm3) = (e.clone(), sm.clone());
     let y = compute(&[m, n], |i| e3.idx(i) / sm3.idx(&[i[0].clone()]), "Y").unwrap();
     let mut s = Schedule::new(&[y.clone()]).unwrap();
@@ -67,5 +104,8 @@ fn loop_ir_of_canonical_kernels() {
 #[test]
 fn cranelift_ir_of_canonical_kernels() {
     golden("gemm.clif", &gemm(false).get_source("cranelift").unwrap());
-    golden("gemm_tiled.clif", &gemm(true).get_source("cranelift").unwrap());
+    golden(
+        "gemm_tiled.clif",
+        &gemm(true).get_source("cranelift").unwrap(),
+    );
 }

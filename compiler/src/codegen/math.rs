@@ -130,7 +130,15 @@ mod tests {
 
     #[test]
     fn python_floor_semantics() {
-        for (a, b) in [(7i64, 2i64), (-7, 2), (7, -2), (-7, -2), (6, 3), (-6, 3), (0, 5)] {
+        for (a, b) in [
+            (7i64, 2i64),
+            (-7, 2),
+            (7, -2),
+            (-7, -2),
+            (6, 3),
+            (-6, 3),
+            (0, 5),
+        ] {
             let (q, r) = (floordiv_i64(a, b), floormod_i64(a, b));
             assert_eq!(q * b + r, a, "{a} {b}");
             assert!(r == 0 || (r < 0) == (b < 0), "{a} % {b} = {r}");

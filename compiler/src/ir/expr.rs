@@ -34,7 +34,10 @@ static NEXT_VAR: AtomicU32 = AtomicU32::new(1);
 impl Var {
     /// A fresh variable, distinct from every other one in the process.
     pub fn new(name: &str) -> Var {
-        Var { id: NEXT_VAR.fetch_add(1, Ordering::Relaxed), name: name.into() }
+        Var {
+            id: NEXT_VAR.fetch_add(1, Ordering::Relaxed),
+            name: name.into(),
+        }
     }
 
     /// Ensures later `Var::new` ids are above `id` (after loading saved IR).
@@ -137,11 +140,21 @@ pub enum ExprKind {
     /// so the bounds proof checks each arm's loads under its condition (padding patterns).
     Select(Expr, Expr, Expr),
     /// te only: element `indices` of a tensor (a placeholder or another compute).
-    Read { tensor: crate::te::Tensor, indices: Vec<Expr> },
+    Read {
+        tensor: crate::te::Tensor,
+        indices: Vec<Expr>,
+    },
     /// te only: a reduction of `body` over `axes`.
-    Reduce { op: ReduceOp, body: Expr, axes: Vec<IterVar> },
+    Reduce {
+        op: ReduceOp,
+        body: Expr,
+        axes: Vec<IterVar>,
+    },
     /// loop IR only: element of a buffer, multi-dim before `flatten`, one offset after.
-    Load { buf: BufId, indices: Vec<Expr> },
+    Load {
+        buf: BufId,
+        indices: Vec<Expr>,
+    },
     /// A DSL misuse found while building an expression with Rust operators (which cannot
     /// return errors); `build` reports it as a `CompileError`.
     Invalid(String),
@@ -237,7 +250,9 @@ impl Expr {
         }
         let dt = a.dtype();
         if dt == DType::Bool {
-            return Err(type_error(format!("{op:?} is not defined on bool ({a}, {b}); cast to an int or float dtype first")));
+            return Err(type_error(format!(
+                "{op:?} is not defined on bool ({a}, {b}); cast to an int or float dtype first"
+            )));
         }
         if matches!(op, BinOp::Div | BinOp::Pow) && !dt.is_float() {
             return Err(type_error(format!(
@@ -292,7 +307,10 @@ impl Expr {
 
     pub fn select(c: Expr, a: Expr, b: Expr) -> Result<Expr> {
         if c.dtype() != DType::Bool {
-            return Err(type_error(format!("if_then_else condition must be bool, got {} ({c})", c.dtype())));
+            return Err(type_error(format!(
+                "if_then_else condition must be bool, got {} ({c})",
+                c.dtype()
+            )));
         }
         if a.dtype() != b.dtype() {
             return Err(type_error(format!(
@@ -312,28 +330,52 @@ impl Expr {
     // ---- unchecked index arithmetic (int64, used by lowering) -----------------------------
 
     pub fn add(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::Add, self.clone(), b.clone()), DType::I64)
+        Expr::new(
+            ExprKind::Binary(BinOp::Add, self.clone(), b.clone()),
+            DType::I64,
+        )
     }
     pub fn sub(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::Sub, self.clone(), b.clone()), DType::I64)
+        Expr::new(
+            ExprKind::Binary(BinOp::Sub, self.clone(), b.clone()),
+            DType::I64,
+        )
     }
     pub fn mul(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::Mul, self.clone(), b.clone()), DType::I64)
+        Expr::new(
+            ExprKind::Binary(BinOp::Mul, self.clone(), b.clone()),
+            DType::I64,
+        )
     }
     pub fn floordiv(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::FloorDiv, self.clone(), b.clone()), DType::I64)
+        Expr::new(
+            ExprKind::Binary(BinOp::FloorDiv, self.clone(), b.clone()),
+            DType::I64,
+        )
     }
     pub fn floormod(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::FloorMod, self.clone(), b.clone()), DType::I64)
+        Expr::new(
+            ExprKind::Binary(BinOp::FloorMod, self.clone(), b.clone()),
+            DType::I64,
+        )
     }
     pub fn min_(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::Min, self.clone(), b.clone()), self.dtype())
+        Expr::new(
+            ExprKind::Binary(BinOp::Min, self.clone(), b.clone()),
+            self.dtype(),
+        )
     }
     pub fn max_(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Binary(BinOp::Max, self.clone(), b.clone()), self.dtype())
+        Expr::new(
+            ExprKind::Binary(BinOp::Max, self.clone(), b.clone()),
+            self.dtype(),
+        )
     }
     pub fn lt(&self, b: &Expr) -> Expr {
-        Expr::new(ExprKind::Cmp(CmpOp::Lt, self.clone(), b.clone()), DType::Bool)
+        Expr::new(
+            ExprKind::Cmp(CmpOp::Lt, self.clone(), b.clone()),
+            DType::Bool,
+        )
     }
 
     /// Rebuilds the expression bottom-up; `f` sees each rebuilt node and may replace it.
@@ -353,16 +395,27 @@ impl Expr {
             ExprKind::Logic(op, a, b) => ExprKind::Logic(*op, g(a), g(b)),
             ExprKind::Cast(a) => ExprKind::Cast(g(a)),
             ExprKind::Select(c, a, b) => ExprKind::Select(g(c), g(a), g(b)),
-            ExprKind::Read { tensor, indices } => ExprKind::Read { tensor: tensor.clone(), indices: indices.iter().map(&mut *g).collect() },
+            ExprKind::Read { tensor, indices } => ExprKind::Read {
+                tensor: tensor.clone(),
+                indices: indices.iter().map(&mut *g).collect(),
+            },
             ExprKind::Reduce { op, body, axes } => ExprKind::Reduce {
                 op: *op,
                 body: g(body),
                 axes: axes
                     .iter()
-                    .map(|a| IterVar { var: a.var.clone(), min: g(&a.min), extent: g(&a.extent), reduce: a.reduce })
+                    .map(|a| IterVar {
+                        var: a.var.clone(),
+                        min: g(&a.min),
+                        extent: g(&a.extent),
+                        reduce: a.reduce,
+                    })
                     .collect(),
             },
-            ExprKind::Load { buf, indices } => ExprKind::Load { buf: *buf, indices: indices.iter().map(&mut *g).collect() },
+            ExprKind::Load { buf, indices } => ExprKind::Load {
+                buf: *buf,
+                indices: indices.iter().map(&mut *g).collect(),
+            },
         };
         let new = Expr::new(kind, dt);
         if new == *self {
@@ -387,7 +440,9 @@ impl Expr {
                 a.visit(f);
                 b.visit(f)
             }
-            ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => indices.iter().for_each(|i| i.visit(f)),
+            ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+                indices.iter().for_each(|i| i.visit(f))
+            }
             ExprKind::Reduce { body, axes, .. } => {
                 body.visit(f);
                 for a in axes {

@@ -134,7 +134,10 @@ pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value
         }
     });
     if let Some(v) = missing {
-        return Err(Error::Internal(format!("eval_expr: unbound variable `{}` (id {}) in `{e}`", v.name, v.id)));
+        return Err(Error::Internal(format!(
+            "eval_expr: unbound variable `{}` (id {}) in `{e}`",
+            v.name, v.id
+        )));
     }
     m.eval(e)
 }
@@ -143,7 +146,9 @@ pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value
 pub fn eval_int(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i64> {
     match eval_expr(e, lookup)? {
         Value::Int(v) => Ok(v),
-        other => Err(Error::Internal(format!("eval_int: `{e}` is a float ({other:?})"))),
+        other => Err(Error::Internal(format!(
+            "eval_int: `{e}` is a float ({other:?})"
+        ))),
     }
 }
 
@@ -179,7 +184,11 @@ struct Prepared {
 impl Prepared {
     fn new(func: &PrimFunc, flattened: bool) -> Result<Prepared> {
         verify(func, flattened)?;
-        Ok(Prepared { func: func.clone(), flattened, slots: int_slots(func) })
+        Ok(Prepared {
+            func: func.clone(),
+            flattened,
+            slots: int_slots(func),
+        })
     }
 
     /// # Safety
@@ -200,7 +209,11 @@ impl Prepared {
             m.env.insert(v.id, *x);
         }
         for (i, b) in f.buffers.iter().enumerate() {
-            let mut st = BufState { name: b.name.clone(), dtype: b.dtype, ..BufState::default() };
+            let mut st = BufState {
+                name: b.name.clone(),
+                dtype: b.dtype,
+                ..BufState::default()
+            };
             if i < f.params.len() {
                 st.shape = b.shape.iter().map(|e| m.int(e)).collect::<Result<_>>()?;
                 st.strides = b.strides.iter().map(|v| m.var(v)).collect::<Result<_>>()?;
@@ -295,7 +308,14 @@ struct Machine<'a> {
 
 impl<'a> Machine<'a> {
     fn new(name: &'a str, decls: &'a [Buffer], flattened: bool) -> Machine<'a> {
-        Machine { name, decls, flattened, env: IdMap::default(), bufs: Vec::new(), index: IdMap::default() }
+        Machine {
+            name,
+            decls,
+            flattened,
+            env: IdMap::default(),
+            bufs: Vec::new(),
+            index: IdMap::default(),
+        }
     }
 
     fn err(&self, msg: impl std::fmt::Display) -> Error {
@@ -303,34 +323,53 @@ impl<'a> Machine<'a> {
     }
 
     fn var(&self, v: &Var) -> Result<i64> {
-        self.env.get(&v.id).copied().ok_or_else(|| self.err(format!("unbound variable `{}` (id {})", v.name, v.id)))
+        self.env
+            .get(&v.id)
+            .copied()
+            .ok_or_else(|| self.err(format!("unbound variable `{}` (id {})", v.name, v.id)))
     }
 
     /// Evaluates an expression that must be an integer (index, bound, shape, Let value).
     fn int(&mut self, e: &Expr) -> Result<i64> {
         match self.eval(e)? {
             Value::Int(v) => Ok(v),
-            other => Err(self.err(format!("`{e}` should be an integer, evaluated to {other:?}"))),
+            other => Err(self.err(format!(
+                "`{e}` should be an integer, evaluated to {other:?}"
+            ))),
         }
     }
 
     fn buf_pos(&self, id: u32) -> Result<usize> {
-        self.index.get(&id).copied().ok_or_else(|| self.err(format!("access to unknown buffer id {id}")))
+        self.index
+            .get(&id)
+            .copied()
+            .ok_or_else(|| self.err(format!("access to unknown buffer id {id}")))
     }
 
     /// The checked element offset of an access to buffer `pos` with `indices`.
     fn offset(&mut self, pos: usize, indices: &[Expr], what: &str) -> Result<i64> {
         if !self.bufs[pos].live {
-            return Err(self.err(format!("{what} of `{}` which is not allocated here", self.bufs[pos].name)));
+            return Err(self.err(format!(
+                "{what} of `{}` which is not allocated here",
+                self.bufs[pos].name
+            )));
         }
         let off = if self.flattened {
             if indices.len() != 1 {
-                return Err(self.err(format!("{what} of `{}` with {} indices in flattened IR", self.bufs[pos].name, indices.len())));
+                return Err(self.err(format!(
+                    "{what} of `{}` with {} indices in flattened IR",
+                    self.bufs[pos].name,
+                    indices.len()
+                )));
             }
             self.int(&indices[0])?
         } else {
             if indices.len() != self.bufs[pos].shape.len() {
-                return Err(self.err(format!("{what} of `{}` with {} indices", self.bufs[pos].name, indices.len())));
+                return Err(self.err(format!(
+                    "{what} of `{}` with {} indices",
+                    self.bufs[pos].name,
+                    indices.len()
+                )));
             }
             let mut off = 0i64;
             for (k, e) in indices.iter().enumerate() {
@@ -348,7 +387,11 @@ impl<'a> Machine<'a> {
         };
         let b = &self.bufs[pos];
         if off < b.lo || off > b.hi {
-            let valid = if b.lo > b.hi { "none: the buffer is empty".to_string() } else { format!("{}..={}", b.lo, b.hi) };
+            let valid = if b.lo > b.hi {
+                "none: the buffer is empty".to_string()
+            } else {
+                format!("{}..={}", b.lo, b.hi)
+            };
             let idx: Vec<String> = indices.iter().map(|e| e.to_string()).collect();
             return Err(self.err(format!(
                 "out-of-bounds {what} of `{}` at element offset {off} (valid offsets {valid}); index [{}]",
@@ -366,18 +409,24 @@ impl<'a> Machine<'a> {
             ExprKind::Var(v) => Ok(Value::Int(self.var(v)?)),
             ExprKind::Unary(op, a) => {
                 let x = self.eval(a)?;
-                unary(*op, dt, x).ok_or_else(|| self.err(format!("unary {op:?} on {x:?} typed {dt} in `{e}`")))
+                unary(*op, dt, x)
+                    .ok_or_else(|| self.err(format!("unary {op:?} on {x:?} typed {dt} in `{e}`")))
             }
             ExprKind::Binary(op, a, b) => {
                 let x = self.eval(a)?;
                 let y = self.eval(b)?;
-                binary(*op, dt, x, y).ok_or_else(|| self.err(format!("binary {op:?} of {x:?} and {y:?} typed {dt} in `{e}`")))
+                binary(*op, dt, x, y).ok_or_else(|| {
+                    self.err(format!(
+                        "binary {op:?} of {x:?} and {y:?} typed {dt} in `{e}`"
+                    ))
+                })
             }
             ExprKind::Cmp(op, a, b) => {
                 let x = self.eval(a)?;
                 let y = self.eval(b)?;
-                let r = compare(*op, a.dtype(), x, y)
-                    .ok_or_else(|| self.err(format!("comparison {op:?} of {x:?} and {y:?} in `{e}`")))?;
+                let r = compare(*op, a.dtype(), x, y).ok_or_else(|| {
+                    self.err(format!("comparison {op:?} of {x:?} and {y:?} in `{e}`"))
+                })?;
                 Ok(Value::Int(r as i64))
             }
             ExprKind::Logic(op, a, b) => {
@@ -407,9 +456,14 @@ impl<'a> Machine<'a> {
                 let off = self.offset(pos, indices, "load")?;
                 let b = &self.bufs[pos];
                 if b.dtype != dt {
-                    return Err(self.err(format!("load typed {dt} of `{}` which is {}", b.name, b.dtype)));
+                    return Err(self.err(format!(
+                        "load typed {dt} of `{}` which is {}",
+                        b.name, b.dtype
+                    )));
                 }
-                let p = b.ptr.wrapping_offset((off as isize).wrapping_mul(dt.size() as isize));
+                let p = b
+                    .ptr
+                    .wrapping_offset((off as isize).wrapping_mul(dt.size() as isize));
                 // SAFETY: `off` is within the span of the buffer's elements (checked above),
                 // which the launch contract (parameters) or `Allocate` (locals) makes valid.
                 Ok(unsafe { read_elem(p, dt) })
@@ -426,7 +480,13 @@ impl<'a> Machine<'a> {
     /// Parameter buffers' pointers, shapes and strides in `self.bufs` must be valid.
     unsafe fn exec(&mut self, s: &Stmt) -> Result<()> {
         match s {
-            Stmt::For { var, min, extent, body, .. } => {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
                 let lo = self.int(min)?;
                 let n = self.int(extent)?;
                 for i in 0..n.max(0) {
@@ -437,22 +497,40 @@ impl<'a> Machine<'a> {
                 self.env.remove(&var.id);
                 Ok(())
             }
-            Stmt::Store { buf, indices, value } => {
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } => {
                 let v = self.eval(value)?;
                 let pos = self.buf_pos(buf.0)?;
                 let off = self.offset(pos, indices, "store")?;
                 let b = &self.bufs[pos];
                 if b.dtype != value.dtype() {
-                    return Err(self.err(format!("store of a {} value into `{}` which is {}", value.dtype(), b.name, b.dtype)));
+                    return Err(self.err(format!(
+                        "store of a {} value into `{}` which is {}",
+                        value.dtype(),
+                        b.name,
+                        b.dtype
+                    )));
                 }
-                let p = b.ptr.wrapping_offset((off as isize).wrapping_mul(b.dtype.size() as isize));
+                let p = b
+                    .ptr
+                    .wrapping_offset((off as isize).wrapping_mul(b.dtype.size() as isize));
                 // SAFETY: as for loads: `off` is within the buffer's span.
                 if !unsafe { write_elem(p, b.dtype, v) } {
-                    return Err(self.err(format!("store of {v:?} into `{}` which is {}", b.name, b.dtype)));
+                    return Err(self.err(format!(
+                        "store of {v:?} into `{}` which is {}",
+                        b.name, b.dtype
+                    )));
                 }
                 Ok(())
             }
-            Stmt::If { cond, then, otherwise } => {
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 if self.truth(cond)? {
                     // SAFETY: forwarded.
                     unsafe { self.exec(then) }
@@ -481,17 +559,30 @@ impl<'a> Machine<'a> {
                 let mut numel = 1i64;
                 for k in (0..shape.len()).rev() {
                     if shape[k] < 0 {
-                        return Err(self.err(format!("allocate `{}` with negative extent {} (`{}`)", self.bufs[pos].name, shape[k], shape_e[k])));
+                        return Err(self.err(format!(
+                            "allocate `{}` with negative extent {} (`{}`)",
+                            self.bufs[pos].name, shape[k], shape_e[k]
+                        )));
                     }
                     strides[k] = numel;
-                    numel = numel.checked_mul(shape[k]).ok_or_else(|| self.err(format!("allocate `{}`: size overflows", self.bufs[pos].name)))?;
+                    numel = numel.checked_mul(shape[k]).ok_or_else(|| {
+                        self.err(format!(
+                            "allocate `{}`: size overflows",
+                            self.bufs[pos].name
+                        ))
+                    })?;
                 }
                 let size = self.bufs[pos].dtype.size();
                 let bytes = usize::try_from(numel)
                     .ok()
                     .and_then(|n| n.checked_mul(size))
                     .filter(|&b| b <= isize::MAX as usize)
-                    .ok_or_else(|| self.err(format!("allocate `{}`: {numel} elements is too large", self.bufs[pos].name)))?;
+                    .ok_or_else(|| {
+                        self.err(format!(
+                            "allocate `{}`: {numel} elements is too large",
+                            self.bufs[pos].name
+                        ))
+                    })?;
                 let mut storage = vec![0u8; bytes.max(1)];
                 for (v, s) in stride_v.iter().zip(&strides) {
                     self.env.insert(v.id, *s);
@@ -567,8 +658,12 @@ unsafe fn write_elem(p: *mut u8, dt: DType, v: Value) -> bool {
             (DType::I16 | DType::U16, Value::Int(x)) => p.cast::<u16>().write_unaligned(x as u16),
             (DType::I32 | DType::U32, Value::Int(x)) => p.cast::<u32>().write_unaligned(x as u32),
             (DType::I64 | DType::U64, Value::Int(x)) => p.cast::<i64>().write_unaligned(x),
-            (DType::F16, Value::F32(x)) => p.cast::<u16>().write_unaligned(f16::from_f32(x).to_bits()),
-            (DType::BF16, Value::F32(x)) => p.cast::<u16>().write_unaligned(bf16::from_f32(x).to_bits()),
+            (DType::F16, Value::F32(x)) => {
+                p.cast::<u16>().write_unaligned(f16::from_f32(x).to_bits())
+            }
+            (DType::BF16, Value::F32(x)) => {
+                p.cast::<u16>().write_unaligned(bf16::from_f32(x).to_bits())
+            }
             (DType::F32, Value::F32(x)) => p.cast::<f32>().write_unaligned(x),
             (DType::F64, Value::F64(x)) => p.cast::<f64>().write_unaligned(x),
             _ => return false,
@@ -633,9 +728,17 @@ fn round_f32(x: f32, to: DType) -> f32 {
 fn cast(from: DType, to: DType, x: Value) -> Value {
     match x {
         Value::Int(v) => match to {
-            DType::F64 => Value::F64(if from == DType::U64 { v as u64 as f64 } else { v as f64 }),
+            DType::F64 => Value::F64(if from == DType::U64 {
+                v as u64 as f64
+            } else {
+                v as f64
+            }),
             DType::F32 | DType::F16 | DType::BF16 => {
-                let f = if from == DType::U64 { v as u64 as f32 } else { v as f32 };
+                let f = if from == DType::U64 {
+                    v as u64 as f32
+                } else {
+                    v as f32
+                };
                 Value::F32(round_f32(f, to))
             }
             _ => Value::Int(wrap(v, to)),
@@ -776,8 +879,17 @@ mod tests {
     // ---- builders ----
 
     fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-        let strides = (0..shape.len()).map(|k| Var::new(&format!("{name}_s{k}"))).collect();
-        Buffer { id: BufId(id), name: name.into(), dtype, shape, strides, kind }
+        let strides = (0..shape.len())
+            .map(|k| Var::new(&format!("{name}_s{k}")))
+            .collect();
+        Buffer {
+            id: BufId(id),
+            name: name.into(),
+            dtype,
+            shape,
+            strides,
+            kind,
+        }
     }
     fn input(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
         buffer(id, name, dtype, shape, BufKind::Param { output: false })
@@ -785,7 +897,13 @@ mod tests {
     fn output(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
         buffer(id, name, dtype, shape, BufKind::Param { output: true })
     }
-    fn func(name: &str, params: &[&Buffer], locals: &[&Buffer], dims: &[&Var], body: Stmt) -> PrimFunc {
+    fn func(
+        name: &str,
+        params: &[&Buffer],
+        locals: &[&Buffer],
+        dims: &[&Var],
+        body: Stmt,
+    ) -> PrimFunc {
         PrimFunc {
             name: name.into(),
             params: params.iter().map(|b| b.id).collect(),
@@ -797,16 +915,30 @@ mod tests {
     }
     /// The flattened offset `sum(idx_k * stride_k)` of buffer `b`.
     fn at(b: &Buffer, idx: &[&Var]) -> Expr {
-        idx.iter().zip(&b.strides).map(|(i, s)| Expr::var(i).mul(&Expr::var(s))).reduce(|x, y| x.add(&y)).unwrap_or_else(|| Expr::int(0))
+        idx.iter()
+            .zip(&b.strides)
+            .map(|(i, s)| Expr::var(i).mul(&Expr::var(s)))
+            .reduce(|x, y| x.add(&y))
+            .unwrap_or_else(|| Expr::int(0))
     }
     fn ld(b: &Buffer, idx: &[&Var]) -> Expr {
         Expr::load(b.id, vec![at(b, idx)], b.dtype)
     }
     fn st(b: &Buffer, idx: &[&Var], value: Expr) -> Stmt {
-        Stmt::Store { buf: b.id, indices: vec![at(b, idx)], value }
+        Stmt::Store {
+            buf: b.id,
+            indices: vec![at(b, idx)],
+            value,
+        }
     }
     fn for_(v: &Var, extent: Expr, body: Stmt) -> Stmt {
-        Stmt::For { var: v.clone(), min: Expr::int(0), extent, kind: ForKind::Serial, body: Box::new(body) }
+        Stmt::For {
+            var: v.clone(),
+            min: Expr::int(0),
+            extent,
+            kind: ForKind::Serial,
+            body: Box::new(body),
+        }
     }
     fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
         Expr::binary(op, a, b).unwrap()
@@ -833,8 +965,16 @@ mod tests {
         let n = Var::new("n");
         let i = Var::new("i");
         let sh = vec![Expr::var(&n)];
-        let (a, b, c) = (input(0, "A", DType::F32, sh.clone()), input(1, "B", DType::F32, sh.clone()), output(2, "C", DType::F32, sh));
-        let body = for_(&i, Expr::var(&n), st(&c, &[&i], bin(BinOp::Add, ld(&a, &[&i]), ld(&b, &[&i]))));
+        let (a, b, c) = (
+            input(0, "A", DType::F32, sh.clone()),
+            input(1, "B", DType::F32, sh.clone()),
+            output(2, "C", DType::F32, sh),
+        );
+        let body = for_(
+            &i,
+            Expr::var(&n),
+            st(&c, &[&i], bin(BinOp::Add, ld(&a, &[&i]), ld(&b, &[&i]))),
+        );
         let f = func("add1d", &[&a, &b, &c], &[], &[&n], body);
         // A: stride 2 over 8 floats; B: stride -1 (element 0 is the last float); C compact.
         let mut av: Vec<f32> = (0..8).map(|x| x as f32).collect();
@@ -850,7 +990,13 @@ mod tests {
         assert!(k.source().starts_with("func add1d("), "{}", k.source());
         let mut cv2 = vec![0.0f32; 4];
         // SAFETY: as above.
-        unsafe { k.launch(&CallFrame { ptrs: vec![p(&mut av), bptr, p(&mut cv2)], ints: vec![4, 2, -1, 1] }) }.unwrap();
+        unsafe {
+            k.launch(&CallFrame {
+                ptrs: vec![p(&mut av), bptr, p(&mut cv2)],
+                ints: vec![4, 2, -1, 1],
+            })
+        }
+        .unwrap();
         assert_eq!(cv2, cv);
     }
 
@@ -860,8 +1006,24 @@ mod tests {
         let (m, n) = (Var::new("m"), Var::new("n"));
         let (i, j) = (Var::new("i"), Var::new("j"));
         let sh = vec![Expr::var(&m), Expr::var(&n)];
-        let (a, b, c) = (input(0, "A", DType::I32, sh.clone()), input(1, "B", DType::I32, sh.clone()), output(2, "C", DType::I32, sh));
-        let body = for_(&i, Expr::var(&m), for_(&j, Expr::var(&n), st(&c, &[&i, &j], bin(BinOp::Mul, ld(&a, &[&i, &j]), ld(&b, &[&i, &j])))));
+        let (a, b, c) = (
+            input(0, "A", DType::I32, sh.clone()),
+            input(1, "B", DType::I32, sh.clone()),
+            output(2, "C", DType::I32, sh),
+        );
+        let body = for_(
+            &i,
+            Expr::var(&m),
+            for_(
+                &j,
+                Expr::var(&n),
+                st(
+                    &c,
+                    &[&i, &j],
+                    bin(BinOp::Mul, ld(&a, &[&i, &j]), ld(&b, &[&i, &j])),
+                ),
+            ),
+        );
         let f = func("mul2d", &[&a, &b, &c], &[], &[&m, &n], body);
         let (mm, nn) = (2usize, 3usize);
         // A[i, j] = 10 i + j stored column-major; B[i, j] = j + 1 row-major.
@@ -874,7 +1036,9 @@ mod tests {
             }
         }
         let mut cv = vec![0i32; mm * nn];
-        let ints = vec![mm as i64, nn as i64, 1, mm as i64, nn as i64, 1, nn as i64, 1];
+        let ints = vec![
+            mm as i64, nn as i64, 1, mm as i64, nn as i64, 1, nn as i64, 1,
+        ];
         call(&f, vec![p(&mut av), p(&mut bv), p(&mut cv)], ints).unwrap();
         assert_eq!(cv, vec![0, 2, 6, 10, 22, 36]);
     }
@@ -889,7 +1053,13 @@ mod tests {
         let out = output(1, "out", DType::F64, vec![Expr::var(&m)]);
         let tr = output(2, "tr", DType::F64, vec![Expr::var(&n), Expr::var(&m)]);
         let acc = buffer(3, "acc", DType::F64, vec![Expr::int(1)], BufKind::Local);
-        let tmp = buffer(4, "tmp", DType::F64, vec![Expr::var(&m), Expr::var(&n)], BufKind::Local);
+        let tmp = buffer(
+            4,
+            "tmp",
+            DType::F64,
+            vec![Expr::var(&m), Expr::var(&n)],
+            BufKind::Local,
+        );
         let acc0 = Expr::load(acc.id, vec![Expr::int(0)], DType::F64);
         let sum = for_(
             &i,
@@ -897,7 +1067,15 @@ mod tests {
             Stmt::Allocate {
                 buf: acc.id,
                 body: Box::new(Stmt::Seq(vec![
-                    for_(&j, Expr::var(&n), Stmt::Store { buf: acc.id, indices: vec![Expr::int(0)], value: bin(BinOp::Add, acc0.clone(), ld(&a, &[&i, &j])) }),
+                    for_(
+                        &j,
+                        Expr::var(&n),
+                        Stmt::Store {
+                            buf: acc.id,
+                            indices: vec![Expr::int(0)],
+                            value: bin(BinOp::Add, acc0.clone(), ld(&a, &[&i, &j])),
+                        },
+                    ),
                     st(&out, &[&i], acc0.clone()),
                 ])),
             },
@@ -905,15 +1083,34 @@ mod tests {
         let copy = Stmt::Allocate {
             buf: tmp.id,
             body: Box::new(Stmt::Seq(vec![
-                for_(&i, Expr::var(&m), for_(&j, Expr::var(&n), st(&tmp, &[&i, &j], ld(&a, &[&i, &j])))),
-                for_(&j, Expr::var(&n), for_(&i, Expr::var(&m), st(&tr, &[&j, &i], ld(&tmp, &[&i, &j])))),
+                for_(
+                    &i,
+                    Expr::var(&m),
+                    for_(&j, Expr::var(&n), st(&tmp, &[&i, &j], ld(&a, &[&i, &j]))),
+                ),
+                for_(
+                    &j,
+                    Expr::var(&n),
+                    for_(&i, Expr::var(&m), st(&tr, &[&j, &i], ld(&tmp, &[&i, &j]))),
+                ),
             ])),
         };
-        let f = func("rowsum", &[&a, &out, &tr], &[&acc, &tmp], &[&m, &n], Stmt::Seq(vec![sum, copy]));
+        let f = func(
+            "rowsum",
+            &[&a, &out, &tr],
+            &[&acc, &tmp],
+            &[&m, &n],
+            Stmt::Seq(vec![sum, copy]),
+        );
         let mut av: Vec<f64> = (0..6).map(|x| x as f64).collect();
         let mut ov = vec![f64::NAN; 2];
         let mut tv = vec![f64::NAN; 6];
-        call(&f, vec![p(&mut av), p(&mut ov), p(&mut tv)], vec![2, 3, 3, 1, 1, 2, 1]).unwrap();
+        call(
+            &f,
+            vec![p(&mut av), p(&mut ov), p(&mut tv)],
+            vec![2, 3, 3, 1, 1, 2, 1],
+        )
+        .unwrap();
         assert_eq!(ov, vec![3.0, 12.0]);
         assert_eq!(tv, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     }
@@ -922,26 +1119,53 @@ mod tests {
     #[test]
     fn floordiv_floormod_ints() {
         let i = Var::new("i");
-        let (a, b) = (input(0, "a", DType::I32, vec![Expr::int(6)]), input(1, "b", DType::I32, vec![Expr::int(6)]));
-        let (q, r) = (output(2, "q", DType::I32, vec![Expr::int(6)]), output(3, "r", DType::I32, vec![Expr::int(6)]));
+        let (a, b) = (
+            input(0, "a", DType::I32, vec![Expr::int(6)]),
+            input(1, "b", DType::I32, vec![Expr::int(6)]),
+        );
+        let (q, r) = (
+            output(2, "q", DType::I32, vec![Expr::int(6)]),
+            output(3, "r", DType::I32, vec![Expr::int(6)]),
+        );
         let body = for_(
             &i,
             Expr::int(6),
             Stmt::Seq(vec![
-                st(&q, &[&i], bin(BinOp::FloorDiv, ld(&a, &[&i]), ld(&b, &[&i]))),
-                st(&r, &[&i], bin(BinOp::FloorMod, ld(&a, &[&i]), ld(&b, &[&i]))),
+                st(
+                    &q,
+                    &[&i],
+                    bin(BinOp::FloorDiv, ld(&a, &[&i]), ld(&b, &[&i])),
+                ),
+                st(
+                    &r,
+                    &[&i],
+                    bin(BinOp::FloorMod, ld(&a, &[&i]), ld(&b, &[&i])),
+                ),
             ]),
         );
         let f = func("divmod", &[&a, &b, &q, &r], &[], &[], body);
         let mut av = vec![7, -7, 7, -7, 5, i32::MIN];
         let mut bv = vec![2, 2, -2, -2, 0, -1];
         let (mut qv, mut rv) = (vec![9; 6], vec![9; 6]);
-        call(&f, vec![p(&mut av), p(&mut bv), p(&mut qv), p(&mut rv)], vec![1, 1, 1, 1]).unwrap();
+        call(
+            &f,
+            vec![p(&mut av), p(&mut bv), p(&mut qv), p(&mut rv)],
+            vec![1, 1, 1, 1],
+        )
+        .unwrap();
         assert_eq!(qv, vec![3, -4, -4, 3, 0, i32::MIN]);
         assert_eq!(rv, vec![1, 1, -1, -1, 0, 0]);
         // Floats: floor division and a remainder with the divisor's sign.
-        let fdiv = bin(BinOp::FloorDiv, Expr::constant(-7.0, DType::F32), Expr::constant(2.0, DType::F32));
-        let fmod = bin(BinOp::FloorMod, Expr::constant(-7.0, DType::F64), Expr::constant(2.0, DType::F64));
+        let fdiv = bin(
+            BinOp::FloorDiv,
+            Expr::constant(-7.0, DType::F32),
+            Expr::constant(2.0, DType::F32),
+        );
+        let fmod = bin(
+            BinOp::FloorMod,
+            Expr::constant(-7.0, DType::F64),
+            Expr::constant(2.0, DType::F64),
+        );
         assert_eq!((ev(&fdiv), ev(&fmod)), (Value::F32(-4.0), Value::F64(1.0)));
     }
 
@@ -952,8 +1176,15 @@ mod tests {
         for (dt, expect) in [(DType::F32, 0.0), (DType::F64, 1.0)] {
             let x = input(0, "x", dt, vec![Expr::int(2)]);
             let y = output(1, "y", dt, vec![Expr::int(1)]);
-            let (a, b) = (Expr::load(x.id, vec![Expr::int(0)], dt), Expr::load(x.id, vec![Expr::int(1)], dt));
-            let body = for_(&i, Expr::int(1), st(&y, &[&i], bin(BinOp::Sub, bin(BinOp::Add, a.clone(), b), a)));
+            let (a, b) = (
+                Expr::load(x.id, vec![Expr::int(0)], dt),
+                Expr::load(x.id, vec![Expr::int(1)], dt),
+            );
+            let body = for_(
+                &i,
+                Expr::int(1),
+                st(&y, &[&i], bin(BinOp::Sub, bin(BinOp::Add, a.clone(), b), a)),
+            );
             let f = func("cancel", &[&x, &y], &[], &[], body);
             if dt == DType::F32 {
                 let mut xv = vec![1e8f32, 1.0];
@@ -967,9 +1198,17 @@ mod tests {
                 assert_eq!(yv[0], expect);
             }
         }
-        let s = bin(BinOp::Add, Expr::constant(0.1, DType::F32), Expr::constant(0.2, DType::F32));
+        let s = bin(
+            BinOp::Add,
+            Expr::constant(0.1, DType::F32),
+            Expr::constant(0.2, DType::F32),
+        );
         assert_eq!(ev(&s), Value::F32(0.1f32 + 0.2f32));
-        let s = bin(BinOp::Add, Expr::constant(0.1, DType::F64), Expr::constant(0.2, DType::F64));
+        let s = bin(
+            BinOp::Add,
+            Expr::constant(0.1, DType::F64),
+            Expr::constant(0.2, DType::F64),
+        );
         assert_eq!(ev(&s), Value::F64(0.1 + 0.2));
     }
 
@@ -979,7 +1218,15 @@ mod tests {
         let i = Var::new("i");
         let x = input(0, "x", DType::I8, vec![Expr::int(3)]);
         let y = output(1, "y", DType::I8, vec![Expr::int(3)]);
-        let body = for_(&i, Expr::int(3), st(&y, &[&i], bin(BinOp::Add, ld(&x, &[&i]), Expr::const_int(1, DType::I8))));
+        let body = for_(
+            &i,
+            Expr::int(3),
+            st(
+                &y,
+                &[&i],
+                bin(BinOp::Add, ld(&x, &[&i]), Expr::const_int(1, DType::I8)),
+            ),
+        );
         let f = func("inc8", &[&x, &y], &[], &[], body);
         let mut xv = vec![127i8, -1, -128];
         let mut yv = vec![0i8; 3];
@@ -987,17 +1234,48 @@ mod tests {
         assert_eq!(yv, vec![-128, 0, -127]);
 
         let c = |v: i64, dt| Expr::const_int(v, dt);
-        assert_eq!(ev(&bin(BinOp::Sub, c(0, DType::U8), c(1, DType::U8))), Value::Int(255));
-        assert_eq!(ev(&bin(BinOp::FloorDiv, c(-128, DType::I8), c(-1, DType::I8))), Value::Int(-128));
-        assert_eq!(ev(&Expr::unary(UnOp::Abs, c(-128, DType::I8)).unwrap()), Value::Int(-128));
-        assert_eq!(ev(&Expr::unary(UnOp::Neg, c(1, DType::U32)).unwrap()), Value::Int(u32::MAX as i64));
-        assert_eq!(ev(&bin(BinOp::Mul, c(1 << 20, DType::I32), c(1 << 12, DType::I32))), Value::Int(0));
+        assert_eq!(
+            ev(&bin(BinOp::Sub, c(0, DType::U8), c(1, DType::U8))),
+            Value::Int(255)
+        );
+        assert_eq!(
+            ev(&bin(BinOp::FloorDiv, c(-128, DType::I8), c(-1, DType::I8))),
+            Value::Int(-128)
+        );
+        assert_eq!(
+            ev(&Expr::unary(UnOp::Abs, c(-128, DType::I8)).unwrap()),
+            Value::Int(-128)
+        );
+        assert_eq!(
+            ev(&Expr::unary(UnOp::Neg, c(1, DType::U32)).unwrap()),
+            Value::Int(u32::MAX as i64)
+        );
+        assert_eq!(
+            ev(&bin(
+                BinOp::Mul,
+                c(1 << 20, DType::I32),
+                c(1 << 12, DType::I32)
+            )),
+            Value::Int(0)
+        );
         // uint64 is unsigned in comparisons, division, min/max and conversions.
         let big = c(-1, DType::U64); // u64::MAX
-        assert_eq!(ev(&Expr::cmp(CmpOp::Gt, big.clone(), c(1, DType::U64)).unwrap()), Value::Int(1));
-        assert_eq!(ev(&bin(BinOp::FloorDiv, big.clone(), c(2, DType::U64))), Value::Int((u64::MAX / 2) as i64));
-        assert_eq!(ev(&bin(BinOp::Max, big.clone(), c(1, DType::U64))), Value::Int(-1));
-        assert_eq!(ev(&Expr::cast(DType::F64, big.clone())), Value::F64(u64::MAX as f64));
+        assert_eq!(
+            ev(&Expr::cmp(CmpOp::Gt, big.clone(), c(1, DType::U64)).unwrap()),
+            Value::Int(1)
+        );
+        assert_eq!(
+            ev(&bin(BinOp::FloorDiv, big.clone(), c(2, DType::U64))),
+            Value::Int((u64::MAX / 2) as i64)
+        );
+        assert_eq!(
+            ev(&bin(BinOp::Max, big.clone(), c(1, DType::U64))),
+            Value::Int(-1)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::F64, big.clone())),
+            Value::F64(u64::MAX as f64)
+        );
         assert_eq!(ev(&Expr::cast(DType::U8, big)), Value::Int(255));
     }
 
@@ -1005,15 +1283,42 @@ mod tests {
     #[test]
     fn casts() {
         let f = |v: f64, dt| Expr::constant(v, dt);
-        assert_eq!(ev(&Expr::cast(DType::I8, f(300.0, DType::F32))), Value::Int(127));
-        assert_eq!(ev(&Expr::cast(DType::U8, f(-5.0, DType::F64))), Value::Int(0));
-        assert_eq!(ev(&Expr::cast(DType::I32, f(f64::NAN, DType::F64))), Value::Int(0));
-        assert_eq!(ev(&Expr::cast(DType::I64, f(-2.7, DType::F32))), Value::Int(-2));
-        assert_eq!(ev(&Expr::cast(DType::Bool, f(0.5, DType::F32))), Value::Int(1));
-        assert_eq!(ev(&Expr::cast(DType::Bool, Expr::const_int(256, DType::I32))), Value::Int(1));
-        assert_eq!(ev(&Expr::cast(DType::F32, Expr::bool(true))), Value::F32(1.0));
-        assert_eq!(ev(&Expr::cast(DType::I16, Expr::const_int(70000, DType::I32))), Value::Int(70000i32 as i16 as i64));
-        assert_eq!(ev(&Expr::cast(DType::F32, f(0.1, DType::F64))), Value::F32(0.1f32));
+        assert_eq!(
+            ev(&Expr::cast(DType::I8, f(300.0, DType::F32))),
+            Value::Int(127)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::U8, f(-5.0, DType::F64))),
+            Value::Int(0)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::I32, f(f64::NAN, DType::F64))),
+            Value::Int(0)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::I64, f(-2.7, DType::F32))),
+            Value::Int(-2)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::Bool, f(0.5, DType::F32))),
+            Value::Int(1)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::Bool, Expr::const_int(256, DType::I32))),
+            Value::Int(1)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::F32, Expr::bool(true))),
+            Value::F32(1.0)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::I16, Expr::const_int(70000, DType::I32))),
+            Value::Int(70000i32 as i16 as i64)
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::F32, f(0.1, DType::F64))),
+            Value::F32(0.1f32)
+        );
     }
 
     /// float16/bfloat16: loaded as f32, computed in f32, rounded on store and cast.
@@ -1024,28 +1329,56 @@ mod tests {
         let y = output(1, "y", DType::F16, vec![Expr::int(3)]);
         let k = Expr::constant(1000.0, DType::F16);
         // (x * 1000) / 1000: 60000 * 1000 overflows float16 but not the f32 intermediate.
-        let body = for_(&i, Expr::int(3), st(&y, &[&i], bin(BinOp::Div, bin(BinOp::Mul, ld(&x, &[&i]), k.clone()), k)));
+        let body = for_(
+            &i,
+            Expr::int(3),
+            st(
+                &y,
+                &[&i],
+                bin(BinOp::Div, bin(BinOp::Mul, ld(&x, &[&i]), k.clone()), k),
+            ),
+        );
         let f = func("scale16", &[&x, &y], &[], &[], body);
-        let mut xv: Vec<u16> = [60000.0f32, 1.0 / 3.0, -2.5].iter().map(|v| f16::from_f32(*v).to_bits()).collect();
+        let mut xv: Vec<u16> = [60000.0f32, 1.0 / 3.0, -2.5]
+            .iter()
+            .map(|v| f16::from_f32(*v).to_bits())
+            .collect();
         let mut yv = vec![0u16; 3];
         call(&f, vec![p(&mut xv), p(&mut yv)], vec![1, 1]).unwrap();
         let back: Vec<f32> = yv.iter().map(|b| f16::from_bits(*b).to_f32()).collect();
-        let want: Vec<f32> =
-            xv.iter().map(|b| f16::from_f32(f16::from_bits(*b).to_f32() * 1000.0 / 1000.0).to_f32()).collect();
+        let want: Vec<f32> = xv
+            .iter()
+            .map(|b| f16::from_f32(f16::from_bits(*b).to_f32() * 1000.0 / 1000.0).to_f32())
+            .collect();
         assert_eq!(back, want);
         assert_eq!(back[0], 60000.0);
 
         // Casts round to the dtype; constants are rounded to theirs.
         let third = Expr::cast(DType::F16, Expr::constant(1.0 / 3.0, DType::F32));
         assert_eq!(ev(&third), Value::F32(f16::from_f32(1.0f32 / 3.0).to_f32()));
-        assert_eq!(ev(&Expr::constant(0.1, DType::BF16)), Value::F32(bf16::from_f64(0.1).to_f32()));
-        assert_eq!(ev(&Expr::cast(DType::F16, Expr::constant(1e6, DType::F64))), Value::F32(f32::INFINITY));
+        assert_eq!(
+            ev(&Expr::constant(0.1, DType::BF16)),
+            Value::F32(bf16::from_f64(0.1).to_f32())
+        );
+        assert_eq!(
+            ev(&Expr::cast(DType::F16, Expr::constant(1e6, DType::F64))),
+            Value::F32(f32::INFINITY)
+        );
 
         // bfloat16 round trip through memory.
         let xb = input(0, "xb", DType::BF16, vec![Expr::int(2)]);
         let yb = output(1, "yb", DType::BF16, vec![Expr::int(2)]);
-        let f = func("copy_bf16", &[&xb, &yb], &[], &[], for_(&i, Expr::int(2), st(&yb, &[&i], ld(&xb, &[&i]))));
-        let mut xv: Vec<u16> = [3.140625f32, -0.0078125].iter().map(|v| bf16::from_f32(*v).to_bits()).collect();
+        let f = func(
+            "copy_bf16",
+            &[&xb, &yb],
+            &[],
+            &[],
+            for_(&i, Expr::int(2), st(&yb, &[&i], ld(&xb, &[&i]))),
+        );
+        let mut xv: Vec<u16> = [3.140625f32, -0.0078125]
+            .iter()
+            .map(|v| bf16::from_f32(*v).to_bits())
+            .collect();
         let mut yv = vec![0u16; 2];
         call(&f, vec![p(&mut xv), p(&mut yv)], vec![1, 1]).unwrap();
         assert_eq!(xv, yv);
@@ -1059,21 +1392,47 @@ mod tests {
         let u = |op, e: &Expr| ev(&Expr::unary(op, e.clone()).unwrap());
         assert_eq!(u(UnOp::Exp, &x32), Value::F32(libm::expf(0.7f32)));
         assert_eq!(u(UnOp::Exp, &x64), Value::F64(libm::exp(0.7)));
-        assert_eq!(u(UnOp::Sigmoid, &x32), Value::F32(1.0 / (1.0 + libm::expf(-0.7f32))));
+        assert_eq!(
+            u(UnOp::Sigmoid, &x32),
+            Value::F32(1.0 / (1.0 + libm::expf(-0.7f32)))
+        );
         assert_eq!(u(UnOp::Rsqrt, &x64), Value::F64(1.0 / 0.7f64.sqrt()));
         assert_eq!(u(UnOp::Erf, &x32), Value::F32(libm::erff(0.7f32)));
         assert_eq!(u(UnOp::Tanh, &x64), Value::F64(libm::tanh(0.7)));
         assert_eq!(u(UnOp::Log, &x32), Value::F32(libm::logf(0.7f32)));
-        assert_eq!(u(UnOp::Floor, &Expr::constant(-0.5, DType::F32)), Value::F32(-1.0));
-        assert_eq!(u(UnOp::Ceil, &Expr::constant(-0.5, DType::F64)), Value::F64(-0.0));
-        assert_eq!(ev(&bin(BinOp::Pow, x32.clone(), Expr::constant(2.5, DType::F32))), Value::F32(libm::powf(0.7, 2.5)));
+        assert_eq!(
+            u(UnOp::Floor, &Expr::constant(-0.5, DType::F32)),
+            Value::F32(-1.0)
+        );
+        assert_eq!(
+            u(UnOp::Ceil, &Expr::constant(-0.5, DType::F64)),
+            Value::F64(-0.0)
+        );
+        assert_eq!(
+            ev(&bin(
+                BinOp::Pow,
+                x32.clone(),
+                Expr::constant(2.5, DType::F32)
+            )),
+            Value::F32(libm::powf(0.7, 2.5))
+        );
         let nan = Expr::constant(f64::NAN, DType::F32);
-        let Value::F32(m) = ev(&bin(BinOp::Min, nan.clone(), x32.clone())) else { panic!() };
+        let Value::F32(m) = ev(&bin(BinOp::Min, nan.clone(), x32.clone())) else {
+            panic!()
+        };
         assert!(m.is_nan());
-        let Value::F32(m) = ev(&bin(BinOp::Max, x32.clone(), nan.clone())) else { panic!() };
+        let Value::F32(m) = ev(&bin(BinOp::Max, x32.clone(), nan.clone())) else {
+            panic!()
+        };
         assert!(m.is_nan());
-        assert_eq!(ev(&Expr::cmp(CmpOp::Ne, nan.clone(), nan.clone()).unwrap()), Value::Int(1));
-        assert_eq!(ev(&Expr::cmp(CmpOp::Ge, nan.clone(), x32).unwrap()), Value::Int(0));
+        assert_eq!(
+            ev(&Expr::cmp(CmpOp::Ne, nan.clone(), nan.clone()).unwrap()),
+            Value::Int(1)
+        );
+        assert_eq!(
+            ev(&Expr::cmp(CmpOp::Ge, nan.clone(), x32).unwrap()),
+            Value::Int(0)
+        );
     }
 
     /// `Select` evaluates only the chosen arm and `&&` short-circuits: guarded loads past the
@@ -1084,13 +1443,23 @@ mod tests {
         let x = input(0, "x", DType::F32, vec![Expr::int(2)]);
         let y = output(1, "y", DType::F32, vec![Expr::int(4)]);
         let in_bounds = Expr::var(&i).lt(&Expr::int(2));
-        let guarded = Expr::select(in_bounds.clone(), ld(&x, &[&i]), Expr::constant(-1.0, DType::F32)).unwrap();
-        let positive = Expr::cmp(CmpOp::Gt, ld(&x, &[&i]), Expr::constant(0.0, DType::F32)).unwrap();
+        let guarded = Expr::select(
+            in_bounds.clone(),
+            ld(&x, &[&i]),
+            Expr::constant(-1.0, DType::F32),
+        )
+        .unwrap();
+        let positive =
+            Expr::cmp(CmpOp::Gt, ld(&x, &[&i]), Expr::constant(0.0, DType::F32)).unwrap();
         let both = Expr::logic(LogicOp::And, in_bounds, positive).unwrap();
         let body = for_(
             &i,
             Expr::int(4),
-            Stmt::If { cond: both, then: Box::new(st(&y, &[&i], guarded.clone())), otherwise: Some(Box::new(st(&y, &[&i], guarded))) },
+            Stmt::If {
+                cond: both,
+                then: Box::new(st(&y, &[&i], guarded.clone())),
+                otherwise: Some(Box::new(st(&y, &[&i], guarded))),
+            },
         );
         let f = func("pad", &[&x, &y], &[], &[], body);
         let mut xv = vec![5.0f32, -6.0];
@@ -1105,16 +1474,29 @@ mod tests {
         let n = Var::new("n");
         let i = Var::new("i");
         let x = output(0, "x", DType::I64, vec![Expr::var(&n)]);
-        let body = for_(&i, Expr::var(&n).add(&Expr::int(1)), st(&x, &[&i], Expr::var(&i)));
+        let body = for_(
+            &i,
+            Expr::var(&n).add(&Expr::int(1)),
+            st(&x, &[&i], Expr::var(&i)),
+        );
         let f = func("overrun", &[&x], &[], &[&n], body);
         let mut xv = vec![0i64; 4];
         let err = call(&f, vec![p(&mut xv)], vec![3, 1]).unwrap_err();
-        assert!(matches!(&err, Error::Internal(m) if m.contains("out-of-bounds store of `x` at element offset 3")), "{err}");
+        assert!(
+            matches!(&err, Error::Internal(m) if m.contains("out-of-bounds store of `x` at element offset 3")),
+            "{err}"
+        );
         assert_eq!(xv, vec![0, 1, 2, 0]);
         // Frame arity and failing checks are caught too.
-        assert!(matches!(call(&f, vec![p(&mut xv)], vec![3]), Err(Error::Internal(_))));
+        assert!(matches!(
+            call(&f, vec![p(&mut xv)], vec![3]),
+            Err(Error::Internal(_))
+        ));
         let mut g = f.clone();
-        g.checks.push(Check { cond: Expr::var(&n).lt(&Expr::int(3)), message: "n < 3".into() });
+        g.checks.push(Check {
+            cond: Expr::var(&n).lt(&Expr::int(3)),
+            message: "n < 3".into(),
+        });
         let err = call(&g, vec![p(&mut xv)], vec![3, 1]).unwrap_err();
         assert!(err.to_string().contains("n < 3"), "{err}");
         // A buffer of extent 0 admits no access at all (the loop still runs once here).
@@ -1126,7 +1508,17 @@ mod tests {
     #[test]
     fn compile_verifies() {
         let x = output(0, "x", DType::F32, vec![Expr::int(2)]);
-        let f = func("bad", &[&x], &[], &[], Stmt::Store { buf: x.id, indices: vec![Expr::int(0)], value: Expr::constant(1.0, DType::F64) });
+        let f = func(
+            "bad",
+            &[&x],
+            &[],
+            &[],
+            Stmt::Store {
+                buf: x.id,
+                indices: vec![Expr::int(0)],
+                value: Expr::constant(1.0, DType::F64),
+            },
+        );
         assert!(matches!(InterpBackend.compile(&f), Err(Error::Internal(_))));
     }
 
@@ -1137,12 +1529,31 @@ mod tests {
         let a = input(0, "A", DType::U16, vec![Expr::int(2), Expr::int(2)]);
         let b = output(1, "B", DType::U16, vec![Expr::int(2), Expr::int(2)]);
         let load = Expr::load(a.id, vec![Expr::var(&j), Expr::var(&i)], DType::U16);
-        let store = Stmt::Store { buf: b.id, indices: vec![Expr::var(&i), Expr::var(&j)], value: load };
-        let f = func("transpose", &[&a, &b], &[], &[], for_(&i, Expr::int(2), for_(&j, Expr::int(2), store)));
+        let store = Stmt::Store {
+            buf: b.id,
+            indices: vec![Expr::var(&i), Expr::var(&j)],
+            value: load,
+        };
+        let f = func(
+            "transpose",
+            &[&a, &b],
+            &[],
+            &[],
+            for_(&i, Expr::int(2), for_(&j, Expr::int(2), store)),
+        );
         let mut av = vec![1u16, 2, 3, 4];
         let mut bv = vec![0u16; 4];
         // SAFETY: compact 2x2 buffers.
-        unsafe { run_unflattened(&f, &CallFrame { ptrs: vec![p(&mut av), p(&mut bv)], ints: vec![2, 1, 2, 1] }) }.unwrap();
+        unsafe {
+            run_unflattened(
+                &f,
+                &CallFrame {
+                    ptrs: vec![p(&mut av), p(&mut bv)],
+                    ints: vec![2, 1, 2, 1],
+                },
+            )
+        }
+        .unwrap();
         assert_eq!(bv, vec![1, 3, 2, 4]);
     }
 
@@ -1159,7 +1570,11 @@ mod tests {
             body: Box::new(Stmt::Let {
                 var: t.clone(),
                 value: Expr::var(&i).mul(&Expr::int(10)),
-                body: Box::new(Stmt::Store { buf: y.id, indices: vec![Expr::var(&i)], value: Expr::var(&t).floordiv(&Expr::int(-3)) }),
+                body: Box::new(Stmt::Store {
+                    buf: y.id,
+                    indices: vec![Expr::var(&i)],
+                    value: Expr::var(&t).floordiv(&Expr::int(-3)),
+                }),
             }),
         };
         let f = func("lets", &[&y], &[], &[], body);

@@ -63,7 +63,14 @@ thread_local! {
 }
 
 fn buf_name(id: u32) -> String {
-    NAMES.with(|n| n.borrow().iter().find(|(i, _)| *i == id).map(|(_, s)| s.clone())).unwrap_or_else(|| format!("buf{id}"))
+    NAMES
+        .with(|n| {
+            n.borrow()
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, s)| s.clone())
+        })
+        .unwrap_or_else(|| format!("buf{id}"))
 }
 
 fn list(f: &mut fmt::Formatter<'_>, items: &[Expr]) -> fmt::Result {
@@ -88,7 +95,9 @@ pub fn fmt_expr(e: &Expr, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ExprKind::Unary(UnOp::Neg, a) => write!(f, "(-{a})"),
         ExprKind::Unary(UnOp::Not, a) => write!(f, "(!{a})"),
         ExprKind::Unary(op, a) => write!(f, "{}({a})", un(*op)),
-        ExprKind::Binary(op @ (BinOp::Min | BinOp::Max | BinOp::Pow), a, b) => write!(f, "{}({a}, {b})", bin(*op)),
+        ExprKind::Binary(op @ (BinOp::Min | BinOp::Max | BinOp::Pow), a, b) => {
+            write!(f, "{}({a}, {b})", bin(*op))
+        }
         ExprKind::Binary(op, a, b) => write!(f, "({a} {} {b})", bin(*op)),
         ExprKind::Cmp(op, a, b) => write!(f, "({a} {} {b})", cmp(*op)),
         ExprKind::Logic(LogicOp::And, a, b) => write!(f, "({a} && {b})"),
@@ -127,7 +136,13 @@ fn indent(out: &mut String, depth: usize) {
 
 fn stmt(out: &mut String, s: &Stmt, depth: usize) {
     match s {
-        Stmt::For { var, min, extent, kind, body } => {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            kind,
+            body,
+        } => {
             indent(out, depth);
             let k = match kind {
                 ForKind::Serial => "for",
@@ -142,12 +157,20 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
             }
             stmt(out, body, depth + 1);
         }
-        Stmt::Store { buf, indices, value } => {
+        Stmt::Store {
+            buf,
+            indices,
+            value,
+        } => {
             indent(out, depth);
             let idx: Vec<String> = indices.iter().map(|i| i.to_string()).collect();
             let _ = writeln!(out, "{}[{}] = {value}", buf_name(buf.0), idx.join(", "));
         }
-        Stmt::If { cond, then, otherwise } => {
+        Stmt::If {
+            cond,
+            then,
+            otherwise,
+        } => {
             indent(out, depth);
             let _ = writeln!(out, "if {cond}:");
             stmt(out, then, depth + 1);
@@ -181,7 +204,9 @@ pub fn stmt_to_string(f: Option<&PrimFunc>, s: &Stmt) -> String {
 }
 
 fn with_names<R>(f: Option<&PrimFunc>, body: impl FnOnce() -> R) -> R {
-    let names: Vec<(u32, String)> = f.map(|f| f.buffers.iter().map(|b| (b.id.0, b.name.clone())).collect()).unwrap_or_default();
+    let names: Vec<(u32, String)> = f
+        .map(|f| f.buffers.iter().map(|b| (b.id.0, b.name.clone())).collect())
+        .unwrap_or_default();
     let saved = NAMES.with(|n| std::mem::replace(&mut *n.borrow_mut(), names));
     let r = body();
     NAMES.with(|n| *n.borrow_mut() = saved);
@@ -198,7 +223,11 @@ impl fmt::Display for PrimFunc {
                 .map(|id| {
                     let b = self.buffer(*id);
                     let shape: Vec<String> = b.shape.iter().map(|e| e.to_string()).collect();
-                    let out_mark = if b.kind == (BufKind::Param { output: true }) { " (out)" } else { "" };
+                    let out_mark = if b.kind == (BufKind::Param { output: true }) {
+                        " (out)"
+                    } else {
+                        ""
+                    };
                     format!("{}: {}[{}]{out_mark}", b.name, b.dtype, shape.join(", "))
                 })
                 .collect();

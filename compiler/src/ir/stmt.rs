@@ -26,14 +26,35 @@ pub enum ForKind {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Stmt {
-    For { var: Var, min: Expr, extent: Expr, kind: ForKind, body: Box<Stmt> },
+    For {
+        var: Var,
+        min: Expr,
+        extent: Expr,
+        kind: ForKind,
+        body: Box<Stmt>,
+    },
     /// `buf[indices] = value`.
-    Store { buf: BufId, indices: Vec<Expr>, value: Expr },
-    If { cond: Expr, then: Box<Stmt>, otherwise: Option<Box<Stmt>> },
+    Store {
+        buf: BufId,
+        indices: Vec<Expr>,
+        value: Expr,
+    },
+    If {
+        cond: Expr,
+        then: Box<Stmt>,
+        otherwise: Option<Box<Stmt>>,
+    },
     /// An int64 binding visible in `body`.
-    Let { var: Var, value: Expr, body: Box<Stmt> },
+    Let {
+        var: Var,
+        value: Expr,
+        body: Box<Stmt>,
+    },
     /// A local buffer (declared in `PrimFunc::buffers`) alive during `body`.
-    Allocate { buf: BufId, body: Box<Stmt> },
+    Allocate {
+        buf: BufId,
+        body: Box<Stmt>,
+    },
     Seq(Vec<Stmt>),
 }
 
@@ -82,7 +103,10 @@ pub struct PrimFunc {
 
 impl PrimFunc {
     pub fn buffer(&self, id: BufId) -> &Buffer {
-        self.buffers.iter().find(|b| b.id == id).expect("buffer ids are verified")
+        self.buffers
+            .iter()
+            .find(|b| b.id == id)
+            .expect("buffer ids are verified")
     }
 }
 
@@ -97,27 +121,52 @@ impl Stmt {
 
     /// Rebuilds the statement bottom-up: `fe` rewrites every expression, `fs` may replace each
     /// rebuilt statement.
-    pub fn rewrite(&self, fe: &mut dyn FnMut(&Expr) -> Expr, fs: &mut dyn FnMut(Stmt) -> Stmt) -> Stmt {
+    pub fn rewrite(
+        &self,
+        fe: &mut dyn FnMut(&Expr) -> Expr,
+        fs: &mut dyn FnMut(Stmt) -> Stmt,
+    ) -> Stmt {
         let s = match self {
-            Stmt::For { var, min, extent, kind, body } => Stmt::For {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => Stmt::For {
                 var: var.clone(),
                 min: fe(min),
                 extent: fe(extent),
                 kind: *kind,
                 body: Box::new(body.rewrite(fe, fs)),
             },
-            Stmt::Store { buf, indices, value } => {
-                Stmt::Store { buf: *buf, indices: indices.iter().map(&mut *fe).collect(), value: fe(value) }
-            }
-            Stmt::If { cond, then, otherwise } => Stmt::If {
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } => Stmt::Store {
+                buf: *buf,
+                indices: indices.iter().map(&mut *fe).collect(),
+                value: fe(value),
+            },
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => Stmt::If {
                 cond: fe(cond),
                 then: Box::new(then.rewrite(fe, fs)),
                 otherwise: otherwise.as_ref().map(|o| Box::new(o.rewrite(fe, fs))),
             },
-            Stmt::Let { var, value, body } => {
-                Stmt::Let { var: var.clone(), value: fe(value), body: Box::new(body.rewrite(fe, fs)) }
-            }
-            Stmt::Allocate { buf, body } => Stmt::Allocate { buf: *buf, body: Box::new(body.rewrite(fe, fs)) },
+            Stmt::Let { var, value, body } => Stmt::Let {
+                var: var.clone(),
+                value: fe(value),
+                body: Box::new(body.rewrite(fe, fs)),
+            },
+            Stmt::Allocate { buf, body } => Stmt::Allocate {
+                buf: *buf,
+                body: Box::new(body.rewrite(fe, fs)),
+            },
             Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),
         };
         fs(s)
@@ -127,8 +176,12 @@ impl Stmt {
     pub fn visit(&self, f: &mut dyn FnMut(&Stmt)) {
         f(self);
         match self {
-            Stmt::For { body, .. } | Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => body.visit(f),
-            Stmt::If { then, otherwise, .. } => {
+            Stmt::For { body, .. } | Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => {
+                body.visit(f)
+            }
+            Stmt::If {
+                then, otherwise, ..
+            } => {
                 then.visit(f);
                 if let Some(o) = otherwise {
                     o.visit(f)

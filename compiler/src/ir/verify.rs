@@ -41,7 +41,8 @@ pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
 /// Checks the dtype rules of one expression tree (no scoping, no buffers): see the module
 /// documentation. Errors are `Error::Internal` naming the offending node and the rule.
 pub fn verify_expr_types(e: &Expr) -> Result<()> {
-    check_types(e).map_err(|(node, rule)| Error::Internal(format!("{rule}: in `{node}` (of `{e}`)")))
+    check_types(e)
+        .map_err(|(node, rule)| Error::Internal(format!("{rule}: in `{node}` (of `{e}`)")))
 }
 
 /// The dtype rules of one node and, recursively, its children. On failure: the offending node
@@ -52,15 +53,21 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
     match e.kind() {
         ExprKind::Const(Const::Int(v)) => {
             if dt.is_float() {
-                return bad(format!("constant kind mismatch: integer constant with float dtype {dt}"));
+                return bad(format!(
+                    "constant kind mismatch: integer constant with float dtype {dt}"
+                ));
             }
             if dt == DType::Bool && *v != 0 && *v != 1 {
-                return bad(format!("constant kind mismatch: bool constant {v} is not 0 or 1"));
+                return bad(format!(
+                    "constant kind mismatch: bool constant {v} is not 0 or 1"
+                ));
             }
         }
         ExprKind::Const(Const::Float(_)) => {
             if !dt.is_float() {
-                return bad(format!("constant kind mismatch: float constant with non-float dtype {dt}"));
+                return bad(format!(
+                    "constant kind mismatch: float constant with non-float dtype {dt}"
+                ));
             }
         }
         ExprKind::Var(_) => {
@@ -71,7 +78,10 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
         ExprKind::Unary(op, a) => {
             check_types(a)?;
             if a.dtype() != dt {
-                return bad(format!("operand dtypes differ: {op:?} of {} typed {dt}", a.dtype()));
+                return bad(format!(
+                    "operand dtypes differ: {op:?} of {} typed {dt}",
+                    a.dtype()
+                ));
             }
             let ok = match op {
                 UnOp::Not => dt == DType::Bool,
@@ -86,7 +96,11 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
             check_types(a)?;
             check_types(b)?;
             if a.dtype() != b.dtype() || a.dtype() != dt {
-                return bad(format!("operand dtypes differ: {op:?} of {} and {} typed {dt}", a.dtype(), b.dtype()));
+                return bad(format!(
+                    "operand dtypes differ: {op:?} of {} and {} typed {dt}",
+                    a.dtype(),
+                    b.dtype()
+                ));
             }
             if dt == DType::Bool {
                 return bad(format!("binary {op:?} is not defined on bool"));
@@ -99,7 +113,11 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
             check_types(a)?;
             check_types(b)?;
             if a.dtype() != b.dtype() {
-                return bad(format!("operand dtypes differ: comparison {op:?} of {} and {}", a.dtype(), b.dtype()));
+                return bad(format!(
+                    "operand dtypes differ: comparison {op:?} of {} and {}",
+                    a.dtype(),
+                    b.dtype()
+                ));
             }
             if dt != DType::Bool {
                 return bad(format!("comparison {op:?} must be typed bool, is {dt}"));
@@ -122,10 +140,17 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
             check_types(a)?;
             check_types(b)?;
             if c.dtype() != DType::Bool {
-                return bad(format!("condition must be bool: select condition is {}", c.dtype()));
+                return bad(format!(
+                    "condition must be bool: select condition is {}",
+                    c.dtype()
+                ));
             }
             if a.dtype() != b.dtype() || a.dtype() != dt {
-                return bad(format!("operand dtypes differ: select arms {} and {} typed {dt}", a.dtype(), b.dtype()));
+                return bad(format!(
+                    "operand dtypes differ: select arms {} and {} typed {dt}",
+                    a.dtype(),
+                    b.dtype()
+                ));
             }
         }
         ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
@@ -136,17 +161,27 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
                 }
             }
         }
-        ExprKind::Invalid(msg) => return bad(format!("invalid expression (a DSL misuse that reached the IR): {msg}")),
+        ExprKind::Invalid(msg) => {
+            return bad(format!(
+                "invalid expression (a DSL misuse that reached the IR): {msg}"
+            ))
+        }
         ExprKind::Reduce { body, axes, .. } => {
             check_types(body)?;
             if body.dtype() != dt {
-                return bad(format!("operand dtypes differ: reduction of {} typed {dt}", body.dtype()));
+                return bad(format!(
+                    "operand dtypes differ: reduction of {} typed {dt}",
+                    body.dtype()
+                ));
             }
             for a in axes {
                 for x in [&a.min, &a.extent] {
                     check_types(x)?;
                     if x.dtype() != DType::I64 {
-                        return Err((x.clone(), format!("axis bounds must be int64, is {}", x.dtype())));
+                        return Err((
+                            x.clone(),
+                            format!("axis bounds must be int64, is {}", x.dtype()),
+                        ));
                     }
                 }
             }
@@ -182,7 +217,10 @@ impl<'a> Verifier<'a> {
 
     /// An `Internal` error naming the function, the rule, and the current statement.
     fn fail(&self, rule: &str, detail: impl std::fmt::Display) -> Error {
-        let mut msg = format!("IR verifier, function `{}`: {rule}: {detail}", self.func.name);
+        let mut msg = format!(
+            "IR verifier, function `{}`: {rule}: {detail}",
+            self.func.name
+        );
         if let Some(s) = self.cur {
             let text = stmt_to_string(Some(self.func), s);
             let first = text.lines().next().unwrap_or("").trim();
@@ -197,38 +235,69 @@ impl<'a> Verifier<'a> {
         if f.buffers.len() < f.params.len() {
             return Err(self.fail(
                 "params must be the first buffers, in order",
-                format!("{} params but only {} buffers", f.params.len(), f.buffers.len()),
+                format!(
+                    "{} params but only {} buffers",
+                    f.params.len(),
+                    f.buffers.len()
+                ),
             ));
         }
         for (i, p) in f.params.iter().enumerate() {
             if f.buffers[i].id != *p {
                 return Err(self.fail(
                     "params must be the first buffers, in order",
-                    format!("param {i} is buffer id {}, but buffers[{i}] is `{}` (id {})", p.0, f.buffers[i].name, f.buffers[i].id.0),
+                    format!(
+                        "param {i} is buffer id {}, but buffers[{i}] is `{}` (id {})",
+                        p.0, f.buffers[i].name, f.buffers[i].id.0
+                    ),
                 ));
             }
         }
         for (i, b) in f.buffers.iter().enumerate() {
             if self.bufs.insert(b.id, b).is_some() {
-                return Err(self.fail("duplicate buffer id", format!("id {} is used by more than one buffer (`{}`)", b.id.0, b.name)));
+                return Err(self.fail(
+                    "duplicate buffer id",
+                    format!(
+                        "id {} is used by more than one buffer (`{}`)",
+                        b.id.0, b.name
+                    ),
+                ));
             }
             let is_param = i < f.params.len();
             match (is_param, b.kind) {
                 (true, BufKind::Param { .. }) | (false, BufKind::Local) => {}
-                (true, k) => return Err(self.fail("param buffer must have kind Param", format!("`{}` has kind {k:?}", b.name))),
-                (false, k) => return Err(self.fail("non-param buffer must have kind Local", format!("`{}` has kind {k:?}", b.name))),
+                (true, k) => {
+                    return Err(self.fail(
+                        "param buffer must have kind Param",
+                        format!("`{}` has kind {k:?}", b.name),
+                    ))
+                }
+                (false, k) => {
+                    return Err(self.fail(
+                        "non-param buffer must have kind Local",
+                        format!("`{}` has kind {k:?}", b.name),
+                    ))
+                }
             }
             if b.strides.len() != b.shape.len() {
                 return Err(self.fail(
                     "strides.len() must equal shape.len()",
-                    format!("`{}` has {} dims and {} strides", b.name, b.shape.len(), b.strides.len()),
+                    format!(
+                        "`{}` has {} dims and {} strides",
+                        b.name,
+                        b.shape.len(),
+                        b.strides.len()
+                    ),
                 ));
             }
         }
         // Dims, then parameter strides: in scope everywhere, each bound once.
         for d in &f.dims {
             if !self.bound.insert(d.id) {
-                return Err(self.fail("variable bound twice", format!("dim `{}` (id {}) is listed twice", d.name, d.id)));
+                return Err(self.fail(
+                    "variable bound twice",
+                    format!("dim `{}` (id {}) is listed twice", d.name, d.id),
+                ));
             }
         }
         // Parameter shapes: constants and dims only.
@@ -237,7 +306,10 @@ impl<'a> Verifier<'a> {
             for s in &b.shape {
                 self.expr(s, &format!("shape of param `{}`", b.name))?;
                 if s.dtype() != DType::I64 {
-                    return Err(self.fail("shape must be int64", format!("shape `{s}` of `{}` is {}", b.name, s.dtype())));
+                    return Err(self.fail(
+                        "shape must be int64",
+                        format!("shape `{s}` of `{}` is {}", b.name, s.dtype()),
+                    ));
                 }
             }
         }
@@ -247,16 +319,25 @@ impl<'a> Verifier<'a> {
                 if !self.bound.insert(s.id) {
                     return Err(self.fail(
                         "variable bound twice",
-                        format!("stride `{}` (id {}) of param `{}` is already bound", s.name, s.id, b.name),
+                        format!(
+                            "stride `{}` (id {}) of param `{}` is already bound",
+                            s.name, s.id, b.name
+                        ),
                     ));
                 }
             }
         }
         // Checks: bool, over dims and parameter strides only, no memory access.
         for c in &f.checks {
-            self.expr(&c.cond, "check (checks use only dims and param stride variables)")?;
+            self.expr(
+                &c.cond,
+                "check (checks use only dims and param stride variables)",
+            )?;
             if c.cond.dtype() != DType::Bool {
-                return Err(self.fail("condition must be bool", format!("check `{}` is {}", c.cond, c.cond.dtype())));
+                return Err(self.fail(
+                    "condition must be bool",
+                    format!("check `{}` is {}", c.cond, c.cond.dtype()),
+                ));
             }
             let mut access = None;
             c.cond.visit(&mut |e| {
@@ -279,7 +360,10 @@ impl<'a> Verifier<'a> {
         if !self.bound.insert(v.id) {
             return Err(self.fail(
                 "variable bound twice (shadowing)",
-                format!("{what} `{}` (id {}) is already bound in an enclosing scope", v.name, v.id),
+                format!(
+                    "{what} `{}` (id {}) is already bound in an enclosing scope",
+                    v.name, v.id
+                ),
             ));
         }
         Ok(())
@@ -297,10 +381,16 @@ impl<'a> Verifier<'a> {
             }
             match n.kind() {
                 ExprKind::Var(v) if !self.bound.contains(&v.id) => {
-                    err = Some(self.fail("unbound variable", format!("`{}` (id {}) in {what} `{e}`", v.name, v.id)));
+                    err = Some(self.fail(
+                        "unbound variable",
+                        format!("`{}` (id {}) in {what} `{e}`", v.name, v.id),
+                    ));
                 }
                 ExprKind::Read { .. } | ExprKind::Reduce { .. } => {
-                    err = Some(self.fail("te-only node (Read/Reduce) in loop IR", format!("`{n}` in {what} `{e}`")));
+                    err = Some(self.fail(
+                        "te-only node (Read/Reduce) in loop IR",
+                        format!("`{n}` in {what} `{e}`"),
+                    ));
                 }
                 ExprKind::Load { buf, indices } => {
                     if let Err(x) = self.access(*buf, indices.len(), n.dtype(), "load") {
@@ -316,18 +406,34 @@ impl<'a> Verifier<'a> {
     /// A `Load`/`Store` of `buf` with `nidx` indices and element dtype `dtype`.
     fn access(&self, buf: BufId, nidx: usize, dtype: DType, what: &str) -> Result<()> {
         let Some(b) = self.bufs.get(&buf) else {
-            return Err(self.fail("unknown buffer", format!("{what} of buffer id {} which the function does not declare", buf.0)));
+            return Err(self.fail(
+                "unknown buffer",
+                format!(
+                    "{what} of buffer id {} which the function does not declare",
+                    buf.0
+                ),
+            ));
         };
         if b.kind == BufKind::Local && !self.live.contains(&buf) {
-            return Err(self.fail("local buffer used outside its Allocate", format!("{what} of `{}`", b.name)));
+            return Err(self.fail(
+                "local buffer used outside its Allocate",
+                format!("{what} of `{}`", b.name),
+            ));
         }
         if self.flattened && nidx != 1 {
-            return Err(self.fail("flattened access must have exactly 1 index", format!("{what} of `{}` has {nidx}", b.name)));
+            return Err(self.fail(
+                "flattened access must have exactly 1 index",
+                format!("{what} of `{}` has {nidx}", b.name),
+            ));
         }
         if !self.flattened && nidx != b.shape.len() {
             return Err(self.fail(
                 "index count must equal buffer rank",
-                format!("{what} of `{}` has {nidx} indices, the buffer has {} dims", b.name, b.shape.len()),
+                format!(
+                    "{what} of `{}` has {nidx} indices, the buffer has {} dims",
+                    b.name,
+                    b.shape.len()
+                ),
             ));
         }
         if dtype != b.dtype {
@@ -343,7 +449,10 @@ impl<'a> Verifier<'a> {
     fn int_expr(&self, e: &Expr, what: &str) -> Result<()> {
         self.expr(e, what)?;
         if e.dtype() != DType::I64 {
-            return Err(self.fail(&format!("{what} must be int64"), format!("`{e}` is {}", e.dtype())));
+            return Err(self.fail(
+                &format!("{what} must be int64"),
+                format!("`{e}` is {}", e.dtype()),
+            ));
         }
         Ok(())
     }
@@ -357,10 +466,18 @@ impl<'a> Verifier<'a> {
 
     fn stmt_inner(&mut self, s: &'a Stmt) -> Result<()> {
         match s {
-            Stmt::For { var, min, extent, kind, body } => {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => {
                 self.int_expr(min, "For min")?;
                 self.int_expr(extent, "For extent")?;
-                if matches!(kind, ForKind::Vectorized | ForKind::Unrolled) && extent.as_int().is_none() {
+                if matches!(kind, ForKind::Vectorized | ForKind::Unrolled)
+                    && extent.as_int().is_none()
+                {
                     return Err(self.fail(
                         "vectorized/unrolled loop needs a constant extent",
                         format!("{kind:?} loop over `{}` has extent `{extent}`", var.name),
@@ -371,17 +488,28 @@ impl<'a> Verifier<'a> {
                 self.bound.remove(&var.id);
                 r
             }
-            Stmt::Store { buf, indices, value } => {
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } => {
                 for i in indices {
                     self.int_expr(i, "index")?;
                 }
                 self.expr(value, "stored value")?;
                 self.access(*buf, indices.len(), value.dtype(), "store")
             }
-            Stmt::If { cond, then, otherwise } => {
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 self.expr(cond, "If condition")?;
                 if cond.dtype() != DType::Bool {
-                    return Err(self.fail("condition must be bool", format!("If condition `{cond}` is {}", cond.dtype())));
+                    return Err(self.fail(
+                        "condition must be bool",
+                        format!("If condition `{cond}` is {}", cond.dtype()),
+                    ));
                 }
                 self.stmt(then)?;
                 if let Some(o) = otherwise {
@@ -398,13 +526,25 @@ impl<'a> Verifier<'a> {
             }
             Stmt::Allocate { buf, body } => {
                 let Some(b) = self.bufs.get(buf).copied() else {
-                    return Err(self.fail("unknown buffer", format!("Allocate of buffer id {} which the function does not declare", buf.0)));
+                    return Err(self.fail(
+                        "unknown buffer",
+                        format!(
+                            "Allocate of buffer id {} which the function does not declare",
+                            buf.0
+                        ),
+                    ));
                 };
                 if b.kind != BufKind::Local {
-                    return Err(self.fail("only local buffers are allocated", format!("Allocate of param `{}`", b.name)));
+                    return Err(self.fail(
+                        "only local buffers are allocated",
+                        format!("Allocate of param `{}`", b.name),
+                    ));
                 }
                 if self.live.contains(buf) {
-                    return Err(self.fail("local buffer allocated twice in nested scopes", format!("`{}`", b.name)));
+                    return Err(self.fail(
+                        "local buffer allocated twice in nested scopes",
+                        format!("`{}`", b.name),
+                    ));
                 }
                 for e in &b.shape {
                     self.int_expr(e, &format!("shape of local `{}`", b.name))?;
@@ -452,8 +592,17 @@ mod tests {
     }
 
     fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-        let strides = (0..shape.len()).map(|k| Var::new(&format!("{name}_s{k}"))).collect();
-        Buffer { id: BufId(id), name: name.into(), dtype, shape, strides, kind }
+        let strides = (0..shape.len())
+            .map(|k| Var::new(&format!("{name}_s{k}")))
+            .collect();
+        Buffer {
+            id: BufId(id),
+            name: name.into(),
+            dtype,
+            shape,
+            strides,
+            kind,
+        }
     }
 
     fn off(b: &Buffer, i: &Var) -> Expr {
@@ -463,8 +612,20 @@ mod tests {
     fn base() -> Base {
         let n = Var::new("n");
         let i = Var::new("i");
-        let a = buffer(0, "A", DType::F32, vec![Expr::var(&n)], BufKind::Param { output: false });
-        let c = buffer(1, "C", DType::F32, vec![Expr::var(&n)], BufKind::Param { output: true });
+        let a = buffer(
+            0,
+            "A",
+            DType::F32,
+            vec![Expr::var(&n)],
+            BufKind::Param { output: false },
+        );
+        let c = buffer(
+            1,
+            "C",
+            DType::F32,
+            vec![Expr::var(&n)],
+            BufKind::Param { output: true },
+        );
         let t = buffer(2, "T", DType::F32, vec![Expr::var(&n)], BufKind::Local);
         let body = Stmt::For {
             var: i.clone(),
@@ -474,8 +635,16 @@ mod tests {
             body: Box::new(Stmt::Allocate {
                 buf: t.id,
                 body: Box::new(Stmt::Seq(vec![
-                    Stmt::Store { buf: t.id, indices: vec![off(&t, &i)], value: Expr::load(a.id, vec![off(&a, &i)], DType::F32) },
-                    Stmt::Store { buf: c.id, indices: vec![off(&c, &i)], value: Expr::load(t.id, vec![off(&t, &i)], DType::F32) },
+                    Stmt::Store {
+                        buf: t.id,
+                        indices: vec![off(&t, &i)],
+                        value: Expr::load(a.id, vec![off(&a, &i)], DType::F32),
+                    },
+                    Stmt::Store {
+                        buf: c.id,
+                        indices: vec![off(&c, &i)],
+                        value: Expr::load(t.id, vec![off(&t, &i)], DType::F32),
+                    },
                 ])),
             }),
         };
@@ -500,7 +669,11 @@ mod tests {
             kind: ForKind::Serial,
             body: Box::new(Stmt::Allocate {
                 buf: b.t.id,
-                body: Box::new(Stmt::Store { buf: b.c.id, indices, value }),
+                body: Box::new(Stmt::Store {
+                    buf: b.c.id,
+                    indices,
+                    value,
+                }),
             }),
         };
         f
@@ -510,7 +683,10 @@ mod tests {
         match verify(f, flattened) {
             Err(Error::Internal(m)) => {
                 assert!(m.contains(rule), "expected rule `{rule}` in: {m}");
-                assert!(m.contains(&f.name), "message does not name the function: {m}");
+                assert!(
+                    m.contains(&f.name),
+                    "message does not name the function: {m}"
+                );
             }
             other => panic!("expected an internal error for `{rule}`, got {other:?}"),
         }
@@ -563,11 +739,22 @@ mod tests {
         expect_err(&f, true, "unbound variable");
         // A local's stride is bound only inside its Allocate.
         let mut f = b.f.clone();
-        f.body = Stmt::Store { buf: b.c.id, indices: vec![Expr::var(&b.t.strides[0])], value: Expr::constant(1.0, DType::F32) };
+        f.body = Stmt::Store {
+            buf: b.c.id,
+            indices: vec![Expr::var(&b.t.strides[0])],
+            value: Expr::constant(1.0, DType::F32),
+        };
         expect_err(&f, true, "unbound variable");
         // A loop variable is out of scope after its loop.
         let mut f = b.f.clone();
-        f.body = Stmt::Seq(vec![b.f.body.clone(), Stmt::Store { buf: b.c.id, indices: vec![Expr::var(&b.i)], value: Expr::constant(1.0, DType::F32) }]);
+        f.body = Stmt::Seq(vec![
+            b.f.body.clone(),
+            Stmt::Store {
+                buf: b.c.id,
+                indices: vec![Expr::var(&b.i)],
+                value: Expr::constant(1.0, DType::F32),
+            },
+        ]);
         expect_err(&f, true, "unbound variable");
         // Parameter shapes use dims only.
         let mut f = b.f.clone();
@@ -579,15 +766,31 @@ mod tests {
     fn no_shadowing_but_siblings_may_rebind() {
         let b = base();
         let mut f = b.f.clone();
-        f.body = Stmt::For { var: b.i.clone(), min: Expr::int(0), extent: Expr::int(2), kind: ForKind::Serial, body: Box::new(b.f.body.clone()) };
+        f.body = Stmt::For {
+            var: b.i.clone(),
+            min: Expr::int(0),
+            extent: Expr::int(2),
+            kind: ForKind::Serial,
+            body: Box::new(b.f.body.clone()),
+        };
         expect_err(&f, true, "variable bound twice");
         // A loop over a dim's variable.
         let mut f = b.f.clone();
-        f.body = Stmt::For { var: b.n.clone(), min: Expr::int(0), extent: Expr::int(2), kind: ForKind::Serial, body: Box::new(Stmt::Seq(vec![])) };
+        f.body = Stmt::For {
+            var: b.n.clone(),
+            min: Expr::int(0),
+            extent: Expr::int(2),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Seq(vec![])),
+        };
         expect_err(&f, true, "variable bound twice");
         // A Let of a param stride.
         let mut f = b.f.clone();
-        f.body = Stmt::Let { var: b.a.strides[0].clone(), value: Expr::int(1), body: Box::new(Stmt::Seq(vec![])) };
+        f.body = Stmt::Let {
+            var: b.a.strides[0].clone(),
+            value: Expr::int(1),
+            body: Box::new(Stmt::Seq(vec![])),
+        };
         expect_err(&f, true, "variable bound twice");
         // Two sibling loops over the same variable are fine.
         let mut f = b.f.clone();
@@ -600,47 +803,92 @@ mod tests {
         let b = base();
         let t = crate::te::placeholder(&[Expr::int(4)], DType::F32, "P").unwrap();
         let read = t.at(&[Expr::var(&b.i)]).unwrap();
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], read), true, "te-only node");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], read),
+            true,
+            "te-only node",
+        );
         let k = Var::new("k");
         let reduce = Expr::new(
             ExprKind::Reduce {
                 op: ReduceOp::Sum,
                 body: Expr::constant(1.0, DType::F32),
-                axes: vec![IterVar { var: k, min: Expr::int(0), extent: Expr::int(3), reduce: true }],
+                axes: vec![IterVar {
+                    var: k,
+                    min: Expr::int(0),
+                    extent: Expr::int(3),
+                    reduce: true,
+                }],
             },
             DType::F32,
         );
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], reduce), true, "te-only node");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], reduce),
+            true,
+            "te-only node",
+        );
         let invalid = Expr::new(ExprKind::Invalid("misuse".into()), DType::F32);
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], invalid), true, "invalid expression");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], invalid),
+            true,
+            "invalid expression",
+        );
     }
 
     #[test]
     fn buffers_exist_and_locals_are_live() {
         let b = base();
         let bogus = Expr::load(BufId(99), vec![Expr::int(0)], DType::F32);
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], bogus), true, "unknown buffer");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], bogus),
+            true,
+            "unknown buffer",
+        );
         let mut f = b.f.clone();
-        f.body = Stmt::Store { buf: b.t.id, indices: vec![Expr::int(0)], value: Expr::constant(1.0, DType::F32) };
+        f.body = Stmt::Store {
+            buf: b.t.id,
+            indices: vec![Expr::int(0)],
+            value: Expr::constant(1.0, DType::F32),
+        };
         expect_err(&f, true, "local buffer used outside its Allocate");
         let mut f = b.f.clone();
-        f.body = Stmt::Allocate { buf: b.a.id, body: Box::new(Stmt::Seq(vec![])) };
+        f.body = Stmt::Allocate {
+            buf: b.a.id,
+            body: Box::new(Stmt::Seq(vec![])),
+        };
         expect_err(&f, true, "only local buffers are allocated");
         let mut f = b.f.clone();
-        f.body = Stmt::Allocate { buf: b.t.id, body: Box::new(b.f.body.clone()) };
+        f.body = Stmt::Allocate {
+            buf: b.t.id,
+            body: Box::new(b.f.body.clone()),
+        };
         expect_err(&f, true, "allocated twice");
     }
 
     #[test]
     fn int64_indices_bounds_and_lets() {
         let b = base();
-        let f = with_store(&b, vec![Expr::const_int(0, DType::I32)], Expr::constant(1.0, DType::F32));
+        let f = with_store(
+            &b,
+            vec![Expr::const_int(0, DType::I32)],
+            Expr::constant(1.0, DType::F32),
+        );
         expect_err(&f, true, "index must be int64");
         let mut f = b.f.clone();
-        f.body = Stmt::For { var: Var::new("j"), min: Expr::int(0), extent: Expr::const_int(3, DType::I32), kind: ForKind::Serial, body: Box::new(Stmt::Seq(vec![])) };
+        f.body = Stmt::For {
+            var: Var::new("j"),
+            min: Expr::int(0),
+            extent: Expr::const_int(3, DType::I32),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Seq(vec![])),
+        };
         expect_err(&f, true, "For extent must be int64");
         let mut f = b.f.clone();
-        f.body = Stmt::Let { var: Var::new("x"), value: Expr::const_int(3, DType::U64), body: Box::new(Stmt::Seq(vec![])) };
+        f.body = Stmt::Let {
+            var: Var::new("x"),
+            value: Expr::const_int(3, DType::U64),
+            body: Box::new(Stmt::Seq(vec![])),
+        };
         expect_err(&f, true, "Let value must be int64");
     }
 
@@ -648,30 +896,80 @@ mod tests {
     fn conditions_are_bool() {
         let b = base();
         let mut f = b.f.clone();
-        f.body = Stmt::If { cond: Expr::int(1), then: Box::new(b.f.body.clone()), otherwise: None };
+        f.body = Stmt::If {
+            cond: Expr::int(1),
+            then: Box::new(b.f.body.clone()),
+            otherwise: None,
+        };
         expect_err(&f, true, "condition must be bool");
         let bad_select = Expr::new(
-            ExprKind::Select(Expr::int(1), Expr::constant(1.0, DType::F32), Expr::constant(2.0, DType::F32)),
+            ExprKind::Select(
+                Expr::int(1),
+                Expr::constant(1.0, DType::F32),
+                Expr::constant(2.0, DType::F32),
+            ),
             DType::F32,
         );
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], bad_select), true, "condition must be bool");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], bad_select),
+            true,
+            "condition must be bool",
+        );
     }
 
     #[test]
     fn dtypes_of_stores_loads_and_operands() {
         let b = base();
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], Expr::constant(1.0, DType::F64)), true, "store dtype must equal buffer dtype");
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], Expr::constant(1.0, DType::F64)),
+            true,
+            "store dtype must equal buffer dtype",
+        );
         let wrong_load = Expr::load(b.a.id, vec![off(&b.a, &b.i)], DType::F64);
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], Expr::cast(DType::F32, wrong_load)), true, "load dtype must equal buffer dtype");
+        expect_err(
+            &with_store(
+                &b,
+                vec![off(&b.c, &b.i)],
+                Expr::cast(DType::F32, wrong_load),
+            ),
+            true,
+            "load dtype must equal buffer dtype",
+        );
         let mixed = Expr::new(
-            ExprKind::Binary(BinOp::Add, Expr::constant(1.0, DType::F32), Expr::constant(1.0, DType::F64)),
+            ExprKind::Binary(
+                BinOp::Add,
+                Expr::constant(1.0, DType::F32),
+                Expr::constant(1.0, DType::F64),
+            ),
             DType::F32,
         );
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], mixed), true, "operand dtypes differ");
-        let mixed_cmp = Expr::new(ExprKind::Cmp(crate::ir::CmpOp::Lt, Expr::int(1), Expr::const_int(1, DType::I32)), DType::Bool);
-        let sel = Expr::select(mixed_cmp.clone(), Expr::constant(1.0, DType::F32), Expr::constant(2.0, DType::F32)).unwrap();
-        expect_err(&with_store(&b, vec![off(&b.c, &b.i)], sel), true, "operand dtypes differ");
-        assert!(matches!(verify_expr_types(&mixed_cmp), Err(Error::Internal(m)) if m.contains("operand dtypes differ")));
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], mixed),
+            true,
+            "operand dtypes differ",
+        );
+        let mixed_cmp = Expr::new(
+            ExprKind::Cmp(
+                crate::ir::CmpOp::Lt,
+                Expr::int(1),
+                Expr::const_int(1, DType::I32),
+            ),
+            DType::Bool,
+        );
+        let sel = Expr::select(
+            mixed_cmp.clone(),
+            Expr::constant(1.0, DType::F32),
+            Expr::constant(2.0, DType::F32),
+        )
+        .unwrap();
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], sel),
+            true,
+            "operand dtypes differ",
+        );
+        assert!(
+            matches!(verify_expr_types(&mixed_cmp), Err(Error::Internal(m)) if m.contains("operand dtypes differ"))
+        );
         assert!(verify_expr_types(&Expr::var(&b.i).add(&Expr::int(1))).is_ok());
     }
 
@@ -679,7 +977,11 @@ mod tests {
     fn index_counts() {
         let b = base();
         let two = vec![off(&b.c, &b.i), Expr::int(0)];
-        expect_err(&with_store(&b, two, Expr::constant(1.0, DType::F32)), true, "flattened access must have exactly 1 index");
+        expect_err(
+            &with_store(&b, two, Expr::constant(1.0, DType::F32)),
+            true,
+            "flattened access must have exactly 1 index",
+        );
         // Unflattened: one index per dimension.
         let mut f = b.f.clone();
         let m = Var::new("m");
@@ -695,11 +997,18 @@ mod tests {
         let b = base();
         for kind in [ForKind::Vectorized, ForKind::Unrolled] {
             let mut f = b.f.clone();
-            let Stmt::For { kind: k, .. } = &mut f.body else { unreachable!() };
+            let Stmt::For { kind: k, .. } = &mut f.body else {
+                unreachable!()
+            };
             *k = kind;
             expect_err(&f, true, "vectorized/unrolled loop needs a constant extent");
             let mut f = b.f.clone();
-            let Stmt::For { kind: k, extent, .. } = &mut f.body else { unreachable!() };
+            let Stmt::For {
+                kind: k, extent, ..
+            } = &mut f.body
+            else {
+                unreachable!()
+            };
             *k = kind;
             *extent = Expr::int(4);
             verify(&f, true).unwrap();
@@ -710,20 +1019,35 @@ mod tests {
     fn checks() {
         let b = base();
         let mut f = b.f.clone();
-        f.checks.push(Check { cond: Expr::var(&b.n), message: "n".into() });
+        f.checks.push(Check {
+            cond: Expr::var(&b.n),
+            message: "n".into(),
+        });
         expect_err(&f, true, "condition must be bool");
         let mut f = b.f.clone();
-        f.checks.push(Check { cond: Expr::var(&b.i).lt(&Expr::var(&b.n)), message: "i < n".into() });
+        f.checks.push(Check {
+            cond: Expr::var(&b.i).lt(&Expr::var(&b.n)),
+            message: "i < n".into(),
+        });
         expect_err(&f, true, "checks use only dims and param stride variables");
         let mut f = b.f.clone();
-        f.checks.push(Check { cond: Expr::var(&b.t.strides[0]).lt(&Expr::var(&b.n)), message: "local stride".into() });
+        f.checks.push(Check {
+            cond: Expr::var(&b.t.strides[0]).lt(&Expr::var(&b.n)),
+            message: "local stride".into(),
+        });
         expect_err(&f, true, "checks use only dims and param stride variables");
         let mut f = b.f.clone();
         let x = Expr::load(b.a.id, vec![Expr::int(0)], DType::F32);
-        f.checks.push(Check { cond: Expr::cmp(crate::ir::CmpOp::Lt, x.clone(), x).unwrap(), message: "load".into() });
+        f.checks.push(Check {
+            cond: Expr::cmp(crate::ir::CmpOp::Lt, x.clone(), x).unwrap(),
+            message: "load".into(),
+        });
         expect_err(&f, true, "checks use only dims and param stride variables");
         let mut f = b.f.clone();
-        f.checks.push(Check { cond: Expr::var(&b.a.strides[0]).lt(&Expr::var(&b.n)), message: "ok".into() });
+        f.checks.push(Check {
+            cond: Expr::var(&b.a.strides[0]).lt(&Expr::var(&b.n)),
+            message: "ok".into(),
+        });
         verify(&f, true).unwrap();
     }
 
@@ -731,7 +1055,12 @@ mod tests {
     fn messages_name_the_statement() {
         let b = base();
         let f = with_store(&b, vec![off(&b.c, &b.i)], Expr::constant(1.0, DType::F64));
-        let Err(Error::Internal(m)) = verify(&f, true) else { panic!() };
-        assert!(m.contains("in statement: C[(i * C_s0)] = 1.0:float64"), "{m}");
+        let Err(Error::Internal(m)) = verify(&f, true) else {
+            panic!()
+        };
+        assert!(
+            m.contains("in statement: C[(i * C_s0)] = 1.0:float64"),
+            "{m}"
+        );
     }
 }

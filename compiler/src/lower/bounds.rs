@@ -41,12 +41,28 @@ impl Prover<'_> {
         let b = self.func.buffer(buf);
         for (d, (i, extent)) in indices.iter().zip(&b.shape).enumerate() {
             let shown = simplify(i);
-            let what = || format!("tensor '{}' dim {d}: index {shown} must lie in [0, {extent})", b.name);
+            let what = || {
+                format!(
+                    "tensor '{}' dim {d}: index {shown} must lie in [0, {extent})",
+                    b.name
+                )
+            };
             let Some(Interval { lo, hi }) = interval(i, env) else {
-                return Err(Error::Compile(format!("{}, and rivet cannot bound that index expression", what())));
+                return Err(Error::Compile(format!(
+                    "{}, and rivet cannot bound that index expression",
+                    what()
+                )));
             };
             let last = simplify(&extent.sub(&Expr::int(1)));
-            for (ok, a, c, side) in [(prove_le(&Expr::int(0), &lo), Expr::int(0), lo.clone(), "lowest"), (prove_le(&hi, &last), hi.clone(), last.clone(), "highest")] {
+            for (ok, a, c, side) in [
+                (
+                    prove_le(&Expr::int(0), &lo),
+                    Expr::int(0),
+                    lo.clone(),
+                    "lowest",
+                ),
+                (prove_le(&hi, &last), hi.clone(), last.clone(), "highest"),
+            ] {
                 match ok {
                     Some(true) => {}
                     Some(false) => {
@@ -75,9 +91,16 @@ impl Prover<'_> {
                                 full = Expr::logic(LogicOp::Or, empty, full).expect("bools");
                             }
                         }
-                        let message = format!("{} (its {side} value is {})", what(), if side == "lowest" { &c } else { &a });
+                        let message = format!(
+                            "{} (its {side} value is {})",
+                            what(),
+                            if side == "lowest" { &c } else { &a }
+                        );
                         if !self.checks.iter().any(|k| k.message == message) {
-                            self.checks.push(Check { cond: full, message });
+                            self.checks.push(Check {
+                                cond: full,
+                                message,
+                            });
                         }
                     }
                 }
@@ -107,7 +130,11 @@ impl Prover<'_> {
             ExprKind::Logic(op, a, b) => {
                 self.exprs(a, env)?;
                 let mut tb = env.clone();
-                tb.assume(&if *op == LogicOp::And { a.clone() } else { negate(a) });
+                tb.assume(&if *op == LogicOp::And {
+                    a.clone()
+                } else {
+                    negate(a)
+                });
                 self.exprs(b, &tb)
             }
             _ => {
@@ -130,27 +157,51 @@ impl Prover<'_> {
 
     fn stmt(&mut self, s: &Stmt, env: &Env) -> Result<()> {
         match s {
-            Stmt::For { var, min, extent, body, .. } => {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
                 let mut inner = env.clone();
                 let hi = min.add(extent).sub(&Expr::int(1));
                 // Ranges of the bounds themselves (they may use outer loop vars).
-                let lo_iv = interval(min, env).map(|i| i.lo).unwrap_or_else(|| min.clone());
+                let lo_iv = interval(min, env)
+                    .map(|i| i.lo)
+                    .unwrap_or_else(|| min.clone());
                 let hi_iv = interval(&hi, env).map(|i| i.hi).unwrap_or(hi);
-                inner.vars.insert(var.clone(), Interval { lo: lo_iv, hi: hi_iv });
-                inner.loops.insert(var.clone(), (min.clone(), extent.clone()));
+                inner.vars.insert(
+                    var.clone(),
+                    Interval {
+                        lo: lo_iv,
+                        hi: hi_iv,
+                    },
+                );
+                inner
+                    .loops
+                    .insert(var.clone(), (min.clone(), extent.clone()));
                 self.loop_extents.push(extent.clone());
                 let r = self.stmt(body, &inner);
                 self.loop_extents.pop();
                 r
             }
-            Stmt::Store { buf, indices, value } => {
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } => {
                 self.access(*buf, indices, env)?;
                 for i in indices {
                     self.exprs(i, env)?;
                 }
                 self.exprs(value, env)
             }
-            Stmt::If { cond, then, otherwise } => {
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 self.exprs(cond, env)?;
                 let mut t = env.clone();
                 t.assume(cond);
@@ -195,7 +246,12 @@ fn negate(c: &Expr) -> Expr {
 
 /// Proves every access of `func` in bounds, adding per-call checks where needed.
 pub fn prove(func: &mut PrimFunc) -> Result<()> {
-    let mut p = Prover { func, dims: func.dims.iter().cloned().collect(), checks: vec![], loop_extents: vec![] };
+    let mut p = Prover {
+        func,
+        dims: func.dims.iter().cloned().collect(),
+        checks: vec![],
+        loop_extents: vec![],
+    };
     p.stmt(&func.body, &Env::default())?;
     let checks = p.checks;
     func.checks.extend(checks);

@@ -23,12 +23,22 @@ pub fn flatten(func: &mut PrimFunc) {
     let f = func.clone();
     let mut fe = |e: &Expr| {
         e.rewrite(&mut |n| match n.kind() {
-            ExprKind::Load { buf, indices } => Some(Expr::load(*buf, vec![offset(&f, *buf, indices)], n.dtype())),
+            ExprKind::Load { buf, indices } => {
+                Some(Expr::load(*buf, vec![offset(&f, *buf, indices)], n.dtype()))
+            }
             _ => None,
         })
     };
     func.body = func.body.rewrite(&mut fe, &mut |s| match s {
-        Stmt::Store { buf, indices, value } => Stmt::Store { buf, indices: vec![offset(&f, buf, &indices)], value },
+        Stmt::Store {
+            buf,
+            indices,
+            value,
+        } => Stmt::Store {
+            buf,
+            indices: vec![offset(&f, buf, &indices)],
+            value,
+        },
         other => other,
     });
 }

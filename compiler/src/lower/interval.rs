@@ -22,7 +22,10 @@ pub struct Interval {
 
 impl Interval {
     pub fn point(e: &Expr) -> Interval {
-        Interval { lo: e.clone(), hi: e.clone() }
+        Interval {
+            lo: e.clone(),
+            hi: e.clone(),
+        }
     }
 }
 
@@ -44,9 +47,13 @@ impl Env {
                 self.assume(b);
             }
             ExprKind::Cmp(op, a, b) if a.dtype() == DType::I64 => match op {
-                CmpOp::Lt => self.guards.push((a.clone(), None, Some(b.sub(&Expr::int(1))))),
+                CmpOp::Lt => self
+                    .guards
+                    .push((a.clone(), None, Some(b.sub(&Expr::int(1))))),
                 CmpOp::Le => self.guards.push((a.clone(), None, Some(b.clone()))),
-                CmpOp::Gt => self.guards.push((a.clone(), Some(b.add(&Expr::int(1))), None)),
+                CmpOp::Gt => self
+                    .guards
+                    .push((a.clone(), Some(b.add(&Expr::int(1))), None)),
                 CmpOp::Ge => self.guards.push((a.clone(), Some(b.clone()), None)),
                 _ => {}
             },
@@ -117,7 +124,10 @@ pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
             }
         }
     }
-    Some(Interval { lo: simplify(&iv.lo), hi: simplify(&iv.hi) })
+    Some(Interval {
+        lo: simplify(&iv.lo),
+        hi: simplify(&iv.hi),
+    })
 }
 
 fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
@@ -126,10 +136,18 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
     }
     match e.kind() {
         ExprKind::Const(Const::Int(_)) => Some(Interval::point(e)),
-        ExprKind::Var(v) => Some(env.vars.get(v).cloned().unwrap_or_else(|| Interval::point(e))),
+        ExprKind::Var(v) => Some(
+            env.vars
+                .get(v)
+                .cloned()
+                .unwrap_or_else(|| Interval::point(e)),
+        ),
         ExprKind::Unary(crate::ir::expr::UnOp::Neg, a) => {
             let a = interval(a, env)?;
-            Some(Interval { lo: Expr::int(0).sub(&a.hi), hi: Expr::int(0).sub(&a.lo) })
+            Some(Interval {
+                lo: Expr::int(0).sub(&a.hi),
+                hi: Expr::int(0).sub(&a.lo),
+            })
         }
         ExprKind::Binary(op, a, b) => {
             // Fused loops: `f // D` and `f % D` for a loop `f` over [0, E * D).
@@ -138,30 +156,55 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                     if let ExprKind::Binary(BinOp::Mul, outer, inner) = ext.kind() {
                         if min.as_int() == Some(0) && inner == b {
                             let top = if *op == BinOp::FloorDiv { outer } else { inner };
-                            return Some(Interval { lo: Expr::int(0), hi: top.sub(&Expr::int(1)) });
+                            return Some(Interval {
+                                lo: Expr::int(0),
+                                hi: top.sub(&Expr::int(1)),
+                            });
                         }
                     }
                 }
             }
             let (x, y) = (interval(a, env)?, interval(b, env)?);
             match op {
-                BinOp::Add => Some(Interval { lo: x.lo.add(&y.lo), hi: x.hi.add(&y.hi) }),
-                BinOp::Sub => Some(Interval { lo: x.lo.sub(&y.hi), hi: x.hi.sub(&y.lo) }),
+                BinOp::Add => Some(Interval {
+                    lo: x.lo.add(&y.lo),
+                    hi: x.hi.add(&y.hi),
+                }),
+                BinOp::Sub => Some(Interval {
+                    lo: x.lo.sub(&y.hi),
+                    hi: x.hi.sub(&y.lo),
+                }),
                 BinOp::Mul => {
-                    let k = b.as_int().map(|k| (k, &x)).or_else(|| a.as_int().map(|k| (k, &y)));
+                    let k = b
+                        .as_int()
+                        .map(|k| (k, &x))
+                        .or_else(|| a.as_int().map(|k| (k, &y)));
                     if let Some((k, other)) = k {
                         let (l, h) = (other.lo.mul(&Expr::int(k)), other.hi.mul(&Expr::int(k)));
-                        return Some(if k >= 0 { Interval { lo: l, hi: h } } else { Interval { lo: h, hi: l } });
+                        return Some(if k >= 0 {
+                            Interval { lo: l, hi: h }
+                        } else {
+                            Interval { lo: h, hi: l }
+                        });
                     }
                     if nonneg(&x.lo) && nonneg(&y.lo) {
-                        return Some(Interval { lo: x.lo.mul(&y.lo), hi: x.hi.mul(&y.hi) });
+                        return Some(Interval {
+                            lo: x.lo.mul(&y.lo),
+                            hi: x.hi.mul(&y.hi),
+                        });
                     }
                     None
                 }
                 BinOp::FloorDiv => match b.as_int() {
-                    Some(k) if k > 0 => Some(Interval { lo: x.lo.floordiv(b), hi: x.hi.floordiv(b) }),
+                    Some(k) if k > 0 => Some(Interval {
+                        lo: x.lo.floordiv(b),
+                        hi: x.hi.floordiv(b),
+                    }),
                     // A non-negative value divided by a size (>= 1, or 0 giving 0) shrinks.
-                    _ if nonneg(&x.lo) && nonneg(&y.lo) => Some(Interval { lo: Expr::int(0), hi: x.hi }),
+                    _ if nonneg(&x.lo) && nonneg(&y.lo) => Some(Interval {
+                        lo: Expr::int(0),
+                        hi: x.hi,
+                    }),
                     _ => None,
                 },
                 BinOp::FloorMod => match b.as_int() {
@@ -169,23 +212,36 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                         if nonneg(&x.lo) && prove_le(&x.hi, &Expr::int(k - 1)) == Some(true) {
                             Some(x)
                         } else {
-                            Some(Interval { lo: Expr::int(0), hi: Expr::int(k - 1) })
+                            Some(Interval {
+                                lo: Expr::int(0),
+                                hi: Expr::int(k - 1),
+                            })
                         }
                     }
                     // `% d` for a size d: in [0, d - 1], or 0 when d is 0.
-                    _ if b.as_var().is_some() => {
-                        Some(Interval { lo: Expr::int(0), hi: smax(&b.sub(&Expr::int(1)), &Expr::int(0)) })
-                    }
+                    _ if b.as_var().is_some() => Some(Interval {
+                        lo: Expr::int(0),
+                        hi: smax(&b.sub(&Expr::int(1)), &Expr::int(0)),
+                    }),
                     _ => None,
                 },
-                BinOp::Min => Some(Interval { lo: smin(&x.lo, &y.lo), hi: smin(&x.hi, &y.hi) }),
-                BinOp::Max => Some(Interval { lo: smax(&x.lo, &y.lo), hi: smax(&x.hi, &y.hi) }),
+                BinOp::Min => Some(Interval {
+                    lo: smin(&x.lo, &y.lo),
+                    hi: smin(&x.hi, &y.hi),
+                }),
+                BinOp::Max => Some(Interval {
+                    lo: smax(&x.lo, &y.lo),
+                    hi: smax(&x.hi, &y.hi),
+                }),
                 BinOp::Div | BinOp::Pow => None,
             }
         }
         ExprKind::Select(_, a, b) => {
             let (x, y) = (interval(a, env)?, interval(b, env)?);
-            Some(Interval { lo: smin(&x.lo, &y.lo), hi: smax(&x.hi, &y.hi) })
+            Some(Interval {
+                lo: smin(&x.lo, &y.lo),
+                hi: smax(&x.hi, &y.hi),
+            })
         }
         _ => None,
     }

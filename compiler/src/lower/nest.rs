@@ -41,7 +41,14 @@ pub fn identity(op: ReduceOp, dtype: DType) -> Expr {
         ReduceOp::Max | ReduceOp::Min => {
             let neg = op == ReduceOp::Max;
             if dtype.is_float() {
-                return Expr::constant(if neg { f64::NEG_INFINITY } else { f64::INFINITY }, dtype);
+                return Expr::constant(
+                    if neg {
+                        f64::NEG_INFINITY
+                    } else {
+                        f64::INFINITY
+                    },
+                    dtype,
+                );
             }
             let bits = dtype.size() as u32 * 8;
             let signed = matches!(dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64);
@@ -115,7 +122,11 @@ impl Ctx<'_> {
     }
 
     fn stage_of(&self, id: u32) -> &Stage {
-        self.sched.stages.iter().find(|s| s.tensor.id() == id).expect("stage exists")
+        self.sched
+            .stages
+            .iter()
+            .find(|s| s.tensor.id() == id)
+            .expect("stage exists")
     }
 
     /// The loop nest of one stage. `region`: per data-parallel dim, (first index, extent) to
@@ -131,7 +142,11 @@ impl Ctx<'_> {
         };
         // Root domains: (first value, extent) per root var.
         let partial = region.is_some();
-        let region = region.unwrap_or_else(|| axis.iter().map(|a| (Expr::int(0), a.extent.clone())).collect());
+        let region = region.unwrap_or_else(|| {
+            axis.iter()
+                .map(|a| (Expr::int(0), a.extent.clone()))
+                .collect()
+        });
         let mut ext: HashMap<Var, Expr> = HashMap::new();
         let mut base: HashMap<Var, Expr> = HashMap::new();
         for (a, (lo, e)) in axis.iter().zip(&region) {
@@ -146,7 +161,13 @@ impl Ctx<'_> {
         let mut guards: Vec<Expr> = Vec::new();
         for rel in &stage.relations {
             match rel {
-                Relation::Split { parent, outer, inner, factor, nparts } => {
+                Relation::Split {
+                    parent,
+                    outer,
+                    inner,
+                    factor,
+                    nparts,
+                } => {
                     let pe = ext[parent].clone();
                     let (oe, ie) = match (factor, nparts) {
                         (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
@@ -156,20 +177,36 @@ impl Ctx<'_> {
                     ext.insert(outer.clone(), simplify(&oe));
                     ext.insert(inner.clone(), simplify(&ie));
                 }
-                Relation::Fuse { outer, inner, fused } => {
+                Relation::Fuse {
+                    outer,
+                    inner,
+                    fused,
+                } => {
                     // Kept as a product (not simplified): the bounds proof recognises `f // D`.
                     ext.insert(fused.clone(), ext[outer].mul(&ext[inner]));
                 }
             }
         }
         // Values of every var in terms of the leaves, walking the relations backwards.
-        let mut val: HashMap<Var, Expr> = stage.leaves.iter().map(|l| (l.var.clone(), Expr::var(&l.var))).collect();
+        let mut val: HashMap<Var, Expr> = stage
+            .leaves
+            .iter()
+            .map(|l| (l.var.clone(), Expr::var(&l.var)))
+            .collect();
         for rel in stage.relations.iter().rev() {
             match rel {
-                Relation::Split { parent, outer, inner, .. } => {
+                Relation::Split {
+                    parent,
+                    outer,
+                    inner,
+                    ..
+                } => {
                     let v = val[outer].mul(&ext[inner]).add(&val[inner]);
                     let pe = &ext[parent];
-                    let divides = match (simplify(&ext[outer].mul(&ext[inner])).as_int(), simplify(pe).as_int()) {
+                    let divides = match (
+                        simplify(&ext[outer].mul(&ext[inner])).as_int(),
+                        simplify(pe).as_int(),
+                    ) {
                         (Some(a), Some(b)) => a == b,
                         _ => false,
                     };
@@ -178,7 +215,11 @@ impl Ctx<'_> {
                     }
                     val.insert(parent.clone(), v);
                 }
-                Relation::Fuse { outer, inner, fused } => {
+                Relation::Fuse {
+                    outer,
+                    inner,
+                    fused,
+                } => {
                     let f = val[fused].clone();
                     val.insert(outer.clone(), f.floordiv(&ext[inner]));
                     val.insert(inner.clone(), f.floormod(&ext[inner]));
@@ -192,7 +233,10 @@ impl Ctx<'_> {
             idx.iter()
                 .zip(t.shape())
                 .flat_map(|(i, e)| {
-                    [Expr::cmp(crate::ir::CmpOp::Ge, i.clone(), Expr::int(0)).expect("int64"), i.lt(e)]
+                    [
+                        Expr::cmp(crate::ir::CmpOp::Ge, i.clone(), Expr::int(0)).expect("int64"),
+                        i.lt(e),
+                    ]
                 })
                 .collect()
         };
@@ -208,24 +252,43 @@ impl Ctx<'_> {
         });
         let body_ir = self.to_ir(&body_sub)?;
         let store = match reduce_op {
-            None => Stmt::Store { buf, indices: idx.clone(), value: body_ir },
+            None => Stmt::Store {
+                buf,
+                indices: idx.clone(),
+                value: body_ir,
+            },
             Some(op) => {
                 let acc = Expr::load(buf, idx.clone(), t.dtype());
-                Stmt::Store { buf, indices: idx.clone(), value: combine(op, acc, body_ir)? }
+                Stmt::Store {
+                    buf,
+                    indices: idx.clone(),
+                    value: combine(op, acc, body_ir)?,
+                }
             }
         };
         let mut inner = if guards.is_empty() {
             store
         } else {
-            let cond = guards.into_iter().reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools")).unwrap();
-            Stmt::If { cond, then: Box::new(store), otherwise: None }
+            let cond = guards
+                .into_iter()
+                .reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools"))
+                .unwrap();
+            Stmt::If {
+                cond,
+                then: Box::new(store),
+                otherwise: None,
+            }
         };
         // Loops, innermost first; producers attached at a leaf go at the top of its body.
         let n = stage.leaves.len();
         for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
             let e = ext[&leaf.var].clone();
             if matches!(leaf.kind, ForKind::Vectorized | ForKind::Unrolled) {
-                let what = if leaf.kind == ForKind::Vectorized { "vectorize" } else { "unroll" };
+                let what = if leaf.kind == ForKind::Vectorized {
+                    "vectorize"
+                } else {
+                    "unroll"
+                };
                 if simplify(&e).as_int().is_none() {
                     return cerr(format!(
                         "schedule of '{name}': cannot {what} '{}': its extent ({e}) is not a constant; split it by a constant factor first",
@@ -245,21 +308,50 @@ impl Ctx<'_> {
                 v.push(inner);
                 inner = Stmt::Seq(v);
             }
-            inner = Stmt::For { var: leaf.var.clone(), min: Expr::int(0), extent: e, kind: leaf.kind, body: Box::new(inner) };
+            inner = Stmt::For {
+                var: leaf.var.clone(),
+                min: Expr::int(0),
+                extent: e,
+                kind: leaf.kind,
+                body: Box::new(inner),
+            };
         }
         // Reductions start from the identity over the region, in a nest of their own.
         if let Some(op) = reduce_op {
-            let vars: Vec<Var> = axis.iter().map(|a| Var::new(&format!("{}.init", a.var.name))).collect();
-            let ridx: Vec<Expr> = region.iter().zip(&vars).map(|((lo, _), v)| lo.add(&Expr::var(v))).collect();
-            let mut init = Stmt::Store { buf, indices: ridx.clone(), value: identity(op, t.dtype()) };
+            let vars: Vec<Var> = axis
+                .iter()
+                .map(|a| Var::new(&format!("{}.init", a.var.name)))
+                .collect();
+            let ridx: Vec<Expr> = region
+                .iter()
+                .zip(&vars)
+                .map(|((lo, _), v)| lo.add(&Expr::var(v)))
+                .collect();
+            let mut init = Stmt::Store {
+                buf,
+                indices: ridx.clone(),
+                value: identity(op, t.dtype()),
+            };
             if partial {
-                let cond = in_tensor(&ridx).into_iter().reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools"));
+                let cond = in_tensor(&ridx)
+                    .into_iter()
+                    .reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools"));
                 if let Some(cond) = cond {
-                    init = Stmt::If { cond, then: Box::new(init), otherwise: None };
+                    init = Stmt::If {
+                        cond,
+                        then: Box::new(init),
+                        otherwise: None,
+                    };
                 }
             }
             for (v, (_, e)) in vars.iter().zip(&region).rev() {
-                init = Stmt::For { var: v.clone(), min: Expr::int(0), extent: e.clone(), kind: ForKind::Serial, body: Box::new(init) };
+                init = Stmt::For {
+                    var: v.clone(),
+                    min: Expr::int(0),
+                    extent: e.clone(),
+                    kind: ForKind::Serial,
+                    body: Box::new(init),
+                };
             }
             return Ok(Stmt::Seq(vec![init, inner]));
         }
@@ -271,7 +363,13 @@ impl Ctx<'_> {
     fn attached_at(&self, consumer: &Stage, var: &Var, consumer_body: &Stmt) -> Result<Vec<Stmt>> {
         let mut out = Vec::new();
         for st in &self.sched.stages {
-            let Attach::At { consumer: cid, var: v } = &st.attach else { continue };
+            let Attach::At {
+                consumer: cid,
+                var: v,
+            } = &st.attach
+            else {
+                continue;
+            };
             if *cid != consumer.tensor.id() || v != var {
                 continue;
             }
@@ -279,8 +377,17 @@ impl Ctx<'_> {
             // Ranges of the loops inside `var` (they vary within one iteration of it).
             let mut env = Env::default();
             consumer_body.visit(&mut |s| {
-                if let Stmt::For { var, min, extent, .. } = s {
-                    env.vars.insert(var.clone(), Interval { lo: min.clone(), hi: min.add(extent).sub(&Expr::int(1)) });
+                if let Stmt::For {
+                    var, min, extent, ..
+                } = s
+                {
+                    env.vars.insert(
+                        var.clone(),
+                        Interval {
+                            lo: min.clone(),
+                            hi: min.add(extent).sub(&Expr::int(1)),
+                        },
+                    );
                     env.loops.insert(var.clone(), (min.clone(), extent.clone()));
                 }
             });
@@ -298,7 +405,10 @@ impl Ctx<'_> {
                                     Some(iv) => {
                                         acc[d] = Some(match acc[d].take() {
                                             None => iv,
-                                            Some(p) => Interval { lo: simplify(&p.lo.min_(&iv.lo)), hi: simplify(&p.hi.max_(&iv.hi)) },
+                                            Some(p) => Interval {
+                                                lo: simplify(&p.lo.min_(&iv.lo)),
+                                                hi: simplify(&p.hi.max_(&iv.hi)),
+                                            },
                                         })
                                     }
                                     None => unknown = true,
@@ -315,7 +425,11 @@ impl Ctx<'_> {
                     st.tensor.name(),
                     var.name,
                     consumer.tensor.name(),
-                    if found { "cannot bound the region it reads" } else { "that loop does not read it; attach it to a loop of a stage that reads it" }
+                    if found {
+                        "cannot bound the region it reads"
+                    } else {
+                        "that loop does not read it; attach it to a loop of a stage that reads it"
+                    }
                 ));
             }
             let region = acc
@@ -325,7 +439,10 @@ impl Ctx<'_> {
                     // Not clamped here: `emit` guards the stores with the tensor's bounds,
                     // which keeps index and guard in one form the bounds proof can match.
                     let iv = iv.expect("found");
-                    (iv.lo.clone(), simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1))))
+                    (
+                        iv.lo.clone(),
+                        simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1))),
+                    )
                 })
                 .collect();
             out.push(self.emit(st, Some(region))?);
@@ -338,29 +455,49 @@ impl Ctx<'_> {
 pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
     for (i, a) in args.iter().enumerate() {
         if args[..i].contains(a) {
-            return cerr(format!("build: tensor '{}' is passed twice in args", a.name()));
+            return cerr(format!(
+                "build: tensor '{}' is passed twice in args",
+                a.name()
+            ));
         }
     }
     for o in &sched.outputs {
         if !args.contains(o) {
-            return cerr(format!("build: output '{}' of the schedule must be in args", o.name()));
+            return cerr(format!(
+                "build: output '{}' of the schedule must be in args",
+                o.name()
+            ));
         }
     }
     let all = post_order(&sched.outputs);
     for t in &all {
         if t.is_placeholder() && !args.contains(t) {
-            return cerr(format!("build: placeholder '{}' is read but not passed in args", t.name()));
+            return cerr(format!(
+                "build: placeholder '{}' is read but not passed in args",
+                t.name()
+            ));
         }
     }
     for a in args {
         if !all.contains(a) {
-            return cerr(format!("build: argument '{}' is not used by the schedule's outputs", a.name()));
+            return cerr(format!(
+                "build: argument '{}' is not used by the schedule's outputs",
+                a.name()
+            ));
         }
     }
-    let inlined: HashSet<u32> = sched.stages.iter().filter(|s| s.attach == Attach::Inline).map(|s| s.tensor.id()).collect();
+    let inlined: HashSet<u32> = sched
+        .stages
+        .iter()
+        .filter(|s| s.attach == Attach::Inline)
+        .map(|s| s.tensor.id())
+        .collect();
     for a in args {
         if inlined.contains(&a.id()) {
-            return cerr(format!("build: '{}' is an argument, so it cannot be compute_inline'd", a.name()));
+            return cerr(format!(
+                "build: '{}' is an argument, so it cannot be compute_inline'd",
+                a.name()
+            ));
         }
     }
     // Symbolic dims: bound from bare-variable dims of the arguments' shapes.
@@ -411,25 +548,54 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     let mut add = |t: &Tensor, kind: BufKind, buffers: &mut Vec<Buffer>| {
         let id = BufId(next);
         next += 1;
-        let strides = (0..t.ndim()).map(|d| Var::new(&format!("{}.s{d}", t.name()))).collect();
-        buffers.push(Buffer { id, name: t.name().to_string(), dtype: t.dtype(), shape: t.shape().to_vec(), strides, kind });
+        let strides = (0..t.ndim())
+            .map(|d| Var::new(&format!("{}.s{d}", t.name())))
+            .collect();
+        buffers.push(Buffer {
+            id,
+            name: t.name().to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            strides,
+            kind,
+        });
         buf_of.insert(t.id(), id);
         id
     };
-    let params: Vec<BufId> =
-        args.iter().map(|a| add(a, BufKind::Param { output: !a.is_placeholder() }, &mut buffers)).collect();
+    let params: Vec<BufId> = args
+        .iter()
+        .map(|a| {
+            add(
+                a,
+                BufKind::Param {
+                    output: !a.is_placeholder(),
+                },
+                &mut buffers,
+            )
+        })
+        .collect();
     let mut locals = Vec::new();
     for st in &sched.stages {
         if st.attach != Attach::Inline && !args.contains(&st.tensor) {
             locals.push(add(&st.tensor, BufKind::Local, &mut buffers));
         }
     }
-    let ctx = Ctx { sched, buffers, buf_of, inlined };
+    let ctx = Ctx {
+        sched,
+        buffers,
+        buf_of,
+        inlined,
+    };
     // compute_at targets must be the only consumer.
     for st in &sched.stages {
         if let Attach::At { consumer, .. } = &st.attach {
-            let readers: Vec<&Stage> =
-                sched.stages.iter().filter(|c| c.attach != Attach::Inline && reads_through_inlined(&ctx, &c.tensor, &st.tensor)).collect();
+            let readers: Vec<&Stage> = sched
+                .stages
+                .iter()
+                .filter(|c| {
+                    c.attach != Attach::Inline && reads_through_inlined(&ctx, &c.tensor, &st.tensor)
+                })
+                .collect();
             if readers.len() != 1 || readers[0].tensor.id() != *consumer {
                 return cerr(format!(
                     "schedule of '{}': compute_at needs the target '{}' to be its only consumer",
@@ -447,12 +613,24 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     }
     let mut stmt = Stmt::seq(body);
     for id in locals.into_iter().rev() {
-        stmt = Stmt::Allocate { buf: id, body: Box::new(stmt) };
+        stmt = Stmt::Allocate {
+            buf: id,
+            body: Box::new(stmt),
+        };
     }
-    Ok(PrimFunc { name: name.to_string(), params, buffers: ctx.buffers, dims, checks: vec![], body: stmt })
+    Ok(PrimFunc {
+        name: name.to_string(),
+        params,
+        buffers: ctx.buffers,
+        dims,
+        checks: vec![],
+        body: stmt,
+    })
 }
 
 /// True when `consumer` reads `producer` directly or through inlined stages.
 fn reads_through_inlined(ctx: &Ctx, consumer: &Tensor, producer: &Tensor) -> bool {
-    inputs(consumer).iter().any(|i| i == producer || (ctx.inlined.contains(&i.id()) && reads_through_inlined(ctx, i, producer)))
+    inputs(consumer).iter().any(|i| {
+        i == producer || (ctx.inlined.contains(&i.id()) && reads_through_inlined(ctx, i, producer))
+    })
 }

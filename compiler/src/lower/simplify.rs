@@ -33,7 +33,9 @@ impl Linear {
             *e = e.checked_add(c.checked_mul(sign)?)?;
         }
         self.terms.retain(|_, c| *c != 0);
-        self.constant = self.constant.checked_add(other.constant.checked_mul(sign)?)?;
+        self.constant = self
+            .constant
+            .checked_add(other.constant.checked_mul(sign)?)?;
         Some(self)
     }
 
@@ -41,7 +43,11 @@ impl Linear {
     pub fn to_expr(&self) -> Expr {
         let mut acc: Option<Expr> = None;
         for (v, &c) in &self.terms {
-            let term = if c == 1 { Expr::var(v) } else { Expr::int(c).mul(&Expr::var(v)) };
+            let term = if c == 1 {
+                Expr::var(v)
+            } else {
+                Expr::int(c).mul(&Expr::var(v))
+            };
             acc = Some(match acc {
                 None => term,
                 Some(a) => a.add(&term),
@@ -62,8 +68,14 @@ pub fn linear(e: &Expr) -> Option<Linear> {
         return None;
     }
     match e.kind() {
-        ExprKind::Const(Const::Int(c)) => Some(Linear { terms: BTreeMap::new(), constant: *c }),
-        ExprKind::Var(v) => Some(Linear { terms: BTreeMap::from([(v.clone(), 1)]), constant: 0 }),
+        ExprKind::Const(Const::Int(c)) => Some(Linear {
+            terms: BTreeMap::new(),
+            constant: *c,
+        }),
+        ExprKind::Var(v) => Some(Linear {
+            terms: BTreeMap::from([(v.clone(), 1)]),
+            constant: 0,
+        }),
         ExprKind::Binary(BinOp::Add, a, b) => linear(a)?.plus(linear(b)?, 1),
         ExprKind::Binary(BinOp::Sub, a, b) => linear(a)?.plus(linear(b)?, -1),
         ExprKind::Binary(BinOp::Mul, a, b) => {
@@ -146,7 +158,11 @@ pub fn simplify(e: &Expr) -> Expr {
 /// `if` statements with constant conditions.
 pub fn simplify_stmt(s: &Stmt) -> Stmt {
     s.rewrite(&mut |e| simplify(e), &mut |s| match s {
-        Stmt::If { cond, then, otherwise } => match cond.as_int() {
+        Stmt::If {
+            cond,
+            then,
+            otherwise,
+        } => match cond.as_int() {
             Some(c) if cond.dtype() == DType::Bool => {
                 if c != 0 {
                     *then
@@ -154,7 +170,11 @@ pub fn simplify_stmt(s: &Stmt) -> Stmt {
                     otherwise.map(|o| *o).unwrap_or(Stmt::Seq(vec![]))
                 }
             }
-            _ => Stmt::If { cond, then, otherwise },
+            _ => Stmt::If {
+                cond,
+                then,
+                otherwise,
+            },
         },
         Stmt::For { extent, .. } if extent.as_int() == Some(0) => Stmt::Seq(vec![]),
         Stmt::Seq(v) => {
@@ -194,12 +214,22 @@ mod tests {
     #[test]
     fn folds_and_canonicalises() {
         let i = Var::new("i");
-        let e = Expr::var(&i).mul(&Expr::int(4)).add(&Expr::int(3)).sub(&Expr::var(&i).mul(&Expr::int(4)));
+        let e = Expr::var(&i)
+            .mul(&Expr::int(4))
+            .add(&Expr::int(3))
+            .sub(&Expr::var(&i).mul(&Expr::int(4)));
         assert_eq!(simplify(&e).as_int(), Some(3));
         let f = Expr::int(7).floordiv(&Expr::int(-2));
         assert_eq!(simplify(&f).as_int(), Some(-4));
         let n = Var::new("n");
-        assert_eq!(prove_nonneg(&Expr::var(&n).sub(&Expr::int(1)).sub(&Expr::var(&n).sub(&Expr::int(2)))), Some(true));
+        assert_eq!(
+            prove_nonneg(
+                &Expr::var(&n)
+                    .sub(&Expr::int(1))
+                    .sub(&Expr::var(&n).sub(&Expr::int(2)))
+            ),
+            Some(true)
+        );
         assert_eq!(prove_nonneg(&Expr::int(-1)), Some(false));
         assert_eq!(prove_nonneg(&Expr::var(&n).sub(&Expr::int(1))), None);
     }

@@ -15,24 +15,43 @@ pub fn var(name: &str) -> Expr {
 /// A reduction axis over `[lo, hi)`.
 pub fn reduce_axis(lo: Expr, hi: Expr, name: &str) -> Result<IterVar> {
     if lo.dtype() != DType::I64 || hi.dtype() != DType::I64 {
-        return Err(Error::Compile(format!("reduce_axis '{name}': bounds must be int64 expressions")));
+        return Err(Error::Compile(format!(
+            "reduce_axis '{name}': bounds must be int64 expressions"
+        )));
     }
     let extent = crate::lower::simplify::simplify(&hi.sub(&lo));
-    Ok(IterVar { var: Var::new(name), min: lo, extent, reduce: true })
+    Ok(IterVar {
+        var: Var::new(name),
+        min: lo,
+        extent,
+        reduce: true,
+    })
 }
 
 pub fn reduce(op: ReduceOp, body: Expr, axes: &[IterVar]) -> Result<Expr> {
     if body.dtype() == DType::Bool {
-        return Err(Error::Compile(format!("cannot reduce bool values ({body}); cast them first")));
+        return Err(Error::Compile(format!(
+            "cannot reduce bool values ({body}); cast them first"
+        )));
     }
     if axes.is_empty() {
         return Err(Error::Compile("a reduction needs at least one axis".into()));
     }
     if let Some(a) = axes.iter().find(|a| !a.reduce) {
-        return Err(Error::Compile(format!("'{}' is not a reduce_axis", a.var.name)));
+        return Err(Error::Compile(format!(
+            "'{}' is not a reduce_axis",
+            a.var.name
+        )));
     }
     let dt = body.dtype();
-    Ok(Expr::new(ExprKind::Reduce { op, body, axes: axes.to_vec() }, dt))
+    Ok(Expr::new(
+        ExprKind::Reduce {
+            op,
+            body,
+            axes: axes.to_vec(),
+        },
+        dt,
+    ))
 }
 
 pub fn sum(body: Expr, axes: &[IterVar]) -> Result<Expr> {

@@ -16,7 +16,10 @@ use std::sync::Arc;
 pub enum Op {
     Placeholder,
     /// `body` over `axis` (one data-parallel `IterVar` per output dim, `[0, shape[d])`).
-    Compute { axis: Vec<IterVar>, body: Expr },
+    Compute {
+        axis: Vec<IterVar>,
+        body: Expr,
+    },
 }
 
 #[derive(Debug)]
@@ -41,26 +44,37 @@ impl PartialEq for Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({}, {}, {:?})", self.0.name, self.0.dtype, self.0.shape)
+        write!(
+            f,
+            "Tensor({}, {}, {:?})",
+            self.0.name, self.0.dtype, self.0.shape
+        )
     }
 }
 
 // te expressions are never serialised: only lowered IR (which has no `Read`) is saved.
 impl serde::Serialize for Tensor {
     fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-        Err(serde::ser::Error::custom("tensor-expression reads cannot be serialised; lower the program first"))
+        Err(serde::ser::Error::custom(
+            "tensor-expression reads cannot be serialised; lower the program first",
+        ))
     }
 }
 impl<'de> serde::Deserialize<'de> for Tensor {
     fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Tensor, D::Error> {
-        Err(serde::de::Error::custom("tensor-expression reads cannot be deserialised"))
+        Err(serde::de::Error::custom(
+            "tensor-expression reads cannot be deserialised",
+        ))
     }
 }
 
 fn check_shape(shape: &[Expr], what: &str) -> Result<()> {
     for (d, e) in shape.iter().enumerate() {
         if e.dtype() != DType::I64 {
-            return Err(Error::Compile(format!("{what}: dim {d} ({e}) must be an int64 expression, got {}", e.dtype())));
+            return Err(Error::Compile(format!(
+                "{what}: dim {d} ({e}) must be an int64 expression, got {}",
+                e.dtype()
+            )));
         }
         if let Some(v) = e.as_int() {
             if v < 0 {
@@ -152,14 +166,21 @@ impl Tensor {
                 )));
             }
         }
-        Ok(Expr::new(ExprKind::Read { tensor: self.clone(), indices: indices.to_vec() }, self.dtype()))
+        Ok(Expr::new(
+            ExprKind::Read {
+                tensor: self.clone(),
+                indices: indices.to_vec(),
+            },
+            self.dtype(),
+        ))
     }
 
     /// `at`, panicking on misuse: for Rust DSL closures (`A.idx(&[i, k])`), where a wrong
     /// index count is a programming error. Errors are reported at build time instead when
     /// possible: this returns an `Invalid` expression rather than panicking.
     pub fn idx(&self, indices: &[Expr]) -> Expr {
-        self.at(indices).unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), self.dtype()))
+        self.at(indices)
+            .unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), self.dtype()))
     }
 }
 
@@ -176,7 +197,11 @@ pub fn placeholder(shape: &[Expr], dtype: DType, name: &str) -> Result<Tensor> {
 }
 
 /// A computed tensor: `fcompute` receives one int64 index expression per dim.
-pub fn compute(shape: &[Expr], fcompute: impl FnOnce(&[Expr]) -> Expr, name: &str) -> Result<Tensor> {
+pub fn compute(
+    shape: &[Expr],
+    fcompute: impl FnOnce(&[Expr]) -> Expr,
+    name: &str,
+) -> Result<Tensor> {
     let names = ["i", "j", "k", "l", "m", "n", "o", "p"];
     let axis: Vec<IterVar> = shape
         .iter()
@@ -217,7 +242,9 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
     }
     if let Some((_, _, axes)) = top_reduce(&body) {
         if axes.is_empty() {
-            return Err(Error::Compile(format!("compute '{name}': a reduction needs at least one reduce_axis")));
+            return Err(Error::Compile(format!(
+                "compute '{name}': a reduction needs at least one reduce_axis"
+            )));
         }
         for a in axes {
             if !a.reduce {

@@ -39,7 +39,10 @@ pub(super) fn storage_ty(dt: DType) -> Type {
 }
 
 fn is_unsigned(dt: DType) -> bool {
-    matches!(dt, DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    matches!(
+        dt,
+        DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64
+    )
 }
 
 fn is_int(dt: DType) -> bool {
@@ -61,7 +64,11 @@ impl FnGen<'_, '_> {
     /// An integer constant of type `ty`, truncated to its width.
     pub(super) fn iconst(&mut self, ty: Type, v: i64) -> Value {
         let bits = ty.bits();
-        let v = if bits >= 64 { v } else { v & ((1i64 << bits) - 1) };
+        let v = if bits >= 64 {
+            v
+        } else {
+            v & ((1i64 << bits) - 1)
+        };
         self.b.ins().iconst(ty, v)
     }
 
@@ -79,7 +86,9 @@ impl FnGen<'_, '_> {
                 let v = *v;
                 Ok(self.b.use_var(v))
             }
-            None => Err(internal(format!("variable {name} (id {id}) is used outside its scope"))),
+            None => Err(internal(format!(
+                "variable {name} (id {id}) is used outside its scope"
+            ))),
         }
     }
 
@@ -91,7 +100,12 @@ impl FnGen<'_, '_> {
             }
             None => Err(internal(format!(
                 "buffer {} is used outside its allocation",
-                self.func.buffers.iter().find(|b| b.id == buf).map(|b| b.name.as_str()).unwrap_or("?")
+                self.func
+                    .buffers
+                    .iter()
+                    .find(|b| b.id == buf)
+                    .map(|b| b.name.as_str())
+                    .unwrap_or("?")
             ))),
         }
     }
@@ -115,7 +129,11 @@ impl FnGen<'_, '_> {
         let idx = self.index_to_i64(idx, indices[0].dtype());
         let base = self.buf_ptr(buf)?;
         let size = dt.size() as i64;
-        let off = if size == 1 { idx } else { self.b.ins().imul_imm_s(idx, size) };
+        let off = if size == 1 {
+            idx
+        } else {
+            self.b.ins().imul_imm_s(idx, size)
+        };
         Ok((self.b.ins().iadd(base, off), dt))
     }
 
@@ -156,7 +174,11 @@ impl FnGen<'_, '_> {
         let v = self.expr(value)?;
         let (addr, dt) = self.address(buf, indices)?;
         if value.dtype() != dt {
-            return Err(internal(format!("store of a {} value into a {} buffer", value.dtype(), dt)));
+            return Err(internal(format!(
+                "store of a {} value into a {} buffer",
+                value.dtype(),
+                dt
+            )));
         }
         let raw = match dt {
             DType::F16 => {
@@ -186,7 +208,10 @@ impl FnGen<'_, '_> {
                 if ty == value_ty(dt) {
                     Ok(x)
                 } else {
-                    Err(internal(format!("variable {} has type {ty} but is used as {dt}", v.name)))
+                    Err(internal(format!(
+                        "variable {} has type {ty} but is used as {dt}",
+                        v.name
+                    )))
                 }
             }
             ExprKind::Unary(op, a) => {
@@ -212,7 +237,9 @@ impl FnGen<'_, '_> {
                     let merge = self.b.create_block();
                     let r = self.b.append_block_param(merge, types::I8);
                     match op {
-                        LogicOp::And => self.b.ins().brif(x, rhs, &[], merge, &[BlockArg::Value(x)]),
+                        LogicOp::And => {
+                            self.b.ins().brif(x, rhs, &[], merge, &[BlockArg::Value(x)])
+                        }
                         LogicOp::Or => self.b.ins().brif(x, merge, &[BlockArg::Value(x)], rhs, &[]),
                     };
                     self.b.switch_to_block(rhs);
@@ -257,9 +284,9 @@ impl FnGen<'_, '_> {
                 Ok(self.b.ins().select(c, x, y))
             }
             ExprKind::Load { buf, indices } => self.load(*buf, indices),
-            ExprKind::Read { .. } | ExprKind::Reduce { .. } | ExprKind::Invalid(_) => {
-                Err(internal(format!("te-only expression in a lowered function: {e}")))
-            }
+            ExprKind::Read { .. } | ExprKind::Reduce { .. } | ExprKind::Invalid(_) => Err(
+                internal(format!("te-only expression in a lowered function: {e}")),
+            ),
         }
     }
 
@@ -273,8 +300,14 @@ impl FnGen<'_, '_> {
                 DType::Bool => self.iconst(ty, (v != 0) as i64),
                 DType::F64 => self.b.ins().f64const(v as f64),
                 DType::F32 => self.b.ins().f32const(v as f32),
-                DType::F16 => self.b.ins().f32const(half::f16::from_f32(v as f32).to_f32()),
-                DType::BF16 => self.b.ins().f32const(half::bf16::from_f32(v as f32).to_f32()),
+                DType::F16 => self
+                    .b
+                    .ins()
+                    .f32const(half::f16::from_f32(v as f32).to_f32()),
+                DType::BF16 => self
+                    .b
+                    .ins()
+                    .f32const(half::bf16::from_f32(v as f32).to_f32()),
                 _ => self.iconst(ty, v),
             },
             Const::Float(x) => match dt {
@@ -355,8 +388,24 @@ impl FnGen<'_, '_> {
                 BinOp::Min => self.fminmax(x, y, FloatCC::LessThan),
                 BinOp::Max => self.fminmax(x, y, FloatCC::GreaterThan),
                 BinOp::Pow => self.math2(if f64_ { "rivet_pow" } else { "rivet_powf" }, x, y)?,
-                BinOp::FloorDiv => self.math2(if f64_ { "rivet_floordiv" } else { "rivet_floordivf" }, x, y)?,
-                BinOp::FloorMod => self.math2(if f64_ { "rivet_floormod" } else { "rivet_floormodf" }, x, y)?,
+                BinOp::FloorDiv => self.math2(
+                    if f64_ {
+                        "rivet_floordiv"
+                    } else {
+                        "rivet_floordivf"
+                    },
+                    x,
+                    y,
+                )?,
+                BinOp::FloorMod => self.math2(
+                    if f64_ {
+                        "rivet_floormod"
+                    } else {
+                        "rivet_floormodf"
+                    },
+                    x,
+                    y,
+                )?,
             });
         }
         if !is_int(dt) {
@@ -376,7 +425,9 @@ impl FnGen<'_, '_> {
             BinOp::FloorMod if unsigned => self.udivmod(x, y, true),
             BinOp::FloorDiv => self.sfloordiv(x, y),
             BinOp::FloorMod => self.sfloormod(x, y),
-            BinOp::Div | BinOp::Pow => return Err(internal(format!("{op:?} on {dt} (needs floats)"))),
+            BinOp::Div | BinOp::Pow => {
+                return Err(internal(format!("{op:?} on {dt} (needs floats)")))
+            }
         })
     }
 
@@ -388,7 +439,11 @@ impl FnGen<'_, '_> {
         let pick = self.b.ins().fcmp(cc, x, y);
         let r = self.b.ins().select(pick, x, y);
         let uno = self.b.ins().fcmp(FloatCC::Unordered, x, y);
-        let nan = if ty == types::F64 { self.b.ins().f64const(f64::NAN) } else { self.b.ins().f32const(f32::NAN) };
+        let nan = if ty == types::F64 {
+            self.b.ins().f64const(f64::NAN)
+        } else {
+            self.b.ins().f32const(f32::NAN)
+        };
         self.b.ins().select(uno, nan, r)
     }
 
@@ -540,7 +595,11 @@ impl FnGen<'_, '_> {
             } else {
                 self.b.ins().fcvt_from_sint(to_ty, wide)
             };
-            return if matches!(to, DType::F16 | DType::BF16) { self.round_half(f, to) } else { Ok(f) };
+            return if matches!(to, DType::F16 | DType::BF16) {
+                self.round_half(f, to)
+            } else {
+                Ok(f)
+            };
         }
         if !to.is_float() {
             // float -> int: saturating, NaN -> 0 (Rust's `as`).
@@ -583,4 +642,3 @@ impl FnGen<'_, '_> {
         })
     }
 }
-

@@ -69,6 +69,9 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_f64_to_f16", rivet_f64_to_f16 as *const u8),
         ("rivet_f32_to_bf16", rivet_f32_to_bf16 as *const u8),
         ("rivet_f64_to_bf16", rivet_f64_to_bf16 as *const u8),
-        ("rivet_parallel_for", super::parallel::rivet_parallel_for as *const u8),
+        (
+            "rivet_parallel_for",
+            super::parallel::rivet_parallel_for as *const u8,
+        ),
     ]
 }

@@ -66,23 +66,30 @@ impl CraneliftBackend {
     /// `cranelift_native`, optimised for speed.
     pub fn new() -> Result<Self> {
         if usize::BITS != 64 {
-            return Err(Error::Compile("the Cranelift CPU backend needs a 64-bit host".into()));
+            return Err(Error::Compile(
+                "the Cranelift CPU backend needs a 64-bit host".into(),
+            ));
         }
         let mut flags = settings::builder();
         let set = |fb: &mut settings::Builder, k: &str, v: &str| {
-            fb.set(k, v).map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
+            fb.set(k, v)
+                .map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
         };
         set(&mut flags, "opt_level", "speed")?;
         // The JIT places code and helpers anywhere in the address space: no colocated calls,
         // absolute relocations.
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "is_pic", "false")?;
-        let isa_builder = cranelift_native::builder()
-            .map_err(|e| Error::Compile(format!("the host CPU is not supported by Cranelift: {e}")))?;
+        let isa_builder = cranelift_native::builder().map_err(|e| {
+            Error::Compile(format!("the host CPU is not supported by Cranelift: {e}"))
+        })?;
         let isa = isa_builder
             .finish(settings::Flags::new(flags))
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
-        Ok(CraneliftBackend { isa, disassemble: std::env::var_os("RIVET_DUMP").is_some() })
+        Ok(CraneliftBackend {
+            isa,
+            disassemble: std::env::var_os("RIVET_DUMP").is_some(),
+        })
     }
 
     /// Whether kernels keep their disassembly (`CraneliftKernel::disassembly`); on by default
@@ -113,8 +120,12 @@ impl CraneliftBackend {
             n_bodies: 0,
         };
         let (entry_id, entry_text) = cx.gen_entry()?;
-        let Compiler { mut module, bodies, .. } = cx;
-        module.finalize_definitions().map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
+        let Compiler {
+            mut module, bodies, ..
+        } = cx;
+        module
+            .finalize_definitions()
+            .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
         let code = module.get_finalized_function(entry_id);
         // SAFETY: `code` is the finalised entry function, generated with exactly this signature
         // (two pointer parameters, no results, the host's default C calling convention).
@@ -184,7 +195,10 @@ pub struct CraneliftKernel {
 
 impl std::fmt::Debug for CraneliftKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CraneliftKernel").field("n_ptrs", &self.n_ptrs).field("n_ints", &self.n_ints).finish()
+        f.debug_struct("CraneliftKernel")
+            .field("n_ptrs", &self.n_ptrs)
+            .field("n_ints", &self.n_ints)
+            .finish()
     }
 }
 
@@ -257,7 +271,10 @@ impl<'f> Compiler<'f> {
         sig.params.push(AbiParam::new(PTR));
         sig.params.push(AbiParam::new(PTR));
         let name = self.name();
-        let id = self.module.declare_function(&name, Linkage::Export, &sig).map_err(|e| cl_err("declare", e))?;
+        let id = self
+            .module
+            .declare_function(&name, Linkage::Export, &sig)
+            .map_err(|e| cl_err("declare", e))?;
         let mut ctx = self.module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
@@ -277,7 +294,9 @@ impl<'f> Compiler<'f> {
                 g.bind_buf(*id, p);
             }
             for (k, v) in int_slots(func).iter().enumerate() {
-                let x = g.b.ins().load(types::I64, expr::flags(), ints, (8 * k) as i32);
+                let x =
+                    g.b.ins()
+                        .load(types::I64, expr::flags(), ints, (8 * k) as i32);
                 g.bind_var(v.id, x);
             }
             g.stmt(&func.body)?;
@@ -294,15 +313,18 @@ impl<'f> Compiler<'f> {
         let clif = format!("; {title}\n{}", ctx.func.display());
         ctx.set_disasm(self.disassemble);
         self.module.define_function(id, ctx).map_err(|e| match e {
-            cranelift_module::ModuleError::Compilation(cranelift_codegen::CodegenError::Verifier(errs)) => {
-                Error::Internal(format!(
-                    "cranelift verifier rejected generated code for {title}:\n{}",
-                    cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, errs)
-                ))
-            }
+            cranelift_module::ModuleError::Compilation(
+                cranelift_codegen::CodegenError::Verifier(errs),
+            ) => Error::Internal(format!(
+                "cranelift verifier rejected generated code for {title}:\n{}",
+                cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, errs)
+            )),
             other => cl_err(&format!("compiling {title}"), other),
         })?;
-        let disasm = ctx.compiled_code().and_then(|c| c.vcode.clone()).unwrap_or_default();
+        let disasm = ctx
+            .compiled_code()
+            .and_then(|c| c.vcode.clone())
+            .unwrap_or_default();
         let disasm = format!("; {title}\n{disasm}");
         self.module.clear_context(ctx);
         Ok(FuncText { clif, disasm })
@@ -316,7 +338,10 @@ impl<'f> Compiler<'f> {
         let mut sig = self.module.make_signature();
         sig.params.extend(params.iter().map(|t| AbiParam::new(*t)));
         sig.returns.extend(rets.iter().map(|t| AbiParam::new(*t)));
-        let id = self.module.declare_function(name, Linkage::Import, &sig).map_err(|e| cl_err("declare helper", e))?;
+        let id = self
+            .module
+            .declare_function(name, Linkage::Import, &sig)
+            .map_err(|e| cl_err("declare helper", e))?;
         self.helper_ids.insert(name, id);
         Ok(id)
     }
@@ -341,7 +366,15 @@ struct FnGen<'a, 'f> {
 impl<'a, 'f> FnGen<'a, 'f> {
     fn new(b: FunctionBuilder<'a>, cx: &'a mut Compiler<'f>, in_body: bool) -> Self {
         let func = cx.func;
-        FnGen { b, cx, func, vars: HashMap::new(), bufs: HashMap::new(), frefs: HashMap::new(), in_body }
+        FnGen {
+            b,
+            cx,
+            func,
+            vars: HashMap::new(),
+            bufs: HashMap::new(),
+            frefs: HashMap::new(),
+            in_body,
+        }
     }
 
     /// Binds IR variable `id` to `val` (in a fresh Cranelift variable); returns the previous

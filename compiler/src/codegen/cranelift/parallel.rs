@@ -8,7 +8,9 @@
 use super::{Compiler, FnGen, FuncText, PTR};
 use crate::error::{Error, Result};
 use crate::ir::{BufId, Expr, ExprKind, PrimFunc, Stmt, Var};
-use cranelift_codegen::ir::{types, AbiParam, InstBuilder, StackSlotData, StackSlotKind, Type, UserFuncName, Value};
+use cranelift_codegen::ir::{
+    types, AbiParam, InstBuilder, StackSlotData, StackSlotKind, Type, UserFuncName, Value,
+};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module};
 use std::collections::BTreeSet;
@@ -38,7 +40,11 @@ fn references(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut 
             on_expr(min, bufs, vars);
             on_expr(extent, bufs, vars);
         }
-        Stmt::Store { buf, indices, value } => {
+        Stmt::Store {
+            buf,
+            indices,
+            value,
+        } => {
             bufs.insert(*buf);
             indices.iter().for_each(|i| on_expr(i, bufs, vars));
             on_expr(value, bufs, vars);
@@ -56,7 +62,13 @@ fn references(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut 
 
 impl FnGen<'_, '_> {
     /// Emits a parallel loop: spills the captured values, outlines the body, calls the driver.
-    pub(super) fn parallel_for(&mut self, var: &Var, lo: Value, ext: Value, body: &Stmt) -> Result<()> {
+    pub(super) fn parallel_for(
+        &mut self,
+        var: &Var,
+        lo: Value,
+        ext: Value,
+        body: &Stmt,
+    ) -> Result<()> {
         let mut bufs = BTreeSet::new();
         let mut vars = BTreeSet::new();
         references(body, self.func, &mut bufs, &mut vars);
@@ -93,7 +105,12 @@ impl FnGen<'_, '_> {
         let body_id = self.cx.gen_body(var, body, &caps)?;
         let fref = self.cx.module.declare_func_in_func(body_id, self.b.func);
         let faddr = self.b.ins().func_addr(PTR, fref);
-        self.call("rivet_parallel_for", &[PTR, PTR, types::I64, types::I64], &[], &[faddr, ctx, lo, ext])?;
+        self.call(
+            "rivet_parallel_for",
+            &[PTR, PTR, types::I64, types::I64],
+            &[],
+            &[faddr, ctx, lo, ext],
+        )?;
         Ok(())
     }
 }
@@ -161,7 +178,12 @@ pub(super) type BodyFn = unsafe extern "C" fn(*const i64, i64, i64);
 /// `body` must be an outlined body generated for `ctx`, safe to run concurrently on disjoint
 /// ranges (the compiler's contract for parallel loops), and `ctx` must stay valid until this
 /// returns.
-pub(super) unsafe extern "C" fn rivet_parallel_for(body: BodyFn, ctx: *const i64, min: i64, extent: i64) {
+pub(super) unsafe extern "C" fn rivet_parallel_for(
+    body: BodyFn,
+    ctx: *const i64,
+    min: i64,
+    extent: i64,
+) {
     if extent <= 0 {
         return;
     }

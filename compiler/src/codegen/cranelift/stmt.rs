@@ -12,22 +12,37 @@ impl FnGen<'_, '_> {
     pub(super) fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
-            Stmt::Store { buf, indices, value } => self.store(*buf, indices, value),
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } => self.store(*buf, indices, value),
             Stmt::Let { var, value, body } => {
                 let x = self.expr(value)?;
                 if self.b.func.dfg.value_type(x) != value_ty(value.dtype()) {
-                    return Err(Error::Internal(format!("let {}: value of the wrong type", var.name)));
+                    return Err(Error::Internal(format!(
+                        "let {}: value of the wrong type",
+                        var.name
+                    )));
                 }
                 let old = self.bind_var(var.id, x);
                 self.stmt(body)?;
                 self.restore_var(var.id, old);
                 Ok(())
             }
-            Stmt::If { cond, then, otherwise } => {
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let c = self.expr(cond)?;
                 let then_b = self.b.create_block();
                 let merge = self.b.create_block();
-                let else_b = if otherwise.is_some() { self.b.create_block() } else { merge };
+                let else_b = if otherwise.is_some() {
+                    self.b.create_block()
+                } else {
+                    merge
+                };
                 self.b.ins().brif(c, then_b, &[], else_b, &[]);
                 self.b.switch_to_block(then_b);
                 self.stmt(then)?;
@@ -40,7 +55,13 @@ impl FnGen<'_, '_> {
                 self.b.switch_to_block(merge);
                 Ok(())
             }
-            Stmt::For { var, min, extent, kind, body } => {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                kind,
+                body,
+            } => {
                 let lo = self.expr(min)?;
                 let lo = self.index_i64(lo, min.dtype());
                 let ext = self.expr(extent)?;
@@ -69,7 +90,13 @@ impl FnGen<'_, '_> {
 
     /// `for var in lo..hi { body }`, tested at the loop top (the exit reads the header's
     /// state; no block arguments on the conditional branch).
-    pub(super) fn counted_loop(&mut self, var: &Var, lo: Value, hi: Value, body: &Stmt) -> Result<()> {
+    pub(super) fn counted_loop(
+        &mut self,
+        var: &Var,
+        lo: Value,
+        hi: Value,
+        body: &Stmt,
+    ) -> Result<()> {
         let header = self.b.create_block();
         let body_b = self.b.create_block();
         let exit = self.b.create_block();
@@ -95,16 +122,23 @@ impl FnGen<'_, '_> {
     /// after the body.
     fn allocate(&mut self, id: BufId, body: &Stmt) -> Result<()> {
         let func = self.func;
-        let buf = func
-            .buffers
-            .iter()
-            .find(|b| b.id == id)
-            .ok_or_else(|| Error::Internal(format!("Allocate of unknown buffer id {}", id.0)))?;
+        let buf =
+            func.buffers.iter().find(|b| b.id == id).ok_or_else(|| {
+                Error::Internal(format!("Allocate of unknown buffer id {}", id.0))
+            })?;
         if buf.kind != BufKind::Local {
-            return Err(Error::Internal(format!("Allocate of parameter buffer {}", buf.name)));
+            return Err(Error::Internal(format!(
+                "Allocate of parameter buffer {}",
+                buf.name
+            )));
         }
         if !buf.strides.is_empty() && buf.strides.len() != buf.shape.len() {
-            return Err(Error::Internal(format!("local {}: {} strides for {} dims", buf.name, buf.strides.len(), buf.shape.len())));
+            return Err(Error::Internal(format!(
+                "local {}: {} strides for {} dims",
+                buf.name,
+                buf.strides.len(),
+                buf.shape.len()
+            )));
         }
         let mut extents = Vec::with_capacity(buf.shape.len());
         for s in &buf.shape {

@@ -3,7 +3,9 @@
 
 use super::CraneliftBackend;
 use crate::codegen::{math, Backend, CallFrame, Kernel};
-use crate::ir::{BinOp, BufId, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var};
+use crate::ir::{
+    BinOp, BufId, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var,
+};
 use rivet_runtime::DType;
 
 const ALL: [DType; 13] = [
@@ -25,8 +27,17 @@ const ALL: [DType; 13] = [
 // ---- building functions ------------------------------------------------------------------
 
 fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-    let strides = (0..shape.len()).map(|k| Var::new(&format!("{name}.s{k}"))).collect();
-    Buffer { id: BufId(id), name: name.into(), dtype, shape, strides, kind }
+    let strides = (0..shape.len())
+        .map(|k| Var::new(&format!("{name}.s{k}")))
+        .collect();
+    Buffer {
+        id: BufId(id),
+        name: name.into(),
+        dtype,
+        shape,
+        strides,
+        kind,
+    }
 }
 
 fn input(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
@@ -55,16 +66,37 @@ fn load(b: &Buffer, idx: &[Expr]) -> Expr {
 }
 
 fn store(b: &Buffer, idx: &[Expr], value: Expr) -> Stmt {
-    Stmt::Store { buf: b.id, indices: vec![offset(b, idx)], value }
+    Stmt::Store {
+        buf: b.id,
+        indices: vec![offset(b, idx)],
+        value,
+    }
 }
 
 fn for_(v: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
-    Stmt::For { var: v.clone(), min: Expr::int(0), extent, kind, body: Box::new(body) }
+    Stmt::For {
+        var: v.clone(),
+        min: Expr::int(0),
+        extent,
+        kind,
+        body: Box::new(body),
+    }
 }
 
 fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> PrimFunc {
-    let params = buffers.iter().filter(|b| matches!(b.kind, BufKind::Param { .. })).map(|b| b.id).collect();
-    PrimFunc { name: name.into(), params, buffers, dims, checks: vec![], body }
+    let params = buffers
+        .iter()
+        .filter(|b| matches!(b.kind, BufKind::Param { .. }))
+        .map(|b| b.id)
+        .collect();
+    PrimFunc {
+        name: name.into(),
+        params,
+        buffers,
+        dims,
+        checks: vec![],
+        body,
+    }
 }
 
 fn v(x: &Var) -> Expr {
@@ -190,7 +222,9 @@ fn same(dt: DType, a: &[u8], b: &[u8]) -> bool {
 }
 
 fn encode(dt: DType, xs: &[f64]) -> Vec<u8> {
-    xs.iter().flat_map(|x| cast_bytes(S::F64(*x), DType::F64, dt)).collect()
+    xs.iter()
+        .flat_map(|x| cast_bytes(S::F64(*x), DType::F64, dt))
+        .collect()
 }
 
 const SAMPLES: [f64; 24] = [
@@ -231,14 +265,27 @@ fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
 }
 
 /// `out[i] = build(loads of ins)[i]` over 1-d buffers of `n` elements.
-fn elementwise(name: &str, in_dts: &[DType], out_dt: DType, build: impl Fn(&[Expr]) -> Expr) -> PrimFunc {
+fn elementwise(
+    name: &str,
+    in_dts: &[DType],
+    out_dt: DType,
+    build: impl Fn(&[Expr]) -> Expr,
+) -> PrimFunc {
     let n = Var::new("n");
     let i = Var::new("i");
-    let mut bufs: Vec<Buffer> =
-        in_dts.iter().enumerate().map(|(k, dt)| input(k as u32, &format!("in{k}"), *dt, vec![v(&n)])).collect();
+    let mut bufs: Vec<Buffer> = in_dts
+        .iter()
+        .enumerate()
+        .map(|(k, dt)| input(k as u32, &format!("in{k}"), *dt, vec![v(&n)]))
+        .collect();
     let out = output(in_dts.len() as u32, "out", out_dt, vec![v(&n)]);
     let args: Vec<Expr> = bufs.iter().map(|b| load(b, &[v(&i)])).collect();
-    let body = for_(&i, v(&n), ForKind::Serial, store(&out, &[v(&i)], build(&args)));
+    let body = for_(
+        &i,
+        v(&n),
+        ForKind::Serial,
+        store(&out, &[v(&i)], build(&args)),
+    );
     bufs.push(out);
     func(name, bufs, vec![n], body)
 }
@@ -261,8 +308,18 @@ fn elementwise_add_over_strided_2d_buffers() {
     let a = input(0, "A", DType::F32, shape.clone());
     let b = input(1, "B", DType::F32, shape.clone());
     let c = output(2, "C", DType::F32, shape);
-    let sum = Expr::binary(BinOp::Add, load(&a, &[v(&i), v(&j)]), load(&b, &[v(&i), v(&j)])).unwrap();
-    let body = for_(&i, v(&n), ForKind::Serial, for_(&j, v(&m), ForKind::Serial, store(&c, &[v(&i), v(&j)], sum)));
+    let sum = Expr::binary(
+        BinOp::Add,
+        load(&a, &[v(&i), v(&j)]),
+        load(&b, &[v(&i), v(&j)]),
+    )
+    .unwrap();
+    let body = for_(
+        &i,
+        v(&n),
+        ForKind::Serial,
+        for_(&j, v(&m), ForKind::Serial, store(&c, &[v(&i), v(&j)], sum)),
+    );
     let f = func("add2d", vec![a, b, c], vec![n, m], body);
     let k = compile(&f);
     let (nn, mm) = (5usize, 7usize);
@@ -287,7 +344,10 @@ fn elementwise_add_over_strided_2d_buffers() {
     }
     assert!(k.source().contains("function"), "{}", k.source());
     // A wrong frame is an error, not a crash.
-    let bad = CallFrame { ptrs: vec![], ints: vec![] };
+    let bad = CallFrame {
+        ptrs: vec![],
+        ints: vec![],
+    };
     // SAFETY: rejected before any code runs.
     assert!(unsafe { k.launch(&bad) }.is_err());
 }
@@ -310,7 +370,12 @@ fn every_dtype_loads_stores_and_casts() {
                 let s = read(from, &src[k * from.size()..]);
                 let want = cast_bytes(s, from, to);
                 let got = &data[1][k * to.size()..(k + 1) * to.size()];
-                assert!(same(to, got, &want), "cast {from} -> {to} of {s:?}: got {:?}, want {:?}", read(to, got), read(to, &want));
+                assert!(
+                    same(to, got, &want),
+                    "cast {from} -> {to} of {s:?}: got {:?}, want {:?}",
+                    read(to, got),
+                    read(to, &want)
+                );
             }
         }
     }
@@ -380,9 +445,25 @@ fn float_unary_ref(op: UnOp, x: f64, f64_: bool) -> f64 {
     }
 }
 
-const BINOPS: [BinOp; 9] =
-    [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::Div, BinOp::FloorDiv, BinOp::FloorMod, BinOp::Min, BinOp::Max, BinOp::Pow];
-const CMPOPS: [CmpOp; 6] = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
+const BINOPS: [BinOp; 9] = [
+    BinOp::Add,
+    BinOp::Sub,
+    BinOp::Mul,
+    BinOp::Div,
+    BinOp::FloorDiv,
+    BinOp::FloorMod,
+    BinOp::Min,
+    BinOp::Max,
+    BinOp::Pow,
+];
+const CMPOPS: [CmpOp; 6] = [
+    CmpOp::Eq,
+    CmpOp::Ne,
+    CmpOp::Lt,
+    CmpOp::Le,
+    CmpOp::Gt,
+    CmpOp::Ge,
+];
 const FUNOPS: [UnOp; 11] = [
     UnOp::Neg,
     UnOp::Exp,
@@ -410,7 +491,24 @@ fn cmp_ref<T: PartialOrd>(op: CmpOp, x: T, y: T) -> bool {
 
 #[test]
 fn float_ops_match_the_reference_formulas() {
-    let vals = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 7.25, -7.25, 1e-3, 88.0, -100.0, 1e30, f64::INFINITY, -f64::INFINITY, f64::NAN];
+    let vals = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -2.5,
+        3.0,
+        7.25,
+        -7.25,
+        1e-3,
+        88.0,
+        -100.0,
+        1e30,
+        f64::INFINITY,
+        -f64::INFINITY,
+        f64::NAN,
+    ];
     let (mut xs, mut ys) = (vec![], vec![]);
     for x in vals {
         for y in vals {
@@ -428,13 +526,22 @@ fn float_ops_match_the_reference_formulas() {
             S::I(_) => unreachable!(),
         };
         for op in BINOPS {
-            let f = elementwise("bin", &[dt, dt], dt, |a| Expr::binary(op, a[0].clone(), a[1].clone()).unwrap());
+            let f = elementwise("bin", &[dt, dt], dt, |a| {
+                Expr::binary(op, a[0].clone(), a[1].clone()).unwrap()
+            });
             let mut data = vec![a.clone(), b.clone(), vec![0; n * dt.size()]];
             run_1d(&f, n, &mut data);
             for k in 0..n {
                 let want = encode(dt, &[float_binary_ref(op, xs[k], ys[k], f64_)]);
                 let got = &data[2][k * dt.size()..(k + 1) * dt.size()];
-                assert!(same(dt, got, &want), "{dt} {op:?}({}, {}) = {:?}, want {:?}", xs[k], ys[k], read(dt, got), read(dt, &want));
+                assert!(
+                    same(dt, got, &want),
+                    "{dt} {op:?}({}, {}) = {:?}, want {:?}",
+                    xs[k],
+                    ys[k],
+                    read(dt, got),
+                    read(dt, &want)
+                );
                 if matches!(op, BinOp::Min | BinOp::Max) && xs[k].is_nan() {
                     assert!(get(&data[2], k).is_nan());
                 }
@@ -447,15 +554,27 @@ fn float_ops_match_the_reference_formulas() {
             for k in 0..n {
                 let want = encode(dt, &[float_unary_ref(op, xs[k], f64_)]);
                 let got = &data[1][k * dt.size()..(k + 1) * dt.size()];
-                assert!(same(dt, got, &want), "{dt} {op:?}({}) = {:?}, want {:?}", xs[k], read(dt, got), read(dt, &want));
+                assert!(
+                    same(dt, got, &want),
+                    "{dt} {op:?}({}) = {:?}, want {:?}",
+                    xs[k],
+                    read(dt, got),
+                    read(dt, &want)
+                );
             }
         }
         for op in CMPOPS {
-            let f = elementwise("cmp", &[dt, dt], DType::Bool, |a| Expr::cmp(op, a[0].clone(), a[1].clone()).unwrap());
+            let f = elementwise("cmp", &[dt, dt], DType::Bool, |a| {
+                Expr::cmp(op, a[0].clone(), a[1].clone()).unwrap()
+            });
             let mut data = vec![a.clone(), b.clone(), vec![7; n]];
             run_1d(&f, n, &mut data);
             for k in 0..n {
-                let want = if f64_ { cmp_ref(op, xs[k], ys[k]) } else { cmp_ref(op, xs[k] as f32, ys[k] as f32) };
+                let want = if f64_ {
+                    cmp_ref(op, xs[k], ys[k])
+                } else {
+                    cmp_ref(op, xs[k] as f32, ys[k] as f32)
+                };
                 assert_eq!(data[2][k], want as u8, "{dt} {op:?}({}, {})", xs[k], ys[k]);
             }
         }
@@ -468,7 +587,12 @@ fn float_ops_match_the_reference_formulas() {
         run_1d(&f, n, &mut data);
         for k in 0..n {
             let want = encode(dt, &[if xs[k] < ys[k] { xs[k] } else { ys[k] }]);
-            assert!(same(dt, &data[2][k * dt.size()..(k + 1) * dt.size()], &want), "select {} {}", xs[k], ys[k]);
+            assert!(
+                same(dt, &data[2][k * dt.size()..(k + 1) * dt.size()], &want),
+                "select {} {}",
+                xs[k],
+                ys[k]
+            );
         }
     }
 }
@@ -477,15 +601,30 @@ fn float_ops_match_the_reference_formulas() {
 fn logic_not_and_select_on_bools() {
     let xs: Vec<u8> = vec![0, 0, 1, 1];
     let ys: Vec<u8> = vec![0, 1, 0, 1];
-    let cases: [(&str, fn(bool, bool) -> bool); 4] =
-        [("and", |a, b| a && b), ("or", |a, b| a || b), ("not", |a, _| !a), ("sel", |a, b| if a { b } else { !b })];
+    type BoolOp = fn(bool, bool) -> bool;
+    let cases: [(&str, BoolOp); 4] = [
+        ("and", |a, b| a && b),
+        ("or", |a, b| a || b),
+        ("not", |a, _| !a),
+        ("sel", |a, b| if a { b } else { !b }),
+    ];
     for (name, r) in cases {
-        let f = elementwise(name, &[DType::Bool, DType::Bool], DType::Bool, |a| match name {
-            "and" => Expr::logic(LogicOp::And, a[0].clone(), a[1].clone()).unwrap(),
-            "or" => Expr::logic(LogicOp::Or, a[0].clone(), a[1].clone()).unwrap(),
-            "not" => Expr::unary(UnOp::Not, a[0].clone()).unwrap(),
-            _ => Expr::select(a[0].clone(), a[1].clone(), Expr::unary(UnOp::Not, a[1].clone()).unwrap()).unwrap(),
-        });
+        let f = elementwise(
+            name,
+            &[DType::Bool, DType::Bool],
+            DType::Bool,
+            |a| match name {
+                "and" => Expr::logic(LogicOp::And, a[0].clone(), a[1].clone()).unwrap(),
+                "or" => Expr::logic(LogicOp::Or, a[0].clone(), a[1].clone()).unwrap(),
+                "not" => Expr::unary(UnOp::Not, a[0].clone()).unwrap(),
+                _ => Expr::select(
+                    a[0].clone(),
+                    a[1].clone(),
+                    Expr::unary(UnOp::Not, a[1].clone()).unwrap(),
+                )
+                .unwrap(),
+            },
+        );
         let mut data = vec![xs.clone(), ys.clone(), vec![9; 4]];
         run_1d(&f, 4, &mut data);
         for k in 0..4 {
@@ -531,7 +670,11 @@ fn int_binary_ref(op: BinOp, dt: DType, x: i128, y: i128) -> Vec<u8> {
 fn int_samples(dt: DType) -> Vec<i128> {
     let bits = dt.size() as u32 * 8;
     let unsigned = matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::U64);
-    let (min, max) = if unsigned { (0i128, (1i128 << bits) - 1) } else { (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1) };
+    let (min, max) = if unsigned {
+        (0i128, (1i128 << bits) - 1)
+    } else {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    };
     let mut v = vec![0, 1, 2, 3, 7, 100, max, max - 1, min, min + 1];
     if !unsigned {
         v.extend([-1, -2, -3, -7, -100]);
@@ -541,7 +684,16 @@ fn int_samples(dt: DType) -> Vec<i128> {
 
 #[test]
 fn int_ops_match_the_reference_formulas() {
-    let int_dts = [DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
+    let int_dts = [
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+    ];
     for dt in int_dts {
         let vals = int_samples(dt);
         let (mut xs, mut ys) = (vec![], vec![]);
@@ -552,16 +704,36 @@ fn int_ops_match_the_reference_formulas() {
             }
         }
         let n = xs.len();
-        let enc = |v: &[i128]| -> Vec<u8> { v.iter().flat_map(|x| cast_bytes(S::I(*x), DType::I64, dt)).collect() };
+        let enc = |v: &[i128]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| cast_bytes(S::I(*x), DType::I64, dt))
+                .collect()
+        };
         let (a, b) = (enc(&xs), enc(&ys));
         let sz = dt.size();
-        for op in [BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::FloorDiv, BinOp::FloorMod, BinOp::Min, BinOp::Max] {
-            let f = elementwise("ibin", &[dt, dt], dt, |a| Expr::binary(op, a[0].clone(), a[1].clone()).unwrap());
+        for op in [
+            BinOp::Add,
+            BinOp::Sub,
+            BinOp::Mul,
+            BinOp::FloorDiv,
+            BinOp::FloorMod,
+            BinOp::Min,
+            BinOp::Max,
+        ] {
+            let f = elementwise("ibin", &[dt, dt], dt, |a| {
+                Expr::binary(op, a[0].clone(), a[1].clone()).unwrap()
+            });
             let mut data = vec![a.clone(), b.clone(), vec![0; n * sz]];
             run_1d(&f, n, &mut data);
             for k in 0..n {
                 let want = int_binary_ref(op, dt, xs[k], ys[k]);
-                assert_eq!(&data[2][k * sz..(k + 1) * sz], &want[..], "{dt} {op:?}({}, {})", xs[k], ys[k]);
+                assert_eq!(
+                    &data[2][k * sz..(k + 1) * sz],
+                    &want[..],
+                    "{dt} {op:?}({}, {})",
+                    xs[k],
+                    ys[k]
+                );
             }
         }
         for op in [UnOp::Neg, UnOp::Abs] {
@@ -576,15 +748,28 @@ fn int_ops_match_the_reference_formulas() {
                     _ => xs[k].abs(),
                 };
                 let want = cast_bytes(S::I(r), DType::I64, dt);
-                assert_eq!(&data[1][k * sz..(k + 1) * sz], &want[..], "{dt} {op:?}({})", xs[k]);
+                assert_eq!(
+                    &data[1][k * sz..(k + 1) * sz],
+                    &want[..],
+                    "{dt} {op:?}({})",
+                    xs[k]
+                );
             }
         }
         for op in CMPOPS {
-            let f = elementwise("icmp", &[dt, dt], DType::Bool, |a| Expr::cmp(op, a[0].clone(), a[1].clone()).unwrap());
+            let f = elementwise("icmp", &[dt, dt], DType::Bool, |a| {
+                Expr::cmp(op, a[0].clone(), a[1].clone()).unwrap()
+            });
             let mut data = vec![a.clone(), b.clone(), vec![7; n]];
             run_1d(&f, n, &mut data);
             for k in 0..n {
-                assert_eq!(data[2][k], cmp_ref(op, xs[k], ys[k]) as u8, "{dt} {op:?}({}, {})", xs[k], ys[k]);
+                assert_eq!(
+                    data[2][k],
+                    cmp_ref(op, xs[k], ys[k]) as u8,
+                    "{dt} {op:?}({}, {})",
+                    xs[k],
+                    ys[k]
+                );
             }
         }
         // select(x < y, x, y) with a constant mixed in: min(x, y) + 3 (wrapping).
@@ -597,7 +782,13 @@ fn int_ops_match_the_reference_formulas() {
         run_1d(&f, n, &mut data);
         for k in 0..n {
             let want = cast_bytes(S::I(xs[k].min(ys[k]) + 3), DType::I64, dt);
-            assert_eq!(&data[2][k * sz..(k + 1) * sz], &want[..], "{dt} select({}, {})", xs[k], ys[k]);
+            assert_eq!(
+                &data[2][k * sz..(k + 1) * sz],
+                &want[..],
+                "{dt} select({}, {})",
+                xs[k],
+                ys[k]
+            );
         }
     }
 }
@@ -605,11 +796,26 @@ fn int_ops_match_the_reference_formulas() {
 #[test]
 fn index_floordiv_and_floormod_follow_python() {
     // Python semantics on the int64 index path, including zero divisors and MIN // -1.
-    let cases = [(7i64, 2i64), (-7, 2), (7, -2), (-7, -2), (6, 3), (-6, 3), (0, 5), (5, 0), (-5, 0), (i64::MIN, -1), (i64::MIN, 1)];
+    let cases = [
+        (7i64, 2i64),
+        (-7, 2),
+        (7, -2),
+        (-7, -2),
+        (6, 3),
+        (-6, 3),
+        (0, 5),
+        (5, 0),
+        (-5, 0),
+        (i64::MIN, -1),
+        (i64::MIN, 1),
+    ];
     let xs: Vec<i64> = cases.iter().map(|c| c.0).collect();
     let ys: Vec<i64> = cases.iter().map(|c| c.1).collect();
     let bytes = |v: &[i64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    for (op, r) in [(BinOp::FloorDiv, math::floordiv_i64 as fn(i64, i64) -> i64), (BinOp::FloorMod, math::floormod_i64)] {
+    for (op, r) in [
+        (BinOp::FloorDiv, math::floordiv_i64 as fn(i64, i64) -> i64),
+        (BinOp::FloorMod, math::floormod_i64),
+    ] {
         let f = elementwise("idx", &[DType::I64, DType::I64], DType::I64, |a| match op {
             BinOp::FloorDiv => a[0].floordiv(&a[1]),
             _ => a[0].floormod(&a[1]),
@@ -642,7 +848,11 @@ fn reduction_into_a_local_allocation() {
             &k,
             v(&m),
             ForKind::Serial,
-            store(&acc, &[Expr::int(0)], Expr::binary(BinOp::Add, acc0(), load(&a, &[v(&i), v(&k)])).unwrap()),
+            store(
+                &acc,
+                &[Expr::int(0)],
+                Expr::binary(BinOp::Add, acc0(), load(&a, &[v(&i), v(&k)])).unwrap(),
+            ),
         ),
         store(&out, &[v(&i)], acc0()),
     ]);
@@ -653,14 +863,22 @@ fn reduction_into_a_local_allocation() {
             &k2,
             v(&m),
             ForKind::Serial,
-            store(&row, &[v(&k2)], Expr::binary(BinOp::Mul, two, load(&a, &[v(&i), v(&k2)])).unwrap()),
+            store(
+                &row,
+                &[v(&k2)],
+                Expr::binary(BinOp::Mul, two, load(&a, &[v(&i), v(&k2)])).unwrap(),
+            ),
         ),
         store(&acc, &[Expr::int(0)], zero),
         for_(
             &k3,
             v(&m),
             ForKind::Serial,
-            store(&acc, &[Expr::int(0)], Expr::binary(BinOp::Add, acc0(), load(&row, &[v(&k3)])).unwrap()),
+            store(
+                &acc,
+                &[Expr::int(0)],
+                Expr::binary(BinOp::Add, acc0(), load(&row, &[v(&k3)])).unwrap(),
+            ),
         ),
         store(&out2, &[v(&i)], acc0()),
     ]);
@@ -670,17 +888,29 @@ fn reduction_into_a_local_allocation() {
         ForKind::Serial,
         Stmt::Allocate {
             buf: acc.id,
-            body: Box::new(Stmt::seq(vec![sum1, Stmt::Allocate { buf: row.id, body: Box::new(sum2) }])),
+            body: Box::new(Stmt::seq(vec![
+                sum1,
+                Stmt::Allocate {
+                    buf: row.id,
+                    body: Box::new(sum2),
+                },
+            ])),
         },
     );
     let f = func("rowsum", vec![a, out, out2, acc, row], vec![n, m], body);
     let k = compile(&f);
     let (nn, mm) = (9usize, 13usize);
-    let av: Vec<f32> = (0..nn * mm).map(|x| ((x * 7919) % 101) as f32 * 0.01 - 0.3).collect();
+    let av: Vec<f32> = (0..nn * mm)
+        .map(|x| ((x * 7919) % 101) as f32 * 0.01 - 0.3)
+        .collect();
     let mut o = vec![0f32; nn];
     let mut o2 = vec![0f32; nn];
     let frame = CallFrame {
-        ptrs: vec![av.as_ptr() as *mut u8, o.as_mut_ptr() as *mut u8, o2.as_mut_ptr() as *mut u8],
+        ptrs: vec![
+            av.as_ptr() as *mut u8,
+            o.as_mut_ptr() as *mut u8,
+            o2.as_mut_ptr() as *mut u8,
+        ],
         ints: vec![nn as i64, mm as i64, mm as i64, 1, 1, 1],
     };
     // SAFETY: buffers match the frame.
@@ -695,7 +925,11 @@ fn reduction_into_a_local_allocation() {
         assert_eq!(o[ii].to_bits(), s.to_bits(), "row {ii}");
         assert_eq!(o2[ii].to_bits(), s2.to_bits(), "row {ii}");
     }
-    assert!(k.source().contains("rivet_alloc") || k.source().contains("call"), "{}", k.source());
+    assert!(
+        k.source().contains("rivet_alloc") || k.source().contains("call"),
+        "{}",
+        k.source()
+    );
 }
 
 /// A parallel loop with a captured `Let`, an inner loop, a local and a nested parallel loop,
@@ -719,7 +953,16 @@ fn parallel_program(kind: ForKind) -> PrimFunc {
     .unwrap();
     let val = Expr::binary(BinOp::Add, val, Expr::cast(DType::F32, v(&scale))).unwrap();
     let inner = Stmt::seq(vec![
-        for_(&j, Expr::int(4), kind, store(&tmp, &[v(&j)], Expr::binary(BinOp::Mul, val.clone(), Expr::cast(DType::F32, v(&j))).unwrap())),
+        for_(
+            &j,
+            Expr::int(4),
+            kind,
+            store(
+                &tmp,
+                &[v(&j)],
+                Expr::binary(BinOp::Mul, val.clone(), Expr::cast(DType::F32, v(&j))).unwrap(),
+            ),
+        ),
         store(
             &out,
             &[v(&i)],
@@ -730,7 +973,11 @@ fn parallel_program(kind: ForKind) -> PrimFunc {
             )
             .unwrap(),
         ),
-        store(&cnt, &[v(&i)], Expr::cast(DType::I32, v(&i).floormod(&Expr::int(1000)))),
+        store(
+            &cnt,
+            &[v(&i)],
+            Expr::cast(DType::I32, v(&i).floormod(&Expr::int(1000))),
+        ),
     ]);
     let body = Stmt::Let {
         var: scale.clone(),
@@ -742,7 +989,10 @@ fn parallel_program(kind: ForKind) -> PrimFunc {
             Stmt::Let {
                 var: t.clone(),
                 value: v(&i).mul(&Expr::int(2)),
-                body: Box::new(Stmt::Allocate { buf: tmp.id, body: Box::new(inner) }),
+                body: Box::new(Stmt::Allocate {
+                    buf: tmp.id,
+                    body: Box::new(inner),
+                }),
             },
         )),
     };
@@ -752,8 +1002,12 @@ fn parallel_program(kind: ForKind) -> PrimFunc {
 #[test]
 fn parallel_loop_matches_serial() {
     let nn = 100_000usize;
-    let av: Vec<f32> = (0..nn).map(|x| ((x * 31) % 977) as f32 * 0.013 - 5.0).collect();
-    let bv: Vec<f64> = (0..nn).map(|x| ((x * 17) % 313) as f64 * 0.7 - 100.0).collect();
+    let av: Vec<f32> = (0..nn)
+        .map(|x| ((x * 31) % 977) as f32 * 0.013 - 5.0)
+        .collect();
+    let bv: Vec<f64> = (0..nn)
+        .map(|x| ((x * 17) % 313) as f64 * 0.7 - 100.0)
+        .collect();
     let mut results = vec![];
     for kind in [ForKind::Serial, ForKind::Parallel] {
         let f = parallel_program(kind);
@@ -764,7 +1018,12 @@ fn parallel_loop_matches_serial() {
         let mut out = vec![f32::NAN; nn];
         let mut cnt = vec![-1i32; nn];
         let frame = CallFrame {
-            ptrs: vec![av.as_ptr() as *mut u8, bv.as_ptr() as *mut u8, out.as_mut_ptr() as *mut u8, cnt.as_mut_ptr() as *mut u8],
+            ptrs: vec![
+                av.as_ptr() as *mut u8,
+                bv.as_ptr() as *mut u8,
+                out.as_mut_ptr() as *mut u8,
+                cnt.as_mut_ptr() as *mut u8,
+            ],
             ints: vec![nn as i64, 1, 1, 1, 1],
         };
         // SAFETY: buffers match the frame.
@@ -795,13 +1054,18 @@ fn parallel_loop_with_empty_and_tiny_ranges() {
         let mut out = vec![f32::NAN; nn.max(1)];
         let mut cnt = vec![-1i32; nn.max(1)];
         let frame = CallFrame {
-            ptrs: vec![av.as_ptr() as *mut u8, bv.as_ptr() as *mut u8, out.as_mut_ptr() as *mut u8, cnt.as_mut_ptr() as *mut u8],
+            ptrs: vec![
+                av.as_ptr() as *mut u8,
+                bv.as_ptr() as *mut u8,
+                out.as_mut_ptr() as *mut u8,
+                cnt.as_mut_ptr() as *mut u8,
+            ],
             ints: vec![nn as i64, 1, 1, 1, 1],
         };
         // SAFETY: buffers match the frame.
         unsafe { k.launch(&frame) }.unwrap();
-        for x in 0..nn {
-            assert_eq!(cnt[x], x as i32);
+        for (x, &c) in cnt.iter().enumerate().take(nn) {
+            assert_eq!(c, x as i32);
         }
         if nn == 0 {
             assert!(out[0].is_nan());
@@ -811,16 +1075,31 @@ fn parallel_loop_with_empty_and_tiny_ranges() {
 
 #[test]
 fn no_fma_is_emitted_for_mul_add() {
-    let f = elementwise("muladd", &[DType::F32, DType::F32, DType::F32], DType::F32, |a| {
-        Expr::binary(BinOp::Add, Expr::binary(BinOp::Mul, a[0].clone(), a[1].clone()).unwrap(), a[2].clone()).unwrap()
-    });
+    let f = elementwise(
+        "muladd",
+        &[DType::F32, DType::F32, DType::F32],
+        DType::F32,
+        |a| {
+            Expr::binary(
+                BinOp::Add,
+                Expr::binary(BinOp::Mul, a[0].clone(), a[1].clone()).unwrap(),
+                a[2].clone(),
+            )
+            .unwrap()
+        },
+    );
     let k = compile(&f);
     assert!(!k.source().contains("fma"), "{}", k.source());
     assert!(!k.disassembly().contains("vfmadd"), "{}", k.disassembly());
     assert!(k.disassembly().contains("mul"), "{}", k.disassembly());
     // And the result rounds twice, as the interpreter's a * b + c.
     let (x, y, z) = (1.0000001f32, 1.0000001f32, -1.0000002f32);
-    let mut data = vec![x.to_le_bytes().to_vec(), y.to_le_bytes().to_vec(), z.to_le_bytes().to_vec(), vec![0; 4]];
+    let mut data = vec![
+        x.to_le_bytes().to_vec(),
+        y.to_le_bytes().to_vec(),
+        z.to_le_bytes().to_vec(),
+        vec![0; 4],
+    ];
     run_1d(&f, 1, &mut data);
     let got = f32::from_le_bytes(data[3][..4].try_into().unwrap());
     assert_eq!(got.to_bits(), (std::hint::black_box(x) * y + z).to_bits());
@@ -842,7 +1121,11 @@ fn if_else_and_let() {
             value: v(&i).add(&Expr::int(1)),
             body: Box::new(Stmt::If {
                 cond: Expr::cmp(CmpOp::Gt, ai.clone(), Expr::constant(0.0, DType::F64)).unwrap(),
-                then: Box::new(store(&out, &[v(&i)], Expr::unary(UnOp::Neg, ai.clone()).unwrap())),
+                then: Box::new(store(
+                    &out,
+                    &[v(&i)],
+                    Expr::unary(UnOp::Neg, ai.clone()).unwrap(),
+                )),
                 otherwise: Some(Box::new(store(
                     &out,
                     &[v(&i)],
@@ -851,9 +1134,19 @@ fn if_else_and_let() {
             }),
         })),
     };
-    let f = func("ifelse", vec![a, out], vec![n.clone()], for_(&i, v(&n), ForKind::Serial, body));
-    let xs: Vec<f64> = (0..20).map(|x| if x % 2 == 0 { x as f64 } else { -(x as f64) }).collect();
-    let mut data = vec![xs.iter().flat_map(|x| x.to_le_bytes()).collect(), vec![0; 8 * 20]];
+    let f = func(
+        "ifelse",
+        vec![a, out],
+        vec![n.clone()],
+        for_(&i, v(&n), ForKind::Serial, body),
+    );
+    let xs: Vec<f64> = (0..20)
+        .map(|x| if x % 2 == 0 { x as f64 } else { -(x as f64) })
+        .collect();
+    let mut data = vec![
+        xs.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        vec![0; 8 * 20],
+    ];
     run_1d(&f, 20, &mut data);
     for x in 0..20 {
         let got = f64::from_le_bytes(data[1][8 * x..8 * x + 8].try_into().unwrap());
@@ -881,14 +1174,18 @@ fn half_precision_arithmetic_is_computed_in_f32_and_rounded_on_store() {
         let mut data = vec![a.clone(), b.clone(), vec![0; 2 * xs.len()]];
         run_1d(&f, xs.len(), &mut data);
         for k in 0..xs.len() {
-            let (S::F32(x), S::F32(y)) = (read(dt, &a[2 * k..]), read(dt, &b[2 * k..])) else { unreachable!() };
+            let (S::F32(x), S::F32(y)) = (read(dt, &a[2 * k..]), read(dt, &b[2 * k..])) else {
+                unreachable!()
+            };
             let r = x * y + libm::expf(y);
             let want = cast_bytes(S::F32(r), DType::F32, dt);
-            assert!(same(dt, &data[2][2 * k..2 * k + 2], &want), "{dt} {x}*{y}+exp({y})");
+            assert!(
+                same(dt, &data[2][2 * k..2 * k + 2], &want),
+                "{dt} {x}*{y}+exp({y})"
+            );
         }
     }
 }
-
 
 #[test]
 fn guarded_loads_in_select_and_logic_are_lazy() {
@@ -900,23 +1197,48 @@ fn guarded_loads_in_select_and_logic_are_lazy() {
     let z = output(2, "z", DType::Bool, vec![Expr::int(4)]);
     let in_bounds = v(&i).lt(&Expr::int(2));
     let xi = Expr::load(x.id, vec![v(&i)], DType::F32);
-    let sel = Expr::select(in_bounds.clone(), xi.clone(), Expr::constant(-1.0, DType::F32)).unwrap();
+    let sel = Expr::select(
+        in_bounds.clone(),
+        xi.clone(),
+        Expr::constant(-1.0, DType::F32),
+    )
+    .unwrap();
     let pos = Expr::cmp(CmpOp::Gt, xi.clone(), Expr::constant(0.0, DType::F32)).unwrap();
     let and = Expr::logic(LogicOp::And, in_bounds.clone(), pos.clone()).unwrap();
     let not_in = Expr::unary(UnOp::Not, in_bounds).unwrap();
     let or = Expr::logic(LogicOp::Or, not_in, pos).unwrap();
     let body = Stmt::seq(vec![
-        Stmt::Store { buf: y.id, indices: vec![v(&i)], value: sel },
-        Stmt::Store { buf: z.id, indices: vec![v(&i)], value: Expr::logic(LogicOp::And, and, Expr::unary(UnOp::Not, or).unwrap()).unwrap() },
+        Stmt::Store {
+            buf: y.id,
+            indices: vec![v(&i)],
+            value: sel,
+        },
+        Stmt::Store {
+            buf: z.id,
+            indices: vec![v(&i)],
+            value: Expr::logic(LogicOp::And, and, Expr::unary(UnOp::Not, or).unwrap()).unwrap(),
+        },
     ]);
-    let f = func("pad", vec![x, y, z], vec![], for_(&i, Expr::int(4), ForKind::Serial, body));
+    let f = func(
+        "pad",
+        vec![x, y, z],
+        vec![],
+        for_(&i, Expr::int(4), ForKind::Serial, body),
+    );
     let k = compile(&f);
     // x sits at the end of its allocation; with a null x the lazy code only ever touches
     // x[0] and x[1].
     let xv = [5.0f32, -6.0];
     let mut yv = [0f32; 4];
     let mut zv = [9u8; 4];
-    let frame = CallFrame { ptrs: vec![xv.as_ptr() as *mut u8, yv.as_mut_ptr() as *mut u8, zv.as_mut_ptr()], ints: vec![1, 1, 1] };
+    let frame = CallFrame {
+        ptrs: vec![
+            xv.as_ptr() as *mut u8,
+            yv.as_mut_ptr() as *mut u8,
+            zv.as_mut_ptr(),
+        ],
+        ints: vec![1, 1, 1],
+    };
     // SAFETY: the loads of x are guarded by i < 2.
     unsafe { k.launch(&frame) }.unwrap();
     assert_eq!(yv, [5.0, -6.0, -1.0, -1.0]);
@@ -928,13 +1250,31 @@ fn guarded_loads_in_select_and_logic_are_lazy() {
 fn constants_follow_the_interpreter() {
     // Ints wrap to their dtype; float constants round once, directly from f64.
     let cases: Vec<(Expr, Vec<u8>)> = vec![
-        (Expr::const_int(i64::MAX - 1, DType::I64), (i64::MAX - 1).to_le_bytes().to_vec()),
+        (
+            Expr::const_int(i64::MAX - 1, DType::I64),
+            (i64::MAX - 1).to_le_bytes().to_vec(),
+        ),
         (Expr::const_int(-3, DType::U8), vec![253u8]),
-        (Expr::const_int(70000, DType::I16), (70000i64 as i16).to_le_bytes().to_vec()),
-        (Expr::constant(0.1, DType::F16), half::f16::from_f64(0.1).to_bits().to_le_bytes().to_vec()),
-        (Expr::constant(0.1, DType::BF16), half::bf16::from_f64(0.1).to_bits().to_le_bytes().to_vec()),
-        (Expr::constant(1e-45, DType::F32), (1e-45f64 as f32).to_le_bytes().to_vec()),
-        (Expr::constant(0.1, DType::F64), 0.1f64.to_le_bytes().to_vec()),
+        (
+            Expr::const_int(70000, DType::I16),
+            (70000i64 as i16).to_le_bytes().to_vec(),
+        ),
+        (
+            Expr::constant(0.1, DType::F16),
+            half::f16::from_f64(0.1).to_bits().to_le_bytes().to_vec(),
+        ),
+        (
+            Expr::constant(0.1, DType::BF16),
+            half::bf16::from_f64(0.1).to_bits().to_le_bytes().to_vec(),
+        ),
+        (
+            Expr::constant(1e-45, DType::F32),
+            (1e-45f64 as f32).to_le_bytes().to_vec(),
+        ),
+        (
+            Expr::constant(0.1, DType::F64),
+            0.1f64.to_le_bytes().to_vec(),
+        ),
         (Expr::const_int(9, DType::F32), 9f32.to_le_bytes().to_vec()),
         (Expr::bool(true), vec![1u8]),
     ];
@@ -996,7 +1336,19 @@ impl Gen<'_> {
     fn leaf(&mut self, dt: DType) -> Expr {
         match self.rng.below(6) {
             0 => {
-                let x = self.rng.pick(&[0.0, 1.0, -1.0, 2.5, -0.0, 3.0, 1e-3, 100.0, -7.0, f64::NAN, 255.0]);
+                let x = self.rng.pick(&[
+                    0.0,
+                    1.0,
+                    -1.0,
+                    2.5,
+                    -0.0,
+                    3.0,
+                    1e-3,
+                    100.0,
+                    -7.0,
+                    f64::NAN,
+                    255.0,
+                ]);
                 Expr::constant(x, dt)
             }
             1 => Expr::cast(dt, v(&self.i).sub(&v(&self.t))),
@@ -1037,14 +1389,26 @@ impl Gen<'_> {
             };
         }
         if choice < 5 {
-            let ops: &[UnOp] = if dt.is_float() { &FUNOPS } else { &[UnOp::Neg, UnOp::Abs] };
+            let ops: &[UnOp] = if dt.is_float() {
+                &FUNOPS
+            } else {
+                &[UnOp::Neg, UnOp::Abs]
+            };
             let op = self.rng.pick(ops);
             return Expr::unary(op, self.expr(dt, d)).unwrap();
         }
         let ops: &[BinOp] = if dt.is_float() {
             &BINOPS
         } else {
-            &[BinOp::Add, BinOp::Sub, BinOp::Mul, BinOp::FloorDiv, BinOp::FloorMod, BinOp::Min, BinOp::Max]
+            &[
+                BinOp::Add,
+                BinOp::Sub,
+                BinOp::Mul,
+                BinOp::FloorDiv,
+                BinOp::FloorMod,
+                BinOp::Min,
+                BinOp::Max,
+            ]
         };
         let op = self.rng.pick(ops);
         Expr::binary(op, self.expr(dt, d), self.expr(dt, d)).unwrap()
@@ -1052,17 +1416,39 @@ impl Gen<'_> {
 }
 
 fn random_bytes(rng: &mut Rng, dt: DType, n: usize) -> Vec<u8> {
-    let specials = [0.0, -0.0, 1.0, -1.0, f64::NAN, f64::INFINITY, -f64::INFINITY, 65504.0, 1e-7, 3e9, -2.0e19, 127.0, -128.0];
+    let specials = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f64::NAN,
+        f64::INFINITY,
+        -f64::INFINITY,
+        65504.0,
+        1e-7,
+        3e9,
+        -2.0e19,
+        127.0,
+        -128.0,
+    ];
     let mut out = Vec::with_capacity(n * dt.size());
     for _ in 0..n {
         let r = rng.next();
         if dt.is_float() && r % 4 == 0 {
-            out.extend(cast_bytes(S::F64(specials[(r >> 8) as usize % specials.len()]), DType::F64, dt));
+            out.extend(cast_bytes(
+                S::F64(specials[(r >> 8) as usize % specials.len()]),
+                DType::F64,
+                dt,
+            ));
         } else if dt.is_float() {
             let x = ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 20.0;
             out.extend(cast_bytes(S::F64(x), DType::F64, dt));
         } else if r % 3 == 0 {
-            out.extend(cast_bytes(S::I(((r >> 8) % 11) as i128 - 5), DType::I64, dt));
+            out.extend(cast_bytes(
+                S::I(((r >> 8) % 11) as i128 - 5),
+                DType::I64,
+                dt,
+            ));
         } else {
             out.extend(cast_bytes(S::I((r >> 1) as i64 as i128), DType::I64, dt));
         }
@@ -1078,30 +1464,55 @@ fn matches_the_interpreter_on_random_programs() {
     for case in 0..400 {
         let n = Var::new("n");
         let (i, t) = (Var::new("i"), Var::new("t"));
-        let ins: Vec<Buffer> =
-            ALL.iter().enumerate().map(|(k, dt)| input(k as u32, &format!("in_{dt}"), *dt, vec![v(&n)])).collect();
+        let ins: Vec<Buffer> = ALL
+            .iter()
+            .enumerate()
+            .map(|(k, dt)| input(k as u32, &format!("in_{dt}"), *dt, vec![v(&n)]))
+            .collect();
         let out_dts: Vec<DType> = (0..3).map(|_| rng.pick(&ALL)).collect();
         let outs: Vec<Buffer> = out_dts
             .iter()
             .enumerate()
             .map(|(k, dt)| output((ALL.len() + k) as u32, &format!("out{k}"), *dt, vec![v(&n)]))
             .collect();
-        let mut g = Gen { rng: Rng(rng.next() | 1), ins: &ins, i: i.clone(), t: t.clone(), n: n.clone() };
-        let stores: Vec<Stmt> = outs.iter().map(|o| store(o, &[v(&i)], g.expr(o.dtype, 3))).collect();
-        let kind = if case % 3 == 0 { ForKind::Parallel } else { ForKind::Serial };
+        let mut g = Gen {
+            rng: Rng(rng.next() | 1),
+            ins: &ins,
+            i: i.clone(),
+            t: t.clone(),
+            n: n.clone(),
+        };
+        let stores: Vec<Stmt> = outs
+            .iter()
+            .map(|o| store(o, &[v(&i)], g.expr(o.dtype, 3)))
+            .collect();
+        let kind = if case % 3 == 0 {
+            ForKind::Parallel
+        } else {
+            ForKind::Serial
+        };
         let body = for_(
             &i,
             v(&n),
             kind,
-            Stmt::Let { var: t.clone(), value: v(&i).floordiv(&Expr::int(3)), body: Box::new(Stmt::seq(stores)) },
+            Stmt::Let {
+                var: t.clone(),
+                value: v(&i).floordiv(&Expr::int(3)),
+                body: Box::new(Stmt::seq(stores)),
+            },
         );
         let mut bufs = ins.clone();
         bufs.extend(outs.iter().cloned());
         let f = func(&format!("random{case}"), bufs, vec![n.clone()], body);
-        let inputs: Vec<Vec<u8>> = ALL.iter().map(|dt| random_bytes(&mut rng, *dt, nn)).collect();
+        let inputs: Vec<Vec<u8>> = ALL
+            .iter()
+            .map(|dt| random_bytes(&mut rng, *dt, nn))
+            .collect();
         let mut results = vec![];
         let kernels: Vec<Box<dyn Kernel>> = vec![
-            InterpBackend.compile(&f).unwrap_or_else(|e| panic!("interp rejects {f:?}: {e}")),
+            InterpBackend
+                .compile(&f)
+                .unwrap_or_else(|e| panic!("interp rejects {f:?}: {e}")),
             Box::new(compile(&f)),
         ];
         for k in kernels {
@@ -1116,7 +1527,10 @@ fn matches_the_interpreter_on_random_programs() {
         }
         for (o, dt) in out_dts.iter().enumerate() {
             for e in 0..nn {
-                let (a, b) = (&results[0][o][e * dt.size()..(e + 1) * dt.size()], &results[1][o][e * dt.size()..(e + 1) * dt.size()]);
+                let (a, b) = (
+                    &results[0][o][e * dt.size()..(e + 1) * dt.size()],
+                    &results[1][o][e * dt.size()..(e + 1) * dt.size()],
+                );
                 assert!(
                     same(*dt, a, b),
                     "case {case}, out{o}[{e}] ({dt}): interp {:?}, cranelift {:?}\n{}",
@@ -1128,7 +1542,6 @@ fn matches_the_interpreter_on_random_programs() {
         }
     }
 }
-
 
 #[test]
 fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
@@ -1148,14 +1561,25 @@ fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
     let body = Stmt::Allocate {
         buf: tmp.id,
         body: Box::new(Stmt::seq(vec![
-            loop_from_3(&i, ForKind::Parallel, store(&tmp, &[v(&i)], load(&a, &[v(&i)]).mul(&Expr::int(2)))),
-            loop_from_3(&j, ForKind::Serial, store(&out, &[v(&j)], load(&tmp, &[v(&j)]).add(&Expr::int(1)))),
+            loop_from_3(
+                &i,
+                ForKind::Parallel,
+                store(&tmp, &[v(&i)], load(&a, &[v(&i)]).mul(&Expr::int(2))),
+            ),
+            loop_from_3(
+                &j,
+                ForKind::Serial,
+                store(&out, &[v(&j)], load(&tmp, &[v(&j)]).add(&Expr::int(1))),
+            ),
         ])),
     };
     let f = func("local_par", vec![a, out, tmp], vec![n], body);
     let nn = 10_000usize;
     let av: Vec<i64> = (0..nn as i64).map(|x| x * x - 77).collect();
-    let mut data = vec![av.iter().flat_map(|x| x.to_le_bytes()).collect(), vec![0u8; 8 * nn]];
+    let mut data = vec![
+        av.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        vec![0u8; 8 * nn],
+    ];
     run_1d(&f, nn, &mut data);
     for x in 0..nn {
         let got = i64::from_le_bytes(data[1][8 * x..8 * x + 8].try_into().unwrap());
