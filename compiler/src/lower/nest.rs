@@ -289,7 +289,7 @@ impl Ctx<'_> {
                 } else {
                     "unroll"
                 };
-                if simplify(&e).as_int().is_none() {
+                if leaf.kind == ForKind::Unrolled && simplify(&e).as_int().is_none() {
                     return cerr(format!(
                         "schedule of '{name}': cannot {what} '{}': its extent ({e}) is not a constant; split it by a constant factor first",
                         leaf.var.name
