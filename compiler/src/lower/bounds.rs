@@ -164,8 +164,13 @@ impl Prover<'_> {
                 body,
                 ..
             } => {
+                // A loop that never runs has nothing to prove (and its variable's range is empty).
+                if simplify(extent).as_int().is_some_and(|n| n <= 0) {
+                    return Ok(());
+                }
                 let mut inner = env.clone();
-                let hi = min.add(extent).sub(&Expr::int(1));
+                // Simplified first: a compute_at region's start cancels out of `min + extent`.
+                let hi = simplify(&min.add(extent).sub(&Expr::int(1)));
                 // Ranges of the bounds themselves (they may use outer loop vars).
                 let lo_iv = interval(min, env)
                     .map(|i| i.lo)

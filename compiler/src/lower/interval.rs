@@ -90,7 +90,8 @@ fn or3(x: Option<bool>, y: Option<bool>) -> Option<bool> {
     }
 }
 
-fn smin(a: &Expr, b: &Expr) -> Expr {
+/// `min(a, b)`, folded when one side is provably smaller.
+pub fn smin(a: &Expr, b: &Expr) -> Expr {
     match prove_le(a, b) {
         Some(true) => a.clone(),
         Some(false) if prove_le(b, a) == Some(true) => b.clone(),
@@ -98,7 +99,8 @@ fn smin(a: &Expr, b: &Expr) -> Expr {
     }
 }
 
-fn smax(a: &Expr, b: &Expr) -> Expr {
+/// `max(a, b)`, folded when one side is provably larger.
+pub fn smax(a: &Expr, b: &Expr) -> Expr {
     match prove_le(a, b) {
         Some(true) => b.clone(),
         Some(false) if prove_le(b, a) == Some(true) => a.clone(),
@@ -116,11 +118,12 @@ pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
     let mut iv = raw;
     for (g, lo, hi) in &env.guards {
         if g == e {
-            if let Some(lo) = lo {
-                iv.lo = smax(&iv.lo, lo);
+            // A guard's bound may itself use loop variables: bound it first.
+            if let Some(lo) = lo.as_ref().and_then(|b| raw_interval(b, env)) {
+                iv.lo = smax(&iv.lo, &lo.lo);
             }
-            if let Some(hi) = hi {
-                iv.hi = smin(&iv.hi, hi);
+            if let Some(hi) = hi.as_ref().and_then(|b| raw_interval(b, env)) {
+                iv.hi = smin(&iv.hi, &hi.hi);
             }
         }
     }
@@ -193,17 +196,46 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                             hi: x.hi.mul(&y.hi),
                         });
                     }
-                    None
+                    // One factor a single (symbolic) value of unknown sign: the product of a
+                    // range by a point is monotonic, in one direction or the other.
+                    let (range, point) = if y.lo == y.hi {
+                        (&x, &y.lo)
+                    } else if x.lo == x.hi {
+                        (&y, &x.lo)
+                    } else {
+                        return None;
+                    };
+                    let (p, q) = (range.lo.mul(point), range.hi.mul(point));
+                    Some(Interval {
+                        lo: smin(&p, &q),
+                        hi: smax(&p, &q),
+                    })
                 }
                 BinOp::FloorDiv => match b.as_int() {
                     Some(k) if k > 0 => Some(Interval {
                         lo: x.lo.floordiv(b),
                         hi: x.hi.floordiv(b),
                     }),
-                    // A non-negative value divided by a size (>= 1, or 0 giving 0) shrinks.
+                    // A non-negative value over a size d: monotonic for d >= 1, and d = 0
+                    // gives 0, which `x.lo // 0 = x.hi // 0 = 0` also says.
+                    _ if nonneg(&x.lo) && b.as_var().is_some() => Some(Interval {
+                        lo: x.lo.floordiv(b),
+                        hi: x.hi.floordiv(b),
+                    }),
+                    // A single divisor value of any sign: `x // y` is monotonic in x (one way
+                    // or the other; constant 0 for y = 0).
+                    _ if y.lo == y.hi => {
+                        let (p, q) = (x.lo.floordiv(b), x.hi.floordiv(b));
+                        Some(Interval {
+                            lo: smin(&p, &q),
+                            hi: smax(&p, &q),
+                        })
+                    }
+                    // x >= 0 over a non-negative range of divisors: at most x.hi // max(y.lo, 1)
+                    // (`// 0` gives 0), at least 0.
                     _ if nonneg(&x.lo) && nonneg(&y.lo) => Some(Interval {
                         lo: Expr::int(0),
-                        hi: x.hi,
+                        hi: x.hi.floordiv(&smax(&y.lo, &Expr::int(1))),
                     }),
                     _ => None,
                 },
@@ -222,6 +254,16 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                     _ if b.as_var().is_some() => Some(Interval {
                         lo: Expr::int(0),
                         hi: smax(&b.sub(&Expr::int(1)), &Expr::int(0)),
+                    }),
+                    // A single divisor value of any sign: the result takes its sign (0 for 0).
+                    _ if y.lo == y.hi => Some(Interval {
+                        lo: smin(&Expr::int(0), &b.add(&Expr::int(1))),
+                        hi: smax(&Expr::int(0), &b.sub(&Expr::int(1))),
+                    }),
+                    // A non-negative divisor range: in [0, max(y.hi - 1, 0)].
+                    _ if nonneg(&y.lo) => Some(Interval {
+                        lo: Expr::int(0),
+                        hi: smax(&y.hi.sub(&Expr::int(1)), &Expr::int(0)),
                     }),
                     _ => None,
                 },

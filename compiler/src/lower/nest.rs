@@ -12,7 +12,7 @@
 //! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
 //!   iterations reads (interval analysis), its stores guarded by the producer's extent.
 
-use super::interval::{interval, Env, Interval};
+use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
@@ -182,8 +182,14 @@ impl Ctx<'_> {
                     inner,
                     fused,
                 } => {
-                    // Kept as a product (not simplified): the bounds proof recognises `f // D`.
-                    ext.insert(fused.clone(), ext[outer].mul(&ext[inner]));
+                    // Kept as a product (not simplified) when symbolic: the bounds proof
+                    // recognises `f // D` over `[0, E * D)`. Constants are folded.
+                    let e = ext[outer].mul(&ext[inner]);
+                    let folded = simplify(&e);
+                    ext.insert(
+                        fused.clone(),
+                        if folded.as_int().is_some() { folded } else { e },
+                    );
                 }
             }
         }
@@ -282,7 +288,12 @@ impl Ctx<'_> {
         // Loops, innermost first; producers attached at a leaf go at the top of its body.
         let n = stage.leaves.len();
         for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
-            let e = ext[&leaf.var].clone();
+            // Constant extents are folded (unroll needs a constant); symbolic ones keep their
+            // form (the bounds proof recognises fused products).
+            let e = match simplify(&ext[&leaf.var]) {
+                c if c.as_int().is_some() => c,
+                _ => ext[&leaf.var].clone(),
+            };
             if matches!(leaf.kind, ForKind::Vectorized | ForKind::Unrolled) {
                 let what = if leaf.kind == ForKind::Vectorized {
                     "vectorize"
@@ -381,13 +392,14 @@ impl Ctx<'_> {
                     var, min, extent, ..
                 } = s
                 {
-                    env.vars.insert(
-                        var.clone(),
-                        Interval {
-                            lo: min.clone(),
-                            hi: min.add(extent).sub(&Expr::int(1)),
-                        },
-                    );
+                    // Pre-order: loops enclosing this one are already in `env`, so bounds that
+                    // mention them are resolved to the outer loops' ranges.
+                    let last = simplify(&min.add(extent).sub(&Expr::int(1)));
+                    let lo = interval(min, &env)
+                        .map(|i| i.lo)
+                        .unwrap_or_else(|| min.clone());
+                    let hi = interval(&last, &env).map(|i| i.hi).unwrap_or(last);
+                    env.vars.insert(var.clone(), Interval { lo, hi });
                     env.loops.insert(var.clone(), (min.clone(), extent.clone()));
                 }
             });
@@ -406,8 +418,8 @@ impl Ctx<'_> {
                                         acc[d] = Some(match acc[d].take() {
                                             None => iv,
                                             Some(p) => Interval {
-                                                lo: simplify(&p.lo.min_(&iv.lo)),
-                                                hi: simplify(&p.hi.max_(&iv.hi)),
+                                                lo: smin(&p.lo, &iv.lo),
+                                                hi: smax(&p.hi, &iv.hi),
                                             },
                                         })
                                     }

@@ -7,50 +7,62 @@
 //! node is kept as written, so simplification never changes a program's results.
 
 use crate::codegen::math::{floordiv_i64, floormod_i64};
-use crate::ir::expr::{BinOp, Const, Expr, ExprKind, Var};
+use crate::ir::expr::{BinOp, Const, Expr, ExprKind};
 use crate::ir::stmt::Stmt;
 use rivet_runtime::DType;
-use std::collections::BTreeMap;
 
-/// `sum(coef * var) + constant`, over int64 variables.
+/// `sum(coef * atom) + constant`: an atom is a variable or any non-linear int64
+/// subexpression (`(n + 1) // 2`, `m * n`), matched structurally (variable ids included), so
+/// `((n + 1) // 2 + 1) - 1` folds back to `(n + 1) // 2`.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Linear {
-    pub terms: BTreeMap<Var, i64>,
+    /// Atoms with non-zero coefficients, in first-seen order (deterministic output).
+    pub terms: Vec<(Expr, i64)>,
     pub constant: i64,
 }
 
 impl Linear {
+    fn atom(e: &Expr) -> Linear {
+        Linear {
+            terms: vec![(e.clone(), 1)],
+            constant: 0,
+        }
+    }
     fn scale(mut self, k: i64) -> Option<Linear> {
-        for c in self.terms.values_mut() {
+        for (_, c) in self.terms.iter_mut() {
             *c = c.checked_mul(k)?;
         }
+        self.terms.retain(|(_, c)| *c != 0);
         self.constant = self.constant.checked_mul(k)?;
         Some(self)
     }
     fn plus(mut self, other: Linear, sign: i64) -> Option<Linear> {
-        for (v, c) in other.terms {
-            let e = self.terms.entry(v).or_insert(0);
-            *e = e.checked_add(c.checked_mul(sign)?)?;
+        for (a, c) in other.terms {
+            let add = c.checked_mul(sign)?;
+            match self.terms.iter_mut().find(|(x, _)| *x == a) {
+                Some((_, k)) => *k = k.checked_add(add)?,
+                None => self.terms.push((a, add)),
+            }
         }
-        self.terms.retain(|_, c| *c != 0);
+        self.terms.retain(|(_, c)| *c != 0);
         self.constant = self
             .constant
             .checked_add(other.constant.checked_mul(sign)?)?;
         Some(self)
     }
 
-    /// The expression for this form (terms in variable order, constant last).
+    /// The expression for this form (terms in first-seen order, constant last).
     pub fn to_expr(&self) -> Expr {
         let mut acc: Option<Expr> = None;
-        for (v, &c) in &self.terms {
-            let term = if c == 1 {
-                Expr::var(v)
+        for (a, c) in &self.terms {
+            let term = if *c == 1 {
+                a.clone()
             } else {
-                Expr::int(c).mul(&Expr::var(v))
+                Expr::int(*c).mul(a)
             };
             acc = Some(match acc {
                 None => term,
-                Some(a) => a.add(&term),
+                Some(x) => x.add(&term),
             });
         }
         match acc {
@@ -62,19 +74,16 @@ impl Linear {
     }
 }
 
-/// The linear form of an int64 expression, if it is one.
+/// The linear form of an int64 expression (every int64 expression has one, possibly a single
+/// atom); `None` for other dtypes or on overflow.
 pub fn linear(e: &Expr) -> Option<Linear> {
     if e.dtype() != DType::I64 {
         return None;
     }
     match e.kind() {
         ExprKind::Const(Const::Int(c)) => Some(Linear {
-            terms: BTreeMap::new(),
+            terms: vec![],
             constant: *c,
-        }),
-        ExprKind::Var(v) => Some(Linear {
-            terms: BTreeMap::from([(v.clone(), 1)]),
-            constant: 0,
         }),
         ExprKind::Binary(BinOp::Add, a, b) => linear(a)?.plus(linear(b)?, 1),
         ExprKind::Binary(BinOp::Sub, a, b) => linear(a)?.plus(linear(b)?, -1),
@@ -85,11 +94,23 @@ pub fn linear(e: &Expr) -> Option<Linear> {
             } else if lb.terms.is_empty() {
                 la.scale(lb.constant)
             } else {
-                None
+                Some(Linear::atom(e))
             }
         }
         ExprKind::Unary(crate::ir::expr::UnOp::Neg, a) => linear(a)?.scale(-1),
-        _ => None,
+        _ => Some(Linear::atom(e)),
+    }
+}
+
+/// True when a linear form is `>= 0` given that every atom is (see `structurally_nonneg`).
+fn linear_nonneg(l: &Linear) -> bool {
+    l.constant >= 0 && l.terms.iter().all(|(a, c)| *c >= 0 && atom_nonneg(a))
+}
+
+fn atom_nonneg(a: &Expr) -> bool {
+    match a.kind() {
+        ExprKind::Var(_) => true,
+        _ => structurally_nonneg(a),
     }
 }
 
@@ -199,17 +220,42 @@ pub fn prove_nonneg(e: &Expr) -> Option<bool> {
     if let Some(c) = int_of(&s) {
         return Some(c >= 0);
     }
-    let l = linear(&s)?;
-    if l.terms.values().all(|&c| c >= 0) && l.constant >= 0 {
-        Some(true)
-    } else {
-        None
+    let ok = match linear(&s) {
+        Some(l) => linear_nonneg(&l),
+        None => structurally_nonneg(&s),
+    };
+    ok.then_some(true)
+}
+
+/// Sign rules for the non-linear forms index arithmetic produces (`(n + 5) // 6`, products of
+/// sizes, `min` / `max`), with every variable `>= 0`.
+fn structurally_nonneg(e: &Expr) -> bool {
+    match e.kind() {
+        ExprKind::Const(Const::Int(c)) => *c >= 0,
+        ExprKind::Var(_) => true,
+        ExprKind::Binary(op, a, b) => match op {
+            BinOp::Mul | BinOp::FloorDiv | BinOp::Min => {
+                structurally_nonneg(a) && structurally_nonneg(b)
+            }
+            // Python's `%` takes the divisor's sign (and `% 0` is 0).
+            BinOp::FloorMod => structurally_nonneg(b),
+            BinOp::Max => structurally_nonneg(a) || structurally_nonneg(b),
+            BinOp::Add | BinOp::Sub => match linear(e) {
+                Some(l) if !(l.terms.len() == 1 && l.terms[0].1 == 1 && l.constant == 0) => {
+                    linear_nonneg(&l)
+                }
+                _ => false,
+            },
+            BinOp::Div | BinOp::Pow => false,
+        },
+        _ => false,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::expr::Var;
 
     #[test]
     fn folds_and_canonicalises() {
@@ -232,5 +278,14 @@ mod tests {
         );
         assert_eq!(prove_nonneg(&Expr::int(-1)), Some(false));
         assert_eq!(prove_nonneg(&Expr::var(&n).sub(&Expr::int(1))), None);
+        // Non-linear atoms cancel: ((n + 1) // 2 + 1) - 1 == (n + 1) // 2, and it is >= 0.
+        let half = Expr::var(&n).add(&Expr::int(1)).floordiv(&Expr::int(2));
+        let e = half.add(&Expr::int(1)).sub(&Expr::int(1));
+        assert_eq!(simplify(&e), half);
+        assert_eq!(prove_nonneg(&half), Some(true));
+        assert_eq!(
+            prove_nonneg(&Expr::var(&n).mul(&Expr::var(&i)).sub(&Expr::int(1))),
+            None
+        );
     }
 }
