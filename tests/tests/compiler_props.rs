@@ -2554,3 +2554,29 @@ fn bug_compute_at_of_a_fused_producer_under_a_split_fused_consumer_is_refused() 
     st.fuse(&ij, &pax[2]).unwrap();
     assert_schedule_computes_the_same(&c, &[a, c.clone()], &s, &[&[2, 1, 2], &[1, 2]]);
 }
+
+/// Bug 11 (static shapes): `C = P + 1` over [5, 3] with C's loops fused and split by 2, and
+/// `P = A * 2` computed at the outer loop with its `j` split into 2 parts: "tensor 'P' dim 1:
+/// index (((f.outer * 2) // 3) + ((j.outer * ((((((f.outer * 2) + 1) // 3) + (-1 * ((f.outer
+/// * 2) // 3))) + 2) // 2)) + j.inner)) must lie in [0, 3), and rivet cannot bound that index
+/// expression" (same region extent as bug 10, here as a factor).
+#[test]
+fn bug_nparts_split_of_a_producer_computed_at_a_split_fused_loop_is_refused() {
+    let sh = [Expr::int(5), Expr::int(3)];
+    let a = te::placeholder(&sh, DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let p = te::compute(&sh, |i| a2.idx(i) * 2.0, "P").unwrap();
+    let p2 = p.clone();
+    let c = te::compute(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let cax = axes(&c);
+    let st = s.stage(&c).unwrap();
+    let f = st.fuse(&cax[0], &cax[1]).unwrap();
+    let (outer, _) = st.split(&f, Some(Expr::int(2)), None).unwrap();
+    s.compute_at(&p, &c, &outer).unwrap();
+    s.stage(&p)
+        .unwrap()
+        .split(&axes(&p)[1], None, Some(Expr::int(2)))
+        .unwrap();
+    assert_schedule_computes_the_same(&c, &[a, c.clone()], &s, &[&[5, 3], &[5, 3]]);
+}

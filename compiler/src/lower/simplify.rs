@@ -152,6 +152,24 @@ fn simplify_node(e: &Expr) -> Option<Expr> {
             (BinOp::Min | BinOp::Max, _, _) if a == b => return Some(a.clone()),
             _ => {}
         }
+        // Exact for any integer A: (k*A + c) // k == A + c // k and (k*A + c) % k == c % k.
+        if let (BinOp::FloorDiv | BinOp::FloorMod, Some(k)) = (op, cb) {
+            if k > 0 {
+                if let Some(l) = linear(a) {
+                    if !l.terms.is_empty() && l.terms.iter().all(|(_, c)| c % k == 0) {
+                        return Some(if *op == BinOp::FloorDiv {
+                            let q = Linear {
+                                terms: l.terms.iter().map(|(t, c)| (t.clone(), c / k)).collect(),
+                                constant: floordiv_i64(l.constant, k),
+                            };
+                            q.to_expr()
+                        } else {
+                            Expr::int(floormod_i64(l.constant, k))
+                        });
+                    }
+                }
+            }
+        }
         if matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul) {
             if let Some(l) = linear(e) {
                 let canon = l.to_expr();
