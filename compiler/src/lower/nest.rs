@@ -313,7 +313,19 @@ impl Ctx<'_> {
                     ));
                 }
             }
-            let attached = self.attached_at(stage, &leaf.var, &inner)?;
+            // Ranges of this loop and the ones outside it, for sizing attached regions.
+            let mut outer = Env::default();
+            for l in &stage.leaves[..=pos] {
+                let last = simplify(&ext[&l.var].sub(&Expr::int(1)));
+                outer.vars.insert(
+                    l.var.clone(),
+                    Interval {
+                        lo: Expr::int(0),
+                        hi: last,
+                    },
+                );
+            }
+            let attached = self.attached_at(stage, &leaf.var, &inner, &outer)?;
             if !attached.is_empty() {
                 let mut v = attached;
                 v.push(inner);
@@ -371,7 +383,13 @@ impl Ctx<'_> {
 
     /// Nests of the stages attached at loop `var` of `consumer`, over the regions that
     /// `consumer_body` (the loops inside `var`) reads.
-    fn attached_at(&self, consumer: &Stage, var: &Var, consumer_body: &Stmt) -> Result<Vec<Stmt>> {
+    fn attached_at(
+        &self,
+        consumer: &Stage,
+        var: &Var,
+        consumer_body: &Stmt,
+        outer: &Env,
+    ) -> Result<Vec<Stmt>> {
         let mut out = Vec::new();
         for st in &self.sched.stages {
             let Attach::At {
@@ -451,10 +469,19 @@ impl Ctx<'_> {
                     // Not clamped here: `emit` guards the stores with the tensor's bounds,
                     // which keeps index and guard in one form the bounds proof can match.
                     let iv = iv.expect("found");
-                    (
-                        iv.lo.clone(),
-                        simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1))),
-                    )
+                    let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
+                    // When the extent varies with the outer loops but has a constant bound,
+                    // compute that many elements every time: a few more than needed (the
+                    // guards keep them inside the tensor), in loops the proof can bound.
+                    let cap = interval(&extent, outer)
+                        .map(|i| simplify(&i.hi))
+                        .and_then(|h| h.as_int());
+                    match cap {
+                        Some(c) if extent.as_int().is_none() => {
+                            (iv.lo.clone(), Expr::int(c.max(0)))
+                        }
+                        _ => (iv.lo.clone(), extent),
+                    }
                 })
                 .collect();
             out.push(self.emit(st, Some(region))?);
