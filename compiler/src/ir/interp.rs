@@ -874,29 +874,11 @@ fn compare(op: CmpOp, dt: DType, x: Value, y: Value) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{BufId, BufKind, Check, ForKind};
+    use crate::ir::{BufKind, Check, ForKind};
 
     // ---- builders ----
 
-    fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-        let strides = (0..shape.len())
-            .map(|k| Var::new(&format!("{name}_s{k}")))
-            .collect();
-        Buffer {
-            id: BufId(id),
-            name: name.into(),
-            dtype,
-            shape,
-            strides,
-            kind,
-        }
-    }
-    fn input(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
-        buffer(id, name, dtype, shape, BufKind::Param { output: false })
-    }
-    fn output(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
-        buffer(id, name, dtype, shape, BufKind::Param { output: true })
-    }
+    use crate::ir::test_util::{buffer, input, output};
     fn func(
         name: &str,
         params: &[&Buffer],
@@ -904,14 +886,13 @@ mod tests {
         dims: &[&Var],
         body: Stmt,
     ) -> PrimFunc {
-        PrimFunc {
-            name: name.into(),
-            params: params.iter().map(|b| b.id).collect(),
-            buffers: params.iter().chain(locals).map(|b| (*b).clone()).collect(),
-            dims: dims.iter().map(|v| (*v).clone()).collect(),
-            checks: vec![],
+        let buffers = params.iter().chain(locals).map(|b| (*b).clone()).collect();
+        crate::ir::test_util::func(
+            name,
+            buffers,
+            dims.iter().map(|v| (*v).clone()).collect(),
             body,
-        }
+        )
     }
     /// The flattened offset `sum(idx_k * stride_k)` of buffer `b`.
     fn at(b: &Buffer, idx: &[&Var]) -> Expr {

@@ -5,6 +5,8 @@ pub mod expr;
 pub mod interp;
 pub mod printer;
 pub mod stmt;
+#[cfg(test)]
+pub(crate) mod test_util;
 pub mod verify;
 
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};

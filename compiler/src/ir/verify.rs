@@ -590,19 +590,7 @@ mod tests {
         t: Buffer,
     }
 
-    fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-        let strides = (0..shape.len())
-            .map(|k| Var::new(&format!("{name}_s{k}")))
-            .collect();
-        Buffer {
-            id: BufId(id),
-            name: name.into(),
-            dtype,
-            shape,
-            strides,
-            kind,
-        }
-    }
+    use crate::ir::test_util::buffer;
 
     fn off(b: &Buffer, i: &Var) -> Expr {
         Expr::var(i).mul(&Expr::var(&b.strides[0]))
@@ -1064,7 +1052,7 @@ mod tests {
             panic!()
         };
         assert!(
-            m.contains("in statement: C[(i * C_s0)] = 1.0:float64"),
+            m.contains("in statement: C[(i * C.s0)] = 1.0:float64"),
             "{m}"
         );
     }

@@ -3,9 +3,7 @@
 
 use super::CraneliftBackend;
 use crate::codegen::{math, Backend, CallFrame, Kernel};
-use crate::ir::{
-    BinOp, BufId, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var,
-};
+use crate::ir::{BinOp, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var};
 use rivet_runtime::DType;
 
 const ALL: [DType; 13] = [
@@ -26,29 +24,8 @@ const ALL: [DType; 13] = [
 
 // ---- building functions ------------------------------------------------------------------
 
-fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
-    let strides = (0..shape.len())
-        .map(|k| Var::new(&format!("{name}.s{k}")))
-        .collect();
-    Buffer {
-        id: BufId(id),
-        name: name.into(),
-        dtype,
-        shape,
-        strides,
-        kind,
-    }
-}
+use crate::ir::test_util::{buffer, func, input, output};
 
-fn input(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
-    buffer(id, name, dtype, shape, BufKind::Param { output: false })
-}
-
-fn output(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
-    buffer(id, name, dtype, shape, BufKind::Param { output: true })
-}
-
-/// The flattened element offset of `idx` in `b`.
 fn offset(b: &Buffer, idx: &[Expr]) -> Expr {
     let mut off: Option<Expr> = None;
     for (i, s) in idx.iter().zip(&b.strides) {
@@ -80,22 +57,6 @@ fn for_(v: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
         extent,
         kind,
         body: Box::new(body),
-    }
-}
-
-fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> PrimFunc {
-    let params = buffers
-        .iter()
-        .filter(|b| matches!(b.kind, BufKind::Param { .. }))
-        .map(|b| b.id)
-        .collect();
-    PrimFunc {
-        name: name.into(),
-        params,
-        buffers,
-        dims,
-        checks: vec![],
-        body,
     }
 }
 

@@ -1,0 +1,46 @@
+//! Builders for hand-written IR in unit tests (interpreter, verifier, Cranelift backend).
+
+use super::expr::{BufId, Expr, Var};
+use super::stmt::{BufKind, Buffer, PrimFunc, Stmt};
+use rivet_runtime::DType;
+
+/// A buffer with fresh stride variables `{name}.s{k}`.
+pub fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind) -> Buffer {
+    let strides = (0..shape.len())
+        .map(|k| Var::new(&format!("{name}.s{k}")))
+        .collect();
+    Buffer {
+        id: BufId(id),
+        name: name.into(),
+        dtype,
+        shape,
+        strides,
+        kind,
+    }
+}
+
+pub fn input(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
+    buffer(id, name, dtype, shape, BufKind::Param { output: false })
+}
+
+pub fn output(id: u32, name: &str, dtype: DType, shape: Vec<Expr>) -> Buffer {
+    buffer(id, name, dtype, shape, BufKind::Param { output: true })
+}
+
+/// A function whose parameters are the `Param` buffers of `buffers`, in order (list them
+/// before the locals, as `PrimFunc` requires).
+pub fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> PrimFunc {
+    let params = buffers
+        .iter()
+        .filter(|b| matches!(b.kind, BufKind::Param { .. }))
+        .map(|b| b.id)
+        .collect();
+    PrimFunc {
+        name: name.into(),
+        params,
+        buffers,
+        dims,
+        checks: vec![],
+        body,
+    }
+}
