@@ -7,9 +7,9 @@
 //! binds the symbolic dims; checks dims given by expressions (`n - 2`); evaluates the
 //! function's bounds checks; refuses outputs sharing memory with another argument.
 
-use crate::codegen::{backend, int_slots, CallFrame, Kernel};
+use crate::codegen::{backend, CallFrame, Kernel};
 use crate::error::{Error, Result};
-use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
+use crate::ir::expr::{Expr, Var};
 use crate::ir::stmt::{BufKind, ForKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
@@ -28,64 +28,27 @@ pub struct Compiled {
     pub func: PrimFunc,
     pub target: String,
     pub kernel: Box<dyn Kernel>,
+    /// The function has a parallel loop (its launches always release the host lock).
+    pub parallel: bool,
 }
 
-/// A set of compiled functions (one per `build` call; several after `Module::import`).
+/// A set of compiled functions (one per `build` call, or as many as a loaded file holds).
 #[derive(Clone)]
 pub struct Module {
     pub funcs: Vec<Arc<Compiled>>,
 }
 
-/// Evaluates an int64/bool expression over bound variables (shapes and checks at call time).
-pub fn eval_int(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
-    use crate::codegen::math::{floordiv_i64, floormod_i64};
-    let ev = |x: &Expr| eval_int(x, env);
-    Ok(match e.kind() {
-        ExprKind::Const(Const::Int(v)) => *v,
-        ExprKind::Var(v) => *env.get(v).ok_or_else(|| {
-            Error::Internal(format!("unbound variable '{}' at call time", v.name))
-        })?,
-        ExprKind::Unary(UnOp::Neg, a) => ev(a)?.wrapping_neg(),
-        ExprKind::Unary(UnOp::Not, a) => (ev(a)? == 0) as i64,
-        ExprKind::Binary(op, a, b) => {
-            let (x, y) = (ev(a)?, ev(b)?);
-            match op {
-                BinOp::Add => x.wrapping_add(y),
-                BinOp::Sub => x.wrapping_sub(y),
-                BinOp::Mul => x.wrapping_mul(y),
-                BinOp::FloorDiv => floordiv_i64(x, y),
-                BinOp::FloorMod => floormod_i64(x, y),
-                BinOp::Min => x.min(y),
-                BinOp::Max => x.max(y),
-                BinOp::Div | BinOp::Pow => {
-                    return Err(Error::Internal(format!(
-                        "float operator in a shape expression: {e}"
-                    )))
-                }
-            }
-        }
-        ExprKind::Cmp(op, a, b) => {
-            let (x, y) = (ev(a)?, ev(b)?);
-            (match op {
-                CmpOp::Eq => x == y,
-                CmpOp::Ne => x != y,
-                CmpOp::Lt => x < y,
-                CmpOp::Le => x <= y,
-                CmpOp::Gt => x > y,
-                CmpOp::Ge => x >= y,
-            }) as i64
-        }
-        ExprKind::Logic(LogicOp::And, a, b) => ((ev(a)? != 0) && (ev(b)? != 0)) as i64,
-        ExprKind::Logic(LogicOp::Or, a, b) => ((ev(a)? != 0) || (ev(b)? != 0)) as i64,
-        ExprKind::Select(c, a, b) => {
-            if ev(c)? != 0 {
-                ev(a)?
-            } else {
-                ev(b)?
-            }
-        }
-        _ => return Err(Error::Internal(format!("cannot evaluate {e} at call time"))),
-    })
+/// The value of a shape or check expression at call time: constants and bare dims directly
+/// (the common case, on every call), anything else with the interpreter's semantics, so there
+/// is one definition of what an expression means.
+fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
+    if let Some(v) = e.as_int() {
+        return Ok(v);
+    }
+    if let Some(x) = e.as_var().and_then(|v| env.get(v)) {
+        return Ok(*x);
+    }
+    crate::ir::interp::eval_int(e, &|v| env.get(v).copied())
 }
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
@@ -111,11 +74,22 @@ pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
     let func = lower::finish(nest.clone())?;
     let kernel = backend(target)?.compile(&func)?;
     lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
+    let mut parallel = false;
+    func.body.visit(&mut |s| {
+        parallel |= matches!(
+            s,
+            crate::ir::Stmt::For {
+                kind: ForKind::Parallel,
+                ..
+            }
+        )
+    });
     Ok(Compiled {
         nest,
         func,
         target: target.to_string(),
         kernel,
+        parallel,
     })
 }
 
@@ -277,7 +251,7 @@ fn call(
         let want: Vec<i64> = b
             .shape
             .iter()
-            .map(|e| eval_int(e, &env))
+            .map(|e| eval_dims(e, &env))
             .collect::<Result<_>>()?;
         match slot {
             Some(t) => {
@@ -307,7 +281,7 @@ fn call(
     }
     let tensors: Vec<Tensor> = slots.into_iter().map(|s| s.expect("filled")).collect();
     for k in &f.checks {
-        if eval_int(&k.cond, &env)? == 0 {
+        if eval_dims(&k.cond, &env)? == 0 {
             let dims: Vec<String> = f
                 .dims
                 .iter()
@@ -343,10 +317,8 @@ fn call(
             }
         }
     }
-    let mut ints: Vec<i64> = Vec::new();
-    for v in int_slots(f).iter().take(f.dims.len()) {
-        ints.push(env[v]);
-    }
+    // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's strides.
+    let mut ints: Vec<i64> = f.dims.iter().map(|v| env[v]).collect();
     for t in &tensors {
         ints.extend_from_slice(t.strides());
     }
@@ -355,20 +327,10 @@ fn call(
         ints,
     };
     let work: i64 = tensors.iter().map(|t| t.numel()).sum();
-    let mut parallel = false;
-    f.body.visit(&mut |s| {
-        parallel |= matches!(
-            s,
-            crate::ir::Stmt::For {
-                kind: ForKind::Parallel,
-                ..
-            }
-        )
-    });
     // SAFETY: the frame describes the argument tensors, checked above against the signature,
     // the dims and the bounds checks.
     let run = || unsafe { c.kernel.launch(&frame) };
-    if parallel || work >= rivet_runtime::host::RELEASE_GRAIN {
+    if c.parallel || work >= rivet_runtime::host::RELEASE_GRAIN {
         rivet_runtime::host::without_host_lock(run)?;
     } else {
         run()?;

@@ -988,24 +988,22 @@ mod tests {
         };
         *k = ForKind::Vectorized;
         verify(&f, true).unwrap(); // symbolic extents may be vectorized (strip-mined)
-        for kind in [ForKind::Unrolled] {
-            let mut f = b.f.clone();
-            let Stmt::For { kind: k, .. } = &mut f.body else {
-                unreachable!()
-            };
-            *k = kind;
-            expect_err(&f, true, "unrolled loop needs a constant extent");
-            let mut f = b.f.clone();
-            let Stmt::For {
-                kind: k, extent, ..
-            } = &mut f.body
-            else {
-                unreachable!()
-            };
-            *k = kind;
-            *extent = Expr::int(4);
-            verify(&f, true).unwrap();
-        }
+        let mut f = b.f.clone();
+        let Stmt::For { kind: k, .. } = &mut f.body else {
+            unreachable!()
+        };
+        *k = ForKind::Unrolled;
+        expect_err(&f, true, "unrolled loop needs a constant extent");
+        let mut f = b.f.clone();
+        let Stmt::For {
+            kind: k, extent, ..
+        } = &mut f.body
+        else {
+            unreachable!()
+        };
+        *k = ForKind::Unrolled;
+        *extent = Expr::int(4);
+        verify(&f, true).unwrap();
     }
 
     #[test]
