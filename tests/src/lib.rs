@@ -1,1 +1,45 @@
 //! Shared helpers for rivet's cross-crate integration tests (`tests/tests/*.rs`).
+
+use rivet_compiler::ir::{Expr, IterVar};
+use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor};
+use rivet_runtime::DType;
+
+/// The seed program: `C[i, j] = sum_k A[i, k] * B[k, j]` over a symbolic `n`.
+pub struct SeedGemm {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub c: Tensor,
+    pub k: IterVar,
+}
+
+impl SeedGemm {
+    pub fn new() -> SeedGemm {
+        let n = te::var("n");
+        let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
+        let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
+        let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
+        let c = compute(
+            &[n.clone(), n],
+            |i| {
+                ok(te::sum(
+                    a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
+                    &[k.clone()],
+                ))
+            },
+            "C",
+        )
+        .unwrap();
+        SeedGemm { a, b, c, k }
+    }
+
+    /// The arguments in call order.
+    pub fn args(&self) -> Vec<Tensor> {
+        vec![self.a.clone(), self.b.clone(), self.c.clone()]
+    }
+}
+
+impl Default for SeedGemm {
+    fn default() -> Self {
+        SeedGemm::new()
+    }
+}

@@ -4,9 +4,10 @@
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::{self, DimSpec};
-use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::te::{self, compute, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
+use rivet_tests::SeedGemm;
 
 const BACKENDS: [&str; 2] = ["interp", "cpu"];
 
@@ -48,22 +49,7 @@ fn naive_mm(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 fn seed_gemm(target: &str, split: bool) -> Function {
-    let n = te::var("n");
-    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
-    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(
-        &[n.clone(), n],
-        |i| {
-            ok(te::sum(
-                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
-                &[k2.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let SeedGemm { a, b, c, k } = SeedGemm::new();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     if split {
         let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
@@ -309,24 +295,10 @@ fn libm_erf(x: f32) -> f32 {
 }
 
 fn gemm_module() -> Module {
-    let n = te::var("n");
-    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
-    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(
-        &[n.clone(), n],
-        |i| {
-            ok(te::sum(
-                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
-                &[k2.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
-    let s = Schedule::new(&[c.clone()]).unwrap();
-    build(&s, &[a, b, c], "cpu", "mm").unwrap()
+    let g = SeedGemm::new();
+    let c = g.c.clone();
+    let s = Schedule::new(&[c]).unwrap();
+    build(&s, &g.args(), "cpu", "mm").unwrap()
 }
 
 #[test]

@@ -6,6 +6,7 @@ use rivet_compiler::ir::Expr;
 use rivet_compiler::te::{self, ax, compute, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::DType;
+use rivet_tests::SeedGemm;
 use std::path::PathBuf;
 
 fn golden(name: &str, text: &str) {
@@ -26,22 +27,7 @@ fn golden(name: &str, text: &str) {
 }
 
 fn gemm(split: bool) -> Module {
-    let n = te::var("n");
-    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
-    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(
-        &[n.clone(), n],
-        |i| {
-            ok(te::sum(
-                a2.idx(&[i[0].clone(), ax(&k2)]) * b2.idx(&[ax(&k2), i[1].clone()]),
-                &[k2.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let SeedGemm { a, b, c, k } = SeedGemm::new();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     if split {
         let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
