@@ -59,10 +59,6 @@ fn sym(names: &[&str]) -> Vec<Expr> {
     names.iter().map(|n| te::var(n)).collect()
 }
 
-fn idx(v: &[Expr]) -> Vec<Expr> {
-    v.to_vec()
-}
-
 /// Default schedule for a stage: outermost data loop parallel.
 fn parallel_outer(s: &mut Schedule, t: &Tensor) -> Result<()> {
     if let Some(a) = t.axis().first() {
@@ -255,7 +251,7 @@ fn elementwise(
         let shape = shape_vars(ndim);
         let x = placeholder(&shape, dtype, "X")?;
         let x2 = x.clone();
-        let y = compute(&shape, |i| ok(f(x2.idx(&idx(i)))), "Y")?;
+        let y = compute(&shape, |i| ok(f(x2.idx(i))), "Y")?;
         let mut s = Schedule::new(&[y.clone()])?;
         parallel_outer(&mut s, &y)?;
         compile(&s, &[x, y], target, name)
