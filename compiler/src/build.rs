@@ -10,7 +10,7 @@
 use crate::codegen::{backend, CallFrame, Kernel};
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, Var};
-use crate::ir::stmt::{BufKind, ForKind, PrimFunc};
+use crate::ir::stmt::{BufKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
 use crate::te::Tensor as TeTensor;
@@ -28,8 +28,6 @@ pub struct Compiled {
     pub func: PrimFunc,
     pub target: String,
     pub kernel: Box<dyn Kernel>,
-    /// The function has a parallel loop (its launches always release the host lock).
-    pub parallel: bool,
 }
 
 /// A set of compiled functions (one per `build` call, or as many as a loaded file holds).
@@ -74,22 +72,11 @@ pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
     let func = lower::finish(nest.clone())?;
     let kernel = backend(target)?.compile(&func)?;
     lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
-    let mut parallel = false;
-    func.body.visit(&mut |s| {
-        parallel |= matches!(
-            s,
-            crate::ir::Stmt::For {
-                kind: ForKind::Parallel,
-                ..
-            }
-        )
-    });
     Ok(Compiled {
         nest,
         func,
         target: target.to_string(),
         kernel,
-        parallel,
     })
 }
 
@@ -330,10 +317,16 @@ fn call(
     // SAFETY: the frame describes the argument tensors, checked above against the signature,
     // the dims and the bounds checks.
     let run = || unsafe { c.kernel.launch(&frame) };
-    if c.parallel || work >= rivet_runtime::host::RELEASE_GRAIN {
-        rivet_runtime::host::without_host_lock(run)?;
+    // The runtime's policy (as for its native functions): small work runs on this thread with
+    // the GIL kept; past RELEASE_GRAIN the GIL is released; past PARALLEL_GRAIN parallel loops
+    // use the pool.
+    use rivet_runtime::{host, parallel};
+    if work >= parallel::PARALLEL_GRAIN {
+        host::without_host_lock(run)?;
+    } else if work >= host::RELEASE_GRAIN {
+        parallel::serially(|| host::without_host_lock(run))?;
     } else {
-        run()?;
+        parallel::serially(run)?;
     }
     if allocate {
         let outs: Vec<Tensor> = tensors

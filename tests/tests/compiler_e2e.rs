@@ -69,7 +69,8 @@ fn seed_gemm_symbolic_every_size_every_backend() {
     for target in BACKENDS {
         for split in [false, true] {
             let f = seed_gemm(target, split);
-            for n in [1usize, 7, 56, 61] {
+            // 160: 3 * 160^2 elements pass PARALLEL_GRAIN, so parallel loops use the pool.
+            for n in [1usize, 7, 56, 61, 160] {
                 let (av, bv) = (data(n * n, 1), data(n * n, 2));
                 let got = call1(
                     &f,

@@ -189,7 +189,7 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
     }
     let pool = rivet_runtime::parallel::pool();
     let threads = pool.current_num_threads().max(1) as i64;
-    if extent < 2 || threads == 1 {
+    if extent < 2 || threads == 1 || rivet_runtime::parallel::serial_requested() {
         // SAFETY: the caller's contract.
         unsafe { body(ctx, min, min + extent) };
         return;
