@@ -292,6 +292,22 @@ pub struct PyExpr {
 }
 
 impl PyExpr {
+    /// `a ** b` (three-argument pow with a modulus is refused).
+    fn pow(
+        &self,
+        o: &Bound<'_, PyAny>,
+        modulo: Option<&Bound<'_, PyAny>>,
+        reflected: bool,
+    ) -> PyResult<Py<PyAny>> {
+        if modulo.is_some_and(|m| !m.is_none()) {
+            return Err(compile_err(
+                o.py(),
+                "pow with a modulus is not supported on te.Expr".into(),
+            ));
+        }
+        self.arith(o, BinOp::Pow, reflected)
+    }
+
     fn arith(&self, other: &Bound<'_, PyAny>, op: BinOp, reflected: bool) -> PyResult<Py<PyAny>> {
         let py = other.py();
         let Some(o) = operand(other)? else {
@@ -435,26 +451,14 @@ impl PyExpr {
         o: &Bound<'_, PyAny>,
         modulo: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        if modulo.is_some_and(|m| !m.is_none()) {
-            return Err(compile_err(
-                o.py(),
-                "pow with a modulus is not supported on te.Expr".into(),
-            ));
-        }
-        self.arith(o, BinOp::Pow, false)
+        self.pow(o, modulo, false)
     }
     fn __rpow__(
         &self,
         o: &Bound<'_, PyAny>,
         modulo: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        if modulo.is_some_and(|m| !m.is_none()) {
-            return Err(compile_err(
-                o.py(),
-                "pow with a modulus is not supported on te.Expr".into(),
-            ));
-        }
-        self.arith(o, BinOp::Pow, true)
+        self.pow(o, modulo, true)
     }
     fn __and__(&self, o: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.logic(o, LogicOp::And, "&", false)
