@@ -24,6 +24,8 @@ fn class_name(e: &Error) -> &'static str {
         Error::NotFound(_) => "FunctionNotFoundError",
         Error::Registry(_) => "RegistryError",
         Error::Compile(_) => "CompileError",
+        Error::Memory(_) => "MemoryError",
+        Error::Index(_) => "IndexError",
         Error::Foreign(_) => "Error",
         Error::Internal(_) => "InternalError",
     }

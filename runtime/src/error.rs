@@ -60,6 +60,13 @@ pub enum Error {
     /// The compiler rejected a program.
     #[error("{0}")]
     Compile(String),
+    /// An allocation over rivet's size limit, or one the system refused (never an abort).
+    #[error("{0}")]
+    Memory(String),
+    /// An element access outside its tensor, caught at run time (checked mode, or a
+    /// data-dependent index).
+    #[error("{0}")]
+    Index(String),
     /// An error from a foreign callee (Python exception in a callback), passed through.
     #[error("{}", .0.message)]
     Foreign(ForeignError),
@@ -86,6 +93,8 @@ impl Error {
             Error::NotFound(m) => Error::NotFound(pre(m)),
             Error::Registry(m) => Error::Registry(pre(m)),
             Error::Compile(m) => Error::Compile(pre(m)),
+            Error::Memory(m) => Error::Memory(pre(m)),
+            Error::Index(m) => Error::Index(pre(m)),
             Error::Internal(m) => Error::Internal(pre(m)),
             Error::Foreign(f) => Error::Foreign(f),
         }

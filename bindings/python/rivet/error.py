@@ -5,6 +5,8 @@ Python user would catch (``except ValueError`` keeps working). Messages name the
 (position and name), what was expected and what came.
 """
 
+import builtins
+
 
 class Error(Exception):
     """Base class of every error raised by rivet."""
@@ -50,6 +52,14 @@ class CompileError(Error):
     """The compiler rejected a program."""
 
 
+class MemoryError(Error, builtins.MemoryError):
+    """An allocation over rivet's size limit (``rivet.MAX_ALLOC_BYTES``), or one the system refused."""
+
+
+class IndexError(Error, builtins.IndexError):
+    """An element access outside its tensor caught at run time (checked mode)."""
+
+
 class InternalError(Error):
     """A bug in rivet (never the caller's fault); please report it."""
 
@@ -66,5 +76,7 @@ __all__ = [
     "FunctionNotFoundError",
     "RegistryError",
     "CompileError",
+    "MemoryError",
+    "IndexError",
     "InternalError",
 ]
