@@ -161,9 +161,52 @@ pub enum ExprKind {
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ExprNodeData")]
 pub struct ExprNode {
     pub kind: ExprKind,
     pub dtype: DType,
+    /// Longest path to a leaf, this node counted (a leaf has depth 1): computed when the node
+    /// is made (and when it is read from a file), so depth limits cost nothing to check.
+    #[serde(skip_serializing)]
+    pub depth: u32,
+}
+
+/// What a file stores of a node: the depth is recomputed, never trusted.
+#[derive(Deserialize)]
+struct ExprNodeData {
+    kind: ExprKind,
+    dtype: DType,
+}
+
+impl From<ExprNodeData> for ExprNode {
+    fn from(d: ExprNodeData) -> ExprNode {
+        ExprNode {
+            depth: depth_of(&d.kind),
+            kind: d.kind,
+            dtype: d.dtype,
+        }
+    }
+}
+
+/// 1 + the deepest child (te `Read`s count their indices, not the tensor read).
+fn depth_of(kind: &ExprKind) -> u32 {
+    let d = |e: &Expr| e.0.depth;
+    let m = match kind {
+        ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => 0,
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) => d(a),
+        ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+            d(a).max(d(b))
+        }
+        ExprKind::Select(c, a, b) => d(c).max(d(a)).max(d(b)),
+        ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+            indices.iter().map(d).max().unwrap_or(0)
+        }
+        ExprKind::Reduce { body, axes, .. } => axes
+            .iter()
+            .map(|a| d(&a.min).max(d(&a.extent)))
+            .fold(d(body), u32::max),
+    };
+    m.saturating_add(1)
 }
 
 /// A shared, immutable expression.
@@ -182,7 +225,26 @@ fn type_error(msg: String) -> Error {
 
 impl Expr {
     pub fn new(kind: ExprKind, dtype: DType) -> Expr {
-        Expr(Arc::new(ExprNode { kind, dtype }))
+        Expr(Arc::new(ExprNode {
+            depth: depth_of(&kind),
+            kind,
+            dtype,
+        }))
+    }
+    /// Longest path from this node to a leaf (1 for a leaf).
+    pub fn depth(&self) -> u32 {
+        self.0.depth
+    }
+    /// `self`, or a `CompileError` when it is deeper than the DSL allows.
+    pub fn within_depth(self) -> Result<Expr> {
+        let max = super::limits::MAX_EXPR_DEPTH;
+        if self.depth() > max {
+            return Err(type_error(format!(
+                "expression nested {} deep; rivet accepts at most {max} levels (limit MAX_EXPR_DEPTH): build long sums as reductions or split the computation into stages",
+                self.depth()
+            )));
+        }
+        Ok(self)
     }
     pub fn kind(&self) -> &ExprKind {
         &self.0.kind
@@ -259,7 +321,7 @@ impl Expr {
                 "{op:?} needs float operands, got {dt} ({a}, {b}); for ints use // (floordiv) or cast to a float dtype"
             )));
         }
-        Ok(Expr::new(ExprKind::Binary(op, a, b), dt))
+        Expr::new(ExprKind::Binary(op, a, b), dt).within_depth()
     }
 
     pub fn cmp(op: CmpOp, a: Expr, b: Expr) -> Result<Expr> {
@@ -270,7 +332,7 @@ impl Expr {
                 b.dtype()
             )));
         }
-        Ok(Expr::new(ExprKind::Cmp(op, a, b), DType::Bool))
+        Expr::new(ExprKind::Cmp(op, a, b), DType::Bool).within_depth()
     }
 
     pub fn logic(op: LogicOp, a: Expr, b: Expr) -> Result<Expr> {
@@ -281,7 +343,7 @@ impl Expr {
                 b.dtype()
             )));
         }
-        Ok(Expr::new(ExprKind::Logic(op, a, b), DType::Bool))
+        Expr::new(ExprKind::Logic(op, a, b), DType::Bool).within_depth()
     }
 
     pub fn unary(op: UnOp, a: Expr) -> Result<Expr> {
@@ -295,7 +357,7 @@ impl Expr {
         if !ok {
             return Err(type_error(format!("{op:?} is not defined on {dt} ({a})")));
         }
-        Ok(Expr::new(ExprKind::Unary(op, a), dt))
+        Expr::new(ExprKind::Unary(op, a), dt).within_depth()
     }
 
     pub fn cast(dtype: DType, a: Expr) -> Expr {
@@ -320,7 +382,7 @@ impl Expr {
             )));
         }
         let dt = a.dtype();
-        Ok(Expr::new(ExprKind::Select(c, a, b), dt))
+        Expr::new(ExprKind::Select(c, a, b), dt).within_depth()
     }
 
     pub fn load(buf: BufId, indices: Vec<Expr>, dtype: DType) -> Expr {

@@ -3,6 +3,7 @@
 
 pub mod expr;
 pub mod interp;
+pub mod limits;
 pub mod printer;
 pub mod stmt;
 #[cfg(test)]

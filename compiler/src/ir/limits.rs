@@ -1,0 +1,20 @@
+//! Resource limits that keep hostile programs and module files from exhausting the stack,
+//! memory or time. Every limit is a `CompileError` that names it, never a crash or a hang.
+//!
+//! The passes and backends recurse on expression depth; the limits below keep that recursion
+//! well inside the stack of the thread `build` and module loading run on (`COMPILE_STACK`).
+//! Sizes are counted as trees (an expression shared twice counts twice), because that is the
+//! work the passes do; counting stops at the limit, so checking is bounded too.
+
+/// Deepest expression the DSL builds (`e = e + 1.0` applied this many times).
+pub const MAX_EXPR_DEPTH: u32 = 1000;
+/// Deepest expression in lowered IR (inlining and index arithmetic add depth to the DSL's).
+pub const MAX_IR_DEPTH: u32 = 4000;
+/// Deepest statement nesting in lowered IR (loops, ifs, lets, allocations, sequences).
+pub const MAX_STMT_DEPTH: u32 = 512;
+/// Most expression and statement nodes, counted as a tree, in one lowered function.
+pub const MAX_FUNC_NODES: usize = 2_000_000;
+/// Largest module file `load_module` reads.
+pub const MAX_MODULE_BYTES: usize = 64 << 20;
+/// Stack of the thread that lowers and compiles (deep recursion stays far from its end).
+pub const COMPILE_STACK: usize = 256 << 20;
