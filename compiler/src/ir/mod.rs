@@ -1,6 +1,7 @@
 //! The loop IR: typed expressions (shared with the DSL), statements, functions, and the
 //! tools every pass and backend uses: printer, verifier, interpreter.
 
+pub mod checked;
 pub mod expr;
 pub mod interp;
 pub mod limits;
