@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The DLPack version rivet produces and the newest major it reads.
 pub const VERSION: DLPackVersion = DLPackVersion { major: 1, minor: 1 };
 
-/// Largest rank accepted from a producer (a corrupt `ndim` must not make us read far).
-pub const MAX_NDIM: i32 = 64;
+/// Largest rank accepted from a producer (a corrupt `ndim` must not make us read far):
+/// `layout::MAX_NDIM`, the limit for every view.
+pub const MAX_NDIM: i32 = layout::MAX_NDIM as i32;
 
 static LIVE_IMPORTS: AtomicUsize = AtomicUsize::new(0);
 
@@ -78,7 +79,8 @@ impl Drop for Managed {
 }
 
 /// Reads a `DLTensor` into a view owned by `owner` (shape and strides are copied, so only
-/// the data must outlive the call). Used directly for borrowed DLTensors whose data a
+/// the data must outlive the call). Every import, of either ABI and through the exchange
+/// fast path, comes through here and so through `Tensor::from_raw_parts`'s validation. Used directly for borrowed DLTensors whose data a
 /// foreign object keeps alive (the bindings pass a reference to that object as `owner`).
 ///
 /// # Safety
@@ -251,7 +253,6 @@ pub fn export_legacy_for_immutable_consumer(t: &Tensor) -> *mut DLManagedTensor 
 }
 
 fn export_legacy_unchecked(t: &Tensor) -> *mut DLManagedTensor {
-    {}
     let mut e = Box::new(Export {
         managed: DLManagedTensor {
             dl_tensor: dltensor_of(t, &mut [], &mut []),

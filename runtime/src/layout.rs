@@ -3,8 +3,196 @@
 //! Strides are in elements and may be zero or negative. Every function here is total: sizes
 //! that overflow `i64` are reported as `None` / errors, never wrapped, so that the offsets a
 //! kernel computes from a validated layout always stay inside the memory the layout spans.
+//!
+//! [`validate`] is the one gate every tensor view passes (rivet allocations, DLPack imports of
+//! both ABIs, the torch exchange fast path, views made by rivet). Its invariants, on which
+//! kernels and the compiler's per-call checks rely:
+//! - `ndim <= MAX_NDIM`, every dim `>= 0`, and the product of the dims (zero dims counted as
+//!   one, as numpy does) fits in `i64`;
+//! - every `stride * itemsize` fits in `i64`;
+//! - for a non-empty tensor, the lowest and highest byte offsets of any element relative to
+//!   the first one (sums of `(dim - 1) * stride * itemsize` over the negative / positive
+//!   strides) are exact, and the whole byte span `hi - lo` fits in `isize`. Since every
+//!   partial sum of `index * stride * itemsize` terms lies in `[lo, hi]`, any order of
+//!   evaluation of an element's byte offset stays in `isize` as well;
+//! - [`check_address`]: the data pointer plus `byte_offset` plus that span neither wraps the
+//!   address space nor reaches address 0.
+//!
+//! All of it is computed in checked `i128`, so no hostile value can wrap a check into a pass.
 
 use smallvec::SmallVec;
+
+/// Largest rank accepted anywhere (DLPack imports, views, allocations): far above any real
+/// tensor, low enough that a corrupt `ndim` cannot make us read far or loop long.
+pub const MAX_NDIM: usize = 64;
+
+/// Why a layout was refused; the message names the dim, stride and values at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("ndim {0} is over rivet's limit of {MAX_NDIM} dims")]
+    TooManyDims(usize),
+    #[error("shape has {shape} dims but strides has {strides}")]
+    RankMismatch { shape: usize, strides: usize },
+    #[error("dim {dim} has negative size {size}")]
+    NegativeDim { dim: usize, size: i64 },
+    #[error("shape {shape:?} has more elements than fit in int64")]
+    TooManyElements { shape: Vec<i64> },
+    #[error("dim {dim}: stride {stride} times the item size {itemsize} overflows int64")]
+    StrideBytes {
+        dim: usize,
+        stride: i64,
+        itemsize: usize,
+    },
+    #[error(
+        "shape {shape:?} with strides {strides:?} spans {bytes} bytes of memory (from byte {lo} to byte {hi} around the first element), more than isize::MAX"
+    )]
+    SpanTooLarge {
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        lo: i128,
+        hi: i128,
+        bytes: i128,
+    },
+    #[error("byte_offset {0} is over isize::MAX")]
+    ByteOffset(u64),
+    #[error(
+        "data pointer {data:#x} + byte_offset {byte_offset} with elements from byte {lo} to byte {hi} around it wraps the address space or reaches address 0"
+    )]
+    AddressWraps {
+        data: usize,
+        byte_offset: u64,
+        lo: i64,
+        hi: i64,
+    },
+}
+
+/// What [`validate`] proved about a layout: element count and the byte extent around the
+/// first element (index 0, ..., 0). For an empty tensor `lo == hi == 0`: it touches nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub numel: i64,
+    /// Lowest byte offset of any element, `<= 0`.
+    pub lo: i64,
+    /// One past the highest byte of any element, `>= 0` (`hi - lo` fits in `isize`).
+    pub hi: i64,
+}
+
+impl Extent {
+    /// Bytes between the lowest and one past the highest byte touched.
+    pub fn bytes(&self) -> i64 {
+        self.hi - self.lo // cannot overflow: validated to fit in isize
+    }
+}
+
+/// Checks a layout against the module's invariants (see the header).
+pub fn validate(shape: &[i64], strides: &[i64], itemsize: usize) -> Result<Extent, LayoutError> {
+    if shape.len() > MAX_NDIM {
+        return Err(LayoutError::TooManyDims(shape.len()));
+    }
+    if shape.len() != strides.len() {
+        return Err(LayoutError::RankMismatch {
+            shape: shape.len(),
+            strides: strides.len(),
+        });
+    }
+    if let Some(dim) = shape.iter().position(|&n| n < 0) {
+        return Err(LayoutError::NegativeDim {
+            dim,
+            size: shape[dim],
+        });
+    }
+    let too_many = || LayoutError::TooManyElements {
+        shape: shape.to_vec(),
+    };
+    // Zero dims count as one here, so that no product of dims a kernel or a check may form
+    // (e.g. `n * m` for an empty `(n, m, 0)` tensor) can overflow.
+    shape
+        .iter()
+        .try_fold(1i64, |acc, &d| acc.checked_mul(d.max(1)))
+        .ok_or_else(too_many)?;
+    let numel = numel(shape).ok_or_else(too_many)?;
+    let size = itemsize as i128;
+    for (dim, &stride) in strides.iter().enumerate() {
+        if i64::try_from(stride as i128 * size).is_err() {
+            return Err(LayoutError::StrideBytes {
+                dim,
+                stride,
+                itemsize,
+            });
+        }
+    }
+    if numel == 0 {
+        return Ok(Extent {
+            numel,
+            lo: 0,
+            hi: 0,
+        });
+    }
+    // One dim's reach can exceed i128 ((2^63 - 1) * 2^63 * 8), and so can a sum of 64 of
+    // them: every step is checked, and any overflow refuses the layout.
+    let (mut lo, mut hi) = (0i128, 0i128);
+    let mut overflow = false;
+    for (&n, &s) in shape.iter().zip(strides) {
+        let reach = (n as i128 - 1)
+            .checked_mul(s as i128)
+            .and_then(|r| r.checked_mul(size));
+        match reach {
+            Some(r) if r < 0 => {
+                lo = lo.checked_add(r).unwrap_or_else(|| {
+                    overflow = true;
+                    i128::MIN
+                })
+            }
+            Some(r) => {
+                hi = hi.checked_add(r).unwrap_or_else(|| {
+                    overflow = true;
+                    i128::MAX
+                })
+            }
+            None => overflow = true,
+        }
+    }
+    let end = hi.checked_add(size); // one past the last byte of the highest element
+    let bytes = end.and_then(|e| e.checked_sub(lo));
+    match (overflow, end, bytes) {
+        (false, Some(end), Some(b)) if b <= isize::MAX as i128 => Ok(Extent {
+            numel,
+            lo: lo as i64, // |lo| <= b: fits
+            hi: end as i64,
+        }),
+        _ => Err(LayoutError::SpanTooLarge {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            lo,
+            hi: end.unwrap_or(i128::MAX),
+            bytes: bytes.unwrap_or(i128::MAX),
+        }),
+    }
+}
+
+/// Checks that the bytes `[data + byte_offset + lo, data + byte_offset + hi)` of a validated
+/// layout are an unwrapped range of addresses above 0, and that `byte_offset` fits in `isize`
+/// (so `data + byte_offset` is a valid pointer offset). A NULL `data` is the caller's concern
+/// (allowed for empty tensors only).
+pub fn check_address(data: usize, byte_offset: u64, ext: &Extent) -> Result<(), LayoutError> {
+    if byte_offset > isize::MAX as u64 {
+        return Err(LayoutError::ByteOffset(byte_offset));
+    }
+    if ext.numel == 0 {
+        return Ok(());
+    }
+    let first = data as i128 + byte_offset as i128;
+    let (lo, hi) = (first + ext.lo as i128, first + ext.hi as i128);
+    if lo < 1 || hi > usize::MAX as i128 {
+        return Err(LayoutError::AddressWraps {
+            data,
+            byte_offset,
+            lo: ext.lo,
+            hi: ext.hi,
+        });
+    }
+    Ok(())
+}
 
 /// Shape or strides of a tensor; inline up to six dims (no allocation in the call path).
 pub type Dims = SmallVec<[i64; 6]>;
@@ -37,7 +225,8 @@ pub fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
             if strides[i] != expected {
                 return false;
             }
-            expected *= shape[i];
+            // Saturating: past i64 no stride can match anyway.
+            expected = expected.saturating_mul(shape[i]);
         }
     }
     true
@@ -68,14 +257,15 @@ pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
     if is_compact(shape, strides) {
         return false; // the common case, without the sort below
     }
-    let mut dims: SmallVec<[(i64, i64); 6]> = shape
+    // i128: |i64::MIN| does not fit in i64, and (n - 1) * |s| may not either.
+    let mut dims: SmallVec<[(i128, i128); 6]> = shape
         .iter()
         .zip(strides)
         .filter(|(&n, _)| n > 1)
-        .map(|(&n, &s)| (s.unsigned_abs() as i64, n))
+        .map(|(&n, &s)| (s.unsigned_abs() as i128, n as i128))
         .collect();
     dims.sort_unstable();
-    let mut reach = 0i64; // max offset reachable by the smaller dims
+    let mut reach = 0i128; // max offset reachable by the smaller dims
     for (s, n) in dims {
         if s <= reach {
             return true;
@@ -122,8 +312,11 @@ impl<const N: usize> LoopNest<N> {
         let mut out_strides: [Dims; N] = std::array::from_fn(|_| SmallVec::new());
         for &i in &order {
             let n = shape[i];
+            // Checked: `stride * n` is one past the dim's reach and may leave i64 even for a
+            // valid layout; such dims are simply not merged.
             let mergeable = !out_shape.is_empty()
-                && (0..N).all(|t| *out_strides[t].last().unwrap() == strides[t][i] * n);
+                && (0..N)
+                    .all(|t| strides[t][i].checked_mul(n) == Some(*out_strides[t].last().unwrap()));
             if mergeable {
                 *out_shape.last_mut().unwrap() *= n;
                 for t in 0..N {
@@ -187,6 +380,38 @@ mod tests {
     }
 
     #[test]
+    fn validation_refuses_what_would_wrap() {
+        let ok = validate(&[2, 3], &[3, 1], 4).unwrap();
+        assert_eq!((ok.numel, ok.lo, ok.hi), (6, 0, 24));
+        let neg = validate(&[4], &[-2], 8).unwrap();
+        assert_eq!((neg.lo, neg.hi), (-48, 8));
+        // The case: the span overflowed i64 and wrapped into a pass.
+        let e = validate(&[2, 2], &[-(1 << 62), 1 << 62], 1).unwrap_err();
+        assert!(matches!(e, LayoutError::SpanTooLarge { .. }), "{e}");
+        assert!(validate(&[2], &[i64::MIN], 1).is_err());
+        assert!(matches!(
+            validate(&[1], &[1 << 62], 4),
+            Err(LayoutError::StrideBytes { dim: 0, .. })
+        ));
+        assert!(matches!(
+            validate(&[1 << 40, 1 << 40, 0], &[0, 0, 0], 4),
+            Err(LayoutError::TooManyElements { .. })
+        ));
+        assert!(validate(&[0, 5], &[1 << 40, 7], 8).is_ok());
+        assert!(matches!(
+            validate(&[-1], &[1], 4),
+            Err(LayoutError::NegativeDim { dim: 0, size: -1 })
+        ));
+        assert!(validate(&[1; 65], &[1; 65], 4).is_err());
+        let ext = validate(&[4], &[-1], 4).unwrap();
+        assert!(check_address(8, 0, &ext).is_err()); // would reach below address 0
+        assert!(check_address(4096, 0, &ext).is_ok());
+        let ext = validate(&[2], &[1 << 40], 8).unwrap();
+        assert!(check_address(usize::MAX - 4096, 0, &ext).is_err());
+        assert!(check_address(4096, 1 << 63, &validate(&[0], &[1], 4).unwrap()).is_err());
+    }
+
+    #[test]
     fn overlap_rule() {
         assert!(!may_self_overlap(&[4, 5], &[5, 1]));
         assert!(!may_self_overlap(&[5, 4], &[1, 5]));
@@ -195,6 +420,7 @@ mod tests {
         assert!(!may_self_overlap(&[1, 5], &[0, 1]));
         assert!(!may_self_overlap(&[4], &[-1]));
         assert!(!may_self_overlap(&[4, 3], &[8, 2]));
+        assert!(may_self_overlap(&[2, 2], &[i64::MIN, 0]));
     }
 
     #[test]

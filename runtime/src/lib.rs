@@ -20,6 +20,7 @@ pub mod tensor;
 pub mod testing;
 pub mod value;
 
+pub use alloc::MAX_ALLOC_BYTES;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{ArgName, Error, ForeignError, Result};

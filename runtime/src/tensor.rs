@@ -65,57 +65,73 @@ macro_rules! element {
 element!(bool => Bool, i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16,
          u32 => U32, u64 => U64, half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
 
-/// Validates shape/strides and returns the byte span of the layout.
-fn check_layout(shape: &[i64], strides: &[i64], dtype: DType) -> Result<()> {
-    if shape.len() != strides.len() {
-        return Err(Error::Internal(format!(
-            "shape has {} dims but strides has {}",
-            shape.len(),
-            strides.len()
+/// Where a layout comes from: decides which error a refusal is.
+#[derive(Clone, Copy, PartialEq)]
+enum Origin {
+    /// Foreign memory (DLPack imports, the exchange fast path): a malformed tensor.
+    Foreign,
+    /// A view or allocation rivet makes from user-given sizes: a bad shape.
+    Rivet,
+}
+
+fn layout_error(e: layout::LayoutError, origin: Origin) -> Error {
+    use layout::LayoutError as L;
+    match (e, origin) {
+        // Bad sizes are shape errors wherever they come from.
+        (e @ (L::NegativeDim { .. } | L::TooManyElements { .. }), _) => Error::Shape(e.to_string()),
+        (e, Origin::Foreign) => Error::DLPack(format!("refused DLPack tensor: {e}")),
+        (e, Origin::Rivet) => Error::Shape(e.to_string()),
+    }
+}
+
+/// The one validation every view passes (see `layout`'s header for what it proves): the
+/// layout's arithmetic and, for non-empty tensors, a non-NULL, unwrapped address range.
+fn check_view(m: &Meta, origin: Origin) -> Result<layout::Extent> {
+    let ext = layout::validate(&m.shape, &m.strides, m.dtype.size())
+        .map_err(|e| layout_error(e, origin))?;
+    if m.data.is_null() && ext.numel > 0 {
+        return Err(Error::DLPack(format!(
+            "non-empty tensor of shape {:?} has a NULL data pointer",
+            m.shape
         )));
     }
-    if let Some(d) = shape.iter().position(|&n| n < 0) {
-        return Err(Error::Shape(format!(
-            "dim {d} has negative size {}",
-            shape[d]
-        )));
-    }
-    let n =
-        layout::numel(shape).ok_or_else(|| Error::Shape(format!("shape {shape:?} overflows")))?;
-    if n > 0 {
-        let (lo, hi) = layout::span(shape, strides).ok_or_else(|| {
-            Error::Shape(format!("strides {strides:?} overflow for shape {shape:?}"))
-        })?;
-        let bytes = (hi - lo + 1).checked_mul(dtype.size() as i64);
-        if bytes.is_none_or(|b| b > isize::MAX as i64) {
-            return Err(Error::Shape(format!(
-                "layout {shape:?} / {strides:?} spans too many bytes"
-            )));
-        }
-    }
-    Ok(())
+    layout::check_address(m.data as usize, m.byte_offset, &ext)
+        .map_err(|e| layout_error(e, origin))?;
+    Ok(ext)
 }
 
 impl Tensor {
-    /// A new compact, zero-filled CPU tensor in rivet's aligned memory.
+    /// A new compact, zero-filled CPU tensor in rivet's aligned memory. Sizes are checked
+    /// and the allocation is fallible: too large or refused is `Error::Memory`, never an abort.
     pub fn zeros(shape: &[i64], dtype: DType) -> Result<Tensor> {
-        let strides = layout::compact_strides(shape);
-        check_layout(shape, &strides, dtype)?;
-        let n = layout::numel(shape).unwrap_or(0) as usize;
-        let alloc = Allocation::zeroed(n * dtype.size())?;
-        let data = alloc.as_ptr();
-        Ok(Tensor::new(
-            Meta {
-                data,
-                byte_offset: 0,
-                shape: shape.into(),
-                strides,
-                dtype,
-                device: Device::Cpu,
-                read_only: false,
-            },
-            alloc,
-        ))
+        if shape.len() > layout::MAX_NDIM {
+            return Err(layout_error(
+                layout::LayoutError::TooManyDims(shape.len()),
+                Origin::Rivet,
+            ));
+        }
+        if let Some(dim) = shape.iter().position(|&n| n < 0) {
+            return Err(layout_error(
+                layout::LayoutError::NegativeDim {
+                    dim,
+                    size: shape[dim],
+                },
+                Origin::Rivet,
+            ));
+        }
+        // Before any other arithmetic: an overflowing or huge size is a memory error.
+        let alloc = Allocation::for_tensor(shape, dtype)?;
+        let m = Meta {
+            data: alloc.as_ptr(),
+            byte_offset: 0,
+            shape: shape.into(),
+            strides: layout::compact_strides(shape),
+            dtype,
+            device: Device::Cpu,
+            read_only: false,
+        };
+        check_view(&m, Origin::Rivet)?;
+        Ok(Tensor::new(m, alloc))
     }
 
     /// A compact CPU tensor holding a copy of `values`.
@@ -153,18 +169,6 @@ impl Tensor {
         device: Device,
         read_only: bool,
     ) -> Result<Tensor> {
-        check_layout(&shape, &strides, dtype)?;
-        let empty = shape.contains(&0);
-        if data.is_null() && !empty {
-            return Err(Error::DLPack(format!(
-                "non-empty tensor of shape {shape:?} has a NULL data pointer"
-            )));
-        }
-        if byte_offset > isize::MAX as u64 {
-            return Err(Error::DLPack(format!(
-                "byte_offset {byte_offset} is out of range"
-            )));
-        }
         let m = Meta {
             data,
             byte_offset,
@@ -174,6 +178,7 @@ impl Tensor {
             device,
             read_only,
         };
+        check_view(&m, Origin::Foreign)?;
         Ok(Tensor::new(m, owner))
     }
 
@@ -196,6 +201,7 @@ impl Tensor {
         self.0.m.read_only
     }
     pub fn numel(&self) -> i64 {
+        // Validated to fit in i64 by every constructor.
         self.0.m.shape.iter().product()
     }
     pub fn is_compact(&self) -> bool {
@@ -214,13 +220,28 @@ impl Tensor {
     }
     /// Half-open byte range `[lo, hi)` the tensor touches; `None` when it is empty.
     pub fn byte_range(&self) -> Option<(usize, usize)> {
-        let (lo, hi) = layout::span(&self.0.m.shape, &self.0.m.strides)?;
-        let base = self.data_ptr() as isize;
-        let size = self.0.m.dtype.size() as isize;
+        let ext = self.extent();
+        if ext.numel == 0 {
+            return None;
+        }
+        // No wrap: `check_address` proved the range lies inside the address space.
+        let base = self.data_ptr() as usize;
         Some((
-            (base + lo as isize * size) as usize,
-            (base + (hi as isize + 1) * size) as usize,
+            base.wrapping_add_signed(ext.lo as isize),
+            base.wrapping_add(ext.hi as usize),
         ))
+    }
+
+    /// The validated element count and byte extent around the first element.
+    pub fn extent(&self) -> layout::Extent {
+        layout::validate(&self.0.m.shape, &self.0.m.strides, self.0.m.dtype.size())
+            .expect("validated by every constructor")
+    }
+
+    /// Strides in bytes (numpy's unit), exact: validated to fit in i64.
+    pub fn byte_strides(&self) -> Dims {
+        let size = self.0.m.dtype.size() as i64;
+        self.0.m.strides.iter().map(|s| s * size).collect()
     }
 
     /// A new view: this one's fields, changed by `edit`; it keeps this view (and so the
@@ -238,35 +259,52 @@ impl Tensor {
 
     /// A view with another layout over this view's memory. The new layout must address only
     /// elements inside this view's span, so a view can never reach memory its parent could not.
+    /// All offsets are computed in checked `i128`; the view then passes the same validation
+    /// as any import.
     pub fn as_strided(&self, shape: &[i64], strides: &[i64], elem_offset: i64) -> Result<Tensor> {
-        check_layout(shape, strides, self.0.m.dtype)?;
-        if let Some((lo, hi)) = layout::span(shape, strides) {
-            let (plo, phi) = layout::span(&self.0.m.shape, &self.0.m.strides).ok_or_else(|| {
-                Error::Shape("cannot take a non-empty view of an empty tensor".into())
-            })?;
-            if elem_offset + lo < plo || elem_offset + hi > phi {
+        let size = self.0.m.dtype.size() as i128;
+        let ext = layout::validate(shape, strides, self.0.m.dtype.size())
+            .map_err(|e| layout_error(e, Origin::Rivet))?;
+        let off = elem_offset as i128 * size; // |off| < 2^66: no overflow in i128
+        if ext.numel > 0 {
+            let parent = self.extent();
+            if parent.numel == 0 {
+                return Err(Error::Shape(
+                    "cannot take a non-empty view of an empty tensor".into(),
+                ));
+            }
+            let (lo, hi) = (off + ext.lo as i128, off + ext.hi as i128);
+            if lo < parent.lo as i128 || hi > parent.hi as i128 {
                 return Err(Error::Shape(format!(
-                    "view shape {shape:?} strides {strides:?} offset {elem_offset} reaches elements [{}, {}] outside the parent's [{plo}, {phi}]",
-                    elem_offset + lo,
-                    elem_offset + hi
+                    "view shape {shape:?} strides {strides:?} offset {elem_offset} reaches bytes [{lo}, {hi}) outside the parent's [{}, {})",
+                    parent.lo, parent.hi
                 )));
             }
         }
-        let byte_offset = self.0.m.byte_offset as i64 + elem_offset * self.0.m.dtype.size() as i64;
-        if byte_offset < 0 {
-            // Negative offsets are folded into the data pointer: DLPack's offset is unsigned.
-            return Ok(self.with(|v| {
-                v.data = v.data.wrapping_offset(byte_offset as isize);
-                v.byte_offset = 0;
-                v.shape = shape.into();
-                v.strides = strides.into();
-            }));
+        let byte_offset = self.0.m.byte_offset as i128 + off;
+        let mut m = self.0.m.clone();
+        m.shape = shape.into();
+        m.strides = strides.into();
+        if byte_offset < 0 || byte_offset > isize::MAX as i128 {
+            // Out-of-range offsets are folded into the data pointer (DLPack's offset is
+            // unsigned); for a non-empty view this stays inside the parent, as checked above.
+            let first = (m.data as i128)
+                .checked_add(byte_offset)
+                .filter(|&a| (0..=usize::MAX as i128).contains(&a));
+            let Some(first) = first else {
+                return Err(Error::Shape(format!(
+                    "view offset {elem_offset} moves the data pointer out of the address space"
+                )));
+            };
+            m.data = m
+                .data
+                .wrapping_add((first as usize).wrapping_sub(m.data as usize));
+            m.byte_offset = 0;
+        } else {
+            m.byte_offset = byte_offset as u64;
         }
-        Ok(self.with(|v| {
-            v.byte_offset = byte_offset as u64;
-            v.shape = shape.into();
-            v.strides = strides.into();
-        }))
+        check_view(&m, Origin::Rivet)?;
+        Ok(Tensor::new(m, self.clone()))
     }
 
     /// Checks that the tensor may be written as `arg`: writable and free of self-overlap.
@@ -306,7 +344,17 @@ impl Tensor {
                 self.0.m.dtype
             )));
         }
-        let mut out = Vec::with_capacity(self.numel() as usize);
+        // A broadcast view may have far more elements than memory: size the copy checked and
+        // reserve fallibly, so an impossible copy is an error, not an abort.
+        let bytes = crate::alloc::tensor_bytes(self.shape(), self.dtype())?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.numel() as usize).map_err(|_| {
+            Error::Memory(format!(
+                "out of memory: the system refused {bytes} bytes for a copy of a {} tensor of shape {:?}",
+                self.dtype(),
+                self.shape()
+            ))
+        })?;
         let mut idx = vec![0i64; self.ndim()];
         if self.numel() == 0 {
             return Ok(out);
