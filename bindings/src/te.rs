@@ -1418,14 +1418,16 @@ pub struct PyModule_ {
     pub m: rivet_compiler::Module,
 }
 
+/// `checked=None` follows the environment (`RIVET_CHECKED=1`); True / False force it.
 #[pyfunction]
-#[pyo3(signature = (s, args, target="cpu", name="default_function"))]
+#[pyo3(signature = (s, args, target="cpu", name="default_function", checked=None))]
 pub fn build(
     py: Python<'_>,
     s: &Bound<'_, PyAny>,
     args: &Bound<'_, PyAny>,
     target: &str,
     name: &str,
+    checked: Option<bool>,
 ) -> PyResult<PyModule_> {
     let Ok(sched) = s.cast::<PySchedule>() else {
         return Err(arg_err(
@@ -1438,7 +1440,11 @@ pub fn build(
     };
     let args = tensors_arg(args, "build: argument 1 ('args')")?;
     let sched = sched.borrow();
-    let m = rivet_compiler::build(&sched.sched, &args, target, name).cpy(py)?;
+    let mut opts = rivet_compiler::build::Options::from_env();
+    if let Some(c) = checked {
+        opts.checked = c;
+    }
+    let m = rivet_compiler::build::build_with(&sched.sched, &args, target, name, opts).cpy(py)?;
     Ok(PyModule_ { m })
 }
 

@@ -5,11 +5,19 @@
 //! Before any code runs, a call: checks every argument against the typed signature (dtype,
 //! rank, fixed dims, consistent symbolic dims, device, writable and non-overlapping outputs);
 //! binds the symbolic dims; checks dims given by expressions (`n - 2`); evaluates the
-//! function's bounds checks; refuses outputs sharing memory with another argument.
+//! function's bounds checks; sizes its temporaries against `MAX_ALLOC_BYTES`; refuses outputs
+//! sharing memory with another argument. Shapes, checks and sizes are evaluated exactly
+//! (`ir::checked`): an int64 overflow fails the check, it never wraps into a pass.
+//!
+//! Lowering and code generation run on a thread of their own with a large stack
+//! (`limits::COMPILE_STACK`), so the recursion of the passes over deep (but within-limit)
+//! expressions never reaches the end of a caller's small stack.
 
-use crate::codegen::{backend, CallFrame, Kernel};
+use crate::codegen::{CallFrame, Kernel};
 use crate::error::{Error, Result};
+use crate::ir::checked::{eval_checked, EvalError};
 use crate::ir::expr::{Expr, Var};
+use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
@@ -27,7 +35,45 @@ pub struct Compiled {
     pub nest: PrimFunc,
     pub func: PrimFunc,
     pub target: String,
+    /// Built in checked mode (every access bounds-checked by the kernel).
+    pub checked: bool,
+    /// Each local buffer (temporary): its name, shape and element size, sized per call.
+    pub temps: Vec<(String, Vec<Expr>, usize)>,
     pub kernel: Box<dyn Kernel>,
+}
+
+/// How to build.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Options {
+    /// Checked mode: every load and store is bounds-checked in the generated code and a
+    /// violation is a `rivet.IndexError` naming the tensor, the index and the extent (CubeCL's
+    /// checked launches). Slower; for tests, fuzzing and debugging a proof.
+    pub checked: bool,
+}
+
+impl Options {
+    /// The defaults, with `checked` on when the environment has `RIVET_CHECKED=1`.
+    pub fn from_env() -> Options {
+        Options {
+            checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
+        }
+    }
+}
+
+/// Runs `f` on a thread with `COMPILE_STACK` bytes of stack (panics propagate).
+fn on_compile_stack<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        let h = std::thread::Builder::new()
+            .name("rivet-compile".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(s, f)
+            .map_err(|e| {
+                Error::Runtime(rivet_runtime::Error::Memory(format!(
+                    "cannot start the compiler thread: {e}"
+                )))
+            })?;
+        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
 }
 
 /// A set of compiled functions (one per `build` call, or as many as a loaded file holds).
@@ -39,18 +85,43 @@ pub struct Module {
 /// The value of a shape or check expression at call time: constants and bare dims directly
 /// (the common case, on every call), anything else with the interpreter's semantics, so there
 /// is one definition of what an expression means.
-fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<i64> {
+fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<Result<i64, String>> {
     if let Some(v) = e.as_int() {
-        return Ok(v);
+        return Ok(Ok(v));
     }
     if let Some(x) = e.as_var().and_then(|v| env.get(v)) {
-        return Ok(*x);
+        return Ok(Ok(*x));
     }
-    crate::ir::interp::eval_int(e, &|v| env.get(v).copied())
+    match eval_checked(e, &|v| env.get(v).copied()) {
+        Ok(v) => Ok(Ok(v)),
+        Err(EvalError::Overflow(what)) => Ok(Err(what)),
+        Err(EvalError::Unsupported(what)) => Err(Error::Internal(format!(
+            "cannot evaluate `{e}` at call time: {what}"
+        ))),
+    }
+}
+
+fn dims_text(f: &PrimFunc, env: &HashMap<Var, i64>) -> String {
+    f.dims
+        .iter()
+        .map(|v| format!("{}={}", v.name, env.get(v).copied().unwrap_or(0)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
 pub fn build(sched: &Schedule, args: &[TeTensor], target: &str, name: &str) -> Result<Module> {
+    build_with(sched, args, target, name, Options::from_env())
+}
+
+/// `build` with explicit options.
+pub fn build_with(
+    sched: &Schedule,
+    args: &[TeTensor],
+    target: &str,
+    name: &str,
+    opts: Options,
+) -> Result<Module> {
     if name.is_empty()
         || !name
             .chars()
@@ -60,24 +131,71 @@ pub fn build(sched: &Schedule, args: &[TeTensor], target: &str, name: &str) -> R
             "build: name '{name}' must be non-empty letters, digits, '_' or '.'"
         )));
     }
-    let nest = lower::nest::build_nest(sched, args, name)?;
-    let c = compile(nest, target)?;
+    let c = on_compile_stack(|| {
+        let nest = lower::nest::build_nest(sched, args, name)?;
+        compile_here(nest, target, opts)
+    })?;
     Ok(Module {
         funcs: vec![Arc::new(c)],
     })
 }
 
-/// Runs the rest of the pipeline on a loop-nest function and compiles it.
+/// Runs the rest of the pipeline on a loop-nest function and compiles it (options from the
+/// environment).
 pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
-    let func = lower::finish(nest.clone())?;
-    let kernel = backend(target)?.compile(&func)?;
+    compile_with(nest, target, Options::from_env())
+}
+
+/// `compile` with explicit options.
+pub fn compile_with(nest: PrimFunc, target: &str, opts: Options) -> Result<Compiled> {
+    on_compile_stack(|| compile_here(nest, target, opts))
+}
+
+fn compile_here(nest: PrimFunc, target: &str, opts: Options) -> Result<Compiled> {
+    let func = lower::finish_with(nest.clone(), opts.checked)?;
+    let temps = temporaries(&func)?;
+    let kernel = crate::codegen::backend_with(target, opts.checked)?.compile(&func)?;
     lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
     Ok(Compiled {
         nest,
         func,
         target: target.to_string(),
+        checked: opts.checked,
+        temps,
         kernel,
     })
+}
+
+/// The local buffers to size before each call; one whose size is known now and too large is
+/// refused at build time.
+fn temporaries(f: &PrimFunc) -> Result<Vec<(String, Vec<Expr>, usize)>> {
+    let mut out = Vec::new();
+    for b in f.buffers.iter().filter(|b| b.kind == BufKind::Local) {
+        let consts: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
+        if let Some(c) = consts {
+            temp_fits(&f.name, &b.name, &c, b.dtype.size())?;
+        } else {
+            out.push((b.name.clone(), b.shape.clone(), b.dtype.size()));
+        }
+    }
+    Ok(out)
+}
+
+/// A temporary of `shape` (negative extents count as 0, as the backends allocate them) of
+/// `size`-byte elements is at most `MAX_ALLOC_BYTES`.
+fn temp_fits(func: &str, buf: &str, shape: &[i64], size: usize) -> Result<()> {
+    let mut bytes: u128 = size as u128;
+    for &d in shape {
+        bytes = bytes.saturating_mul(d.max(0) as u128);
+    }
+    if bytes > MAX_ALLOC_BYTES as u128 {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        return Err(Error::Runtime(rivet_runtime::Error::Memory(format!(
+            "{func}: temporary '{buf}' of shape ({}) needs {bytes} bytes, over rivet.MAX_ALLOC_BYTES = {MAX_ALLOC_BYTES}",
+            dims.join(", ")
+        ))));
+    }
+    Ok(())
 }
 
 impl Module {
@@ -235,11 +353,22 @@ fn call(
     // Dims given by expressions, and the allocation of missing outputs.
     for (i, (slot, id)) in slots.iter_mut().zip(&f.params).enumerate() {
         let b = f.buffer(*id);
-        let want: Vec<i64> = b
-            .shape
-            .iter()
-            .map(|e| eval_dims(e, &env))
-            .collect::<Result<_>>()?;
+        let mut want: Vec<i64> = Vec::with_capacity(b.shape.len());
+        for (d, e) in b.shape.iter().enumerate() {
+            match eval_dims(e, &env)? {
+                Ok(w) => want.push(w),
+                Err(what) => {
+                    return Err(shape_error(format!(
+                        "{name}: the size of {} in dim {d} (= {e}) overflows int64 for these shapes ({}) at `{what}`",
+                        ArgName {
+                            index: i,
+                            name: Some(&b.name)
+                        },
+                        dims_text(f, &env)
+                    )))
+                }
+            }
+        }
         match slot {
             Some(t) => {
                 for (d, (&w, &g)) in want.iter().zip(t.shape()).enumerate() {
@@ -268,18 +397,29 @@ fn call(
     }
     let tensors: Vec<Tensor> = slots.into_iter().map(|s| s.expect("filled")).collect();
     for k in &f.checks {
-        if eval_dims(&k.cond, &env)? == 0 {
-            let dims: Vec<String> = f
-                .dims
-                .iter()
-                .map(|v| format!("{}={}", v.name, env[v]))
-                .collect();
+        // An overflow while deciding a check fails it: it never wraps into a pass.
+        let verdict = match eval_dims(&k.cond, &env)? {
+            Ok(0) => Some(String::new()),
+            Ok(_) => None,
+            Err(what) => Some(format!(" (deciding it overflows int64 at `{what}`)")),
+        };
+        if let Some(why) = verdict {
             return Err(shape_error(format!(
-                "{name}: out-of-bounds access for these shapes ({}): {}",
-                dims.join(", "),
+                "{name}: out-of-bounds access for these shapes ({}): {}{why}",
+                dims_text(f, &env),
                 k.message
             )));
         }
+    }
+    for (buf, shape, size) in &c.temps {
+        let mut vals = Vec::with_capacity(shape.len());
+        for e in shape {
+            match eval_dims(e, &env)? {
+                Ok(v) => vals.push(v),
+                Err(_) => vals.push(i64::MAX),
+            }
+        }
+        temp_fits(name, buf, &vals, *size)?;
     }
     // Outputs may not share memory with any other argument.
     for (i, id) in f.params.iter().enumerate() {

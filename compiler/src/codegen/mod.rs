@@ -31,7 +31,8 @@ pub fn int_slots(func: &PrimFunc) -> Vec<Var> {
 
 /// A compiled function, ready to launch.
 pub trait Kernel: Send + Sync {
-    /// Runs the function on a frame built for it.
+    /// Runs the function on a frame built for it. A failure inside (a temporary that cannot
+    /// be allocated; in checked mode, an out-of-bounds access) is an `Err`, never an abort.
     ///
     /// # Safety
     /// The frame's pointers must address memory matching the function's parameter buffers
@@ -52,9 +53,16 @@ pub trait Backend: Send + Sync {
 
 /// The backend for a target name.
 pub fn backend(target: &str) -> Result<Box<dyn Backend>> {
+    backend_with(target, false)
+}
+
+/// The backend for a target name, in checked mode or not (see `build::Options::checked`).
+pub fn backend_with(target: &str, checked: bool) -> Result<Box<dyn Backend>> {
     match target {
-        "cpu" | "llvm" | "cranelift" => Ok(Box::new(cranelift::CraneliftBackend::new()?)),
-        "interp" => Ok(Box::new(crate::ir::interp::InterpBackend)),
+        "cpu" | "llvm" | "cranelift" => Ok(Box::new(
+            cranelift::CraneliftBackend::new()?.checked(checked),
+        )),
+        "interp" => Ok(Box::new(crate::ir::interp::InterpBackend { checked })),
         "cuda" => Err(crate::Error::Compile(
             "target 'cuda' is not available yet (the CUDA backend is a later issue); use target='cpu'".into(),
         )),

@@ -487,6 +487,33 @@ impl Expr {
         }
     }
 
+    /// Calls `f` on each direct child (a te `Read`'s indices, not the tensor read).
+    pub fn for_each_child(&self, f: &mut dyn FnMut(&Expr)) {
+        match self.kind() {
+            ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
+            ExprKind::Unary(_, a) | ExprKind::Cast(a) => f(a),
+            ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+                f(a);
+                f(b)
+            }
+            ExprKind::Select(c, a, b) => {
+                f(c);
+                f(a);
+                f(b)
+            }
+            ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+                indices.iter().for_each(f)
+            }
+            ExprKind::Reduce { body, axes, .. } => {
+                f(body);
+                for a in axes {
+                    f(&a.min);
+                    f(&a.extent);
+                }
+            }
+        }
+    }
+
     /// Visits every node, pre-order.
     pub fn visit(&self, f: &mut dyn FnMut(&Expr)) {
         f(self);

@@ -32,7 +32,9 @@
 //! can check cheaply: every access is bounds-checked (locals exactly; parameters against the
 //! span of offsets their shape and strides allow), the frame's arity and `func.checks` are
 //! checked at launch, and a violation is an `Error::Internal` naming the function, buffer and
-//! offset, never undefined behaviour.
+//! offset, never undefined behaviour. In checked mode (`InterpBackend { checked: true }`, run
+//! on unflattened IR) an index outside its dim is the user's `Error::Index` instead; a local
+//! buffer over `MAX_ALLOC_BYTES`, or one the system refuses, is `Error::Memory`.
 
 use super::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
 use super::stmt::{Buffer, PrimFunc, Stmt};
@@ -46,9 +48,12 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 // ---- the backend ---------------------------------------------------------------------------
 
-/// The IR interpreter as a backend (target "interp").
+/// The IR interpreter as a backend (target "interp"). `checked`: the function is unflattened
+/// (checked mode) and an index outside its dim is a user-facing `rivet.IndexError`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct InterpBackend;
+pub struct InterpBackend {
+    pub checked: bool,
+}
 
 impl Backend for InterpBackend {
     fn name(&self) -> &'static str {
@@ -56,7 +61,9 @@ impl Backend for InterpBackend {
     }
 
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
-        Ok(Box::new(InterpKernel(Prepared::new(func, true)?)))
+        let mut p = Prepared::new(func, !self.checked)?;
+        p.checked = self.checked;
+        Ok(Box::new(InterpKernel(p)))
     }
 }
 
@@ -177,6 +184,8 @@ impl Hasher for IdHasher {
 struct Prepared {
     func: PrimFunc,
     flattened: bool,
+    /// Checked mode: per-dim violations are user errors (`rivet.IndexError`).
+    checked: bool,
     /// `int_slots(func)`: the variables `frame.ints` binds, in order.
     slots: Vec<Var>,
 }
@@ -187,6 +196,7 @@ impl Prepared {
         Ok(Prepared {
             func: func.clone(),
             flattened,
+            checked: false,
             slots: int_slots(func),
         })
     }
@@ -196,6 +206,7 @@ impl Prepared {
     unsafe fn run(&self, frame: &CallFrame) -> Result<()> {
         let f = &self.func;
         let mut m = Machine::new(&f.name, &f.buffers, self.flattened);
+        m.checked = self.checked;
         if frame.ptrs.len() != f.params.len() || frame.ints.len() != self.slots.len() {
             return Err(m.err(format!(
                 "call frame has {} pointers and {} ints, the function takes {} buffers and {} ints",
@@ -225,7 +236,10 @@ impl Prepared {
             m.bufs.push(st);
         }
         for c in &f.checks {
-            if m.eval(&c.cond)? == Value::Int(0) {
+            // Exactly as `build::call` decides them: an overflow fails the check.
+            let env = &m.env;
+            let holds = super::checked::eval_checked(&c.cond, &|v| env.get(&v.id).copied());
+            if holds.map_or(true, |x| x == 0) {
                 return Err(m.err(format!(
                     "launched although check `{}` fails ({}); checks must pass before a launch",
                     c.cond, c.message
@@ -299,6 +313,7 @@ struct Machine<'a> {
     /// The function's buffer declarations (empty for `eval_expr`).
     decls: &'a [Buffer],
     flattened: bool,
+    checked: bool,
     /// Values of the variables in scope.
     env: IdMap<i64>,
     /// Run-time buffer states, and their positions by buffer id.
@@ -312,6 +327,7 @@ impl<'a> Machine<'a> {
             name,
             decls,
             flattened,
+            checked: false,
             env: IdMap::default(),
             bufs: Vec::new(),
             index: IdMap::default(),
@@ -375,6 +391,12 @@ impl<'a> Machine<'a> {
             for (k, e) in indices.iter().enumerate() {
                 let i = self.int(e)?;
                 let b = &self.bufs[pos];
+                if (i < 0 || i >= b.shape[k]) && self.checked {
+                    return Err(Error::Runtime(rivet_runtime::Error::Index(format!(
+                        "{}: checked mode caught an out-of-bounds access: tensor '{}' dim {k}: index {i} is outside [0, {})",
+                        self.name, b.name, b.shape[k]
+                    ))));
+                }
                 if i < 0 || i >= b.shape[k] {
                     return Err(self.err(format!(
                         "out-of-bounds {what} of `{}`: index {k} is `{e}` = {i}, extent {}",
@@ -573,17 +595,26 @@ impl<'a> Machine<'a> {
                     })?;
                 }
                 let size = self.bufs[pos].dtype.size();
+                let too_big = || {
+                    Error::Runtime(rivet_runtime::Error::Memory(format!(
+                        "{}: temporary `{}` of {numel} elements of {} bytes could not be allocated (over rivet.MAX_ALLOC_BYTES = {}, or refused by the system)",
+                        self.name,
+                        self.bufs[pos].name,
+                        size,
+                        super::limits::MAX_ALLOC_BYTES
+                    )))
+                };
                 let bytes = usize::try_from(numel)
                     .ok()
                     .and_then(|n| n.checked_mul(size))
-                    .filter(|&b| b <= isize::MAX as usize)
-                    .ok_or_else(|| {
-                        self.err(format!(
-                            "allocate `{}`: {numel} elements is too large",
-                            self.bufs[pos].name
-                        ))
-                    })?;
-                let mut storage = vec![0u8; bytes.max(1)];
+                    .filter(|&b| b <= super::limits::MAX_ALLOC_BYTES)
+                    .ok_or_else(too_big)?;
+                // Fallible: a refused allocation is an error, never an abort.
+                let mut storage: Vec<u8> = Vec::new();
+                storage
+                    .try_reserve_exact(bytes.max(1))
+                    .map_err(|_| too_big())?;
+                storage.resize(bytes.max(1), 0);
                 for (v, s) in stride_v.iter().zip(&strides) {
                     self.env.insert(v.id, *s);
                 }
@@ -966,8 +997,8 @@ mod tests {
         assert_eq!(cv, vec![400.0, 302.0, 204.0, 106.0]);
 
         // The same through the backend interface.
-        let k = InterpBackend.compile(&f).unwrap();
-        assert_eq!(InterpBackend.name(), "interp");
+        let k = InterpBackend::default().compile(&f).unwrap();
+        assert_eq!(InterpBackend::default().name(), "interp");
         assert!(k.source().starts_with("func add1d("), "{}", k.source());
         let mut cv2 = vec![0.0f32; 4];
         // SAFETY: as above.
@@ -1500,7 +1531,7 @@ mod tests {
                 value: Expr::constant(1.0, DType::F64),
             },
         );
-        assert!(matches!(InterpBackend.compile(&f), Err(Error::Internal(_))));
+        assert!(matches!(InterpBackend::default().compile(&f), Err(Error::Internal(_))));
     }
 
     /// Multi-index (pre-flatten) IR runs with per-dimension bounds checks.

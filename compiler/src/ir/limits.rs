@@ -18,3 +18,5 @@ pub const MAX_FUNC_NODES: usize = 2_000_000;
 pub const MAX_MODULE_BYTES: usize = 64 << 20;
 /// Stack of the thread that lowers and compiles (deep recursion stays far from its end).
 pub const COMPILE_STACK: usize = 256 << 20;
+/// Largest local buffer (temporary) a kernel allocates; the same bound as rivet's tensors.
+pub const MAX_ALLOC_BYTES: usize = 1 << 48;

@@ -8,22 +8,41 @@
 //!   any code runs (it holds vacuously when an enclosing loop is empty);
 //! - not boundable at all: a `CompileError`.
 //!
+//! Interval arithmetic reasons about exact integers, while generated code computes int64 with
+//! wrapping. So the proof also obliges every int64 node it relies on — each node of an index,
+//! of a loop's bounds (and `min + extent`, the loop's end), of a `let` value, and each operand
+//! of an int64 comparison in a condition — to stay within int64: the node's interval (before
+//! guards about the node itself) must lie in `[i64::MIN, i64::MAX]`. Endpoints that hold for
+//! every shape (`checked::static_range`) cost nothing; constant ones that overflow are a
+//! `CompileError`; ones over the symbolic dims become per-call `Check`s decided exactly; any
+//! other is a `CompileError`. With no node wrapping, the proof's integers are the program's.
+//!
 //! Runs before simplification, so guards still match the index expressions structurally.
 
 use super::interval::{interval, prove_le, Env, Interval};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
-use crate::ir::expr::{Expr, ExprKind, LogicOp, Var};
+use crate::ir::checked::{always_in_i64, eval_checked};
+use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
+use rivet_runtime::DType;
+use std::cell::RefCell;
 use std::collections::HashSet;
+use std::rc::Rc;
+
+/// Nodes the interval analysis bounded since the last `discharge`, with their intervals.
+type Record = Rc<RefCell<Vec<(Expr, Interval)>>>;
 
 struct Prover<'a> {
     func: &'a PrimFunc,
     dims: HashSet<Var>,
     checks: Vec<Check>,
+    /// Messages of `checks`, to add each check once.
+    seen: HashSet<String>,
     /// Extents of the enclosing loops (a check is vacuous when one of them is empty).
     loop_extents: Vec<Expr>,
+    record: Record,
 }
 
 impl Prover<'_> {
@@ -37,6 +56,96 @@ impl Prover<'_> {
         ok
     }
 
+    /// `cond`, or true when an enclosing loop of symbolic extent runs zero times.
+    fn vacuous_or(&self, cond: Expr) -> Expr {
+        let mut full = cond;
+        let mut seen: Vec<&Expr> = Vec::new();
+        for e in &self.loop_extents {
+            if self.only_dims(e) && e.as_int().is_none() && !seen.contains(&e) {
+                seen.push(e);
+                let empty = e.lt(&Expr::int(1));
+                full = Expr::new(ExprKind::Logic(LogicOp::Or, empty, full), DType::Bool);
+            }
+        }
+        full
+    }
+
+    fn add_check(&mut self, cond: Expr, message: String) {
+        if self.seen.insert(message.clone()) {
+            let cond = self.vacuous_or(cond);
+            self.checks.push(Check { cond, message });
+        }
+    }
+
+    /// Turns the intervals recorded since the last call into no-overflow obligations (see the
+    /// module header); `what` names the statement or access they come from.
+    fn discharge(&mut self, what: &dyn Fn() -> String) -> Result<()> {
+        let items: Vec<(Expr, Interval)> = self.record.borrow_mut().drain(..).collect();
+        for (node, iv) in items {
+            for end in [&iv.lo, &iv.hi] {
+                if end.as_int().is_some() || always_in_i64(end, &|v| self.dims.contains(v)) {
+                    continue;
+                }
+                let mut vars = false;
+                end.visit(&mut |n| vars |= n.as_var().is_some());
+                if !vars {
+                    // A constant that did not fold: folding stops at an overflow.
+                    if eval_checked(end, &|_| None).is_ok() {
+                        continue;
+                    }
+                    return Err(Error::Compile(format!(
+                        "{}: the int64 arithmetic `{node}` overflows (it can reach {end}, outside [{}, {}])",
+                        what(),
+                        i64::MIN,
+                        i64::MAX
+                    )));
+                }
+                if !self.only_dims(end) {
+                    return Err(Error::Compile(format!(
+                        "{}: rivet cannot prove that the int64 arithmetic `{node}` does not overflow (its range is [{}, {}])",
+                        what(),
+                        iv.lo,
+                        iv.hi
+                    )));
+                }
+                // Decided exactly per call: the evaluation of `end` fails on an overflow.
+                let cond = Expr::new(
+                    ExprKind::Cmp(CmpOp::Ge, end.clone(), Expr::int(i64::MIN)),
+                    DType::Bool,
+                );
+                self.add_check(
+                    cond,
+                    format!(
+                        "{}: the int64 arithmetic `{node}` would overflow (it can reach {end})",
+                        what()
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the operands of the int64 comparisons in a condition (what `Env::assume` learns
+    /// from) and discharges them.
+    fn condition(&mut self, c: &Expr, env: &Env) -> Result<()> {
+        let mut cmps = Vec::new();
+        c.visit(&mut |n| {
+            if let ExprKind::Cmp(_, a, b) = n.kind() {
+                if a.dtype() == DType::I64 {
+                    cmps.push((a.clone(), b.clone()));
+                }
+            }
+        });
+        if cmps.is_empty() {
+            return Ok(());
+        }
+        for (a, b) in &cmps {
+            interval(a, env);
+            interval(b, env);
+        }
+        self.discharge(&|| format!("condition {}", simplify(c)))
+    }
+
     fn access(&mut self, buf: BufId, indices: &[Expr], env: &Env) -> Result<()> {
         let b = self.func.buffer(buf);
         for (d, (i, extent)) in indices.iter().zip(&b.shape).enumerate() {
@@ -48,11 +157,13 @@ impl Prover<'_> {
                 )
             };
             let Some(Interval { lo, hi }) = interval(i, env) else {
+                self.record.borrow_mut().clear();
                 return Err(Error::Compile(format!(
                     "{}, and rivet cannot bound that index expression",
                     what()
                 )));
             };
+            self.discharge(&what)?;
             let last = simplify(&extent.sub(&Expr::int(1)));
             for (ok, a, c, side) in [
                 (
@@ -74,6 +185,19 @@ impl Prover<'_> {
                     }
                     None => {
                         let cond = a.lt(&c.add(&Expr::int(1)));
+                        let mut vars = false;
+                        cond.visit(&mut |n| vars |= n.as_var().is_some());
+                        if !vars {
+                            // Constants the simplifier left alone (an overflow): decide now.
+                            if eval_checked(&cond, &|_| None) == Ok(1) {
+                                continue;
+                            }
+                            return Err(Error::Compile(format!(
+                                "{}, but its {side} value {} is out of bounds or overflows int64",
+                                what(),
+                                if side == "lowest" { &c } else { &a }
+                            )));
+                        }
                         if !self.only_dims(&cond) {
                             return Err(Error::Compile(format!(
                                 "{}, and rivet cannot prove it (its {side} value is {})",
@@ -82,26 +206,12 @@ impl Prover<'_> {
                             )));
                         }
                         // Vacuous when an enclosing loop runs zero times.
-                        let mut full = cond;
-                        let mut seen: Vec<&Expr> = Vec::new();
-                        for e in &self.loop_extents {
-                            if self.only_dims(e) && e.as_int().is_none() && !seen.contains(&e) {
-                                seen.push(e);
-                                let empty = e.lt(&Expr::int(1));
-                                full = Expr::logic(LogicOp::Or, empty, full).expect("bools");
-                            }
-                        }
                         let message = format!(
                             "{} (its {side} value is {})",
                             what(),
                             if side == "lowest" { &c } else { &a }
                         );
-                        if !self.checks.iter().any(|k| k.message == message) {
-                            self.checks.push(Check {
-                                cond: full,
-                                message,
-                            });
-                        }
+                        self.add_check(cond, message);
                     }
                 }
             }
@@ -121,6 +231,7 @@ impl Prover<'_> {
             }
             ExprKind::Select(c, a, b) => {
                 self.exprs(c, env)?;
+                self.condition(c, env)?;
                 let (mut ta, mut tb) = (env.clone(), env.clone());
                 ta.assume(c);
                 tb.assume(&negate(c));
@@ -129,6 +240,7 @@ impl Prover<'_> {
             }
             ExprKind::Logic(op, a, b) => {
                 self.exprs(a, env)?;
+                self.condition(a, env)?;
                 let mut tb = env.clone();
                 tb.assume(&if *op == LogicOp::And {
                     a.clone()
@@ -176,6 +288,11 @@ impl Prover<'_> {
                     .map(|i| i.lo)
                     .unwrap_or_else(|| min.clone());
                 let hi_iv = interval(&hi, env).map(|i| i.hi).unwrap_or(hi);
+                // What the code computes: the bounds and the end `min + extent`.
+                interval(min, env);
+                interval(extent, env);
+                interval(&min.add(extent), env);
+                self.discharge(&|| format!("the bounds of loop '{}'", var.name))?;
                 inner.vars.insert(
                     var.clone(),
                     Interval {
@@ -208,6 +325,7 @@ impl Prover<'_> {
                 otherwise,
             } => {
                 self.exprs(cond, env)?;
+                self.condition(cond, env)?;
                 let mut t = env.clone();
                 t.assume(cond);
                 self.stmt(then, &t)?;
@@ -222,6 +340,7 @@ impl Prover<'_> {
                 if let Some(iv) = interval(value, env) {
                     inner.vars.insert(var.clone(), iv);
                 }
+                self.discharge(&|| format!("let {}", var.name))?;
                 self.stmt(body, &inner)
             }
             Stmt::Allocate { body, .. } => self.stmt(body, env),
@@ -251,13 +370,20 @@ fn negate(c: &Expr) -> Expr {
 
 /// Proves every access of `func` in bounds, adding per-call checks where needed.
 pub fn prove(func: &mut PrimFunc) -> Result<()> {
+    let record: Record = Rc::default();
     let mut p = Prover {
         func,
         dims: func.dims.iter().cloned().collect(),
         checks: vec![],
+        seen: HashSet::new(),
         loop_extents: vec![],
+        record: record.clone(),
     };
-    p.stmt(&func.body, &Env::default())?;
+    let env = Env {
+        record: Some(record),
+        ..Env::default()
+    };
+    p.stmt(&func.body, &env)?;
     let checks = p.checks;
     func.checks.extend(checks);
     Ok(())

@@ -5,6 +5,11 @@
 //! every value `e` takes, for every value of the ranged variables within their intervals and
 //! under the recorded guards, lies in the result; `None` means "cannot bound".
 //!
+//! Endpoints are exact integers (mathematical, never wrapping): the bounds proof is sound for
+//! generated code, which computes in wrapping int64, only together with the proof that no
+//! int64 node of a program overflows. `Env::record` collects the interval of every node
+//! analysed, and the bounds pass turns each endpoint into that obligation (`bounds.rs`).
+//!
 //! Guards are facts `lo <= g <= hi` about a sub-expression `g`, learned from enclosing `if`s
 //! (split remainders); they apply where `g` occurs structurally, so indices must be analysed
 //! before simplification rewrites them.
@@ -12,7 +17,9 @@
 use super::simplify::{prove_nonneg, simplify};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, Var};
 use rivet_runtime::DType;
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 #[derive(Clone, Debug)]
 pub struct Interval {
@@ -36,6 +43,9 @@ pub struct Env {
     pub loops: HashMap<Var, (Expr, Expr)>,
     /// `(g, lower bound, upper bound)` facts.
     pub guards: Vec<(Expr, Option<Expr>, Option<Expr>)>,
+    /// When set, every node `interval` bounds is recorded here with its interval (shared by
+    /// the clones of an environment): the no-overflow obligations of the bounds proof.
+    pub record: Option<Rc<RefCell<Vec<(Expr, Interval)>>>>,
 }
 
 impl Env {
@@ -114,6 +124,17 @@ fn nonneg(e: &Expr) -> bool {
 
 pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
     let raw = raw_interval(e, env)?;
+    // The obligation is on the node's value before guards about the node itself: a guard
+    // compares the value the program computed, which is the exact one only if it did not wrap.
+    if let Some(r) = &env.record {
+        if can_overflow(e) {
+            let exact = Interval {
+                lo: simplify(&raw.lo),
+                hi: simplify(&raw.hi),
+            };
+            r.borrow_mut().push((e.clone(), exact));
+        }
+    }
     // Apply guards that speak about exactly this expression.
     let mut iv = raw;
     for (g, lo, hi) in &env.guards {
@@ -131,6 +152,16 @@ pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
         lo: simplify(&iv.lo),
         hi: simplify(&iv.hi),
     })
+}
+
+/// Nodes whose int64 result can overflow (`min`, `max`, `%`, variables and constants cannot).
+fn can_overflow(e: &Expr) -> bool {
+    use crate::ir::expr::UnOp;
+    matches!(
+        e.kind(),
+        ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::FloorDiv, _, _)
+            | ExprKind::Unary(UnOp::Neg | UnOp::Abs, _)
+    )
 }
 
 fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {

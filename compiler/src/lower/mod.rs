@@ -35,13 +35,22 @@ pub fn lower(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> 
 
 /// The passes after the loop nest is built (also re-run on functions loaded from a file, so
 /// a saved module is verified and proven in bounds again).
-pub fn finish(mut f: PrimFunc) -> Result<PrimFunc> {
+pub fn finish(f: PrimFunc) -> Result<PrimFunc> {
+    finish_with(f, false)
+}
+
+/// `finish`; in checked mode the function is left unflattened (one index per dim), so the
+/// backends can check every index against its extent.
+pub fn finish_with(mut f: PrimFunc, checked: bool) -> Result<PrimFunc> {
     after(&f, 1, "nest", false)?;
     f.checks.clear(); // recomputed by the proof, never trusted
     bounds::prove(&mut f)?;
     after(&f, 2, "bounds", false)?;
     f.body = simplify::simplify_stmt(&f.body);
     after(&f, 3, "simplify", false)?;
+    if checked {
+        return Ok(f);
+    }
     flatten::flatten(&mut f);
     f.body = simplify::simplify_stmt(&f.body);
     after(&f, 4, "flatten", true)?;

@@ -29,6 +29,9 @@ struct Ctx<'a> {
     inlined: HashSet<u32>,
 }
 
+/// Largest constant split factor kept as the inner loop's extent over a symbolic axis.
+const SMALL_SPLIT: i64 = 1024;
+
 fn cerr<T>(msg: String) -> Result<T> {
     Err(Error::Compile(msg))
 }
@@ -169,9 +172,20 @@ impl Ctx<'_> {
                     nparts,
                 } => {
                     let pe = ext[parent].clone();
+                    // ceil(pe / k) as `(pe - 1) // k + 1`: no intermediate can overflow
+                    // (`pe + k - 1` could), and it is 0 for pe = 0.
+                    let ceil = |k: &Expr| pe.sub(&Expr::int(1)).floordiv(k).add(&Expr::int(1));
+                    // The part of fixed size is clamped to the axis (a split by 2**62 of an
+                    // axis of 5 runs 5 iterations, not 2**62 guarded ones), except a small
+                    // constant over a symbolic axis: vectorize and unroll need its constant
+                    // extent, and at most SMALL_SPLIT guarded iterations are wasted per outer one.
+                    let clamp = |k: &Expr| match (k.as_int(), simplify(&pe).as_int()) {
+                        (Some(c), None) if c <= SMALL_SPLIT => k.clone(),
+                        _ => smin(k, &pe),
+                    };
                     let (oe, ie) = match (factor, nparts) {
-                        (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
-                        (None, Some(n)) => (n.clone(), pe.add(n).sub(&Expr::int(1)).floordiv(n)),
+                        (Some(f), _) => (ceil(f), clamp(f)),
+                        (None, Some(n)) => (clamp(n), ceil(n)),
                         _ => unreachable!("checked by split"),
                     };
                     ext.insert(outer.clone(), simplify(&oe));
@@ -491,6 +505,94 @@ impl Ctx<'_> {
 }
 
 /// Builds the loop-nest function of `sched` with parameters `args` (inputs and outputs).
+/// Refuses, before any pass walks them, programs whose lowered expressions would exceed the
+/// limits of `ir::limits`: inlining substitutes a stage's body at each read, so a chain of
+/// stages that each read the previous one twice doubles at every step. Sizes are counted as
+/// trees (upper bounds) but computed once per shared node and once per stage, saturating:
+/// linear time.
+fn check_sizes(all: &[Tensor], inlined: &HashSet<u32>) -> Result<()> {
+    use crate::ir::limits::{MAX_FUNC_NODES, MAX_IR_DEPTH};
+    let mut stage: HashMap<u32, Size> = HashMap::new();
+    for t in all {
+        let Some(body) = t.body() else { continue };
+        if body.depth() > MAX_IR_DEPTH {
+            return cerr(format!(
+                "stage '{}' has an expression nested {} deep; rivet accepts at most {MAX_IR_DEPTH} (limit MAX_IR_DEPTH)",
+                t.name(),
+                body.depth()
+            ));
+        }
+        let mut memo: HashMap<usize, Size> = HashMap::new();
+        let got = expanded(body, inlined, &stage, &mut memo);
+        if got.nodes > MAX_FUNC_NODES as u64 || got.depth > MAX_IR_DEPTH as u64 {
+            return cerr(format!(
+                "stage '{}' expands to up to {} expression nodes nested up to {} deep once the stages it inlines are substituted; rivet accepts at most {MAX_FUNC_NODES} nodes (MAX_FUNC_NODES) and depth {MAX_IR_DEPTH} (MAX_IR_DEPTH): compute some of those stages into buffers instead of inlining them",
+                t.name(),
+                got.nodes,
+                got.depth
+            ));
+        }
+        stage.insert(t.id(), got);
+    }
+    Ok(())
+}
+
+/// Upper bounds on an expression once inlined reads are substituted: tree nodes, variable
+/// leaves (what substitution replaces), depth.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    nodes: u64,
+    vars: u64,
+    depth: u64,
+}
+
+fn expanded(
+    e: &Expr,
+    inlined: &HashSet<u32>,
+    stage: &HashMap<u32, Size>,
+    memo: &mut HashMap<usize, Size>,
+) -> Size {
+    let key = std::sync::Arc::as_ptr(&e.0) as usize;
+    if let Some(v) = memo.get(&key) {
+        return *v;
+    }
+    let mut kids: Vec<Size> = Vec::new();
+    e.for_each_child(&mut |c| kids.push(expanded(c, inlined, stage, memo)));
+    let sum = |f: fn(&Size) -> u64| kids.iter().fold(0u64, |a, k| a.saturating_add(f(k)));
+    let max = |f: fn(&Size) -> u64| kids.iter().map(f).max().unwrap_or(0);
+    let r = match e.kind() {
+        ExprKind::Read { tensor, .. } if inlined.contains(&tensor.id()) => {
+            // The stage's body replaces the read, each of its variable leaves replaced by an
+            // index expression (at most the largest one).
+            let u = stage.get(&tensor.id()).copied().unwrap_or(Size {
+                nodes: 1,
+                vars: 1,
+                depth: 1,
+            });
+            let (ni, vi, di) = (max(|k| k.nodes), max(|k| k.vars), max(|k| k.depth));
+            Size {
+                nodes: u
+                    .nodes
+                    .saturating_add(u.vars.saturating_mul(ni.saturating_sub(1))),
+                vars: u.vars.saturating_mul(vi.max(1)),
+                depth: u.depth.saturating_add(di),
+            }
+        }
+        ExprKind::Var(_) => Size {
+            nodes: 1,
+            vars: 1,
+            depth: 1,
+        },
+        _ => Size {
+            nodes: sum(|k| k.nodes).saturating_add(1),
+            vars: sum(|k| k.vars),
+            depth: max(|k| k.depth).saturating_add(1),
+        },
+    };
+    memo.insert(key, r);
+    r
+}
+
 pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
     for (i, a) in args.iter().enumerate() {
         if args[..i].contains(a) {
@@ -531,6 +633,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         .filter(|s| s.attach == Attach::Inline)
         .map(|s| s.tensor.id())
         .collect();
+    check_sizes(&all, &inlined)?;
     for a in args {
         if inlined.contains(&a.id()) {
             return cerr(format!(

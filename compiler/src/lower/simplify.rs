@@ -68,7 +68,9 @@ impl Linear {
         match acc {
             None => Expr::int(self.constant),
             Some(a) if self.constant == 0 => a,
-            Some(a) if self.constant < 0 => a.sub(&Expr::int(-self.constant)),
+            Some(a) if self.constant < 0 && self.constant != i64::MIN => {
+                a.sub(&Expr::int(-self.constant))
+            }
             Some(a) => a.add(&Expr::int(self.constant)),
         }
     }
@@ -130,10 +132,13 @@ fn simplify_node(e: &Expr) -> Option<Expr> {
     if let ExprKind::Binary(op, a, b) = e.kind() {
         let (ca, cb) = (int_of(a), int_of(b));
         if let (Some(x), Some(y)) = (ca, cb) {
+            // Folded only when exact: an overflowing constant stays as written, so that the
+            // bounds proof sees it (and refuses it) instead of a wrapped value.
             let v = match op {
-                BinOp::Add => x.wrapping_add(y),
-                BinOp::Sub => x.wrapping_sub(y),
-                BinOp::Mul => x.wrapping_mul(y),
+                BinOp::Add => x.checked_add(y)?,
+                BinOp::Sub => x.checked_sub(y)?,
+                BinOp::Mul => x.checked_mul(y)?,
+                BinOp::FloorDiv if x == i64::MIN && y == -1 => return None,
                 BinOp::FloorDiv => floordiv_i64(x, y),
                 BinOp::FloorMod => floormod_i64(x, y),
                 BinOp::Min => x.min(y),

@@ -119,14 +119,18 @@ impl FnGen<'_, '_> {
             .find(|b| b.id == buf)
             .map(|b| b.dtype)
             .ok_or_else(|| internal(format!("unknown buffer id {}", buf.0)))?;
-        if indices.len() != 1 {
-            return Err(internal(format!(
-                "the Cranelift backend needs flattened accesses (one index), got {} indices",
-                indices.len()
-            )));
-        }
-        let idx = self.expr(&indices[0])?;
-        let idx = self.index_to_i64(idx, indices[0].dtype());
+        let idx = if self.cx.checked {
+            self.checked_offset(buf, indices)?
+        } else {
+            if indices.len() != 1 {
+                return Err(internal(format!(
+                    "the Cranelift backend needs flattened accesses (one index), got {} indices",
+                    indices.len()
+                )));
+            }
+            let idx = self.expr(&indices[0])?;
+            self.index_to_i64(idx, indices[0].dtype())
+        };
         let base = self.buf_ptr(buf)?;
         let size = dt.size() as i64;
         let off = if size == 1 {
@@ -135,6 +139,50 @@ impl FnGen<'_, '_> {
             self.b.ins().imul_imm_s(idx, size)
         };
         Ok((self.b.ins().iadd(base, off), dt))
+    }
+
+    /// Checked mode: the element offset of an unflattened access, `sum(index_k * stride_k)`,
+    /// after checking each `index_k` against its dim's extent (a failure reports the access
+    /// site through `rivet_oob` and leaves the function).
+    fn checked_offset(&mut self, buf: BufId, indices: &[Expr]) -> Result<Value> {
+        let b = self
+            .func
+            .buffers
+            .iter()
+            .find(|b| b.id == buf)
+            .ok_or_else(|| internal(format!("unknown buffer id {}", buf.0)))?;
+        if indices.len() != b.shape.len() || b.strides.len() != b.shape.len() {
+            return Err(internal(format!(
+                "checked access to `{}` with {} indices ({} dims, {} strides)",
+                b.name,
+                indices.len(),
+                b.shape.len(),
+                b.strides.len()
+            )));
+        }
+        let site = self.cx.sites.len() as i64;
+        self.cx.sites.push(b.name.clone());
+        let mut off = self.iconst(types::I64, 0);
+        for (k, (i, extent)) in indices.iter().zip(&b.shape).enumerate() {
+            let iv = self.expr(i)?;
+            let iv = self.index_to_i64(iv, i.dtype());
+            let ev = self.expr(extent)?;
+            let ev = self.index_to_i64(ev, extent.dtype());
+            // One unsigned compare: a negative index is a huge unsigned one.
+            let ok = self.b.ins().icmp(IntCC::UnsignedLessThan, iv, ev);
+            let bad = self.b.ins().bxor_imm_u(ok, 1);
+            let args = vec![
+                self.iconst(types::I64, site),
+                self.iconst(types::I64, k as i64),
+                iv,
+                ev,
+            ];
+            self.fail_if(bad, Some(("rivet_oob", args)))?;
+            let stride = self.var_value(b.strides[k].id, &b.strides[k].name)?;
+            let term = self.b.ins().imul(iv, stride);
+            off = self.b.ins().iadd(off, term);
+        }
+        Ok(off)
     }
 
     /// An index value widened (or narrowed) to i64.

@@ -1,10 +1,19 @@
 //! The CPU backend: JIT-compiles a flattened `PrimFunc` to native code with Cranelift.
 //!
 //! One compiled kernel is one `JITModule` holding an entry function
-//! `extern "C" fn(ptrs: *const *mut u8, ints: *const i64)` (the `CallFrame` ABI of
+//! `extern "C" fn(ptrs: *const *mut u8, ints: *const i64) -> i32` (the `CallFrame` ABI of
 //! `codegen/mod.rs`) and one outlined function per parallel loop
-//! `extern "C" fn(ctx: *const i64, lo: i64, hi: i64)`, run on rivet's rayon pool by
+//! `extern "C" fn(ctx: *const i64, lo: i64, hi: i64) -> i32`, run on rivet's rayon pool by
 //! `rivet_parallel_for` (see `parallel.rs`).
+//!
+//! Error channel: every generated function returns 0, or 1 after a helper recorded a
+//! `helpers::Fault` for its thread (a local buffer that cannot be allocated; in checked mode, an
+//! out-of-bounds access). The failing function frees the local buffers it holds and returns at
+//! once; callers propagate the status; `launch` turns the fault into a `rivet.Error`. Nothing
+//! unwinds through generated code and nothing aborts.
+//!
+//! Checked mode (`CraneliftBackend::checked`): functions are not flattened; every load and
+//! store checks each index against its dim's extent before computing the address.
 //!
 //! Semantics follow the interpreter (`codegen/math.rs`, `ir/expr.rs`) bit for bit:
 //! - ints are computed at their dtype's width with wrapping; uints use unsigned compares,
@@ -53,6 +62,8 @@ pub struct CraneliftBackend {
     isa: OwnedTargetIsa,
     /// Keep the disassembly of generated code (costs about 20% of compile time).
     disassemble: bool,
+    /// Checked mode: unflattened input, every access bounds-checked.
+    checked: bool,
 }
 
 impl std::fmt::Debug for CraneliftBackend {
@@ -89,7 +100,15 @@ impl CraneliftBackend {
         Ok(CraneliftBackend {
             isa,
             disassemble: std::env::var_os("RIVET_DUMP").is_some(),
+            checked: false,
         })
+    }
+
+    /// The backend in checked mode: it compiles unflattened functions and checks every index
+    /// of every load and store at run time.
+    pub fn checked(mut self, on: bool) -> Self {
+        self.checked = on;
+        self
     }
 
     /// Whether kernels keep their disassembly (`CraneliftKernel::disassembly`); on by default
@@ -102,7 +121,7 @@ impl CraneliftBackend {
     /// disassembly).
     pub fn compile_kernel(&self, func: &PrimFunc) -> Result<CraneliftKernel> {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
-        crate::ir::verify::verify(func, true)?;
+        crate::ir::verify::verify(func, !self.checked)?;
         let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
         for (name, addr) in crate::codegen::math::symbols() {
             jb.symbol(name, addr);
@@ -118,17 +137,22 @@ impl CraneliftBackend {
             disassemble: self.disassemble,
             bodies: Vec::new(),
             n_bodies: 0,
+            checked: self.checked,
+            sites: Vec::new(),
         };
         let (entry_id, entry_text) = cx.gen_entry()?;
         let Compiler {
-            mut module, bodies, ..
+            mut module,
+            bodies,
+            sites,
+            ..
         } = cx;
         module
             .finalize_definitions()
             .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
         let code = module.get_finalized_function(entry_id);
         // SAFETY: `code` is the finalised entry function, generated with exactly this signature
-        // (two pointer parameters, no results, the host's default C calling convention).
+        // (two pointer parameters, an i32 result, the host's default C calling convention).
         let entry = unsafe { std::mem::transmute::<*const u8, EntryFn>(code) };
         let mut source = entry_text.clif;
         let mut disasm = entry_text.disasm;
@@ -143,6 +167,8 @@ impl CraneliftBackend {
             entry,
             n_ptrs: func.params.len(),
             n_ints: int_slots(func).len(),
+            name: func.name.clone(),
+            sites,
             source,
             disasm,
         })
@@ -158,7 +184,7 @@ impl Backend for CraneliftBackend {
     }
 }
 
-type EntryFn = unsafe extern "C" fn(*const *mut u8, *const i64);
+type EntryFn = unsafe extern "C" fn(*const *mut u8, *const i64) -> i32;
 
 /// Owns the JIT memory of a kernel and frees it on drop.
 struct OwnedModule(Option<JITModule>);
@@ -187,6 +213,9 @@ pub struct CraneliftKernel {
     entry: EntryFn,
     n_ptrs: usize,
     n_ints: usize,
+    name: String,
+    /// Checked mode: the buffer name of each access site (`Fault::OutOfBounds::site`).
+    sites: Vec<String>,
     source: String,
     disasm: String,
     // Owns the code `entry` points to (only ever dropped).
@@ -225,8 +254,35 @@ impl Kernel for CraneliftKernel {
         // SAFETY: the entry function follows the CallFrame ABI; the frame has the expected
         // number of entries (checked above) and the caller guarantees (`launch`'s contract)
         // that the pointers address memory matching the buffers under these ints.
-        unsafe { (self.entry)(frame.ptrs.as_ptr(), frame.ints.as_ptr()) };
-        Ok(())
+        helpers::take_fault();
+        let status = unsafe { (self.entry)(frame.ptrs.as_ptr(), frame.ints.as_ptr()) };
+        if status == 0 {
+            return Ok(());
+        }
+        use rivet_runtime::Error as R;
+        let name = &self.name;
+        Err(match helpers::take_fault() {
+            Some(helpers::Fault::Alloc { bytes }) => Error::Runtime(R::Memory(format!(
+                "{name}: a temporary buffer of {bytes} bytes could not be allocated (over rivet.MAX_ALLOC_BYTES = {}, or refused by the system)",
+                crate::ir::limits::MAX_ALLOC_BYTES
+            ))),
+            Some(helpers::Fault::OutOfBounds {
+                site,
+                dim,
+                index,
+                extent,
+            }) => Error::Runtime(R::Index(format!(
+                "{name}: checked mode caught an out-of-bounds access: tensor '{}' dim {dim}: index {index} is outside [0, {extent})",
+                usize::try_from(site)
+                    .ok()
+                    .and_then(|s| self.sites.get(s))
+                    .map(String::as_str)
+                    .unwrap_or("?")
+            ))),
+            None => Error::Internal(format!(
+                "{name}: generated code failed without recording why (status {status})"
+            )),
+        })
     }
 
     fn source(&self) -> String {
@@ -250,6 +306,10 @@ struct Compiler<'f> {
     /// Texts of the outlined parallel bodies, in order of generation.
     bodies: Vec<FuncText>,
     n_bodies: usize,
+    /// Checked mode (see the module header).
+    checked: bool,
+    /// Checked mode: the buffer name of each access site, by site id.
+    sites: Vec<String>,
 }
 
 fn cl_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -270,6 +330,7 @@ impl<'f> Compiler<'f> {
         let mut sig = self.module.make_signature();
         sig.params.push(AbiParam::new(PTR));
         sig.params.push(AbiParam::new(PTR));
+        sig.returns.push(AbiParam::new(types::I32));
         let name = self.name();
         let id = self
             .module
@@ -300,7 +361,8 @@ impl<'f> Compiler<'f> {
                 g.bind_var(v.id, x);
             }
             g.stmt(&func.body)?;
-            g.b.ins().return_(&[]);
+            let ok = g.iconst(types::I32, 0);
+            g.b.ins().return_(&[ok]);
             g.b.seal_all_blocks();
             g.b.finalize(config);
         }
@@ -361,6 +423,9 @@ struct FnGen<'a, 'f> {
     frefs: HashMap<&'static str, FuncRef>,
     /// True in an outlined parallel body (nested parallel loops run serially there).
     in_body: bool,
+    /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
+    /// failure exit frees them.
+    live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -374,7 +439,33 @@ impl<'a, 'f> FnGen<'a, 'f> {
             bufs: HashMap::new(),
             frefs: HashMap::new(),
             in_body,
+            live_allocs: Vec::new(),
         }
+    }
+
+    /// When `bad` (an `i8` truth value) holds: calls `report` (a helper recording the fault,
+    /// if any), frees the live local buffers and returns status 1. Continues in a new block.
+    fn fail_if(
+        &mut self,
+        bad: cranelift_codegen::ir::Value,
+        report: Option<(&'static str, Vec<cranelift_codegen::ir::Value>)>,
+    ) -> Result<()> {
+        let fail = self.b.create_block();
+        let cont = self.b.create_block();
+        self.b.set_cold_block(fail);
+        self.b.ins().brif(bad, fail, &[], cont, &[]);
+        self.b.switch_to_block(fail);
+        if let Some((name, args)) = report {
+            let params = vec![types::I64; args.len()];
+            self.call(name, &params, &[], &args)?;
+        }
+        for (ptr, bytes) in self.live_allocs.clone().into_iter().rev() {
+            self.call("rivet_free", &[PTR, types::I64], &[], &[ptr, bytes])?;
+        }
+        let one = self.iconst(types::I32, 1);
+        self.b.ins().return_(&[one]);
+        self.b.switch_to_block(cont);
+        Ok(())
     }
 
     /// Binds IR variable `id` to `val` (in a fresh Cranelift variable); returns the previous

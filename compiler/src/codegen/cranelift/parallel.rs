@@ -22,8 +22,15 @@ enum Capture {
     Var(u32, Type),
 }
 
-/// Buffers and variables referenced by `s` (including the shapes of locals it allocates).
-fn references(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut BTreeSet<u32>) {
+/// Buffers and variables referenced by `s` (including the shapes of locals it allocates; in
+/// checked mode also the shapes and strides of every buffer accessed, which the checks read).
+fn references(
+    s: &Stmt,
+    func: &PrimFunc,
+    checked: bool,
+    bufs: &mut BTreeSet<BufId>,
+    vars: &mut BTreeSet<u32>,
+) {
     let on_expr = |e: &Expr, bufs: &mut BTreeSet<BufId>, vars: &mut BTreeSet<u32>| {
         e.visit(&mut |n| match n.kind() {
             ExprKind::Var(v) => {
@@ -58,6 +65,12 @@ fn references(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut 
         }
         Stmt::Seq(_) => {}
     });
+    if checked {
+        for b in func.buffers.iter().filter(|b| bufs.contains(&b.id)) {
+            b.shape.iter().for_each(|e| on_expr(e, &mut BTreeSet::new(), vars));
+            vars.extend(b.strides.iter().map(|v| v.id));
+        }
+    }
 }
 
 impl FnGen<'_, '_> {
@@ -71,7 +84,7 @@ impl FnGen<'_, '_> {
     ) -> Result<()> {
         let mut bufs = BTreeSet::new();
         let mut vars = BTreeSet::new();
-        references(body, self.func, &mut bufs, &mut vars);
+        references(body, self.func, self.cx.checked, &mut bufs, &mut vars);
         let mut caps = Vec::new();
         for b in bufs {
             if self.bufs.contains_key(&b) {
@@ -105,13 +118,13 @@ impl FnGen<'_, '_> {
         let body_id = self.cx.gen_body(var, body, &caps)?;
         let fref = self.cx.module.declare_func_in_func(body_id, self.b.func);
         let faddr = self.b.ins().func_addr(PTR, fref);
-        self.call(
+        let status = self.call1(
             "rivet_parallel_for",
             &[PTR, PTR, types::I64, types::I64],
-            &[],
+            types::I32,
             &[faddr, ctx, lo, ext],
         )?;
-        Ok(())
+        self.fail_if(status, None)
     }
 }
 
@@ -122,6 +135,7 @@ impl Compiler<'_> {
         sig.params.push(AbiParam::new(PTR));
         sig.params.push(AbiParam::new(types::I64));
         sig.params.push(AbiParam::new(types::I64));
+        sig.returns.push(AbiParam::new(types::I32));
         let name = format!("{}.parallel{}", self.name(), self.n_bodies);
         self.n_bodies += 1;
         let id = self
@@ -157,7 +171,8 @@ impl Compiler<'_> {
                 }
             }
             g.counted_loop(var, lo, hi, body)?;
-            g.b.ins().return_(&[]);
+            let ok = g.iconst(types::I32, 0);
+            g.b.ins().return_(&[ok]);
             g.b.seal_all_blocks();
             g.b.finalize(config);
         }
@@ -168,11 +183,13 @@ impl Compiler<'_> {
 }
 
 /// The signature of an outlined parallel body.
-pub(super) type BodyFn = unsafe extern "C" fn(*const i64, i64, i64);
+pub(super) type BodyFn = unsafe extern "C" fn(*const i64, i64, i64) -> i32;
 
 /// Runs `body(ctx, lo, hi)` over `[min, min + extent)` split into contiguous chunks on rivet's
 /// pool, with the host lock released; serially when the range is tiny or the pool has one
-/// thread.
+/// thread. Returns 0, or 1 when a chunk failed: the first fault recorded by a failing chunk
+/// (on whichever thread ran it) is moved to this thread's fault slot, and chunks not yet
+/// started are skipped.
 ///
 /// # Safety
 /// `body` must be an outlined body generated for `ctx`, safe to run concurrently on disjoint
@@ -183,29 +200,51 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
     ctx: *const i64,
     min: i64,
     extent: i64,
-) {
+) -> i32 {
+    use super::helpers::{set_fault, take_fault};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
     if extent <= 0 {
-        return;
+        return 0;
     }
     let pool = rivet_runtime::parallel::pool();
     let threads = pool.current_num_threads().max(1) as i64;
     if extent < 2 || threads == 1 || rivet_runtime::parallel::serial_requested() {
-        // SAFETY: the caller's contract.
-        unsafe { body(ctx, min, min + extent) };
-        return;
+        // SAFETY: the caller's contract. `min + extent` is in range: the bounds proof
+        // obliges every loop's end to fit in int64.
+        return unsafe { body(ctx, min, min + extent) };
     }
     let chunks = extent.min(threads * 4);
     let ctx_addr = ctx as usize;
+    let failed = AtomicBool::new(false);
+    let fault = Mutex::new(None);
     rivet_runtime::host::without_host_lock(|| {
         pool.install(|| {
             use rayon::prelude::*;
             (0..chunks).into_par_iter().for_each(|c| {
+                if failed.load(Ordering::Relaxed) {
+                    return;
+                }
                 let lo = min + ((extent as i128 * c as i128) / chunks as i128) as i64;
                 let hi = min + ((extent as i128 * (c + 1) as i128) / chunks as i128) as i64;
                 // SAFETY: the caller's contract: iterations write disjoint elements and `ctx`
                 // outlives this call (it is only read).
-                unsafe { body(ctx_addr as *const i64, lo, hi) };
+                if unsafe { body(ctx_addr as *const i64, lo, hi) } != 0 {
+                    failed.store(true, Ordering::Relaxed);
+                    let f = take_fault();
+                    let mut slot = fault.lock().unwrap_or_else(|e| e.into_inner());
+                    if slot.is_none() {
+                        *slot = f;
+                    }
+                }
             })
         })
     });
+    if !failed.load(Ordering::Relaxed) {
+        return 0;
+    }
+    if let Some(f) = fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        set_fault(f);
+    }
+    1
 }

@@ -119,7 +119,8 @@ impl FnGen<'_, '_> {
     }
 
     /// A local buffer: compact strides from its shape, zeroed memory from `rivet_alloc`, freed
-    /// after the body.
+    /// after the body (or on a failure exit). Its byte size was checked against
+    /// `MAX_ALLOC_BYTES` before the launch (`build::call`), so the products below cannot wrap.
     fn allocate(&mut self, id: BufId, body: &Stmt) -> Result<()> {
         let func = self.func;
         let buf =
@@ -156,12 +157,17 @@ impl FnGen<'_, '_> {
         }
         let bytes = self.b.ins().imul_imm_s(count, buf.dtype.size() as i64);
         let ptr = self.call1("rivet_alloc", &[types::I64], PTR, &[bytes])?;
+        // A null address: the helper recorded why (too large, or refused).
+        let null = self.b.ins().icmp_imm_u(IntCC::Equal, ptr, 0);
+        self.fail_if(null, None)?;
+        self.live_allocs.push((ptr, bytes));
         let mut olds = Vec::new();
         for (v, s) in buf.strides.iter().zip(&strides) {
             olds.push((v.id, self.bind_var(v.id, *s)));
         }
         let old_buf = self.bind_buf(id, ptr);
         self.stmt(body)?;
+        self.live_allocs.pop();
         self.call("rivet_free", &[PTR, types::I64], &[], &[ptr, bytes])?;
         self.restore_buf(id, old_buf);
         for (v, old) in olds.into_iter().rev() {

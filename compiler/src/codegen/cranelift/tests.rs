@@ -1471,7 +1471,7 @@ fn matches_the_interpreter_on_random_programs() {
             .collect();
         let mut results = vec![];
         let kernels: Vec<Box<dyn Kernel>> = vec![
-            InterpBackend
+            InterpBackend::default()
                 .compile(&f)
                 .unwrap_or_else(|e| panic!("interp rejects {f:?}: {e}")),
             Box::new(compile(&f)),
