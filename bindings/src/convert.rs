@@ -5,12 +5,19 @@
 //! `__dlpack__(max_version=(1, 0))`, then `__dlpack__()` for producers that reject the
 //! keyword. What we learn about a type (its exchange API, whether it is a JAX array, which
 //! must be read-only) is cached per type, per thread, so the hot path is a pointer compare.
+//!
+//! Invariants: the type cache holds at most `TYPE_CACHE_CAP` entries per thread (programs
+//! that make classes dynamically must not grow it, nor keep their classes alive, without
+//! bound); an exception that is not an `Exception` (KeyboardInterrupt, SystemExit) raised by
+//! a producer propagates unchanged; a torch tensor that requires grad is refused, as torch's
+//! own `__dlpack__` refuses it (the exchange fast path skips that check, so we make it).
 
 use crate::capsule;
 use crate::errors::from_pyerr;
 use crate::function::PyFunction;
 use crate::tensor::PyTensor;
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor};
+use pyo3::exceptions::PyException;
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -27,6 +34,9 @@ struct TypeInfo {
     api: Option<&'static DLPackExchangeAPI>,
     read_only: bool,
     has_dlpack: bool,
+    /// An exchange-API type with a `requires_grad` attribute (torch.Tensor and subclasses):
+    /// checked on every import through the fast path.
+    grad: bool,
 }
 
 /// `("max_version",)` and `(1, 0)`, built once for the vectorcall below.
@@ -56,9 +66,42 @@ fn dlpack_call_versioned<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Py
     Ok(unsafe { Bound::from_owned_ptr(py, r) })
 }
 
-thread_local! {
+/// Entries per thread in the type cache: far more tensor types than any program mixes, few
+/// enough that a linear scan (the hot path's pointer compare) stays a few nanoseconds.
+pub const TYPE_CACHE_CAP: usize = 64;
+
+/// A bounded per-thread cache of type probes. When full, new types replace old ones in turn
+/// (FIFO), so a program creating classes without end re-probes them but never grows the
+/// cache, and evicted classes can be collected.
+struct TypeCache {
     /// Each entry holds its type alive, so the pointer key cannot be reused by another type.
-    static TYPES: RefCell<Vec<(TypeInfo, Py<PyType>)>> = const { RefCell::new(Vec::new()) };
+    entries: Vec<(TypeInfo, Py<PyType>)>,
+    /// The slot the next insertion replaces once the cache is full.
+    next: usize,
+}
+
+impl TypeCache {
+    fn get(&self, ptr: usize) -> Option<TypeInfo> {
+        self.entries.iter().find(|t| t.0.ptr == ptr).map(|t| t.0)
+    }
+
+    /// Inserts a probed type; returns the evicted one, which the caller must drop only
+    /// after releasing the cache (dropping a class can run Python code that imports again).
+    fn insert(&mut self, info: TypeInfo, ty: Py<PyType>) -> Option<Py<PyType>> {
+        if self.entries.len() < TYPE_CACHE_CAP {
+            self.entries.push((info, ty));
+            return None;
+        }
+        let old = std::mem::replace(&mut self.entries[self.next], (info, ty));
+        self.next = (self.next + 1) % TYPE_CACHE_CAP;
+        Some(old.1)
+    }
+}
+
+thread_local! {
+    static TYPES: RefCell<TypeCache> = const {
+        RefCell::new(TypeCache { entries: Vec::new(), next: 0 })
+    };
 }
 
 fn type_info(obj: &Bound<'_, PyAny>) -> TypeInfo {
@@ -68,7 +111,7 @@ fn type_info(obj: &Bound<'_, PyAny>) -> TypeInfo {
 /// Looks a type up in the per-thread cache, probing it on a miss.
 fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
     let ptr = ty.as_ptr() as usize;
-    if let Some(hit) = TYPES.with(|c| c.borrow().iter().find(|t| t.0.ptr == ptr).map(|t| t.0)) {
+    if let Some(hit) = TYPES.with(|c| c.borrow().get(ptr)) {
         return hit;
     }
     let api = ty
@@ -96,6 +139,10 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
     let module: String = ty.module().map(|m| m.to_string()).unwrap_or_default();
     // JAX arrays are immutable but export legacy capsules without a read-only flag.
     let read_only = module == "jax" || module.starts_with("jax.") || module.starts_with("jaxlib");
+    let grad = api.is_some()
+        && ty
+            .hasattr(pyo3::intern!(ty.py(), "requires_grad"))
+            .unwrap_or(false);
     let has_dlpack = ty
         .hasattr(pyo3::intern!(ty.py(), "__dlpack__"))
         .unwrap_or(false);
@@ -104,9 +151,28 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
         api,
         read_only,
         has_dlpack,
+        grad,
     };
-    TYPES.with(|c| c.borrow_mut().push((info, ty.clone().unbind())));
+    let evicted = TYPES.with(|c| c.borrow_mut().insert(info, ty.clone().unbind()));
+    drop(evicted); // outside the borrow, under the GIL
     info
+}
+
+/// Refuses a torch tensor with `requires_grad=True`, as torch's `__dlpack__` does: rivet
+/// functions are not differentiable, and writing such a tensor would corrupt autograd.
+/// Only the exchange fast path needs this; torch's own export checks the generic path.
+fn check_no_grad(obj: &Bound<'_, PyAny>) -> Result<()> {
+    let py = obj.py();
+    let grad = obj
+        .getattr(pyo3::intern!(py, "requires_grad"))
+        .map_err(|e| producer_error(obj, Some(e)))?;
+    if grad.is_truthy().map_err(|e| producer_error(obj, Some(e)))? {
+        return Err(Error::DLPack(format!(
+            "{} requires grad (requires_grad=True); rivet functions are not differentiable and torch does not export such tensors through DLPack: pass tensor.detach() instead",
+            type_name(obj)
+        )));
+    }
+    Ok(())
 }
 
 /// Imports any tensor-like object (rivet tensor, exchange-API type, capsule, `__dlpack__`).
@@ -120,6 +186,9 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
     }
     let info = type_info(obj);
     if let Some(api) = info.api {
+        if info.grad {
+            check_no_grad(obj)?;
+        }
         if let Some(borrow) = api.dltensor_from_py_object_no_sync {
             // Borrowed DLTensor: no allocation on the producer's side. Its data stays valid
             // while the Python object lives, so the view's owner is a reference to it.
@@ -178,16 +247,24 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
 }
 
 /// A producer that failed to export: a DLPack error quoting the first line of its message
-/// (torch appends a C++ stack dump to the rest).
+/// (torch appends a C++ stack dump to the rest). An exception that is not an `Exception`
+/// (KeyboardInterrupt, SystemExit, GeneratorExit) is not a failure to export but a request
+/// to stop: it travels back unchanged.
 fn producer_error(obj: &Bound<'_, PyAny>, err: Option<PyErr>) -> Error {
+    let py = obj.py();
+    if let Some(e) = &err {
+        if !e.is_instance_of::<PyException>(py) {
+            return from_pyerr(py, err.expect("checked"));
+        }
+    }
     let why = err
         .map(|e| {
             let ty = e
-                .get_type(obj.py())
+                .get_type(py)
                 .name()
                 .map(|n| n.to_string())
                 .unwrap_or_default();
-            format!("{ty}: {}", e.value(obj.py()))
+            format!("{ty}: {}", e.value(py))
         })
         .unwrap_or_else(|| "it reported failure without a message".into());
     let first = why.lines().next().unwrap_or_default();

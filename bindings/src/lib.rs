@@ -54,6 +54,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
             rivet_runtime::dlpack::VERSION.minor,
         ),
     )?;
+    m.add("MAX_ALLOC_BYTES", rivet_runtime::MAX_ALLOC_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

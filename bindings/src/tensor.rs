@@ -66,13 +66,13 @@ impl PyTensor {
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let t = &self.tensor;
         let typestr = array_typestr(t).py_err(py)?;
-        let size = t.dtype().size() as i64;
-        let strides: Vec<i64> = t.strides().iter().map(|s| s * size).collect();
+        // Exact: every view is validated so that each stride in bytes fits in i64.
+        let strides = t.byte_strides();
         let d = PyDict::new(py);
         d.set_item("version", 3)?;
         d.set_item("shape", PyTuple::new(py, t.shape())?)?;
         d.set_item("typestr", typestr)?;
-        d.set_item("strides", PyTuple::new(py, strides)?)?;
+        d.set_item("strides", PyTuple::new(py, strides.as_slice())?)?;
         d.set_item("data", (t.data_ptr() as usize, t.is_read_only()))?;
         Ok(d)
     }
@@ -187,6 +187,8 @@ pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTens
 }
 
 /// `rivet.zeros(shape, dtype="float32")`: a new zero-filled CPU tensor in rivet's own memory.
+/// A size over `rivet.MAX_ALLOC_BYTES`, an overflowing one or a refused allocation raises
+/// `rivet.MemoryError`.
 #[pyfunction]
 #[pyo3(signature = (shape, dtype="float32", device="cpu"))]
 pub fn zeros(py: Python<'_>, shape: Vec<i64>, dtype: &str, device: &str) -> PyResult<Py<PyTensor>> {

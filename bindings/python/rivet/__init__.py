@@ -5,6 +5,7 @@ Tensors cross in both directions through DLPack without copies; see README.md fo
 
 from ._native import (
     DLPACK_VERSION,
+    MAX_ALLOC_BYTES,
     Function,
     Module,
     Schedule,
@@ -55,6 +56,7 @@ def register_func(name, f=None, override=False):
 
 __all__ = [
     "DLPACK_VERSION",
+    "MAX_ALLOC_BYTES",
     "Function",
     "Module",
     "Schedule",
