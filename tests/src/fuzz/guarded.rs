@@ -23,6 +23,7 @@ pub struct LayoutS {
 }
 
 impl LayoutS {
+    #[allow(dead_code)] // used by the regression tests
     pub fn compact(rank: usize) -> LayoutS {
         LayoutS {
             perm: (0..rank).collect(),

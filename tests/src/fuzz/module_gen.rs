@@ -87,7 +87,7 @@ fn bases() -> &'static Vec<J> {
     BASES.get_or_init(|| {
         let mut mods = fixed_modules();
         let mut seed = 0x5eed_u64;
-        while mods.len() < 16 && seed < 0x5eed + 400 {
+        while mods.len() < 10 && seed < 0x5eed + 24 {
             if let Some(m) = super::te_gen::built_module(seed) {
                 mods.push(m);
             }
