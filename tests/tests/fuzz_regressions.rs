@@ -87,13 +87,41 @@ fn parallel_outer_of_an_nparts_split_builds_or_is_refused() {
     replay("te", 0xed3fe42f1e445465);
 }
 
-/// A module file whose Store targets a buffer id that does not exist (a Var id put in the
-/// `buf` field, CRC fixed): the loader panics ("buffer ids are verified") instead of
-/// refusing the file.
+/// Finds the first object with key `key` in a JSON tree.
+fn find_mut<'a>(v: &'a mut serde_json::Value, key: &str) -> Option<&'a mut serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.contains_key(key) {
+                return m.get_mut(key);
+            }
+            m.values_mut().find_map(|c| find_mut(c, key))
+        }
+        serde_json::Value::Array(a) => a.iter_mut().find_map(|c| find_mut(c, key)),
+        _ => None,
+    }
+}
+
+/// A module file whose Store targets a buffer id that does not exist (CRC fixed): the
+/// loader panicked ("buffer ids are verified", thread 'rivet-load') instead of refusing it.
 #[test]
-#[ignore = "issue 6: loader panics on an unknown buffer id (loader verifier)"]
 fn module_with_an_unknown_store_buffer_is_refused() {
-    replay("module", 0x9d1610ea90fd176a);
+    checked_mode();
+    let a = te::placeholder(&[te::var("n")], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let c = te::compute(&[te::var("n")], |i| a2.idx(i) * 2.0, "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let m = build(&s, &[a, c], "cpu", "f").unwrap();
+    let bytes = m.to_bytes().unwrap();
+    let mut p: serde_json::Value = serde_json::from_slice(&bytes[24..]).unwrap();
+    let store = find_mut(&mut p, "Store").expect("a store");
+    store["buf"] = serde_json::json!(370);
+    let file = fuzz::module_gen::frame(&serde_json::to_vec(&p).unwrap());
+    let r = std::panic::catch_unwind(|| rivet_compiler::Module::from_bytes(&file, "bad.rivet"));
+    match r {
+        Err(_) => panic!("the loader panicked on an unknown buffer id"),
+        Ok(Ok(_)) => panic!("a store to an unknown buffer loaded"),
+        Ok(Err(e)) => assert!(!matches!(e, rivet_compiler::Error::Internal(_)), "{e}"),
+    }
 }
 
 /// The fixed cases that pass: kept so that they keep passing.
