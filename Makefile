@@ -2,6 +2,8 @@
 #   make demo    venv + build + the CPU demos (runtime; a GEMM built in Rust, used from Python)
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
 #   make bench   venv + build + benches/call_overhead.py
+#   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
+#                Hypothesis suite with its large profile (README "Fuzzing")
 # Venvs are created once; stamp files inside them record the installed package list, so a
 # second run does not reinstall (edit the lists below and the venv is updated on the next run).
 
@@ -13,19 +15,26 @@ VPY       := $(VENV)/bin/python
 MXPY      := $(MXVENV)/bin/python
 WHEEL_DIR := target/wheels-out
 
-VENV_DEPS   := torch==2.15.0 "jax[cpu]" numpy pytest maturin matplotlib
+VENV_DEPS   := torch==2.15.0 "jax[cpu]" numpy pytest maturin matplotlib hypothesis
 VENV_OPT    := apache-tvm-ffi
 MXVENV_DEPS := mxnet==1.9.1 "numpy<1.24" pytest
 
 VENV_STAMP   := $(VENV)/.deps-stamp
 MXVENV_STAMP := $(MXVENV)/.deps-stamp
 
+# Fuzzing: `make fuzz FUZZ_SECONDS=3600` soaks; `make test` runs FUZZ_SHORT seconds of it.
+# The Rust fuzzer gets 90% of the soak, Hypothesis (large profile) what it takes.
+FUZZ_SECONDS ?= 3600
+FUZZ_SHORT   ?= 40
+FUZZ_SEED    ?=
+FUZZ_ARGS     = $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
+
 # Directory of libpython, for the cargo test binaries that embed Python (cargo drops
 # build-script link paths outside target/ from the loader path). Expanded when a recipe runs.
 PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
 
 .DEFAULT_GOAL := build
-.PHONY: venv mxvenv build demo test bench clean FORCE
+.PHONY: venv mxvenv build demo test bench fuzz clean FORCE
 FORCE:
 
 # A stamp whose content differs from the current package list is out of date.
@@ -72,7 +81,13 @@ test: venv mxvenv build
 	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 	  cargo test --workspace --release
 	$(VPY) -m pytest -q tests/python
+	cargo run --release -q -p rivet-tests --bin fuzz -- --seconds $(FUZZ_SHORT) $(FUZZ_ARGS)
 	MXNET_ENGINE_TYPE=NaiveEngine $(MXPY) -m pytest -q tests/mxnet
+
+fuzz: venv build
+	cargo run --release -q -p rivet-tests --bin fuzz -- \
+	  --seconds $$(( $(FUZZ_SECONDS) * 9 / 10 )) $(FUZZ_ARGS)
+	RIVET_HYPOTHESIS_PROFILE=large RIVET_CHECKED=1 $(VPY) -m pytest -q tests/python/test_fuzz_hypothesis.py
 
 bench: venv build
 	$(VPY) benches/call_overhead.py
