@@ -124,6 +124,23 @@ fn module_with_an_unknown_store_buffer_is_refused() {
     }
 }
 
+/// A module whose innermost Store is redirected to buffer id 1 (CRC fixed): the loader
+/// panics on thread 'rivet-load' ("buffer ids are verified", ir/stmt.rs) before verifying.
+#[test]
+#[ignore = "issue 6: loader panics on a Store to a buffer id the function does not declare"]
+fn module_case_store_to_undeclared_buffer() {
+    replay("module", 0x35e47fc09d6ad828);
+}
+
+/// A producer vectorised and parallel on `j`, computed at the consumer's `i`, consumer split
+/// (nparts=1, then 8) and reading `P[i % 2^31, j]` under a guard: the build or call does not
+/// finish within 20 s (static 4 x n1 shapes, n1 = 4).
+#[test]
+#[ignore = "issue 6: hang (more than 20 s) building/running a small compute_at program"]
+fn te_case_hang() {
+    replay("te", 0x87b73f250af42915);
+}
+
 /// The fixed cases that pass: kept so that they keep passing.
 #[test]
 fn fuzz_cases_that_must_keep_passing() {
