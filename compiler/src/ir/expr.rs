@@ -514,6 +514,60 @@ impl Expr {
         }
     }
 
+    /// Visits every distinct node once (shared nodes are skipped after their first visit),
+    /// pre-order, without recursion: linear in the size of the DAG, where `visit` is linear in
+    /// the size of the tree (exponential for `e = e + e` chains). For questions about which
+    /// nodes occur, not how often.
+    pub fn visit_unique(&self, f: &mut dyn FnMut(&Expr)) {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![self.clone()];
+        while let Some(e) = stack.pop() {
+            if !seen.insert(Arc::as_ptr(&e.0) as usize) {
+                continue;
+            }
+            f(&e);
+            let mut kids = Vec::new();
+            e.for_each_child(&mut |c| kids.push(c.clone()));
+            stack.extend(kids.into_iter().rev());
+        }
+    }
+
+    /// Number of nodes counted as a tree, stopping at `limit` (so bounded for any DAG).
+    pub fn tree_size_upto(&self, limit: usize) -> usize {
+        let mut n = 0;
+        let mut stack: Vec<&Expr> = vec![self];
+        while let Some(e) = stack.pop() {
+            n += 1;
+            if n >= limit {
+                return limit;
+            }
+            match e.kind() {
+                ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
+                ExprKind::Unary(_, a) | ExprKind::Cast(a) => stack.push(a),
+                ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+                    stack.push(a);
+                    stack.push(b)
+                }
+                ExprKind::Select(c, a, b) => {
+                    stack.push(c);
+                    stack.push(a);
+                    stack.push(b)
+                }
+                ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+                    stack.extend(indices.iter())
+                }
+                ExprKind::Reduce { body, axes, .. } => {
+                    stack.push(body);
+                    for a in axes {
+                        stack.push(&a.min);
+                        stack.push(&a.extent);
+                    }
+                }
+            }
+        }
+        n
+    }
+
     /// Visits every node, pre-order.
     pub fn visit(&self, f: &mut dyn FnMut(&Expr)) {
         f(self);
@@ -555,8 +609,31 @@ impl Expr {
     }
 }
 
+/// Largest expression printed in full (error messages quote expressions: a hostile DAG of
+/// 2**60 tree nodes must not print forever).
+const MAX_PRINTED_NODES: usize = 4096;
+
+thread_local! {
+    static PRINTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::ir::printer::fmt_expr(self, f)
+        // Only the outermost expression being printed is measured.
+        if PRINTING.with(|p| p.replace(true)) {
+            return crate::ir::printer::fmt_expr(self, f);
+        }
+        let r = if self.tree_size_upto(MAX_PRINTED_NODES) >= MAX_PRINTED_NODES {
+            write!(
+                f,
+                "<{} expression of more than {MAX_PRINTED_NODES} nodes, depth {}>",
+                self.dtype(),
+                self.depth()
+            )
+        } else {
+            crate::ir::printer::fmt_expr(self, f)
+        };
+        PRINTING.with(|p| p.set(false));
+        r
     }
 }

@@ -135,8 +135,19 @@ pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
             r.borrow_mut().push((e.clone(), exact));
         }
     }
-    // Apply guards that speak about exactly this expression.
+    // Apply guards that speak about exactly this expression. Not to constants (exact
+    // already), and not while bounding a guard's own bound: a guard `1 < n - 1` would
+    // otherwise bound `n - 1`, whose `1` meets the same guard again, forever. Skipping a guard
+    // only widens an interval, which stays sound.
     let mut iv = raw;
+    if matches!(e.kind(), ExprKind::Const(_)) || IN_GUARD.with(|g| g.get()) {
+        return Some(Interval {
+            lo: simplify(&iv.lo),
+            hi: simplify(&iv.hi),
+        });
+    }
+    IN_GUARD.with(|g| g.set(true));
+    let _reset = ResetGuard;
     for (g, lo, hi) in &env.guards {
         if g == e {
             // A guard's bound may itself use loop variables: bound it first.
@@ -152,6 +163,20 @@ pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
         lo: simplify(&iv.lo),
         hi: simplify(&iv.hi),
     })
+}
+
+thread_local! {
+    /// True while the bounds of a guard are being computed (see `interval`).
+    static IN_GUARD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears `IN_GUARD` when dropped (also on an early return).
+struct ResetGuard;
+
+impl Drop for ResetGuard {
+    fn drop(&mut self) {
+        IN_GUARD.with(|g| g.set(false));
+    }
 }
 
 /// Nodes whose int64 result can overflow (`min`, `max`, `%`, variables and constants cannot).

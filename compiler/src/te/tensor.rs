@@ -158,7 +158,7 @@ impl Tensor {
                 )));
             }
             let mut data_dependent = false;
-            i.visit(&mut |e| data_dependent |= matches!(e.kind(), ExprKind::Read { .. }));
+            i.visit_unique(&mut |e| data_dependent |= matches!(e.kind(), ExprKind::Read { .. }));
             if data_dependent {
                 return Err(Error::Compile(format!(
                     "index {d} of '{}' ({i}) reads a tensor: data-dependent indices are not supported yet",
@@ -222,7 +222,7 @@ pub fn compute(
 pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) -> Result<Tensor> {
     check_shape(shape, &format!("compute '{name}'"))?;
     let mut problem = None;
-    body.visit(&mut |e| {
+    body.visit_unique(&mut |e| {
         if let ExprKind::Invalid(m) = e.kind() {
             problem.get_or_insert_with(|| m.clone());
         }
@@ -234,7 +234,7 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
     let top = top_reduce(&body).map(|(_, inner, _)| inner.clone());
     let mut nested = false;
     let check_from = top.as_ref().unwrap_or(&body);
-    check_from.visit(&mut |e| nested |= matches!(e.kind(), ExprKind::Reduce { .. }));
+    check_from.visit_unique(&mut |e| nested |= matches!(e.kind(), ExprKind::Reduce { .. }));
     if nested {
         return Err(Error::Compile(format!(
             "compute '{name}': a reduction (sum/max/min/prod) must be the whole body of a stage; compute it in its own stage and cast or combine it in the next"
@@ -268,7 +268,7 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
 pub fn inputs(t: &Tensor) -> Vec<Tensor> {
     let mut out: Vec<Tensor> = Vec::new();
     if let Some(body) = t.body() {
-        body.visit(&mut |e| {
+        body.visit_unique(&mut |e| {
             if let ExprKind::Read { tensor, .. } = e.kind() {
                 if !out.contains(tensor) {
                     out.push(tensor.clone());
