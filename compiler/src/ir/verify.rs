@@ -21,20 +21,51 @@
 //! - shape of accesses: with `flattened`, every `Load`/`Store` has exactly one index (an
 //!   element offset); otherwise one index per buffer dimension.
 //! - `Unrolled` loops have a constant integer extent (a vectorized loop may have any extent:
-//!   backends strip-mine it with a scalar remainder).
+//!   backends strip-mine it with a scalar remainder); a constant extent is `>= 0`, and a
+//!   constant `min + extent` fits in int64 (the loop counter cannot wrap).
+//! - stores: only to output parameters (`Param { output: true }`) and locals, never to an
+//!   input parameter (inputs may be read-only memory: `bytes`, a read-only array, a JAX
+//!   array).
+//! - loaded functions (`verify_loaded`): `Vectorized` loops are innermost (no loop inside),
+//!   and `Parallel` and `Vectorized` loops carry no dependence between iterations
+//!   (`verify_parallel`); loops of constant extent <= 1 are exempt.
+//! - resources (`ir::limits`): every expression is at most `MAX_IR_DEPTH` deep, statements
+//!   nest at most `MAX_STMT_DEPTH` deep, and the function has at most `MAX_FUNC_NODES`
+//!   expression and statement nodes counted as a tree. These are checked before any walk
+//!   that depends on them, and counting stops at the limit, so verifying costs at most
+//!   O(MAX_FUNC_NODES) whatever the input (a DAG sharing subtrees is never walked
+//!   exponentially).
 //! - `func.checks` conditions are bool and use only dims and parameter stride variables.
+//!
+//! Functions loaded from a file go through the same rules; the loader reports a violation as
+//! the file's fault (`CompileError`), not as an internal error.
 
 use super::expr::{BinOp, BufId, Const, Expr, ExprKind, UnOp};
+use super::limits::{MAX_FUNC_NODES, MAX_IR_DEPTH, MAX_STMT_DEPTH};
 use super::printer::stmt_to_string;
 use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Stmt};
 use crate::error::{Error, Result};
 use rivet_runtime::DType;
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 
 /// Checks the invariants listed in the module documentation; `flattened` says whether the
 /// function has been through `flatten` (one index per access) or not (one per dimension).
 pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
     let mut v = Verifier::new(func, flattened);
+    v.header()?;
+    v.stmt(&func.body)
+}
+
+/// `verify` of a multi-dimensional function read from a file, plus the rules the builder
+/// establishes by construction and a file could break: vectorized loops innermost, and
+/// parallel / vectorized loops free of races (`verify_parallel`). The builder places these
+/// annotations only where `schedule` allows them (never on a reduction axis) and may produce
+/// forms the sufficient race rule cannot prove (split guards, reversed fusions), so its own
+/// output is not held to this rule; a loaded function the rule cannot prove is refused.
+pub fn verify_loaded(func: &PrimFunc) -> Result<()> {
+    let mut v = Verifier::new(func, false);
+    v.loaded = true;
     v.header()?;
     v.stmt(&func.body)
 }
@@ -202,6 +233,14 @@ struct Verifier<'a> {
     live: HashSet<BufId>,
     /// The statement whose expressions are being checked (for messages).
     cur: Option<&'a Stmt>,
+    /// Nodes still allowed (`MAX_FUNC_NODES`, counted as a tree); counting stops at 0.
+    nodes_left: Cell<usize>,
+    /// Expression nodes the race rule may still walk (each parallel loop walks its body).
+    race_budget: usize,
+    /// Statement nesting at the current point.
+    stmt_depth: u32,
+    /// Read from a file: the loop-kind rules of `verify_loaded` apply.
+    loaded: bool,
 }
 
 impl<'a> Verifier<'a> {
@@ -213,6 +252,10 @@ impl<'a> Verifier<'a> {
             bound: HashSet::new(),
             live: HashSet::new(),
             cur: None,
+            nodes_left: Cell::new(MAX_FUNC_NODES),
+            race_budget: 4 * MAX_FUNC_NODES,
+            stmt_depth: 0,
+            loaded: false,
         }
     }
 
@@ -228,6 +271,15 @@ impl<'a> Verifier<'a> {
             msg.push_str(&format!("\n  in statement: {first}"));
         }
         Error::Internal(msg)
+    }
+
+    /// A resource-limit error: like `fail`, without printing the statement (which may be the
+    /// oversized thing itself).
+    fn fail_limit(&self, rule: &str, detail: impl std::fmt::Display) -> Error {
+        Error::Internal(format!(
+            "IR verifier, function `{}`: {rule}: {detail}",
+            self.func.name
+        ))
     }
 
     /// Buffers, dims, parameter strides and checks; leaves dims and parameter strides bound.
@@ -372,6 +424,17 @@ impl<'a> Verifier<'a> {
 
     /// Checks an expression in the current scope: types, bound vars, te-only nodes, buffers.
     fn expr(&self, e: &Expr, what: &str) -> Result<()> {
+        // Limits first: the walks below recurse on depth and visit the tree.
+        if e.depth() > MAX_IR_DEPTH {
+            return Err(self.fail_limit(
+                "expression too deep (limit MAX_IR_DEPTH)",
+                format!(
+                    "{what} is nested {} deep; at most {MAX_IR_DEPTH} is allowed",
+                    e.depth()
+                ),
+            ));
+        }
+        self.count_nodes(e)?;
         if let Err((node, rule)) = check_types(e) {
             return Err(self.fail(&rule, format!("in `{node}` ({what} `{e}`)")));
         }
@@ -402,6 +465,50 @@ impl<'a> Verifier<'a> {
             }
         });
         err.map_or(Ok(()), Err)
+    }
+
+    /// Takes `e`'s nodes (as a tree) from the function's node allowance, stopping at the limit.
+    fn count_nodes(&self, e: &Expr) -> Result<()> {
+        let mut left = self.nodes_left.get();
+        let mut stack = vec![e];
+        while let Some(n) = stack.pop() {
+            if left == 0 {
+                return Err(self.too_many_nodes());
+            }
+            left -= 1;
+            match n.kind() {
+                ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
+                ExprKind::Unary(_, a) | ExprKind::Cast(a) => stack.push(a),
+                ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+                    stack.push(a);
+                    stack.push(b)
+                }
+                ExprKind::Select(c, a, b) => {
+                    stack.push(c);
+                    stack.push(a);
+                    stack.push(b)
+                }
+                ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
+                    stack.extend(indices.iter())
+                }
+                ExprKind::Reduce { body, axes, .. } => {
+                    stack.push(body);
+                    for a in axes {
+                        stack.push(&a.min);
+                        stack.push(&a.extent);
+                    }
+                }
+            }
+        }
+        self.nodes_left.set(left);
+        Ok(())
+    }
+
+    fn too_many_nodes(&self) -> Error {
+        self.fail_limit(
+            "function too large (limit MAX_FUNC_NODES)",
+            format!("more than {MAX_FUNC_NODES} expression and statement nodes"),
+        )
     }
 
     /// A `Load`/`Store` of `buf` with `nidx` indices and element dtype `dtype`.
@@ -459,10 +566,74 @@ impl<'a> Verifier<'a> {
     }
 
     fn stmt(&mut self, s: &'a Stmt) -> Result<()> {
+        if self.stmt_depth >= MAX_STMT_DEPTH {
+            return Err(self.fail_limit(
+                "statements nested too deep (limit MAX_STMT_DEPTH)",
+                format!("more than {MAX_STMT_DEPTH} levels of loops, ifs, lets, allocations and sequences"),
+            ));
+        }
+        match self.nodes_left.get() {
+            0 => return Err(self.too_many_nodes()),
+            n => self.nodes_left.set(n - 1),
+        }
         let saved = self.cur.replace(s);
+        self.stmt_depth += 1;
         let r = self.stmt_inner(s);
+        self.stmt_depth -= 1;
         self.cur = saved;
         r
+    }
+
+    /// Loop kinds: vectorized loops innermost, and parallel / vectorized loops free of races.
+    fn loop_kind(
+        &mut self,
+        var: &super::expr::Var,
+        kind: ForKind,
+        extent: &Expr,
+        body: &Stmt,
+    ) -> Result<()> {
+        // A loop of at most one iteration has nothing to vectorize or race with.
+        if !self.loaded || extent.as_int().is_some_and(|e| e <= 1) {
+            return Ok(());
+        }
+        if kind == ForKind::Vectorized {
+            let mut inner = None;
+            body.visit(&mut |s| {
+                if let Stmt::For { var, .. } = s {
+                    inner.get_or_insert_with(|| var.name.clone());
+                }
+            });
+            if let Some(w) = inner {
+                return Err(self.fail(
+                    "vectorized loop must be innermost",
+                    format!(
+                        "vectorized loop over `{}` contains the loop over `{w}`",
+                        var.name
+                    ),
+                ));
+            }
+        }
+        if matches!(kind, ForKind::Parallel | ForKind::Vectorized) && !self.flattened {
+            if let Err(r) =
+                super::verify_parallel::check_loop(self.func, var, body, &mut self.race_budget)
+            {
+                let what = if kind == ForKind::Parallel {
+                    "parallel"
+                } else {
+                    "vectorized"
+                };
+                return Err(self.fail(
+                    &format!(
+                        "{what} loop iterations must write disjoint elements and carry no reduction"
+                    ),
+                    format!(
+                        "{what} loop over `{}`, buffer `{}`: {}",
+                        var.name, r.buffer, r.why
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn stmt_inner(&mut self, s: &'a Stmt) -> Result<()> {
@@ -482,6 +653,21 @@ impl<'a> Verifier<'a> {
                         format!("{kind:?} loop over `{}` has extent `{extent}`", var.name),
                     ));
                 }
+                if let Some(e) = extent.as_int() {
+                    if e < 0 {
+                        return Err(self.fail(
+                            "loop extent must not be negative",
+                            format!("loop over `{}` has extent {e}", var.name),
+                        ));
+                    }
+                    if min.as_int().is_some_and(|m| m.checked_add(e).is_none()) {
+                        return Err(self.fail(
+                            "loop bounds overflow int64",
+                            format!("loop over `{}` from {min} for {e} iterations", var.name),
+                        ));
+                    }
+                }
+                self.loop_kind(var, *kind, extent, body)?;
                 self.bind(var, "loop variable")?;
                 let r = self.stmt(body);
                 self.bound.remove(&var.id);
@@ -496,7 +682,15 @@ impl<'a> Verifier<'a> {
                     self.int_expr(i, "index")?;
                 }
                 self.expr(value, "stored value")?;
-                self.access(*buf, indices.len(), value.dtype(), "store")
+                self.access(*buf, indices.len(), value.dtype(), "store")?;
+                let b = self.bufs[buf];
+                if b.kind == (BufKind::Param { output: false }) {
+                    return Err(self.fail(
+                        "stores go only to outputs and locals",
+                        format!("store to input parameter `{}`", b.name),
+                    ));
+                }
+                Ok(())
             }
             Stmt::If {
                 cond,
@@ -1040,6 +1234,120 @@ mod tests {
             message: "ok".into(),
         });
         verify(&f, true).unwrap();
+    }
+
+    /// `for i in [0, 8) (kind): C[idx] = C[idx] + A[i]`, unflattened, loaded-file rules.
+    fn loaded_loop(kind: ForKind, idx: impl Fn(&Var) -> Expr) -> PrimFunc {
+        let b = base();
+        let i = Var::new("i");
+        let mut f = b.f.clone();
+        let at = idx(&i);
+        f.body = Stmt::For {
+            var: i.clone(),
+            min: Expr::int(0),
+            extent: Expr::int(8),
+            kind,
+            body: Box::new(Stmt::Store {
+                buf: b.c.id,
+                indices: vec![at.clone()],
+                value: Expr::binary(
+                    BinOp::Add,
+                    Expr::load(b.c.id, vec![at], DType::F32),
+                    Expr::load(b.a.id, vec![Expr::var(&i)], DType::F32),
+                )
+                .unwrap(),
+            }),
+        };
+        f
+    }
+
+    fn expect_loaded_err(f: &PrimFunc, rule: &str) {
+        match verify_loaded(f) {
+            Err(Error::Internal(m)) => assert!(m.contains(rule), "expected `{rule}` in: {m}"),
+            other => panic!("expected `{rule}`, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stores_only_to_outputs_and_locals() {
+        let b = base();
+        let mut f = b.f.clone();
+        f.body = Stmt::Store {
+            buf: b.a.id,
+            indices: vec![Expr::int(0)],
+            value: Expr::constant(1.0, DType::F32),
+        };
+        expect_err(&f, true, "stores go only to outputs and locals");
+    }
+
+    #[test]
+    fn parallel_loops_must_be_race_free_in_loaded_functions() {
+        // Disjoint: C[i], C[2 * i + 1].
+        verify_loaded(&loaded_loop(ForKind::Parallel, Expr::var)).unwrap();
+        verify_loaded(&loaded_loop(ForKind::Parallel, |i| {
+            Expr::int(2).mul(&Expr::var(i)).add(&Expr::int(1))
+        }))
+        .unwrap();
+        // A reduction into C[0], a shared C[i // 2]: refused; serial: fine.
+        let red = loaded_loop(ForKind::Parallel, |_| Expr::int(0));
+        expect_loaded_err(
+            &red,
+            "parallel loop iterations must write disjoint elements",
+        );
+        verify(&red, false).unwrap(); // the builder's own output is not held to the rule
+        expect_loaded_err(
+            &loaded_loop(ForKind::Parallel, |i| Expr::var(i).floordiv(&Expr::int(2))),
+            "disjoint elements",
+        );
+        verify_loaded(&loaded_loop(ForKind::Serial, |_| Expr::int(0))).unwrap();
+        expect_loaded_err(
+            &loaded_loop(ForKind::Vectorized, |_| Expr::int(0)),
+            "vectorized loop iterations must write disjoint elements",
+        );
+    }
+
+    #[test]
+    fn extents_and_resource_limits() {
+        let b = base();
+        let mut f = b.f.clone();
+        let Stmt::For { extent, .. } = &mut f.body else {
+            unreachable!()
+        };
+        *extent = Expr::int(-1);
+        expect_err(&f, true, "loop extent must not be negative");
+        let mut f = b.f.clone();
+        let Stmt::For { min, extent, .. } = &mut f.body else {
+            unreachable!()
+        };
+        *min = Expr::int(i64::MAX);
+        *extent = Expr::int(2);
+        expect_err(&f, true, "loop bounds overflow int64");
+        // Too deep an expression.
+        let mut v = Expr::constant(1.0, DType::F32);
+        for _ in 0..MAX_IR_DEPTH {
+            v = Expr::new(ExprKind::Unary(UnOp::Neg, v), DType::F32);
+        }
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], v),
+            true,
+            "limit MAX_IR_DEPTH",
+        );
+        // Too deeply nested statements.
+        let mut f = b.f.clone();
+        for _ in 0..MAX_STMT_DEPTH {
+            f.body = Stmt::Seq(vec![f.body]);
+        }
+        expect_err(&f, true, "limit MAX_STMT_DEPTH");
+        // A DAG of 2^60 tree nodes (60 shared levels): refused at the limit, quickly.
+        let mut v = Expr::constant(1.0, DType::F32);
+        for _ in 0..60 {
+            v = Expr::binary(BinOp::Add, v.clone(), v).unwrap();
+        }
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], v),
+            true,
+            "limit MAX_FUNC_NODES",
+        );
     }
 
     #[test]
