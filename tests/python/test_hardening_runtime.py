@@ -73,6 +73,10 @@ _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 DTYPES = {"float32": (2, 32), "uint8": (1, 8), "float64": (2, 64)}
 
+# Every Hostile producer stays alive for the whole session: a tensor imported from it runs
+# its deleter (a ctypes callback inside it) whenever the tensor drops, like any producer.
+_PRODUCERS = []
+
 
 class Hostile:
     """A capsule over `buf` (or `data`) with any shape, strides, ndim and byte_offset.
@@ -83,6 +87,8 @@ class Hostile:
 
     def __init__(self, shape, strides, *, buf, dtype="float32", byte_offset=0, ndim=None,
                  data=None, legacy=False):
+        _PRODUCERS.append(self)
+        self.buf = buf  # the memory, too, must outlive the tensors viewing it
         self.deleted = 0
         self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         self.strides = None if strides is None else (ctypes.c_int64 * max(len(strides), 1))(*strides)
