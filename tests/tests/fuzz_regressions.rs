@@ -32,7 +32,6 @@ fn replay(gen: &str, seed: u64) {
 /// `C[i] = select(1 >= 0 && 1 < n, A0[1], 0) - A1[i]` over a symbolic `n`, int32: building
 /// it overflows the stack of the compile thread (the process aborts).
 #[test]
-#[ignore = "issue 6: stack overflow in build (rivet-compile thread) on a guarded constant read"]
 fn guarded_constant_read_over_a_symbolic_dim_builds() {
     checked_mode();
     let n = te::var("n0");
@@ -64,7 +63,6 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
 
 /// Same crash, found by the fuzzer (te generator).
 #[test]
-#[ignore = "issue 6: stack overflow in build (process abort)"]
 fn te_case_stack_overflow_in_build() {
     replay("te", 0xcdb84e158451f235);
 }
@@ -73,7 +71,6 @@ fn te_case_stack_overflow_in_build() {
 /// unrolled loop ends up inside the vectorised one): the build is an internal error ("IR
 /// verifier: vectorized loop must be innermost") instead of a schedule error.
 #[test]
-#[ignore = "issue 6: compute_at inside a vectorized loop is an internal error, not a CompileError"]
 fn compute_at_inside_a_vectorized_loop_is_a_schedule_error() {
     replay("te", 0xadff2da17b49840d);
 }
@@ -82,7 +79,6 @@ fn compute_at_inside_a_vectorized_loop_is_a_schedule_error() {
 /// "IR verifier: parallel loop iterations must write disjoint elements" — an internal error
 /// for a schedule the builder accepted.
 #[test]
-#[ignore = "issue 6: builder emits a parallel loop the verifier rejects (internal error)"]
 fn parallel_outer_of_an_nparts_split_builds_or_is_refused() {
     replay("te", 0xed3fe42f1e445465);
 }
@@ -127,7 +123,6 @@ fn module_with_an_unknown_store_buffer_is_refused() {
 /// A module whose innermost Store is redirected to buffer id 1 (CRC fixed): the loader
 /// panics on thread 'rivet-load' ("buffer ids are verified", ir/stmt.rs) before verifying.
 #[test]
-#[ignore = "issue 6: loader panics on a Store to a buffer id the function does not declare"]
 fn module_case_store_to_undeclared_buffer() {
     replay("module", 0x35e47fc09d6ad828);
 }
@@ -136,7 +131,6 @@ fn module_case_store_to_undeclared_buffer() {
 /// (nparts=1, then 8) and reading `P[i % 2^31, j]` under a guard: the build or call does not
 /// finish within 20 s (static 4 x n1 shapes, n1 = 4).
 #[test]
-#[ignore = "issue 6: hang (more than 20 s) building/running a small compute_at program"]
 fn te_case_hang() {
     replay("te", 0x87b73f250af42915);
 }

@@ -479,10 +479,23 @@ impl Ctx<'_> {
             let region = acc
                 .into_iter()
                 .zip(st.tensor.shape())
-                .map(|(iv, _extent)| {
-                    // Not clamped here: `emit` guards the stores with the tensor's bounds,
-                    // which keeps index and guard in one form the bounds proof can match.
+                .map(|(iv, shape)| {
+                    // `emit` guards the stores with the tensor's bounds, in the form the bounds
+                    // proof matches. A region that is not a small constant is also clamped to
+                    // the tensor: a loose interval (`i % 2**31` over a tensor of 4) must not
+                    // become 2**31 guarded iterations. (Small ones keep their simpler form:
+                    // a few guarded iterations cost less than the checks `max`/`min` bring.)
                     let iv = iv.expect("found");
+                    let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
+                    let small = extent.as_int().is_some_and(|e| e <= SMALL_SPLIT);
+                    let iv = if small {
+                        iv
+                    } else {
+                        Interval {
+                            lo: smax(&iv.lo, &Expr::int(0)),
+                            hi: smin(&iv.hi, &simplify(&shape.sub(&Expr::int(1)))),
+                        }
+                    };
                     let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
                     // When the extent varies with the outer loops but has a constant bound,
                     // compute that many elements every time: a few more than needed (the
