@@ -10,13 +10,14 @@
 pub const MAX_EXPR_DEPTH: u32 = 1000;
 /// Deepest expression in lowered IR (inlining and index arithmetic add depth to the DSL's).
 pub const MAX_IR_DEPTH: u32 = 4000;
-/// Deepest statement nesting in lowered IR (loops, ifs, lets, allocations, sequences).
-pub const MAX_STMT_DEPTH: u32 = 512;
+/// Deepest statement nesting in lowered IR (loops, ifs, lets, allocations, sequences). Each
+/// materialised stage nests one `Allocate`, so this also bounds the stages of one function.
+pub const MAX_STMT_DEPTH: u32 = 2048;
 /// Most expression and statement nodes, counted as a tree, in one lowered function.
 pub const MAX_FUNC_NODES: usize = 2_000_000;
 /// Largest module file `load_module` reads.
 pub const MAX_MODULE_BYTES: usize = 64 << 20;
 /// Stack of the thread that lowers and compiles (deep recursion stays far from its end).
 pub const COMPILE_STACK: usize = 256 << 20;
-/// Largest local buffer (temporary) a kernel allocates; the same bound as rivet's tensors.
-pub const MAX_ALLOC_BYTES: usize = 1 << 48;
+/// Largest local buffer (temporary) a kernel allocates: the bound of rivet's tensors.
+pub const MAX_ALLOC_BYTES: usize = rivet_runtime::MAX_ALLOC_BYTES;

@@ -290,9 +290,11 @@ impl FnGen<'_, '_> {
                         }
                         LogicOp::Or => self.b.ins().brif(x, merge, &[BlockArg::Value(x)], rhs, &[]),
                     };
+                    self.b.seal_block(rhs);
                     self.b.switch_to_block(rhs);
                     let y = self.expr(b)?;
                     self.b.ins().jump(merge, &[BlockArg::Value(y)]);
+                    self.b.seal_block(merge);
                     self.b.switch_to_block(merge);
                     return Ok(r);
                 }
@@ -316,12 +318,15 @@ impl FnGen<'_, '_> {
                     let merge = self.b.create_block();
                     let r = self.b.append_block_param(merge, value_ty(dt));
                     self.b.ins().brif(c, then_b, &[], else_b, &[]);
+                    self.b.seal_block(then_b);
+                    self.b.seal_block(else_b);
                     self.b.switch_to_block(then_b);
                     let x = self.expr(a)?;
                     self.b.ins().jump(merge, &[BlockArg::Value(x)]);
                     self.b.switch_to_block(else_b);
                     let y = self.expr(b)?;
                     self.b.ins().jump(merge, &[BlockArg::Value(y)]);
+                    self.b.seal_block(merge);
                     self.b.switch_to_block(merge);
                     return Ok(r);
                 }

@@ -348,19 +348,11 @@ impl<'f> Compiler<'f> {
             let block = g.b.create_block();
             g.b.append_block_params_for_function_params(block);
             g.b.switch_to_block(block);
+            g.b.seal_block(block);
             let ptrs = g.b.block_params(block)[0];
             let ints = g.b.block_params(block)[1];
-            for (k, id) in func.params.iter().enumerate() {
-                let p = g.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32);
-                g.bind_buf(*id, p);
-            }
-            for (k, v) in int_slots(func).iter().enumerate() {
-                let x =
-                    g.b.ins()
-                        .load(types::I64, expr::flags(), ints, (8 * k) as i32);
-                g.bind_var(v.id, x);
-            }
-            g.stmt(&func.body)?;
+            g.frame = Some((ptrs, ints));
+            g.frame_stmt(&func.body)?;
             let ok = g.iconst(types::I32, 0);
             g.b.ins().return_(&[ok]);
             g.b.seal_all_blocks();
@@ -409,6 +401,13 @@ impl<'f> Compiler<'f> {
     }
 }
 
+/// Bindings made by `FnGen::load_frame`, with the ones they shadowed.
+#[derive(Default)]
+struct FrameBindings {
+    bufs: Vec<(BufId, Option<Variable>)>,
+    vars: Vec<(u32, Option<(Variable, Type)>)>,
+}
+
 /// The generator of one Cranelift function: the builder plus the scope of IR variables and
 /// buffers.
 struct FnGen<'a, 'f> {
@@ -423,6 +422,12 @@ struct FnGen<'a, 'f> {
     frefs: HashMap<&'static str, FuncRef>,
     /// True in an outlined parallel body (nested parallel loops run serially there).
     in_body: bool,
+    /// Entry function: the frame's pointer and int arrays. Each top-level statement loads
+    /// the parameters and ints it uses from them (`frame_stmt`), so no value is live across
+    /// the whole function: with one binding per parameter made at entry, a module of N
+    /// sequential nests had O(N^2) live ranges, and register allocation time and memory with
+    /// them (issue 6, point 8).
+    frame: Option<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
@@ -439,7 +444,85 @@ impl<'a, 'f> FnGen<'a, 'f> {
             bufs: HashMap::new(),
             frefs: HashMap::new(),
             in_body,
+            frame: None,
             live_allocs: Vec::new(),
+        }
+    }
+
+    /// A statement of the entry function at top level (under sequences and allocations):
+    /// loads what it uses from the frame, generates it, and drops those bindings again.
+    fn frame_stmt(&mut self, s: &crate::ir::Stmt) -> Result<()> {
+        use crate::ir::Stmt;
+        match s {
+            Stmt::Seq(v) => v.iter().try_for_each(|x| self.frame_stmt(x)),
+            Stmt::Allocate { buf, body } => {
+                let shape: Vec<crate::ir::Expr> = self
+                    .func
+                    .buffers
+                    .iter()
+                    .find(|b| b.id == *buf)
+                    .map(|b| b.shape.clone())
+                    .unwrap_or_default();
+                let olds = self.load_frame(&Stmt::Seq(vec![]), &shape)?;
+                let r = self.allocate(*buf, body, true);
+                self.unload_frame(olds);
+                r
+            }
+            other => {
+                let olds = self.load_frame(other, &[])?;
+                let r = self.stmt(other);
+                self.unload_frame(olds);
+                r
+            }
+        }
+    }
+
+    /// Binds the parameters and frame ints that `s` (and the expressions `extra`) use,
+    /// loaded from the frame; returns what to restore.
+    fn load_frame(
+        &mut self,
+        s: &crate::ir::Stmt,
+        extra: &[crate::ir::Expr],
+    ) -> Result<FrameBindings> {
+        let (ptrs, ints) = self
+            .frame
+            .ok_or_else(|| Error::Internal("frame_stmt outside the entry function".into()))?;
+        let mut bufs = std::collections::BTreeSet::new();
+        let mut vars = std::collections::BTreeSet::new();
+        parallel::references(s, self.func, self.cx.checked, &mut bufs, &mut vars);
+        for e in extra {
+            e.visit(&mut |n| {
+                if let Some(v) = n.as_var() {
+                    vars.insert(v.id);
+                }
+            });
+        }
+        let func = self.func;
+        let mut out = FrameBindings::default();
+        for (k, id) in func.params.iter().enumerate() {
+            if bufs.contains(id) {
+                let p = self.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32);
+                out.bufs.push((*id, self.bind_buf(*id, p)));
+            }
+        }
+        for (k, v) in int_slots(func).iter().enumerate() {
+            if vars.contains(&v.id) {
+                let x = self
+                    .b
+                    .ins()
+                    .load(types::I64, expr::flags(), ints, (8 * k) as i32);
+                out.vars.push((v.id, self.bind_var(v.id, x)));
+            }
+        }
+        Ok(out)
+    }
+
+    fn unload_frame(&mut self, b: FrameBindings) {
+        for (id, old) in b.vars.into_iter().rev() {
+            self.restore_var(id, old);
+        }
+        for (id, old) in b.bufs.into_iter().rev() {
+            self.restore_buf(id, old);
         }
     }
 
@@ -454,6 +537,8 @@ impl<'a, 'f> FnGen<'a, 'f> {
         let cont = self.b.create_block();
         self.b.set_cold_block(fail);
         self.b.ins().brif(bad, fail, &[], cont, &[]);
+        self.b.seal_block(fail);
+        self.b.seal_block(cont);
         self.b.switch_to_block(fail);
         if let Some((name, args)) = report {
             let params = vec![types::I64; args.len()];

@@ -24,7 +24,7 @@ enum Capture {
 
 /// Buffers and variables referenced by `s` (including the shapes of locals it allocates; in
 /// checked mode also the shapes and strides of every buffer accessed, which the checks read).
-fn references(
+pub(super) fn references(
     s: &Stmt,
     func: &PrimFunc,
     checked: bool,
@@ -153,6 +153,7 @@ impl Compiler<'_> {
             let block = g.b.create_block();
             g.b.append_block_params_for_function_params(block);
             g.b.switch_to_block(block);
+            g.b.seal_block(block);
             let (cptr, lo, hi) = {
                 let p = g.b.block_params(block);
                 (p[0], p[1], p[2])
