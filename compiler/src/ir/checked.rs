@@ -108,7 +108,9 @@ pub fn static_range(e: &Expr, is_dim: &dyn Fn(&Var) -> bool) -> Option<(i128, i1
                 }
                 // Divisors >= 0 (a zero divisor gives 0): `|x // d| <= |x|`, and the
                 // quotient keeps x's sign; a constant divisor is exact.
-                BinOp::FloorDiv if bl == bh && bl > 0 => Some((al.div_euclid(bl), ah.div_euclid(bl))),
+                BinOp::FloorDiv if bl == bh && bl > 0 => {
+                    Some((al.div_euclid(bl), ah.div_euclid(bl)))
+                }
                 BinOp::FloorDiv if bl >= 0 => Some((al.min(0), ah.max(0))),
                 BinOp::FloorMod if bl >= 0 => Some((0, (bh - 1).max(0))),
                 BinOp::Min => Some((al.min(bl), ah.min(bh))),
@@ -126,8 +128,7 @@ pub fn static_range(e: &Expr, is_dim: &dyn Fn(&Var) -> bool) -> Option<(i128, i1
 
 /// True when `static_range` proves `e` within int64 for every value of the dims.
 pub fn always_in_i64(e: &Expr, is_dim: &dyn Fn(&Var) -> bool) -> bool {
-    static_range(e, is_dim)
-        .is_some_and(|(l, h)| l >= i64::MIN as i128 && h <= i64::MAX as i128)
+    static_range(e, is_dim).is_some_and(|(l, h)| l >= i64::MIN as i128 && h <= i64::MAX as i128)
 }
 
 #[cfg(test)]
@@ -138,9 +139,15 @@ mod tests {
     fn overflow_is_an_error_not_a_wrap() {
         let big = Expr::int(1 << 61);
         let e = Expr::int(8).mul(&big);
-        assert!(matches!(eval_checked(&e, &|_| None), Err(EvalError::Overflow(_))));
+        assert!(matches!(
+            eval_checked(&e, &|_| None),
+            Err(EvalError::Overflow(_))
+        ));
         let m = Expr::int(i64::MIN).floordiv(&Expr::int(-1));
-        assert!(matches!(eval_checked(&m, &|_| None), Err(EvalError::Overflow(_))));
+        assert!(matches!(
+            eval_checked(&m, &|_| None),
+            Err(EvalError::Overflow(_))
+        ));
         let n = Var::new("n");
         let e = Expr::var(&n).mul(&big);
         assert_eq!(eval_checked(&e, &|_| Some(3)), Ok(3 << 61));

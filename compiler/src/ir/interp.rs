@@ -1531,7 +1531,10 @@ mod tests {
                 value: Expr::constant(1.0, DType::F64),
             },
         );
-        assert!(matches!(InterpBackend::default().compile(&f), Err(Error::Internal(_))));
+        assert!(matches!(
+            InterpBackend::default().compile(&f),
+            Err(Error::Internal(_))
+        ));
     }
 
     /// Multi-index (pre-flatten) IR runs with per-dimension bounds checks.

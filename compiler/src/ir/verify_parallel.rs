@@ -79,7 +79,10 @@ pub fn check_loop(
         if b.private.contains(&id) {
             continue;
         }
-        let buf = func.buffer(id);
+        // An undeclared buffer is refused by the verifier's buffer rules; never panic here.
+        let Some(buf) = func.buffers.iter().find(|b| b.id == id) else {
+            continue;
+        };
         if buf.kind == (BufKind::Param { output: false }) {
             continue; // refused by the store rule, which names the problem better
         }

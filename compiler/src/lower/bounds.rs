@@ -79,9 +79,10 @@ impl Prover<'_> {
 
     /// Turns the intervals recorded since the last call into no-overflow obligations (see the
     /// module header); `what` names the statement or access they come from.
-    fn discharge(&mut self, what: &dyn Fn() -> String) -> Result<()> {
+    fn discharge(&mut self, env: &Env, what: &dyn Fn() -> String) -> Result<()> {
         let items: Vec<(Expr, Interval)> = self.record.borrow_mut().drain(..).collect();
         for (node, iv) in items {
+            let iv = self.over_dims(iv, env);
             for end in [&iv.lo, &iv.hi] {
                 if end.as_int().is_some() || always_in_i64(end, &|v| self.dims.contains(v)) {
                     continue;
@@ -125,6 +126,33 @@ impl Prover<'_> {
         Ok(())
     }
 
+    /// An interval whose endpoints still mention ranged loop variables (fused-loop and region
+    /// forms keep them) widened to endpoints over the dims: the low end by its own lowest
+    /// value, the high end by its highest.
+    fn over_dims(&self, iv: Interval, env: &Env) -> Interval {
+        if self.only_dims(&iv.lo) && self.only_dims(&iv.hi) {
+            return iv;
+        }
+        let quiet = Env {
+            record: None,
+            ..env.clone()
+        };
+        let widen = |e: &Expr, low: bool| -> Expr {
+            if self.only_dims(e) {
+                return e.clone();
+            }
+            match interval(e, &quiet) {
+                Some(w) if low => w.lo,
+                Some(w) => w.hi,
+                None => e.clone(),
+            }
+        };
+        Interval {
+            lo: widen(&iv.lo, true),
+            hi: widen(&iv.hi, false),
+        }
+    }
+
     /// Records the operands of the int64 comparisons in a condition (what `Env::assume` learns
     /// from) and discharges them.
     fn condition(&mut self, c: &Expr, env: &Env) -> Result<()> {
@@ -143,7 +171,7 @@ impl Prover<'_> {
             interval(a, env);
             interval(b, env);
         }
-        self.discharge(&|| format!("condition {}", simplify(c)))
+        self.discharge(env, &|| format!("condition {}", simplify(c)))
     }
 
     fn access(&mut self, buf: BufId, indices: &[Expr], env: &Env) -> Result<()> {
@@ -163,7 +191,7 @@ impl Prover<'_> {
                     what()
                 )));
             };
-            self.discharge(&what)?;
+            self.discharge(env, &what)?;
             let last = simplify(&extent.sub(&Expr::int(1)));
             for (ok, a, c, side) in [
                 (
@@ -292,7 +320,7 @@ impl Prover<'_> {
                 interval(min, env);
                 interval(extent, env);
                 interval(&min.add(extent), env);
-                self.discharge(&|| format!("the bounds of loop '{}'", var.name))?;
+                self.discharge(env, &|| format!("the bounds of loop '{}'", var.name))?;
                 inner.vars.insert(
                     var.clone(),
                     Interval {
@@ -340,7 +368,7 @@ impl Prover<'_> {
                 if let Some(iv) = interval(value, env) {
                     inner.vars.insert(var.clone(), iv);
                 }
-                self.discharge(&|| format!("let {}", var.name))?;
+                self.discharge(env, &|| format!("let {}", var.name))?;
                 self.stmt(body, &inner)
             }
             Stmt::Allocate { body, .. } => self.stmt(body, env),

@@ -274,14 +274,18 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                     }),
                     // A non-negative value over a size d: monotonic for d >= 1, and d = 0
                     // gives 0, which `x.lo // 0 = x.hi // 0 = 0` also says.
-                    _ if nonneg(&x.lo) && b.as_var().is_some() => Some(Interval {
-                        lo: x.lo.floordiv(b),
-                        hi: x.hi.floordiv(b),
-                    }),
+                    _ if nonneg(&x.lo) && b.as_var().is_some() && y.lo == *b && y.hi == *b => {
+                        Some(Interval {
+                            lo: x.lo.floordiv(b),
+                            hi: x.hi.floordiv(b),
+                        })
+                    }
                     // A single divisor value of any sign: `x // y` is monotonic in x (one way
                     // or the other; constant 0 for y = 0).
+                    // (Bounds use the divisor's value `y.lo`, not `b`, which may mention
+                    // ranged variables.)
                     _ if y.lo == y.hi => {
-                        let (p, q) = (x.lo.floordiv(b), x.hi.floordiv(b));
+                        let (p, q) = (x.lo.floordiv(&y.lo), x.hi.floordiv(&y.lo));
                         Some(Interval {
                             lo: smin(&p, &q),
                             hi: smax(&p, &q),
@@ -307,14 +311,14 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                         }
                     }
                     // `% d` for a size d: in [0, d - 1], or 0 when d is 0.
-                    _ if b.as_var().is_some() => Some(Interval {
+                    _ if b.as_var().is_some() && y.lo == *b && y.hi == *b => Some(Interval {
                         lo: Expr::int(0),
                         hi: smax(&b.sub(&Expr::int(1)), &Expr::int(0)),
                     }),
                     // A single divisor value of any sign: the result takes its sign (0 for 0).
                     _ if y.lo == y.hi => Some(Interval {
-                        lo: smin(&Expr::int(0), &b.add(&Expr::int(1))),
-                        hi: smax(&Expr::int(0), &b.sub(&Expr::int(1))),
+                        lo: smin(&Expr::int(0), &y.lo.add(&Expr::int(1))),
+                        hi: smax(&Expr::int(0), &y.lo.sub(&Expr::int(1))),
                     }),
                     // A non-negative divisor range: in [0, max(y.hi - 1, 0)].
                     _ if nonneg(&y.lo) => Some(Interval {

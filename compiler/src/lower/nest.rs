@@ -481,14 +481,14 @@ impl Ctx<'_> {
                 .zip(st.tensor.shape())
                 .map(|(iv, shape)| {
                     // `emit` guards the stores with the tensor's bounds, in the form the bounds
-                    // proof matches. A region that is not a small constant is also clamped to
+                    // proof matches. A region of a large constant extent is also clamped to
                     // the tensor: a loose interval (`i % 2**31` over a tensor of 4) must not
-                    // become 2**31 guarded iterations. (Small ones keep their simpler form:
-                    // a few guarded iterations cost less than the checks `max`/`min` bring.)
+                    // become 2**31 guarded iterations. (Others keep their simpler form, which
+                    // the proof bounds without `max`/`min` of outer loops.)
                     let iv = iv.expect("found");
                     let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
-                    let small = extent.as_int().is_some_and(|e| e <= SMALL_SPLIT);
-                    let iv = if small {
+                    let huge = extent.as_int().is_some_and(|e| e > SMALL_SPLIT);
+                    let iv = if !huge {
                         iv
                     } else {
                         Interval {

@@ -67,7 +67,9 @@ pub(super) fn references(
     });
     if checked {
         for b in func.buffers.iter().filter(|b| bufs.contains(&b.id)) {
-            b.shape.iter().for_each(|e| on_expr(e, &mut BTreeSet::new(), vars));
+            b.shape
+                .iter()
+                .for_each(|e| on_expr(e, &mut BTreeSet::new(), vars));
             vars.extend(b.strides.iter().map(|v| v.id));
         }
     }
