@@ -22,7 +22,10 @@ fn checked_mode() {
 /// Replays case `seed` of generator `gen` and asserts it is not a failure.
 fn replay(gen: &str, seed: u64) {
     checked_mode();
-    let g = fuzz::generators().into_iter().find(|g| g.name == gen).expect("a generator");
+    let g = fuzz::generators()
+        .into_iter()
+        .find(|g| g.name == gen)
+        .expect("a generator");
     match (g.run)(seed, false) {
         Outcome::Fail(m) => panic!("{gen} case {seed:#x} fails:\n{m}"),
         other => eprintln!("{gen} case {seed:#x}: {other:?}"),
@@ -47,7 +50,8 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
                 one.lt(&nc),
             )
             .unwrap();
-            let r = te::if_then_else(cond, a0c.idx(&[one]), Expr::const_int(0, DType::I32)).unwrap();
+            let r =
+                te::if_then_else(cond, a0c.idx(&[one]), Expr::const_int(0, DType::I32)).unwrap();
             Expr::binary(rivet_compiler::ir::BinOp::Sub, r, a1c.idx(i)).unwrap()
         },
         "C",
@@ -56,7 +60,10 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
     let s = Schedule::new(&[c.clone()]).unwrap();
     for target in ["interp", "cpu"] {
         if let Err(e) = build(&s, &[a0.clone(), a1.clone(), c.clone()], target, "f") {
-            assert!(!matches!(e, rivet_compiler::Error::Internal(_)), "{target}: {e}");
+            assert!(
+                !matches!(e, rivet_compiler::Error::Internal(_)),
+                "{target}: {e}"
+            );
         }
     }
 }

@@ -61,7 +61,10 @@ fn usage(msg: &str) -> ! {
 }
 
 fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 fn parse() -> Opts {
@@ -73,7 +76,10 @@ fn parse() -> Opts {
         hang_seconds: 20,
         checked: true,
         mem_mib: 8192,
-        current_file: std::env::temp_dir().join("rivet-fuzz-current.txt").display().to_string(),
+        current_file: std::env::temp_dir()
+            .join("rivet-fuzz-current.txt")
+            .display()
+            .to_string(),
         verbose: false,
         worker: false,
         start: 0,
@@ -81,7 +87,10 @@ fn parse() -> Opts {
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        let mut val = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
         match a.as_str() {
             "--seconds" => o.seconds = val().parse().unwrap_or_else(|_| usage("bad --seconds")),
             "--seed" => o.seed = parse_u64(&val()),
@@ -94,13 +103,18 @@ fn parse() -> Opts {
             "--verbose" | "-v" => o.verbose = true,
             "--worker" => o.worker = true,
             "--start" => o.start = parse_u64(&val()),
-            "--deadline-ms" => o.deadline_ms = val().parse().unwrap_or_else(|_| usage("bad --deadline-ms")),
+            "--deadline-ms" => {
+                o.deadline_ms = val().parse().unwrap_or_else(|_| usage("bad --deadline-ms"))
+            }
             other => usage(&format!("unknown argument {other}")),
         }
     }
     let known: Vec<&str> = generators().iter().map(|g| g.name).collect();
     if let Some(g) = o.gens.iter().find(|g| !known.contains(&g.as_str())) {
-        usage(&format!("unknown generator '{g}' (known: {})", known.join(", ")));
+        usage(&format!(
+            "unknown generator '{g}' (known: {})",
+            known.join(", ")
+        ));
     }
     o
 }
@@ -111,7 +125,10 @@ fn selected(o: &Opts) -> Vec<Generator> {
         .iter()
         .map(|n| {
             let g = all.iter().find(|g| g.name == n).expect("validated");
-            Generator { name: g.name, run: g.run }
+            Generator {
+                name: g.name,
+                run: g.run,
+            }
         })
         .collect()
 }
@@ -161,7 +178,10 @@ fn worker(o: &Opts) {
         let g = &gens[(i % gens.len() as u64) as usize];
         let seed = case_seed(o.seed, i);
         let _ = std::fs::write(&o.current_file, format!("{} {seed:#x} case {i}\n", g.name));
-        if writeln!(out, "S {i} {} {seed:#x}", g.name).and_then(|_| out.flush()).is_err() {
+        if writeln!(out, "S {i} {} {seed:#x}", g.name)
+            .and_then(|_| out.flush())
+            .is_err()
+        {
             return;
         }
         let res = run_one(g, seed, o.verbose);
@@ -176,7 +196,10 @@ fn worker(o: &Opts) {
                 "F -".to_string()
             }
         };
-        if writeln!(out, "R {i} {line}").and_then(|_| out.flush()).is_err() {
+        if writeln!(out, "R {i} {line}")
+            .and_then(|_| out.flush())
+            .is_err()
+        {
             return;
         }
         i += 1;
@@ -211,10 +234,24 @@ fn supervise(o: &Opts) {
     while now_ms() < deadline {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
-            .arg(format!("ulimit -v {} 2>/dev/null; exec \"$0\" \"$@\"", o.mem_mib * 1024))
+            .arg(format!(
+                "ulimit -v {} 2>/dev/null; exec \"$0\" \"$@\"",
+                o.mem_mib * 1024
+            ))
             .arg(&exe)
-            .args(["--worker", "--seed", &o.seed.to_string(), "--start", &next.to_string()])
-            .args(["--deadline-ms", &deadline.to_string(), "--generator", &o.gens.join(",")])
+            .args([
+                "--worker",
+                "--seed",
+                &o.seed.to_string(),
+                "--start",
+                &next.to_string(),
+            ])
+            .args([
+                "--deadline-ms",
+                &deadline.to_string(),
+                "--generator",
+                &o.gens.join(","),
+            ])
             .args(["--current-file", &o.current_file])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -247,7 +284,9 @@ fn supervise(o: &Opts) {
                 Ok(Msg::Line(l)) => {
                     let f: Vec<&str> = l.splitn(4, ' ').collect();
                     match f.as_slice() {
-                        ["S", i, g, s] => pending = Some((parse_u64(i), g.to_string(), s.to_string())),
+                        ["S", i, g, s] => {
+                            pending = Some((parse_u64(i), g.to_string(), s.to_string()))
+                        }
                         ["R", _, res, k] => {
                             if let Some((i, g, _)) = pending.take() {
                                 let t = tallies.entry(g.clone()).or_default();
@@ -256,11 +295,24 @@ fn supervise(o: &Opts) {
                                     "P" => t.passed += 1,
                                     "T" => {
                                         t.typed += 1;
-                                        *kinds.entry(g).or_default().entry(k.to_string()).or_default() += 1;
+                                        *kinds
+                                            .entry(g)
+                                            .or_default()
+                                            .entry(k.to_string())
+                                            .or_default() += 1;
                                     }
                                     _ => {
                                         t.failed += 1;
-                                        problems.push(format!("wrong/internal: {g} seed {}", case_seed(o.seed, i)).replace(&case_seed(o.seed, i).to_string(), &format!("{:#x}", case_seed(o.seed, i))));
+                                        problems.push(
+                                            format!(
+                                                "wrong/internal: {g} seed {}",
+                                                case_seed(o.seed, i)
+                                            )
+                                            .replace(
+                                                &case_seed(o.seed, i).to_string(),
+                                                &format!("{:#x}", case_seed(o.seed, i)),
+                                            ),
+                                        );
                                     }
                                 }
                                 next = i + 1;
@@ -317,7 +369,14 @@ fn supervise(o: &Opts) {
                 v.iter().take(6).map(|(k, n)| format!("{k}={n}")).collect()
             })
             .unwrap_or_default();
-        println!("fuzz: {g}: {t}; typed errors by kind: {}", if top.is_empty() { "-".into() } else { top.join(" ") });
+        println!(
+            "fuzz: {g}: {t}; typed errors by kind: {}",
+            if top.is_empty() {
+                "-".into()
+            } else {
+                top.join(" ")
+            }
+        );
         total.cases += t.cases;
         total.failed += t.failed;
         total.crashed += t.crashed;

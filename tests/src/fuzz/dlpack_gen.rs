@@ -92,9 +92,21 @@ fn supported(dt: (u8, u8, u16)) -> Option<DType> {
 
 fn gen_spec(r: &mut Rng, region: usize) -> Spec {
     let dtype = if r.chance(0.8) {
-        r.pick(&[(2u8, 32u8, 1u16), (2, 64, 1), (0, 32, 1), (1, 8, 1), (6, 8, 1), (2, 16, 1), (4, 16, 1)])
+        r.pick(&[
+            (2u8, 32u8, 1u16),
+            (2, 64, 1),
+            (0, 32, 1),
+            (1, 8, 1),
+            (6, 8, 1),
+            (2, 16, 1),
+            (4, 16, 1),
+        ])
     } else {
-        (r.next() as u8 % 20, r.pick(&[0u8, 1, 7, 8, 16, 32, 64, 128, 255]), r.pick(&[0u16, 1, 2, 4, u16::MAX]))
+        (
+            r.next() as u8 % 20,
+            r.pick(&[0u8, 1, 7, 8, 16, 32, 64, 128, 255]),
+            r.pick(&[0u16, 1, 2, 4, u16::MAX]),
+        )
     };
     let size = supported(dtype).map_or(4, |d| d.size()) as i64;
     let ndim: i32 = if r.chance(0.9) {
@@ -140,19 +152,38 @@ fn gen_spec(r: &mut Rng, region: usize) -> Spec {
     if hostile {
         for s in strides.iter_mut() {
             if r.chance(0.4) {
-                *s = r.pick(&[1 << 62, -(1 << 62), i64::MAX, i64::MIN, 1 << 31, -(1 << 31), (1 << 61) + 1]);
+                *s = r.pick(&[
+                    1 << 62,
+                    -(1 << 62),
+                    i64::MAX,
+                    i64::MIN,
+                    1 << 31,
+                    -(1 << 31),
+                    (1 << 61) + 1,
+                ]);
             }
         }
     }
     let max_off = (region as i64 / size - run).max(0);
     let byte_offset = if hostile && r.chance(0.3) {
-        r.pick(&[u64::MAX, 1 << 63, (1 << 63) - 1, 1 << 62, 3, region as u64 + 8])
+        r.pick(&[
+            u64::MAX,
+            1 << 63,
+            (1 << 63) - 1,
+            1 << 62,
+            3,
+            region as u64 + 8,
+        ])
     } else {
         ((offset_elems + r.range(0, max_off.min(8))) * size) as u64
     };
     Spec {
         versioned: r.chance(0.6),
-        version: if r.chance(0.9) { (1, r.range(0, 3) as u32) } else { (r.pick(&[0, 2, u32::MAX]), 0) },
+        version: if r.chance(0.9) {
+            (1, r.range(0, 3) as u32)
+        } else {
+            (r.pick(&[0, 2, u32::MAX]), 0)
+        },
         flags: if r.chance(0.8) { r.below(2) } else { r.next() },
         ndim,
         null_shape: r.chance(0.03),
@@ -161,7 +192,11 @@ fn gen_spec(r: &mut Rng, region: usize) -> Spec {
         shape,
         strides,
         byte_offset,
-        data_skew: if r.chance(0.1) { r.range(1, 3) as usize } else { 0 },
+        data_skew: if r.chance(0.1) {
+            r.range(1, 3) as usize
+        } else {
+            0
+        },
         dtype,
         device: if r.chance(0.85) {
             (1, 0)
@@ -313,7 +348,10 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
         outcome = Outcome::Fail(format!("the deleter ran {deleted} times (expected {want})"));
     }
     if !matches!(outcome, Outcome::Fail(_)) {
-        if let Some(i) = (0..GUARD).chain(GUARD + region..2 * GUARD + region).find(|&i| mem[i] != GUARD_BYTE) {
+        if let Some(i) = (0..GUARD)
+            .chain(GUARD + region..2 * GUARD + region)
+            .find(|&i| mem[i] != GUARD_BYTE)
+        {
             outcome = Outcome::Fail(format!("guard byte {i} of the allocation was written"));
         }
     }
@@ -323,7 +361,14 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     outcome
 }
 
-fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i128, r: &mut Rng, verbose: bool) -> Outcome {
+fn import_and_use(
+    spec: &Spec,
+    data: *mut c_void,
+    region_lo: i128,
+    region_hi: i128,
+    r: &mut Rng,
+    verbose: bool,
+) -> Outcome {
     let mut shape = [0i64; DIMS_CAP];
     let mut strides = [0i64; DIMS_CAP];
     shape[..spec.shape.len()].copy_from_slice(&spec.shape);
@@ -353,7 +398,9 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
                     minor: spec.version.1,
                 },
                 manager_ctx: std::ptr::null_mut(),
-                deleter: spec.deleter.then_some(delete_versioned as unsafe extern "C" fn(_)),
+                deleter: spec
+                    .deleter
+                    .then_some(delete_versioned as unsafe extern "C" fn(_)),
                 flags: spec.flags,
                 dl_tensor: dl(std::ptr::null_mut(), std::ptr::null_mut()),
             },
@@ -363,8 +410,16 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
         // SAFETY: ctx is a live box; the pointers go to its own arrays.
         unsafe {
             let c = &mut *ctx;
-            c.managed.dl_tensor.shape = if spec.null_shape { std::ptr::null_mut() } else { c.shape.as_mut_ptr() };
-            c.managed.dl_tensor.strides = if spec.null_strides { std::ptr::null_mut() } else { c.strides.as_mut_ptr() };
+            c.managed.dl_tensor.shape = if spec.null_shape {
+                std::ptr::null_mut()
+            } else {
+                c.shape.as_mut_ptr()
+            };
+            c.managed.dl_tensor.strides = if spec.null_strides {
+                std::ptr::null_mut()
+            } else {
+                c.strides.as_mut_ptr()
+            };
             let res = dlpack::import_versioned(ctx as *mut DLManagedTensorVersioned);
             if !spec.deleter {
                 // Nobody frees a capsule without a deleter; the producer leaks it by design.
@@ -376,7 +431,9 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
             managed: DLManagedTensor {
                 dl_tensor: dl(std::ptr::null_mut(), std::ptr::null_mut()),
                 manager_ctx: std::ptr::null_mut(),
-                deleter: spec.deleter.then_some(delete_legacy as unsafe extern "C" fn(_)),
+                deleter: spec
+                    .deleter
+                    .then_some(delete_legacy as unsafe extern "C" fn(_)),
             },
             shape,
             strides,
@@ -384,13 +441,23 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
         // SAFETY: as above.
         unsafe {
             let c = &mut *ctx;
-            c.managed.dl_tensor.shape = if spec.null_shape { std::ptr::null_mut() } else { c.shape.as_mut_ptr() };
-            c.managed.dl_tensor.strides = if spec.null_strides { std::ptr::null_mut() } else { c.strides.as_mut_ptr() };
+            c.managed.dl_tensor.shape = if spec.null_shape {
+                std::ptr::null_mut()
+            } else {
+                c.shape.as_mut_ptr()
+            };
+            c.managed.dl_tensor.strides = if spec.null_strides {
+                std::ptr::null_mut()
+            } else {
+                c.strides.as_mut_ptr()
+            };
             dlpack::import_legacy(ctx as *mut DLManagedTensor, spec.flags & 1 == 1)
         }
     };
     let t = match imported {
-        Err(e) if kind(&e) == "Internal" => return Outcome::Fail(format!("import: internal error: {e}")),
+        Err(e) if kind(&e) == "Internal" => {
+            return Outcome::Fail(format!("import: internal error: {e}"))
+        }
         Err(e) => {
             if verbose {
                 eprintln!("  import refused ({}): {}", kind(&e), short(&e.to_string()));
@@ -400,7 +467,11 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
         Ok(t) => t,
     };
     let nd = spec.ndim as usize;
-    let want_strides = if spec.null_strides || nd == 0 { compact(&spec.shape) } else { spec.strides.clone() };
+    let want_strides = if spec.null_strides || nd == 0 {
+        compact(&spec.shape)
+    } else {
+        spec.strides.clone()
+    };
     let dtype = supported(spec.dtype).expect("an accepted dtype is a supported one");
     let size = dtype.size() as i128;
     let tr = truth(&spec.shape, &want_strides, size);
@@ -410,7 +481,10 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
             spec.shape, want_strides
         ));
     }
-    if t.shape() != spec.shape.as_slice() || t.strides() != want_strides.as_slice() || t.dtype() != dtype {
+    if t.shape() != spec.shape.as_slice()
+        || t.strides() != want_strides.as_slice()
+        || t.dtype() != dtype
+    {
         return Outcome::fail(format!(
             "import changed the layout: shape {:?} strides {:?} dtype {} (capsule: {:?} {:?} {dtype})",
             t.shape(),
@@ -434,13 +508,18 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
     // rivet's own idea of where the elements are must agree.
     if let Some((lo, hi)) = t.byte_range() {
         if (lo as i128) < region_lo || (hi as i128) > region_hi {
-            return Outcome::fail(format!("byte_range {lo:#x}..{hi:#x} leaves the allocation {region_lo:#x}..{region_hi:#x}"));
+            return Outcome::fail(format!(
+                "byte_range {lo:#x}..{hi:#x} leaves the allocation {region_lo:#x}..{region_hi:#x}"
+            ));
         }
     }
     let Some(addrs) = addresses(&t) else {
         return Outcome::Pass;
     };
-    if let Some(a) = addrs.iter().find(|&&a| a < region_lo || a + size > region_hi) {
+    if let Some(a) = addrs
+        .iter()
+        .find(|&&a| a < region_lo || a + size > region_hi)
+    {
         return Outcome::fail(format!("element at {a:#x} lies outside the allocation"));
     }
     if !t.device().is_host() {
@@ -449,7 +528,13 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
             match k.call(&[Value::Tensor(t.clone())]) {
                 Err(e) if kind(&e) == "Device" => {}
                 Err(e) if kind(&e) != "Internal" => {}
-                other => return Outcome::fail(format!("a CPU kernel on a {} tensor gave {:?}", t.device(), other.map(|_| ()).map_err(|e| e.to_string()))),
+                other => {
+                    return Outcome::fail(format!(
+                        "a CPU kernel on a {} tensor gave {:?}",
+                        t.device(),
+                        other.map(|_| ()).map_err(|e| e.to_string())
+                    ))
+                }
             }
         }
         return Outcome::Typed("device".into());
@@ -466,7 +551,9 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
                 for (j, (&g, &v)) in got.iter().zip(&vals).enumerate() {
                     let want = f32::from_bits(v) * 2.0 + 1.0;
                     if g.to_bits() != want.to_bits() && !(g.is_nan() && want.is_nan()) {
-                        return Outcome::fail(format!("kernel on the imported tensor: element {j} is {g}, expected {want}"));
+                        return Outcome::fail(format!(
+                            "kernel on the imported tensor: element {j} is {g}, expected {want}"
+                        ));
                     }
                 }
                 if read_f32(&addrs) != vals {
@@ -474,7 +561,9 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
                 }
             }
             Ok(other) => return Outcome::fail(format!("kernel returned {}", other.kind())),
-            Err(e) if kind(&e) == "Internal" => return Outcome::fail(format!("kernel: internal error: {e}")),
+            Err(e) if kind(&e) == "Internal" => {
+                return Outcome::fail(format!("kernel: internal error: {e}"))
+            }
             Err(_) => {}
         }
         // As the kernel's output, from a fresh input.
@@ -485,11 +574,17 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
                 let got = read_f32(&addrs);
                 for (j, (&g, &s)) in got.iter().zip(&src).enumerate() {
                     if f32::from_bits(g) != s * 2.0 + 1.0 {
-                        return Outcome::fail(format!("kernel into the imported tensor: element {j} is {}, expected {}", f32::from_bits(g), s * 2.0 + 1.0));
+                        return Outcome::fail(format!(
+                            "kernel into the imported tensor: element {j} is {}, expected {}",
+                            f32::from_bits(g),
+                            s * 2.0 + 1.0
+                        ));
                     }
                 }
             }
-            Err(e) if kind(&e) == "Internal" => return Outcome::fail(format!("kernel (output): internal error: {e}")),
+            Err(e) if kind(&e) == "Internal" => {
+                return Outcome::fail(format!("kernel (output): internal error: {e}"))
+            }
             Err(_) => {}
         }
     }
@@ -497,32 +592,49 @@ fn import_and_use(spec: &Spec, data: *mut c_void, region_lo: i128, region_hi: i1
     let f = axpy();
     let before = read_f32(&addrs);
     let y = Tensor::from_slice(&vec![1.0f32; addrs.len()], t.shape()).expect("a small tensor");
-    match f.call(&[Value::Float(2.0), Value::Tensor(t.clone()), Value::Tensor(y.clone())]) {
+    match f.call(&[
+        Value::Float(2.0),
+        Value::Tensor(t.clone()),
+        Value::Tensor(y.clone()),
+    ]) {
         Ok(_) => {
             let got = y.to_vec::<f32>().unwrap_or_default();
             for (j, (&g, &b)) in got.iter().zip(&before).enumerate() {
                 let want = 2.0 * f32::from_bits(b) + 1.0;
                 if g != want && !(g.is_nan() && want.is_nan()) {
-                    return Outcome::fail(format!("axpy from the imported tensor: element {j} is {g}, expected {want}"));
+                    return Outcome::fail(format!(
+                        "axpy from the imported tensor: element {j} is {g}, expected {want}"
+                    ));
                 }
             }
         }
-        Err(e) if kind(&e) == "Internal" => return Outcome::fail(format!("axpy: internal error: {e}")),
+        Err(e) if kind(&e) == "Internal" => {
+            return Outcome::fail(format!("axpy: internal error: {e}"))
+        }
         Err(_) => {}
     }
     let x = Tensor::from_slice(&vec![0.5f32; addrs.len()], t.shape()).expect("a small tensor");
     let before = read_f32(&addrs);
-    match f.call(&[Value::Float(2.0), Value::Tensor(x), Value::Tensor(t.clone())]) {
+    match f.call(&[
+        Value::Float(2.0),
+        Value::Tensor(x),
+        Value::Tensor(t.clone()),
+    ]) {
         Ok(_) => {
             let got = read_f32(&addrs);
             for (j, (&g, &b)) in got.iter().zip(&before).enumerate() {
                 let want = 1.0 + f32::from_bits(b);
                 if f32::from_bits(g) != want && !(want.is_nan() && f32::from_bits(g).is_nan()) {
-                    return Outcome::fail(format!("axpy into the imported tensor: element {j} is {}, expected {want}", f32::from_bits(g)));
+                    return Outcome::fail(format!(
+                        "axpy into the imported tensor: element {j} is {}, expected {want}",
+                        f32::from_bits(g)
+                    ));
                 }
             }
         }
-        Err(e) if kind(&e) == "Internal" => return Outcome::fail(format!("axpy (output): internal error: {e}")),
+        Err(e) if kind(&e) == "Internal" => {
+            return Outcome::fail(format!("axpy (output): internal error: {e}"))
+        }
         Err(_) => {}
     }
     let mut w = String::new();

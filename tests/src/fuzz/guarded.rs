@@ -70,7 +70,15 @@ pub fn random_bits(dtype: DType, r: &mut Rng) -> u64 {
         } else if k < 90 {
             r.unit() * 20.0 - 10.0
         } else {
-            r.pick(&[f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 1e30, 3e38, 1e-310])
+            r.pick(&[
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                -0.0,
+                1e30,
+                3e38,
+                1e-310,
+            ])
         }
     };
     let int = |r: &mut Rng| -> i64 {
@@ -111,8 +119,18 @@ impl Guarded {
     }
 
     /// As `new`, or `None` for a layout rivet cannot represent (an element count past i64).
-    pub fn try_new(shape: &[i64], dtype: DType, lay: &LayoutS, poison: bool, r: &mut Rng) -> Option<Guarded> {
-        if shape.iter().try_fold(1i64, |a, &n| a.checked_mul(n)).is_none() {
+    pub fn try_new(
+        shape: &[i64],
+        dtype: DType,
+        lay: &LayoutS,
+        poison: bool,
+        r: &mut Rng,
+    ) -> Option<Guarded> {
+        if shape
+            .iter()
+            .try_fold(1i64, |a, &n| a.checked_mul(n))
+            .is_none()
+        {
             return None;
         }
         let rank = shape.len();
@@ -188,7 +206,9 @@ impl Guarded {
         let size = self.dtype.size();
         (0..self.base_len())
             .find(|&e| now[e * size..(e + 1) * size] != self.snapshot[e * size..(e + 1) * size])
-            .map(|e| format!("{what}: base element {e} changed (input written or out-of-bounds write)"))
+            .map(|e| {
+                format!("{what}: base element {e} changed (input written or out-of-bounds write)")
+            })
     }
 
     /// `None` when nothing outside the view's own elements changed (an output's canaries).
@@ -201,7 +221,9 @@ impl Guarded {
         let now = self.bytes();
         let size = self.dtype.size();
         (0..self.base_len())
-            .find(|&e| !mine[e] && now[e * size..(e + 1) * size] != self.snapshot[e * size..(e + 1) * size])
+            .find(|&e| {
+                !mine[e] && now[e * size..(e + 1) * size] != self.snapshot[e * size..(e + 1) * size]
+            })
             .map(|e| format!("{what}: guard element {e} outside the view was written"))
     }
 
@@ -228,7 +250,11 @@ impl Guarded {
         let base = Tensor::zeros(&[len], self.dtype).expect("a small base allocation");
         // SAFETY: fresh compact allocation of `len` elements.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.snapshot.as_ptr(), base.data_ptr(), self.snapshot.len())
+            std::ptr::copy_nonoverlapping(
+                self.snapshot.as_ptr(),
+                base.data_ptr(),
+                self.snapshot.len(),
+            )
         };
         let off = (self.view.data_ptr() as isize - self.base.data_ptr() as isize)
             / self.dtype.size() as isize;

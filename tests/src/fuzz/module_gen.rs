@@ -55,7 +55,10 @@ fn fixed_modules() -> Vec<Module> {
     )
     .unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
-    s.stage(&c).unwrap().split(&k.var, Some(Expr::int(3)), None).unwrap();
+    s.stage(&c)
+        .unwrap()
+        .split(&k.var, Some(Expr::int(3)), None)
+        .unwrap();
     out.push(build(&s, &[a, c], "cpu", "red").unwrap());
     // A stencil with its producer computed at the consumer's loop (a local buffer).
     let n = te::var("n");
@@ -71,7 +74,11 @@ fn fixed_modules() -> Vec<Module> {
     .unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = c.axis()[0].var.clone();
-    let (o, _) = s.stage(&c).unwrap().split(&ax, Some(Expr::int(4)), None).unwrap();
+    let (o, _) = s
+        .stage(&c)
+        .unwrap()
+        .split(&ax, Some(Expr::int(4)), None)
+        .unwrap();
     s.compute_at(&p, &c, &o).unwrap();
     out.push(build(&s, &[a, c], "cpu", "stencil").unwrap());
     // The seed GEMM.
@@ -183,7 +190,10 @@ fn mutate(p: &mut J, r: &mut Rng) -> String {
                 .filter_map(|(path, _)| p.pointer(path).cloned())
                 .filter(|v| v.is_number())
                 .collect();
-            match (pick_where(r, &|v, k| k == "buf" && v.is_number()), ids.is_empty()) {
+            match (
+                pick_where(r, &|v, k| k == "buf" && v.is_number()),
+                ids.is_empty(),
+            ) {
                 (Some(at), false) => {
                     let id = r.pick(&ids);
                     *p.pointer_mut(&at).unwrap() = id.clone();
@@ -211,8 +221,14 @@ fn mutate(p: &mut J, r: &mut Rng) -> String {
             // Deep nesting: a statement wrapped in many sequences, or an expression in many
             // negations / casts.
             // 5000 is rare: refusing it takes the loader ~30 s (a finding, kept visible as hangs).
-            let depth = if r.chance(0.02) { 5000 } else { r.pick(&[8usize, 100, 127, 600, 1200]) };
-            match pick_where(r, &|v, k| (k == "body" || k == "value" || k == "extent") && v.is_object()) {
+            let depth = if r.chance(0.02) {
+                5000
+            } else {
+                r.pick(&[8usize, 100, 127, 600, 1200])
+            };
+            match pick_where(r, &|v, k| {
+                (k == "body" || k == "value" || k == "extent") && v.is_object()
+            }) {
                 Some(at) => {
                     let v = p.pointer_mut(&at).unwrap();
                     let is_expr = v.get("kind").is_some();
@@ -254,8 +270,14 @@ fn mutate(p: &mut J, r: &mut Rng) -> String {
         },
         10 => {
             // Swap two subtrees under the same key (two extents, two indices, two bodies).
-            let key = r.pick(&["extent", "min", "value", "body", "indices", "shape", "var", "cond"]);
-            let c: Vec<&String> = all.iter().filter(|(_, k)| k == key).map(|(path, _)| path).collect();
+            let key = r.pick(&[
+                "extent", "min", "value", "body", "indices", "shape", "var", "cond",
+            ]);
+            let c: Vec<&String> = all
+                .iter()
+                .filter(|(_, k)| k == key)
+                .map(|(path, _)| path)
+                .collect();
             if c.len() < 2 {
                 return "none".into();
             }
@@ -304,7 +326,11 @@ fn gen_bytes(r: &mut Rng, log: &mut String) -> (Vec<u8>, Option<Vec<u8>>) {
             let mut bytes = serde_json::to_vec(&p).unwrap();
             for _ in 0..r.range(1, 4) {
                 let i = r.below(bytes.len() as u64) as usize;
-                bytes[i] = if r.chance(0.5) { r.next() as u8 } else { b"0123456789-\"{}[],"[r.below(17) as usize] };
+                bytes[i] = if r.chance(0.5) {
+                    r.next() as u8
+                } else {
+                    b"0123456789-\"{}[],"[r.below(17) as usize]
+                };
                 log.push_str(&format!(" byte[{i}]={:#x}", bytes[i]));
             }
             (frame(&bytes), None)
@@ -338,7 +364,9 @@ fn gen_bytes(r: &mut Rng, log: &mut String) -> (Vec<u8>, Option<Vec<u8>>) {
 /// Guarded arguments for a function's signature: symbolic dims small and consistent, fixed
 /// dims as the file says (zero strides for huge input dims).
 fn make_args(f: &rivet_runtime::Function, r: &mut Rng) -> Result<Vec<(Guarded, bool)>, String> {
-    let sig = f.signature().ok_or("a compiled function without a signature")?;
+    let sig = f
+        .signature()
+        .ok_or("a compiled function without a signature")?;
     let mut vars: HashMap<String, i64> = HashMap::new();
     let mut out = Vec::new();
     for p in &sig.params {
@@ -364,11 +392,17 @@ fn make_args(f: &rivet_runtime::Function, r: &mut Rng) -> Result<Vec<(Guarded, b
                 lay.bcast[d] = true;
             }
         }
-        let huge = shape.iter().try_fold(1i64, |a, &n| a.checked_mul(n)).is_none_or(|n| n > 1 << 16);
+        let huge = shape
+            .iter()
+            .try_fold(1i64, |a, &n| a.checked_mul(n))
+            .is_none_or(|n| n > 1 << 16);
         if huge && spec.output {
             return Err(String::new()); // an output that cannot be allocated: not a case
         }
-        out.push((Guarded::new(&shape, dtype, &lay, spec.output, r), spec.output));
+        out.push((
+            Guarded::new(&shape, dtype, &lay, spec.output, r),
+            spec.output,
+        ));
     }
     Ok(out)
 }
@@ -392,7 +426,10 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
                 eprintln!("  load refused ({k}): {}", short(&e.to_string()));
             }
             return if k == "Internal" {
-                Outcome::Fail(format!("load: internal error: {}\n{log}", short(&e.to_string())))
+                Outcome::Fail(format!(
+                    "load: internal error: {}\n{log}",
+                    short(&e.to_string())
+                ))
             } else {
                 Outcome::Typed(format!("load:{k}"))
             };
@@ -429,7 +466,9 @@ fn run_loaded(mc: &Module, mi: Option<&Module>, r: &mut Rng, log: &str) -> Outco
         };
         let twin: Vec<(Guarded, bool)> = args.iter().map(|(g, o)| (g.twin(), *o)).collect();
         let vals = |a: &[(Guarded, bool)]| -> Vec<Value> {
-            a.iter().map(|(g, _)| Value::Tensor(g.view.clone())).collect()
+            a.iter()
+                .map(|(g, _)| Value::Tensor(g.view.clone()))
+                .collect()
         };
         let damage = |a: &[(Guarded, bool)], t: &str| -> Option<String> {
             a.iter().enumerate().find_map(|(k, (g, out))| {
@@ -442,13 +481,18 @@ fn run_loaded(mc: &Module, mi: Option<&Module>, r: &mut Rng, log: &str) -> Outco
         };
         let rc = fc.call(&vals(&args));
         if let Some(m) = damage(&args, "cpu") {
-            return Outcome::Fail(format!("{m}\n{log}\nIR:\n{}", mc.get_source("nest").unwrap_or_default()));
+            return Outcome::Fail(format!(
+                "{m}\n{log}\nIR:\n{}",
+                mc.get_source("nest").unwrap_or_default()
+            ));
         }
         let ri = match mi {
             Some(mi) => {
                 let fi = match mi.get_function(&name) {
                     Ok(f) => f,
-                    Err(e) => return Outcome::Fail(format!("interp module lacks {name}: {e}\n{log}")),
+                    Err(e) => {
+                        return Outcome::Fail(format!("interp module lacks {name}: {e}\n{log}"))
+                    }
                 };
                 let ri = fi.call(&vals(&twin));
                 if let Some(m) = damage(&twin, "interp") {
@@ -460,10 +504,16 @@ fn run_loaded(mc: &Module, mi: Option<&Module>, r: &mut Rng, log: &str) -> Outco
         };
         match (rc, ri) {
             (Err(e), _) if kind(&e) == "Internal" => {
-                return Outcome::Fail(format!("call: internal error (cpu): {}\n{log}", short(&e.to_string())))
+                return Outcome::Fail(format!(
+                    "call: internal error (cpu): {}\n{log}",
+                    short(&e.to_string())
+                ))
             }
             (_, Some(Err(e))) if kind(&e) == "Internal" => {
-                return Outcome::Fail(format!("call: internal error (interp): {}\n{log}", short(&e.to_string())))
+                return Outcome::Fail(format!(
+                    "call: internal error (interp): {}\n{log}",
+                    short(&e.to_string())
+                ))
             }
             (Ok(_), Some(Ok(_))) => {
                 for (k, ((gc, out), (gi, _))) in args.iter().zip(&twin).enumerate() {
@@ -482,7 +532,13 @@ fn run_loaded(mc: &Module, mi: Option<&Module>, r: &mut Rng, log: &str) -> Outco
             }
             (Err(a), Some(Err(b))) => {
                 if kind(&a) != kind(&b) {
-                    return Outcome::Fail(format!("call: cpu says {}, interp says {}: {} / {}\n{log}", kind(&a), kind(&b), short(&a.to_string()), short(&b.to_string())));
+                    return Outcome::Fail(format!(
+                        "call: cpu says {}, interp says {}: {} / {}\n{log}",
+                        kind(&a),
+                        kind(&b),
+                        short(&a.to_string()),
+                        short(&b.to_string())
+                    ));
                 }
                 typed = Some(format!("call:{}", kind(&a)));
             }

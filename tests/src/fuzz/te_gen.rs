@@ -36,7 +36,20 @@ const HOSTILE_DIMS: [i64; 10] = [
     (1 << 62) + 3,
 ];
 
-const SPLIT_FACTORS: [i64; 12] = [1, 2, 3, 4, 7, 8, 0, -1, 1 << 31, 1 << 62, i64::MAX, i64::MIN];
+const SPLIT_FACTORS: [i64; 12] = [
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    0,
+    -1,
+    1 << 31,
+    1 << 62,
+    i64::MAX,
+    i64::MIN,
+];
 
 /// A dim of the program: its expression and the value it has in this case's call.
 #[derive(Clone)]
@@ -103,7 +116,11 @@ fn index_form(x: &Expr, ext: &Expr, r: &mut Rng) -> Expr {
         2 => x.floordiv(&k),
         3 => x.floormod(&k),
         4 => x.mul(&k).add(&c).floormod(ext),
-        5 => x.mul(&k).add(&c).max_(&Expr::int(0)).min_(&ext.sub(&Expr::int(1))),
+        5 => x
+            .mul(&k)
+            .add(&c)
+            .max_(&Expr::int(0))
+            .min_(&ext.sub(&Expr::int(1))),
         6 => ext.sub(&Expr::int(1)).sub(x),
         7 => x.mul(&k).floordiv(&Expr::int(r.adversarial())),
         8 => x.add(&c).floormod(ext),
@@ -208,7 +225,11 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
     let rank = r.range(1, 3) as usize;
     let out_dims: Vec<Dim> = (0..rank).map(|d| small_dim(d, r, log)).collect();
     // One hostile dim per case at most, shared by whatever uses it.
-    let hostile = if r.chance(0.5) { Some(hostile_dim(r, log)) } else { None };
+    let hostile = if r.chance(0.5) {
+        Some(hostile_dim(r, log))
+    } else {
+        None
+    };
     let n_in = r.range(1, 2) as usize;
     let inputs: Vec<Input> = (0..n_in)
         .map(|k| {
@@ -339,7 +360,9 @@ fn gen_fallback(dtype: DType, out_dims: Vec<Dim>, inputs: Vec<Input>) -> Program
     let out = te::compute(
         &shape,
         |i| {
-            let idx: Vec<Expr> = (0..rank).map(|d| i.get(d).cloned().unwrap_or(Expr::int(0))).collect();
+            let idx: Vec<Expr> = (0..rank)
+                .map(|d| i.get(d).cloned().unwrap_or(Expr::int(0)))
+                .collect();
             a.idx(&idx)
         },
         "C",
@@ -377,7 +400,12 @@ fn schedule_stage(s: &mut Schedule, t: &Te, r: &mut Rng, log: &mut String) -> Re
                 let v = pick(r);
                 let f = Expr::int(r.pick(&SPLIT_FACTORS));
                 let parts = r.chance(0.3);
-                let _ = write!(log, " split({},{}{f})", v.name, if parts { "nparts=" } else { "" });
+                let _ = write!(
+                    log,
+                    " split({},{}{f})",
+                    v.name,
+                    if parts { "nparts=" } else { "" }
+                );
                 if parts {
                     st.split(&v, None, Some(f)).map(|_| ())
                 } else {
@@ -537,10 +565,15 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
         (Err(a), Err(b)) => {
             let (ka, kb) = (ckind(a), ckind(b));
             if ka == "Internal" || kb == "Internal" {
-                return Outcome::Fail(format!("build: internal error: {}\n{log}", short(&if ka == "Internal" { a } else { b }.to_string())));
+                return Outcome::Fail(format!(
+                    "build: internal error: {}\n{log}",
+                    short(&if ka == "Internal" { a } else { b }.to_string())
+                ));
             }
             if ka != kb {
-                return Outcome::Fail(format!("build: interp says {ka}, cpu says {kb}: {a} / {b}\n{log}"));
+                return Outcome::Fail(format!(
+                    "build: interp says {ka}, cpu says {kb}: {a} / {b}\n{log}"
+                ));
             }
             if verbose {
                 eprintln!("  build refused ({ka}): {}", short(&a.to_string()));
@@ -571,7 +604,10 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     }
     let rc = fc.call(&ac.values());
     if let Some(m) = ac.damage("cpu") {
-        return Outcome::Fail(format!("{m}\n{log}\nIR:\n{}", mc.get_source("ir").unwrap_or_default()));
+        return Outcome::Fail(format!(
+            "{m}\n{log}\nIR:\n{}",
+            mc.get_source("ir").unwrap_or_default()
+        ));
     }
     match (ri, rc) {
         (Ok(_), Ok(_)) => {
@@ -595,7 +631,11 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
                 return Outcome::Fail(format!("call: internal error: interp {a} / cpu {b}\n{log}"));
             }
             if ka != kb {
-                return Outcome::Fail(format!("call: interp says {ka}, cpu says {kb}: {} / {}\n{log}", short(&a.to_string()), short(&b.to_string())));
+                return Outcome::Fail(format!(
+                    "call: interp says {ka}, cpu says {kb}: {} / {}\n{log}",
+                    short(&a.to_string()),
+                    short(&b.to_string())
+                ));
             }
             if verbose {
                 eprintln!("  call refused ({ka}): {}", short(&a.to_string()));
@@ -607,11 +647,14 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
                 Ok(_) => "ran".to_string(),
                 Err(e) => format!("{}: {}", kind(e), short(&e.to_string())),
             };
-            Outcome::Fail(format!("call: targets disagree: interp {} / cpu {}\n{log}", one(&a), one(&b)))
+            Outcome::Fail(format!(
+                "call: targets disagree: interp {} / cpu {}\n{log}",
+                one(&a),
+                one(&b)
+            ))
         }
     }
 }
-
 
 /// A module for the cpu target from case `seed`'s program and schedule, when it builds
 /// (the module generator's random bases).
