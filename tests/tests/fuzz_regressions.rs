@@ -150,3 +150,11 @@ fn fuzz_cases_that_must_keep_passing() {
         replay("dlpack", fuzz::rng::case_seed(3, seed));
     }
 }
+
+/// Soak finding: a `compute_at` region whose interval is empty (hi < lo) had a negative
+/// constant extent, refused by the verifier as an internal error. Regions are now at least 0.
+#[test]
+fn empty_compute_at_region_has_extent_zero() {
+    replay("te", 0xec8ddc6554047e65);
+    replay("te", 0x515f7469c5fa39c5);
+}

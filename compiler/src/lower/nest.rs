@@ -507,7 +507,11 @@ impl Ctx<'_> {
                         Some(c) if extent.as_int().is_none() => {
                             (iv.lo.clone(), Expr::int(c.max(0)))
                         }
-                        _ => (iv.lo.clone(), extent),
+                        // An empty region (hi < lo) computes nothing: extent 0, never negative.
+                        _ => match extent.as_int() {
+                            Some(c) if c < 0 => (iv.lo.clone(), Expr::int(0)),
+                            _ => (iv.lo.clone(), extent),
+                        },
                     }
                 })
                 .collect();
