@@ -41,6 +41,8 @@ mod parallel;
 mod stmt;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_faults;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel};
 use crate::error::{Error, Result};
