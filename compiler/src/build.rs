@@ -391,7 +391,10 @@ fn call(
                         b.name, want[d]
                     )));
                 }
-                *slot = Some(Tensor::zeros(&want, b.dtype)?);
+                *slot = Some(
+                    Tensor::zeros(&want, b.dtype)
+                        .map_err(|e| e.context(&format!("{name}: output '{}': ", b.name)))?,
+                );
             }
         }
     }

@@ -488,7 +488,7 @@ impl Expr {
     }
 
     /// Calls `f` on each direct child (a te `Read`'s indices, not the tensor read).
-    pub fn for_each_child(&self, f: &mut dyn FnMut(&Expr)) {
+    pub fn for_each_child<'a>(&'a self, f: &mut dyn FnMut(&'a Expr)) {
         match self.kind() {
             ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
             ExprKind::Unary(_, a) | ExprKind::Cast(a) => f(a),
@@ -541,29 +541,7 @@ impl Expr {
             if n >= limit {
                 return limit;
             }
-            match e.kind() {
-                ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
-                ExprKind::Unary(_, a) | ExprKind::Cast(a) => stack.push(a),
-                ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
-                    stack.push(a);
-                    stack.push(b)
-                }
-                ExprKind::Select(c, a, b) => {
-                    stack.push(c);
-                    stack.push(a);
-                    stack.push(b)
-                }
-                ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
-                    stack.extend(indices.iter())
-                }
-                ExprKind::Reduce { body, axes, .. } => {
-                    stack.push(body);
-                    for a in axes {
-                        stack.push(&a.min);
-                        stack.push(&a.extent);
-                    }
-                }
-            }
+            e.for_each_child(&mut |c| stack.push(c));
         }
         n
     }

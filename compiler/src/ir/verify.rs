@@ -469,38 +469,12 @@ impl<'a> Verifier<'a> {
 
     /// Takes `e`'s nodes (as a tree) from the function's node allowance, stopping at the limit.
     fn count_nodes(&self, e: &Expr) -> Result<()> {
-        let mut left = self.nodes_left.get();
-        let mut stack = vec![e];
-        while let Some(n) = stack.pop() {
-            if left == 0 {
-                return Err(self.too_many_nodes());
-            }
-            left -= 1;
-            match n.kind() {
-                ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {}
-                ExprKind::Unary(_, a) | ExprKind::Cast(a) => stack.push(a),
-                ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
-                    stack.push(a);
-                    stack.push(b)
-                }
-                ExprKind::Select(c, a, b) => {
-                    stack.push(c);
-                    stack.push(a);
-                    stack.push(b)
-                }
-                ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
-                    stack.extend(indices.iter())
-                }
-                ExprKind::Reduce { body, axes, .. } => {
-                    stack.push(body);
-                    for a in axes {
-                        stack.push(&a.min);
-                        stack.push(&a.extent);
-                    }
-                }
-            }
+        let left = self.nodes_left.get();
+        let n = e.tree_size_upto(left.saturating_add(1));
+        if n > left {
+            return Err(self.too_many_nodes());
         }
-        self.nodes_left.set(left);
+        self.nodes_left.set(left - n);
         Ok(())
     }
 
