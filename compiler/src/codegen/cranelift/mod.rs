@@ -141,6 +141,8 @@ impl CraneliftBackend {
             n_bodies: 0,
             checked: self.checked,
             sites: Vec::new(),
+            param_slot: HashMap::new(),
+            int_slot: HashMap::new(),
         };
         let (entry_id, entry_text) = cx.gen_entry()?;
         let Compiler {
@@ -312,6 +314,9 @@ struct Compiler<'f> {
     checked: bool,
     /// Checked mode: the buffer name of each access site, by site id.
     sites: Vec<String>,
+    /// Frame positions of the parameters and of the int slots (filled on first use).
+    param_slot: HashMap<BufId, usize>,
+    int_slot: HashMap<u32, usize>,
 }
 
 fn cl_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -430,6 +435,8 @@ struct FnGen<'a, 'f> {
     /// sequential nests had O(N^2) live ranges, and register allocation time and memory with
     /// them (issue 6, point 8).
     frame: Option<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
+    /// Variables whose scope ended, by type, for reuse (`fresh_var`).
+    free_vars: HashMap<Type, Vec<Variable>>,
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
@@ -448,6 +455,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             in_body,
             frame: None,
             live_allocs: Vec::new(),
+            free_vars: HashMap::new(),
         }
     }
 
@@ -499,21 +507,36 @@ impl<'a, 'f> FnGen<'a, 'f> {
                 }
             });
         }
-        let func = self.func;
+        // Slot positions by id, computed once per kernel: work per statement is linear in
+        // what the statement references, not in the number of parameters.
+        if self.cx.param_slot.is_empty() && self.cx.int_slot.is_empty() {
+            let func = self.func;
+            self.cx.param_slot = func
+                .params
+                .iter()
+                .enumerate()
+                .map(|(k, id)| (*id, k))
+                .collect();
+            self.cx.int_slot = int_slots(func)
+                .iter()
+                .enumerate()
+                .map(|(k, v)| (v.id, k))
+                .collect();
+        }
         let mut out = FrameBindings::default();
-        for (k, id) in func.params.iter().enumerate() {
-            if bufs.contains(id) {
+        for id in bufs {
+            if let Some(&k) = self.cx.param_slot.get(&id) {
                 let p = self.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32);
-                out.bufs.push((*id, self.bind_buf(*id, p)));
+                out.bufs.push((id, self.bind_buf(id, p)));
             }
         }
-        for (k, v) in int_slots(func).iter().enumerate() {
-            if vars.contains(&v.id) {
+        for id in vars {
+            if let Some(&k) = self.cx.int_slot.get(&id) {
                 let x = self
                     .b
                     .ins()
                     .load(types::I64, expr::flags(), ints, (8 * k) as i32);
-                out.vars.push((v.id, self.bind_var(v.id, x)));
+                out.vars.push((id, self.bind_var(id, x)));
             }
         }
         Ok(out)
@@ -557,31 +580,47 @@ impl<'a, 'f> FnGen<'a, 'f> {
 
     /// Binds IR variable `id` to `val` (in a fresh Cranelift variable); returns the previous
     /// binding, to restore when the scope ends.
+    /// A Cranelift variable of type `ty`, reused from a scope that ended when possible: the
+    /// SSA builder keeps a table per variable as long as the blocks it was defined in, so a
+    /// fresh variable per binding costs O(bindings x blocks) memory in long functions.
+    fn fresh_var(&mut self, ty: Type) -> Variable {
+        match self.free_vars.get_mut(&ty).and_then(|v| v.pop()) {
+            Some(v) => v,
+            None => self.b.declare_var(ty),
+        }
+    }
+
     fn bind_var(&mut self, id: u32, val: cranelift_codegen::ir::Value) -> Option<(Variable, Type)> {
         let ty = self.b.func.dfg.value_type(val);
-        let v = self.b.declare_var(ty);
+        let v = self.fresh_var(ty);
         self.b.def_var(v, val);
         self.vars.insert(id, (v, ty))
     }
 
     fn restore_var(&mut self, id: u32, old: Option<(Variable, Type)>) {
-        match old {
+        let ended = match old {
             Some(o) => self.vars.insert(id, o),
             None => self.vars.remove(&id),
         };
+        if let Some((v, ty)) = ended {
+            self.free_vars.entry(ty).or_default().push(v);
+        }
     }
 
     fn bind_buf(&mut self, id: BufId, ptr: cranelift_codegen::ir::Value) -> Option<Variable> {
-        let v = self.b.declare_var(PTR);
+        let v = self.fresh_var(PTR);
         self.b.def_var(v, ptr);
         self.bufs.insert(id, v)
     }
 
     fn restore_buf(&mut self, id: BufId, old: Option<Variable>) {
-        match old {
+        let ended = match old {
             Some(o) => self.bufs.insert(id, o),
             None => self.bufs.remove(&id),
         };
+        if let Some(v) = ended {
+            self.free_vars.entry(PTR).or_default().push(v);
+        }
     }
 
     /// Calls helper `name` (declared with the given signature) and returns its results.

@@ -24,11 +24,7 @@ fn shifted(shift: i64, kind: ForKind) -> PrimFunc {
     let i = Var::new("i");
     let a = input(0, "A", DType::F32, vec![Expr::var(&n)]);
     let b = output(1, "B", DType::F32, vec![Expr::var(&n)]);
-    let read = Expr::load(
-        a.id,
-        vec![Expr::var(&i).add(&Expr::int(shift))],
-        DType::F32,
-    );
+    let read = Expr::load(a.id, vec![Expr::var(&i).add(&Expr::int(shift))], DType::F32);
     let body = Stmt::For {
         var: i.clone(),
         min: Expr::int(0),
