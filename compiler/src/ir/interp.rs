@@ -576,9 +576,11 @@ impl<'a> Machine<'a> {
                 let decls = self.decls;
                 let (shape_e, stride_v) = (&decls[pos].shape, &decls[pos].strides);
                 let shape: Vec<i64> = shape_e.iter().map(|e| self.int(e)).collect::<Result<_>>()?;
-                // Compact row-major strides; the element count, checked for overflow.
+                // Compact row-major strides; the element count exact (128-bit, saturating):
+                // a zero extent makes an empty buffer even when the others' product overflows
+                // (strides are then never used).
                 let mut strides = vec![0i64; shape.len()];
-                let mut numel = 1i64;
+                let mut count: u128 = 1;
                 for k in (0..shape.len()).rev() {
                     if shape[k] < 0 {
                         return Err(self.err(format!(
@@ -586,14 +588,10 @@ impl<'a> Machine<'a> {
                             self.bufs[pos].name, shape[k], shape_e[k]
                         )));
                     }
-                    strides[k] = numel;
-                    numel = numel.checked_mul(shape[k]).ok_or_else(|| {
-                        self.err(format!(
-                            "allocate `{}`: size overflows",
-                            self.bufs[pos].name
-                        ))
-                    })?;
+                    strides[k] = i64::try_from(count).unwrap_or(i64::MAX);
+                    count = count.saturating_mul(shape[k] as u128);
                 }
+                let numel = i64::try_from(count).unwrap_or(i64::MAX);
                 let size = self.bufs[pos].dtype.size();
                 let too_big = || {
                     Error::Runtime(rivet_runtime::Error::Memory(format!(
