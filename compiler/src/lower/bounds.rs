@@ -19,7 +19,7 @@
 //!
 //! Runs before simplification, so guards still match the index expressions structurally.
 
-use super::interval::{interval, prove_le, Env, Interval};
+use super::interval::{interval, prove_le, Env, Interval, Record};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::checked::{always_in_i64, eval_checked};
@@ -27,12 +27,8 @@ use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
 use rivet_runtime::DType;
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
-
-/// Nodes the interval analysis bounded since the last `discharge`, with their intervals.
-type Record = Rc<RefCell<Vec<(Expr, Interval)>>>;
 
 struct Prover<'a> {
     func: &'a PrimFunc,

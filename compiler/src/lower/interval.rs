@@ -45,8 +45,11 @@ pub struct Env {
     pub guards: Vec<(Expr, Option<Expr>, Option<Expr>)>,
     /// When set, every node `interval` bounds is recorded here with its interval (shared by
     /// the clones of an environment): the no-overflow obligations of the bounds proof.
-    pub record: Option<Rc<RefCell<Vec<(Expr, Interval)>>>>,
+    pub record: Option<Record>,
 }
+
+/// Nodes with their intervals, as `Env::record` collects them.
+pub type Record = Rc<RefCell<Vec<(Expr, Interval)>>>;
 
 impl Env {
     /// Records what `cond` (true on the branch being entered) says about sub-expressions.

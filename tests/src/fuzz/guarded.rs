@@ -126,13 +126,7 @@ impl Guarded {
         poison: bool,
         r: &mut Rng,
     ) -> Option<Guarded> {
-        if shape
-            .iter()
-            .try_fold(1i64, |a, &n| a.checked_mul(n))
-            .is_none()
-        {
-            return None;
-        }
+        shape.iter().try_fold(1i64, |a, &n| a.checked_mul(n))?;
         let rank = shape.len();
         let mut strides = vec![0i64; rank];
         let mut run = 1i64;

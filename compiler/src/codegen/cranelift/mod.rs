@@ -255,10 +255,11 @@ impl Kernel for CraneliftKernel {
                 self.n_ints
             )));
         }
+        // A fault left by an earlier launch on this thread is not this launch's.
+        helpers::take_fault();
         // SAFETY: the entry function follows the CallFrame ABI; the frame has the expected
         // number of entries (checked above) and the caller guarantees (`launch`'s contract)
         // that the pointers address memory matching the buffers under these ints.
-        helpers::take_fault();
         let status = unsafe { (self.entry)(frame.ptrs.as_ptr(), frame.ints.as_ptr()) };
         if status == 0 {
             return Ok(());
