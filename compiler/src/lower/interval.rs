@@ -125,8 +125,18 @@ fn nonneg(e: &Expr) -> bool {
     prove_nonneg(e) == Some(true)
 }
 
+/// Largest interval endpoint kept: nested `min`/`max` of products can double at each level
+/// (hostile split factors made a build take 25 s); past this an index is "cannot bound", a
+/// `CompileError`, never a slow build.
+const MAX_ENDPOINT_NODES: usize = 1000;
+
 pub fn interval(e: &Expr, env: &Env) -> Option<Interval> {
     let raw = raw_interval(e, env)?;
+    if raw.lo.tree_size_upto(MAX_ENDPOINT_NODES) >= MAX_ENDPOINT_NODES
+        || raw.hi.tree_size_upto(MAX_ENDPOINT_NODES) >= MAX_ENDPOINT_NODES
+    {
+        return None;
+    }
     // The obligation is on the node's value before guards about the node itself: a guard
     // compares the value the program computed, which is the exact one only if it did not wrap.
     if let Some(r) = &env.record {
