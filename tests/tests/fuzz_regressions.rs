@@ -182,4 +182,5 @@ fn loose_symbolic_compute_at_regions_are_slow() {
 fn soak_hangs_not_yet_classified() {
     replay("te", 0xa9b17a8a1c9b6aad);
     replay("te", 0x5f941f873f5b7317);
+    replay("te", 0x528e482d909a75ae);
 }
