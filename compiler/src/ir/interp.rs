@@ -126,7 +126,8 @@ impl Value {
 }
 
 /// Evaluates a memory-free expression (no `Load`) with the interpreter's semantics, looking
-/// variables up with `lookup`: shapes, checks, and a reference for simplifier tests.
+/// variables up with `lookup`: a reference for simplifier and backend tests (shapes and checks
+/// are decided exactly by `ir::checked::eval_checked`).
 pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value> {
     let mut m = Machine::new("<expression>", &[], true);
     let mut missing = None;
@@ -147,16 +148,6 @@ pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value
         )));
     }
     m.eval(e)
-}
-
-/// `eval_expr` for an int64 (or other integer / bool) expression.
-pub fn eval_int(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i64> {
-    match eval_expr(e, lookup)? {
-        Value::Int(v) => Ok(v),
-        other => Err(Error::Internal(format!(
-            "eval_int: `{e}` is a float ({other:?})"
-        ))),
-    }
 }
 
 // ---- preparation ----------------------------------------------------------------------------

@@ -361,6 +361,20 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     outcome
 }
 
+/// Points a hand-made tensor at its own shape and stride arrays (or NULL, as the spec says).
+fn point_arrays(t: &mut DLTensor, shape: &mut [i64], strides: &mut [i64], spec: &Spec) {
+    t.shape = if spec.null_shape {
+        std::ptr::null_mut()
+    } else {
+        shape.as_mut_ptr()
+    };
+    t.strides = if spec.null_strides {
+        std::ptr::null_mut()
+    } else {
+        strides.as_mut_ptr()
+    };
+}
+
 fn import_and_use(
     spec: &Spec,
     data: *mut c_void,
@@ -410,21 +424,9 @@ fn import_and_use(
         // SAFETY: ctx is a live box; the pointers go to its own arrays.
         unsafe {
             let c = &mut *ctx;
-            c.managed.dl_tensor.shape = if spec.null_shape {
-                std::ptr::null_mut()
-            } else {
-                c.shape.as_mut_ptr()
-            };
-            c.managed.dl_tensor.strides = if spec.null_strides {
-                std::ptr::null_mut()
-            } else {
-                c.strides.as_mut_ptr()
-            };
-            let res = dlpack::import_versioned(ctx as *mut DLManagedTensorVersioned);
-            if !spec.deleter {
-                // Nobody frees a capsule without a deleter; the producer leaks it by design.
-            }
-            res
+            point_arrays(&mut c.managed.dl_tensor, &mut c.shape, &mut c.strides, spec);
+            // Without a deleter nobody frees the box: the producer leaks it by design.
+            dlpack::import_versioned(ctx as *mut DLManagedTensorVersioned)
         }
     } else {
         let ctx = Box::into_raw(Box::new(Ctx {
@@ -441,16 +443,7 @@ fn import_and_use(
         // SAFETY: as above.
         unsafe {
             let c = &mut *ctx;
-            c.managed.dl_tensor.shape = if spec.null_shape {
-                std::ptr::null_mut()
-            } else {
-                c.shape.as_mut_ptr()
-            };
-            c.managed.dl_tensor.strides = if spec.null_strides {
-                std::ptr::null_mut()
-            } else {
-                c.strides.as_mut_ptr()
-            };
+            point_arrays(&mut c.managed.dl_tensor, &mut c.shape, &mut c.strides, spec);
             dlpack::import_legacy(ctx as *mut DLManagedTensor, spec.flags & 1 == 1)
         }
     };
