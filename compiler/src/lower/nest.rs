@@ -487,7 +487,15 @@ impl Ctx<'_> {
                     // the proof bounds without `max`/`min` of outer loops.)
                     let iv = iv.expect("found");
                     let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
-                    let huge = extent.as_int().is_some_and(|e| e > SMALL_SPLIT);
+                    let huge = match extent.as_int() {
+                        Some(e) => e > SMALL_SPLIT,
+                        // A symbolic region is clamped only when it may exceed the tensor by
+                        // more than SMALL_SPLIT (`j * 2**31` over `j < n`), not when it is the
+                        // tensor's own extent plus a halo (`n + 2`), which the proof bounds.
+                        None => interval(&simplify(&extent.sub(shape)), outer)
+                            .and_then(|i| simplify(&i.hi).as_int())
+                            .is_none_or(|over| over > SMALL_SPLIT),
+                    };
                     let iv = if !huge {
                         iv
                     } else {

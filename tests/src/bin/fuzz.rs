@@ -39,7 +39,10 @@ struct Opts {
     mem_mib: u64,
     current_file: String,
     verbose: bool,
-    // worker only
+    /// Run only this generator's cases of the mixed sequence (case numbers and seeds stay
+    /// those of the full run), to re-check one generator's share of a long soak.
+    only: Option<String>,
+    // worker only (`--start` also sets the supervisor's first case)
     worker: bool,
     start: u64,
     deadline_ms: u128,
@@ -56,7 +59,7 @@ fn parse_u64(s: &str) -> u64 {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("fuzz: {msg}\nusage: fuzz [--seconds N] [--seed S] [--generator te,module,dlpack] [--replay SEED] [--hang-seconds N] [--mem-mib N] [--unchecked] [--verbose]");
+    eprintln!("fuzz: {msg}\nusage: fuzz [--seconds N] [--seed S] [--generator te,module,dlpack] [--replay SEED] [--hang-seconds N] [--mem-mib N] [--unchecked] [--verbose] [--start CASE] [--only GENERATOR]");
     std::process::exit(2)
 }
 
@@ -81,6 +84,7 @@ fn parse() -> Opts {
             .display()
             .to_string(),
         verbose: false,
+        only: None,
         worker: false,
         start: 0,
         deadline_ms: 0,
@@ -101,6 +105,7 @@ fn parse() -> Opts {
             "--current-file" => o.current_file = val(),
             "--unchecked" => o.checked = false,
             "--verbose" | "-v" => o.verbose = true,
+            "--only" => o.only = Some(val()),
             "--worker" => o.worker = true,
             "--start" => o.start = parse_u64(&val()),
             "--deadline-ms" => {
@@ -177,6 +182,10 @@ fn worker(o: &Opts) {
     while now_ms() < o.deadline_ms {
         let g = &gens[(i % gens.len() as u64) as usize];
         let seed = case_seed(o.seed, i);
+        if o.only.as_deref().is_some_and(|n| n != g.name) {
+            i += 1;
+            continue;
+        }
         let _ = std::fs::write(&o.current_file, format!("{} {seed:#x} case {i}\n", g.name));
         if writeln!(out, "S {i} {} {seed:#x}", g.name)
             .and_then(|_| out.flush())
@@ -222,7 +231,7 @@ fn supervise(o: &Opts) {
         tallies.insert(g.clone(), Tally::default());
     }
     let mut problems: Vec<String> = Vec::new();
-    let mut next = 0u64;
+    let mut next = o.start;
     eprintln!(
         "fuzz: seed {:#x}, {} s, generators {}, checked mode {}, workers limited to {} MiB",
         o.seed,
@@ -257,6 +266,9 @@ fn supervise(o: &Opts) {
             .stderr(Stdio::inherit());
         if o.verbose {
             cmd.arg("--verbose");
+        }
+        if let Some(n) = &o.only {
+            cmd.args(["--only", n]);
         }
         if !o.checked {
             cmd.arg("--unchecked");

@@ -605,6 +605,9 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     if huge && (p.producer.is_some() || log.contains("reduce=true")) {
         return Outcome::Typed("run:skipped (hostile work size)".into());
     }
+    if verbose {
+        eprintln!("IR:\n{}", mi.get_source("ir").unwrap_or_default());
+    }
     let fi = mi.get_function("f").expect("the built function");
     let fc = mc.get_function("f").expect("the built function");
     let Some(ai) = make_args(&p, &mut r) else {
@@ -642,6 +645,15 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
             let (ka, kb) = (kind(&a), kind(&b));
             if ka == "Internal" || kb == "Internal" {
                 return Outcome::Fail(format!("call: internal error: interp {a} / cpu {b}\n{log}"));
+            }
+            // In checked mode every access is checked against its buffer: an Index error
+            // there is an access the bounds proof admitted, i.e. a soundness bug (unchecked,
+            // the same access would have touched memory outside the tensors).
+            if ka == "Index" || kb == "Index" {
+                return Outcome::Fail(format!(
+                    "call: out-of-bounds access admitted by the proof: interp {a} / cpu {b}\n{log}\nIR:\n{}",
+                    mc.get_source("ir").unwrap_or_default()
+                ));
             }
             if ka != kb {
                 return Outcome::Fail(format!(
