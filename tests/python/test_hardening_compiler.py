@@ -48,6 +48,28 @@ def test_symbolic_index_overflow_is_refused_per_call(target, rng, k):
     assert_bits_equal(a, before)
 
 
+def test_a_check_shared_by_two_loop_nests_holds_in_both(target, rng):
+    # Soak finding 0x436a3da40ee8a398: the check "A dim 0: i < h" arises in P's nest, inside
+    # a loop over h (vacuous when h == 0), and in C's nest, outside any such loop. The checks
+    # were deduplicated by message, so only the vacuous form was kept and C read rows of an
+    # empty A. Each nest now keeps its own form.
+    h = te.var("h")
+    A = te.placeholder((h, 5), "float64", name="A")
+    P = te.compute((5, h), lambda i, j: A[i, (j * 4 + 7) % 5] + 1.0, name="P")
+    k = te.reduce_axis((0, h), name="k")
+    S = te.compute((5,), lambda i: te.sum(P[i, k], axis=k), name="S")
+    C = te.compute((5,), lambda i: A[i, 0] + S[i], name="C")
+    f = build(C, [A, C], target)
+    for rows in [0, 1, 4]:
+        with pytest.raises(rivet.ShapeError, match="A"):
+            f(np.zeros((rows, 5)), np.zeros(5))
+    a = random_array(rng, (6, 5), "float64")
+    out = np.full(5, np.nan)
+    f(a, out)
+    want = a[:5, 0] + np.array([sum(a[i, (j * 4 + 7) % 5] + 1.0 for j in range(6)) for i in range(5)])
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("k", BIG)
 def test_static_index_overflow_is_a_build_error(target, k):
     A = te.placeholder((8,), "float32", name="A")

@@ -178,3 +178,12 @@ fn loose_symbolic_compute_at_regions_are_clamped() {
     replay("te", 0x5f941f873f5b7317);
     replay("te", 0x528e482d909a75ae);
 }
+
+/// Soak finding (checked mode caught it): the same bounds check from two loop nests, one
+/// inside a loop over a symbolic extent (vacuous when that is 0) and one outside, was kept
+/// once, in its vacuous form: with `h = 0` the second nest read an empty tensor. Checks are
+/// now deduplicated by message and vacuity together.
+#[test]
+fn a_check_shared_by_two_nests_keeps_both_forms() {
+    replay("te", 0x436a3da40ee8a398);
+}

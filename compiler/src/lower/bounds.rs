@@ -27,15 +27,17 @@ use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
 use rivet_runtime::DType;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 struct Prover<'a> {
     func: &'a PrimFunc,
     dims: HashSet<Var>,
     checks: Vec<Check>,
-    /// Messages of `checks`, to add each check once.
-    seen: HashSet<String>,
+    /// Messages of `checks` with the loop extents that make each vacuous, to add each check
+    /// once. The same message from another loop nest is another check: in one nest an empty
+    /// loop skips the access, in the other it does not (soak finding 0x436a3da40ee8a398).
+    seen: HashMap<String, Vec<Vec<Expr>>>,
     /// Extents of the enclosing loops (a check is vacuous when one of them is empty).
     loop_extents: Vec<Expr>,
     record: Record,
@@ -52,25 +54,32 @@ impl Prover<'_> {
         ok
     }
 
-    /// `cond`, or true when an enclosing loop of symbolic extent runs zero times.
-    fn vacuous_or(&self, cond: Expr) -> Expr {
-        let mut full = cond;
-        let mut seen: Vec<&Expr> = Vec::new();
+    /// The extents of the enclosing loops that depend on dims only (each once): when one of
+    /// them is below 1 the code inside never runs.
+    fn vacuous_extents(&self) -> Vec<Expr> {
+        let mut out: Vec<Expr> = Vec::new();
         for e in &self.loop_extents {
-            if self.only_dims(e) && e.as_int().is_none() && !seen.contains(&e) {
-                seen.push(e);
-                let empty = e.lt(&Expr::int(1));
-                full = Expr::new(ExprKind::Logic(LogicOp::Or, empty, full), DType::Bool);
+            if self.only_dims(e) && e.as_int().is_none() && !out.contains(e) {
+                out.push(e.clone());
             }
         }
-        full
+        out
     }
 
     fn add_check(&mut self, cond: Expr, message: String) {
-        if self.seen.insert(message.clone()) {
-            let cond = self.vacuous_or(cond);
-            self.checks.push(Check { cond, message });
+        let extents = self.vacuous_extents();
+        let known = self.seen.entry(message.clone()).or_default();
+        if known.contains(&extents) {
+            return;
         }
+        known.push(extents.clone());
+        // `cond`, or true when an enclosing loop of symbolic extent runs zero times.
+        let mut full = cond;
+        for e in extents {
+            let empty = e.lt(&Expr::int(1));
+            full = Expr::new(ExprKind::Logic(LogicOp::Or, empty, full), DType::Bool);
+        }
+        self.checks.push(Check { cond: full, message });
     }
 
     /// Turns the intervals recorded since the last call into no-overflow obligations (see the
@@ -399,7 +408,7 @@ pub fn prove(func: &mut PrimFunc) -> Result<()> {
         func,
         dims: func.dims.iter().cloned().collect(),
         checks: vec![],
-        seen: HashSet::new(),
+        seen: HashMap::new(),
         loop_extents: vec![],
         record: record.clone(),
     };
