@@ -177,6 +177,8 @@ fn loose_symbolic_compute_at_regions_are_clamped() {
     replay("te", 0xa9b17a8a1c9b6aad);
     replay("te", 0x5f941f873f5b7317);
     replay("te", 0x528e482d909a75ae);
+    // Found past the soak's range while replaying it (same cause).
+    replay("te", 0x5c1bfdd15b4a0fa5);
 }
 
 /// Soak finding (checked mode caught it): the same bounds check from two loop nests, one
