@@ -67,3 +67,14 @@ impl<T> IntoPyResult<T> for Result<T, Error> {
         self.map_err(|e| to_pyerr(py, e))
     }
 }
+
+/// `rivet_compiler::Result<T>` -> `PyResult<T>` (through `rivet_runtime::Error`).
+pub trait CompileResult<T> {
+    fn cpy(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> CompileResult<T> for Result<T, rivet_compiler::Error> {
+    fn cpy(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_pyerr(py, e.into()))
+    }
+}

@@ -1,7 +1,7 @@
 //! `rivet.kernels.*`: the Rust kernel library (`rivet_compiler::kernels`) for Python. One
 //! entry point; `rivet/kernels.py` gives each kernel its documented signature.
 
-use crate::errors::IntoPyResult;
+use crate::errors::{CompileResult, IntoPyResult};
 use crate::function::PyFunction;
 use pyo3::prelude::*;
 use rivet_compiler::kernels::{self, DimSpec};
@@ -40,6 +40,7 @@ pub fn _kernel(
     b_shape: Option<Vec<Bound<'_, PyAny>>>,
 ) -> PyResult<PyFunction> {
     let dt: DType = dtype.parse().py_err(py)?;
+    let target = &rivet_compiler::Target::parse(target).cpy(py)?;
     let nd = ndim.unwrap_or(2);
     let r = match name {
         "matmul" => kernels::matmul(dt, target),
@@ -64,9 +65,11 @@ pub fn _kernel(
         "max" => kernels::reduce_max(dt, nd, axis.unwrap_or(-1), target),
         "transpose" => kernels::transpose(dt, &perm.unwrap_or_else(|| vec![1, 0]), target),
         other => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "unknown kernel '{other}'"
+            return Err(rivet_runtime::Error::NotFound(format!(
+                "rivet.kernels has no kernel '{other}'; it has: {}",
+                kernels::NAMES.join(", ")
             )))
+            .py_err(py)
         }
     };
     let f = r.map_err(rivet_runtime::Error::from).py_err(py)?;

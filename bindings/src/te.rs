@@ -9,7 +9,7 @@
 //! operand is an expression (`te.if_then_else(c, 1.0, 0.0)`), numbers default to bool,
 //! int64 and float32.
 
-use crate::errors::to_pyerr;
+use crate::errors::{to_pyerr, CompileResult};
 use crate::function::PyFunction;
 use pyo3::basic::CompareOp;
 use pyo3::exceptions::PyTypeError;
@@ -27,17 +27,6 @@ use rivet_runtime::DType;
 use std::collections::HashMap;
 
 // ---- errors -------------------------------------------------------------------------------
-
-/// `rivet_compiler::Result<T>` -> `PyResult<T>` (through `rivet_runtime::Error`).
-trait CompileResult<T> {
-    fn cpy(self, py: Python<'_>) -> PyResult<T>;
-}
-
-impl<T> CompileResult<T> for Result<T, rivet_compiler::Error> {
-    fn cpy(self, py: Python<'_>) -> PyResult<T> {
-        self.map_err(|e| to_pyerr(py, e.into()))
-    }
-}
 
 fn compile_err(py: Python<'_>, msg: String) -> PyErr {
     to_pyerr(py, rivet_runtime::Error::Compile(msg))
@@ -1475,7 +1464,7 @@ impl PyModule_ {
         self.m.save(&path).cpy(py)
     }
     fn __repr__(&self) -> String {
-        let targets: Vec<&str> = self.m.funcs.iter().map(|c| c.target.as_str()).collect();
+        let targets: Vec<String> = self.m.funcs.iter().map(|c| c.target.to_string()).collect();
         format!(
             "rivet.Module([{}], target={})",
             self.m.function_names().join(", "),

@@ -21,6 +21,7 @@ use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
+use crate::target::{Target, ToTarget};
 use crate::te::Tensor as TeTensor;
 use rivet_runtime::{
     ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
@@ -34,7 +35,7 @@ pub struct Compiled {
     /// The loop-nest IR (pass 1 output): saved modules store this and re-run the proof.
     pub nest: PrimFunc,
     pub func: PrimFunc,
-    pub target: String,
+    pub target: Target,
     /// Built in checked mode (every access bounds-checked by the kernel).
     pub checked: bool,
     /// Each local buffer (temporary): its name, shape and element size, sized per call.
@@ -110,18 +111,25 @@ fn dims_text(f: &PrimFunc, env: &HashMap<Var, i64>) -> String {
 }
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
-pub fn build(sched: &Schedule, args: &[TeTensor], target: &str, name: &str) -> Result<Module> {
+/// `target` is a `Target` or its spelling (`"cpu"`, `"interp"`, `"cuda -arch=sm_90"`).
+pub fn build<T: ToTarget + ?Sized>(
+    sched: &Schedule,
+    args: &[TeTensor],
+    target: &T,
+    name: &str,
+) -> Result<Module> {
     build_with(sched, args, target, name, Options::from_env())
 }
 
 /// `build` with explicit options.
-pub fn build_with(
+pub fn build_with<T: ToTarget + ?Sized>(
     sched: &Schedule,
     args: &[TeTensor],
-    target: &str,
+    target: &T,
     name: &str,
     opts: Options,
 ) -> Result<Module> {
+    let target = target.to_target()?;
     if name.is_empty()
         || !name
             .chars()
@@ -133,7 +141,7 @@ pub fn build_with(
     }
     let c = on_compile_stack(|| {
         let nest = lower::nest::build_nest(sched, args, name)?;
-        compile_here(nest, target, opts)
+        compile_here(nest, &target, opts)
     })?;
     Ok(Module {
         funcs: vec![Arc::new(c)],
@@ -142,24 +150,29 @@ pub fn build_with(
 
 /// Runs the rest of the pipeline on a loop-nest function and compiles it (options from the
 /// environment).
-pub fn compile(nest: PrimFunc, target: &str) -> Result<Compiled> {
+pub fn compile(nest: PrimFunc, target: &Target) -> Result<Compiled> {
     compile_with(nest, target, Options::from_env())
 }
 
 /// `compile` with explicit options.
-pub fn compile_with(nest: PrimFunc, target: &str, opts: Options) -> Result<Compiled> {
+pub fn compile_with(nest: PrimFunc, target: &Target, opts: Options) -> Result<Compiled> {
     on_compile_stack(|| compile_here(nest, target, opts))
 }
 
-fn compile_here(nest: PrimFunc, target: &str, opts: Options) -> Result<Compiled> {
+fn compile_here(nest: PrimFunc, target: &Target, opts: Options) -> Result<Compiled> {
     let func = lower::finish_with(nest.clone(), opts.checked)?;
     let temps = temporaries(&func)?;
-    let kernel = crate::codegen::backend_with(target, opts.checked)?.compile(&func)?;
-    lower::dump(&func.name, 5, &format!("{target}.src"), &kernel.source());
+    let kernel = crate::codegen::backend(target, opts.checked)?.compile(&func)?;
+    lower::dump(
+        &func.name,
+        5,
+        &format!("{}.src", target.kind_name()),
+        &kernel.source(),
+    );
     Ok(Compiled {
         nest,
         func,
-        target: target.to_string(),
+        target: target.clone(),
         checked: opts.checked,
         temps,
         kernel,

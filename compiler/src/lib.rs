@@ -13,9 +13,11 @@ pub mod kernels;
 pub mod lower;
 pub mod module_file;
 pub mod schedule;
+pub mod target;
 pub mod te;
 
 pub use build::{build, Module};
 pub use error::{Error, Result};
 pub use rivet_runtime as runtime;
 pub use schedule::Schedule;
+pub use target::{Target, TargetKind, ToTarget};

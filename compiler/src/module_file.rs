@@ -76,7 +76,7 @@ impl Module {
                 .funcs
                 .iter()
                 .map(|c| SavedFunction {
-                    target: c.target.clone(),
+                    target: c.target.to_string(),
                     ir: c.nest.clone(),
                 })
                 .collect(),
@@ -180,8 +180,10 @@ impl Module {
                 Error::Compile(m) => bad(origin, format!("function '{name}': {m}")),
                 other => other,
             };
+            let target = crate::target::Target::parse(&f.target)
+                .map_err(|e| bad(origin, format!("function '{name}': {e}")))?;
             verify_loaded(&f.ir).map_err(blame)?;
-            let c = compile(f.ir, &f.target).map_err(blame)?;
+            let c = compile(f.ir, &target).map_err(blame)?;
             funcs.push(Arc::new(c));
         }
         Ok(Module { funcs })

@@ -200,7 +200,8 @@ fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 
 #[test]
 fn kernel_library_matches_references() {
-    for target in BACKENDS {
+    for name in BACKENDS {
+        let target = &rivet_compiler::Target::parse(name).unwrap();
         let (m, k, n) = (5usize, 7usize, 3usize);
         let (av, bv) = (data(m * k, 5), data(k * n, 6));
         let mm = kernels::matmul(DType::F32, target).unwrap();

@@ -508,7 +508,7 @@ fn profile_loading_sequential_nests() {
     lap("flatten", &mut t);
     verify(&f, true).unwrap();
     lap("verify flat", &mut t);
-    let k = rivet_compiler::codegen::backend("cpu")
+    let k = rivet_compiler::codegen::backend(&rivet_compiler::Target::cpu(), false)
         .unwrap()
         .compile(&f)
         .unwrap();

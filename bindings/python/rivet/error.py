@@ -44,6 +44,11 @@ class FunctionNotFoundError(Error, LookupError):
     """No function is registered under the name."""
 
 
+class KernelNotFoundError(FunctionNotFoundError, AttributeError):
+    """``rivet.kernels`` has no kernel of that name (an ``AttributeError`` too, so ``hasattr``
+    and ``getattr(rivet.kernels, name, default)`` keep working)."""
+
+
 class RegistryError(Error, ValueError):
     """Registering a name that is taken, without override=True."""
 
@@ -73,6 +78,7 @@ __all__ = [
     "ReadOnlyError",
     "LayoutError",
     "DLPackError",
+    "KernelNotFoundError",
     "FunctionNotFoundError",
     "RegistryError",
     "CompileError",

@@ -7,6 +7,7 @@ torch tensors back).
 """
 
 from ._native import _kernel
+from .error import KernelNotFoundError
 
 __all__ = [
     "matmul", "batch_matmul", "add", "mul", "relu", "gelu", "softmax", "layer_norm",
@@ -68,3 +69,12 @@ def max(dtype="float32", ndim=2, axis=-1, target="cpu"):  # noqa: A001 - mirrors
 def transpose(dtype="float32", perm=(1, 0), target="cpu"):
     """``(X, Y)``: ``Y = X.permute(perm)`` (a compact copy)."""
     return _kernel("transpose", dtype, target, perm=list(perm))
+
+
+def __getattr__(name):
+    # Unknown names are rivet errors that list what exists (and AttributeErrors, for hasattr).
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise KernelNotFoundError(
+        f"rivet.kernels has no kernel '{name}'; it has: {', '.join(__all__)}"
+    )

@@ -32,14 +32,15 @@
 //! can check cheaply: every access is bounds-checked (locals exactly; parameters against the
 //! span of offsets their shape and strides allow), the frame's arity and `func.checks` are
 //! checked at launch, and a violation is an `Error::Internal` naming the function, buffer and
-//! offset, never undefined behaviour. In checked mode (`InterpBackend { checked: true }`, run
+//! offset, never undefined behaviour. In checked mode (`InterpBackend::new(true)`, run
 //! on unflattened IR) an index outside its dim is the user's `Error::Index` instead; a local
 //! buffer over `MAX_ALLOC_BYTES`, or one the system refuses, is `Error::Memory`.
 
-use super::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
-use super::stmt::{Buffer, PrimFunc, Stmt};
-use super::verify::verify;
 use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel};
+use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
+use crate::ir::stmt::{Buffer, PrimFunc, Stmt};
+use crate::ir::verify::verify;
+use crate::target::Target;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use rivet_runtime::DType;
@@ -50,14 +51,30 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// The IR interpreter as a backend (target "interp"). `checked`: the function is unflattened
 /// (checked mode) and an index outside its dim is a user-facing `rivet.IndexError`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
 pub struct InterpBackend {
     pub checked: bool,
+    target: Target,
+}
+
+impl InterpBackend {
+    pub fn new(checked: bool) -> InterpBackend {
+        InterpBackend {
+            checked,
+            target: Target::interp(),
+        }
+    }
+}
+
+impl Default for InterpBackend {
+    fn default() -> InterpBackend {
+        InterpBackend::new(false)
+    }
 }
 
 impl Backend for InterpBackend {
-    fn name(&self) -> &'static str {
-        "interp"
+    fn target(&self) -> &Target {
+        &self.target
     }
 
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
@@ -229,7 +246,7 @@ impl Prepared {
         for c in &f.checks {
             // Exactly as `build::call` decides them: an overflow fails the check.
             let env = &m.env;
-            let holds = super::checked::eval_checked(&c.cond, &|v| env.get(&v.id).copied());
+            let holds = crate::ir::checked::eval_checked(&c.cond, &|v| env.get(&v.id).copied());
             if holds.map_or(true, |x| x == 0) {
                 return Err(m.err(format!(
                     "launched although check `{}` fails ({}); checks must pass before a launch",
@@ -590,13 +607,13 @@ impl<'a> Machine<'a> {
                         self.name,
                         self.bufs[pos].name,
                         size,
-                        super::limits::MAX_ALLOC_BYTES
+                        crate::ir::limits::MAX_ALLOC_BYTES
                     )))
                 };
                 let bytes = usize::try_from(numel)
                     .ok()
                     .and_then(|n| n.checked_mul(size))
-                    .filter(|&b| b <= super::limits::MAX_ALLOC_BYTES)
+                    .filter(|&b| b <= crate::ir::limits::MAX_ALLOC_BYTES)
                     .ok_or_else(too_big)?;
                 // Fallible: a refused allocation is an error, never an abort.
                 let mut storage: Vec<u8> = Vec::new();
@@ -987,7 +1004,7 @@ mod tests {
 
         // The same through the backend interface.
         let k = InterpBackend::default().compile(&f).unwrap();
-        assert_eq!(InterpBackend::default().name(), "interp");
+        assert_eq!(InterpBackend::default().target().to_string(), "interp");
         assert!(k.source().starts_with("func add1d("), "{}", k.source());
         let mut cv2 = vec![0.0f32; 4];
         // SAFETY: as above.

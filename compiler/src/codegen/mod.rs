@@ -8,10 +8,12 @@
 //! and passed before a kernel is launched; a kernel trusts its frame.
 
 pub mod cranelift;
+pub mod interp;
 pub mod math;
 
 use crate::error::Result;
 use crate::ir::{PrimFunc, Var};
+use crate::target::{Target, TargetKind};
 
 /// Everything a kernel needs at launch.
 #[derive(Debug, Clone)]
@@ -45,29 +47,21 @@ pub trait Kernel: Send + Sync {
 
 /// A code generator.
 pub trait Backend: Send + Sync {
-    /// Target name as users spell it ("cpu", "interp").
-    fn name(&self) -> &'static str;
-    /// Compiles a verified, flattened function.
+    /// The target it compiles for.
+    fn target(&self) -> &Target;
+    /// Compiles a verified function (flattened, unless the backend is in checked mode).
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>>;
 }
 
-/// The backend for a target name.
-pub fn backend(target: &str) -> Result<Box<dyn Backend>> {
-    backend_with(target, false)
-}
-
-/// The backend for a target name, in checked mode or not (see `build::Options::checked`).
-pub fn backend_with(target: &str, checked: bool) -> Result<Box<dyn Backend>> {
-    match target {
-        "cpu" | "llvm" | "cranelift" => Ok(Box::new(
+/// The backend for `target`, in checked mode or not (see `build::Options::checked`).
+pub fn backend(target: &Target, checked: bool) -> Result<Box<dyn Backend>> {
+    match target.kind {
+        TargetKind::Cpu => Ok(Box::new(
             cranelift::CraneliftBackend::new()?.checked(checked),
         )),
-        "interp" => Ok(Box::new(crate::ir::interp::InterpBackend { checked })),
-        "cuda" => Err(crate::Error::Compile(
+        TargetKind::Interp => Ok(Box::new(interp::InterpBackend::new(checked))),
+        TargetKind::Cuda => Err(crate::Error::Compile(
             "target 'cuda' is not available yet (the CUDA backend is a later issue); use target='cpu'".into(),
         )),
-        other => Err(crate::Error::Compile(format!(
-            "unknown target '{other}'; expected 'cpu' (Cranelift) or 'interp' (the IR interpreter)"
-        ))),
     }
 }

@@ -1,9 +1,9 @@
 //! The loop IR: typed expressions (shared with the DSL), statements, functions, and the
-//! tools every pass and backend uses: printer, verifier, interpreter.
+//! tools every pass and backend uses: printer, verifier, exact evaluation of index expressions
+//! (`checked`). The interpreter that runs whole functions is a backend: `codegen::interp`.
 
 pub mod checked;
 pub mod expr;
-pub mod interp;
 pub mod limits;
 pub mod printer;
 pub mod stmt;

@@ -20,10 +20,26 @@ use crate::build::{build, make_function};
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, IterVar};
 use crate::schedule::Schedule;
+use crate::target::Target;
 use crate::te::{self, ax, compute, ok, placeholder, Tensor};
 use rivet_runtime::{DType, Function};
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
+
+/// The kernels of the library, by the names `rivet.kernels` gives them.
+pub const NAMES: &[&str] = &[
+    "matmul",
+    "batch_matmul",
+    "add",
+    "mul",
+    "relu",
+    "gelu",
+    "softmax",
+    "layer_norm",
+    "sum",
+    "max",
+    "transpose",
+];
 
 static CACHE: LazyLock<Mutex<HashMap<String, Function>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -41,7 +57,7 @@ fn cached(key: String, make: impl FnOnce() -> Result<Function>) -> Result<Functi
     Ok(f)
 }
 
-fn compile(sched: &Schedule, args: &[Tensor], target: &str, name: &str) -> Result<Function> {
+fn compile(sched: &Schedule, args: &[Tensor], target: &Target, name: &str) -> Result<Function> {
     let m = build(sched, args, target, name)?;
     Ok(make_function(m.funcs[0].clone()))
 }
@@ -67,7 +83,7 @@ fn parallel_outer(s: &mut Schedule, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-pub fn matmul(dtype: DType, target: &str) -> Result<Function> {
+pub fn matmul(dtype: DType, target: &Target) -> Result<Function> {
     cached(format!("matmul/{dtype}/{target}"), || {
         let [m, k, n]: [Expr; 3] = sym(&["m", "k", "n"]).try_into().expect("3");
         let a = placeholder(&[m.clone(), k.clone()], dtype, "A")?;
@@ -93,7 +109,7 @@ pub fn matmul(dtype: DType, target: &str) -> Result<Function> {
     })
 }
 
-pub fn batch_matmul(dtype: DType, target: &str) -> Result<Function> {
+pub fn batch_matmul(dtype: DType, target: &Target) -> Result<Function> {
     cached(format!("batch_matmul/{dtype}/{target}"), || {
         let [bt, m, k, n]: [Expr; 4] = sym(&["b", "m", "k", "n"]).try_into().expect("4");
         let a = placeholder(&[bt.clone(), m.clone(), k.clone()], dtype, "A")?;
@@ -149,7 +165,7 @@ fn binary_broadcast(
     dtype: DType,
     a_shape: &[DimSpec],
     b_shape: &[DimSpec],
-    target: &str,
+    target: &Target,
 ) -> Result<Function> {
     cached(
         format!(
@@ -222,7 +238,7 @@ pub fn add(
     dtype: DType,
     a_shape: &[DimSpec],
     b_shape: &[DimSpec],
-    target: &str,
+    target: &Target,
 ) -> Result<Function> {
     binary_broadcast("add", dtype, a_shape, b_shape, target)
 }
@@ -230,7 +246,7 @@ pub fn mul(
     dtype: DType,
     a_shape: &[DimSpec],
     b_shape: &[DimSpec],
-    target: &str,
+    target: &Target,
 ) -> Result<Function> {
     binary_broadcast("mul", dtype, a_shape, b_shape, target)
 }
@@ -243,7 +259,7 @@ fn elementwise(
     name: &str,
     dtype: DType,
     ndim: usize,
-    target: &str,
+    target: &Target,
     f: fn(Expr) -> Result<Expr>,
 ) -> Result<Function> {
     float(dtype, name)?;
@@ -258,13 +274,13 @@ fn elementwise(
     })
 }
 
-pub fn relu(dtype: DType, ndim: usize, target: &str) -> Result<Function> {
+pub fn relu(dtype: DType, ndim: usize, target: &Target) -> Result<Function> {
     elementwise("relu", dtype, ndim, target, |x| {
         te::maximum(x.clone(), te::number_like(0.0, &x))
     })
 }
 
-pub fn gelu(dtype: DType, ndim: usize, target: &str) -> Result<Function> {
+pub fn gelu(dtype: DType, ndim: usize, target: &Target) -> Result<Function> {
     elementwise("gelu", dtype, ndim, target, |x| {
         let half = te::number_like(0.5, &x);
         let one = te::number_like(1.0, &x);
@@ -290,7 +306,7 @@ fn with_axis(i: &[Expr], axis: usize, r: &IterVar) -> Vec<Expr> {
     v
 }
 
-pub fn softmax(dtype: DType, ndim: usize, axis: i64, target: &str) -> Result<Function> {
+pub fn softmax(dtype: DType, ndim: usize, axis: i64, target: &Target) -> Result<Function> {
     float(dtype, "softmax")?;
     let axis = norm_axis(axis, ndim, "softmax")?;
     cached(format!("softmax/{dtype}/{ndim}/{axis}/{target}"), || {
@@ -346,7 +362,7 @@ pub fn softmax(dtype: DType, ndim: usize, axis: i64, target: &str) -> Result<Fun
     })
 }
 
-pub fn layer_norm(dtype: DType, ndim: usize, eps: f64, target: &str) -> Result<Function> {
+pub fn layer_norm(dtype: DType, ndim: usize, eps: f64, target: &Target) -> Result<Function> {
     float(dtype, "layer_norm")?;
     if ndim == 0 {
         return Err(Error::Compile(
@@ -416,7 +432,7 @@ fn reduce_kernel(
     dtype: DType,
     ndim: usize,
     axis: i64,
-    target: &str,
+    target: &Target,
     max: bool,
 ) -> Result<Function> {
     let axis = norm_axis(axis, ndim, name)?;
@@ -451,14 +467,14 @@ fn reduce_kernel(
     })
 }
 
-pub fn reduce_sum(dtype: DType, ndim: usize, axis: i64, target: &str) -> Result<Function> {
+pub fn reduce_sum(dtype: DType, ndim: usize, axis: i64, target: &Target) -> Result<Function> {
     reduce_kernel("sum", dtype, ndim, axis, target, false)
 }
-pub fn reduce_max(dtype: DType, ndim: usize, axis: i64, target: &str) -> Result<Function> {
+pub fn reduce_max(dtype: DType, ndim: usize, axis: i64, target: &Target) -> Result<Function> {
     reduce_kernel("max", dtype, ndim, axis, target, true)
 }
 
-pub fn transpose(dtype: DType, perm: &[usize], target: &str) -> Result<Function> {
+pub fn transpose(dtype: DType, perm: &[usize], target: &Target) -> Result<Function> {
     let nd = perm.len();
     let mut seen = vec![false; nd];
     for &p in perm {

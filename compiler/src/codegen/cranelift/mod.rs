@@ -47,6 +47,7 @@ mod tests_faults;
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel};
 use crate::error::{Error, Result};
 use crate::ir::{BufId, PrimFunc};
+use crate::target::Target;
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Type, UserFuncName};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -61,6 +62,7 @@ const PTR: Type = types::I64;
 
 /// The Cranelift CPU backend ("cpu").
 pub struct CraneliftBackend {
+    target: Target,
     isa: OwnedTargetIsa,
     /// Keep the disassembly of generated code (costs about 20% of compile time).
     disassemble: bool,
@@ -100,6 +102,7 @@ impl CraneliftBackend {
             .finish(settings::Flags::new(flags))
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
         Ok(CraneliftBackend {
+            target: Target::cpu(),
             isa,
             disassemble: std::env::var_os("RIVET_DUMP").is_some(),
             checked: false,
@@ -180,8 +183,8 @@ impl CraneliftBackend {
 }
 
 impl Backend for CraneliftBackend {
-    fn name(&self) -> &'static str {
-        "cpu"
+    fn target(&self) -> &Target {
+        &self.target
     }
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
         Ok(Box::new(self.compile_kernel(func)?))

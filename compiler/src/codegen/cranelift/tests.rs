@@ -258,7 +258,7 @@ fn kernels_are_send_and_sync_and_named_cpu() {
     fn check<T: Send + Sync>() {}
     check::<super::CraneliftKernel>();
     check::<CraneliftBackend>();
-    assert_eq!(CraneliftBackend::new().unwrap().name(), "cpu");
+    assert_eq!(CraneliftBackend::new().unwrap().target().to_string(), "cpu");
 }
 
 #[test]
@@ -1419,7 +1419,7 @@ fn random_bytes(rng: &mut Rng, dt: DType, n: usize) -> Vec<u8> {
 
 #[test]
 fn matches_the_interpreter_on_random_programs() {
-    use crate::ir::interp::InterpBackend;
+    use crate::codegen::interp::InterpBackend;
     let nn = 37usize;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for case in 0..400 {

@@ -6,7 +6,7 @@
 use super::CraneliftBackend;
 use crate::codegen::{Backend, CallFrame};
 use crate::error::Error;
-use crate::ir::interp::InterpBackend;
+use crate::codegen::interp::InterpBackend;
 use crate::ir::test_util::{buffer, func, input, output};
 use crate::ir::{BufKind, Expr, ForKind, PrimFunc, Stmt, Var};
 use rivet_runtime::DType;
@@ -14,7 +14,7 @@ use rivet_runtime::DType;
 fn backends(checked: bool) -> Vec<Box<dyn Backend>> {
     vec![
         Box::new(CraneliftBackend::new().unwrap().checked(checked)),
-        Box::new(InterpBackend { checked }),
+        Box::new(InterpBackend::new(checked)),
     ]
 }
 
@@ -63,7 +63,7 @@ fn checked_mode_reports_the_tensor_dim_index_and_extent() {
             assert!(
                 matches!(err, Error::Runtime(rivet_runtime::Error::Index(_))),
                 "{}: {msg}",
-                be.name()
+                be.target()
             );
             assert!(
                 msg.contains("'A'") && msg.contains("dim 0") && msg.contains("131072"),
@@ -118,7 +118,7 @@ fn a_local_that_cannot_be_allocated_is_a_memory_error() {
         assert!(
             matches!(err, Error::Runtime(rivet_runtime::Error::Memory(_))),
             "{}: {err}",
-            be.name()
+            be.target()
         );
     }
 }
