@@ -43,23 +43,7 @@ pub struct Compiled {
     pub kernel: Box<dyn Kernel>,
 }
 
-/// How to build.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Options {
-    /// Checked mode: every load and store is bounds-checked in the generated code and a
-    /// violation is a `rivet.IndexError` naming the tensor, the index and the extent (CubeCL's
-    /// checked launches). Slower; for tests, fuzzing and debugging a proof.
-    pub checked: bool,
-}
-
-impl Options {
-    /// The defaults, with `checked` on when the environment has `RIVET_CHECKED=1`.
-    pub fn from_env() -> Options {
-        Options {
-            checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
-        }
-    }
-}
+pub use crate::lower::Options;
 
 /// Runs `f` on a thread with `COMPILE_STACK` bytes of stack (panics propagate).
 fn on_compile_stack<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
@@ -140,27 +124,22 @@ pub fn build_with<T: ToTarget + ?Sized>(
         )));
     }
     let c = on_compile_stack(|| {
-        let nest = lower::nest::build_nest(sched, args, name)?;
-        compile_here(nest, &target, opts)
+        compile_here(lower::Source::Schedule { sched, args, name }, &target, opts)
     })?;
     Ok(Module {
         funcs: vec![Arc::new(c)],
     })
 }
 
-/// Runs the rest of the pipeline on a loop-nest function and compiles it (options from the
+/// Verifies, lowers and compiles a loop-nest function read from a file (options from the
 /// environment).
-pub fn compile(nest: PrimFunc, target: &Target) -> Result<Compiled> {
-    compile_with(nest, target, Options::from_env())
+pub fn compile_loaded(nest: PrimFunc, target: &Target) -> Result<Compiled> {
+    let opts = Options::from_env();
+    on_compile_stack(|| compile_here(lower::Source::Loaded(nest), target, opts))
 }
 
-/// `compile` with explicit options.
-pub fn compile_with(nest: PrimFunc, target: &Target, opts: Options) -> Result<Compiled> {
-    on_compile_stack(|| compile_here(nest, target, opts))
-}
-
-fn compile_here(nest: PrimFunc, target: &Target, opts: Options) -> Result<Compiled> {
-    let func = lower::finish_with(nest.clone(), opts.checked)?;
+fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {
+    let lower::Lowered { nest, func } = lower::lower(src, target, opts)?;
     let temps = temporaries(&func)?;
     let kernel = crate::codegen::backend(target, opts.checked)?.compile(&func)?;
     lower::dump(

@@ -27,11 +27,10 @@
 //! later pass's — is a `CompileError` "cannot load rivet module <path>: ...", never an
 //! internal error: the file is at fault, not rivet.
 
-use crate::build::{compile, Module};
+use crate::build::{compile_loaded, Module};
 use crate::error::{Error, Result};
 use crate::ir::limits::{COMPILE_STACK, MAX_IR_DEPTH, MAX_MODULE_BYTES, MAX_STMT_DEPTH};
 use crate::ir::stmt::PrimFunc;
-use crate::ir::verify::verify_loaded;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -182,8 +181,7 @@ impl Module {
             };
             let target = crate::target::Target::parse(&f.target)
                 .map_err(|e| bad(origin, format!("function '{name}': {e}")))?;
-            verify_loaded(&f.ir).map_err(blame)?;
-            let c = compile(f.ir, &target).map_err(blame)?;
+            let c = compile_loaded(f.ir, &target).map_err(blame)?;
             funcs.push(Arc::new(c));
         }
         Ok(Module { funcs })

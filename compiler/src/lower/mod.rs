@@ -10,8 +10,9 @@ pub mod simplify;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
-use crate::ir::verify::verify;
+use crate::ir::verify::{verify, verify_loaded};
 use crate::schedule::Schedule;
+use crate::target::Target;
 use crate::te::Tensor;
 
 /// Writes `text` to `$RIVET_DUMP/<func>.<step>.<what>` when RIVET_DUMP is set.
@@ -28,31 +29,72 @@ fn after(f: &PrimFunc, step: usize, pass: &str, flattened: bool) -> Result<()> {
     verify(f, flattened)
 }
 
-/// The lowering pipeline.
-pub fn lower(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
-    finish(nest::build_nest(sched, args, name)?)
+/// How to lower and compile.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Options {
+    /// Checked mode: every load and store is bounds-checked in the generated code and a
+    /// violation is a `rivet.IndexError` naming the tensor, the index and the extent (CubeCL's
+    /// checked launches). Slower; for tests, fuzzing and debugging a proof.
+    pub checked: bool,
 }
 
-/// The passes after the loop nest is built (also re-run on functions loaded from a file, so
-/// a saved module is verified and proven in bounds again).
-pub fn finish(f: PrimFunc) -> Result<PrimFunc> {
-    finish_with(f, false)
+impl Options {
+    /// The defaults, with `checked` on when the environment has `RIVET_CHECKED=1`.
+    pub fn from_env() -> Options {
+        Options {
+            checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
+        }
+    }
 }
 
-/// `finish`; in checked mode the function is left unflattened (one index per dim), so the
-/// backends can check every index against its extent.
-pub fn finish_with(mut f: PrimFunc, checked: bool) -> Result<PrimFunc> {
+/// Where a function to lower comes from.
+pub enum Source<'a> {
+    /// A schedule and the tensors of the call (inputs, then outputs), from `build`.
+    Schedule {
+        sched: &'a Schedule,
+        args: &'a [Tensor],
+        name: &'a str,
+    },
+    /// A loop-nest function read from a saved module: untrusted, verified before anything
+    /// reads it, and proven again (never trusting the checks it carries).
+    Loaded(PrimFunc),
+}
+
+/// A lowered function: the loop nest (what modules save) and the function a backend compiles.
+pub struct Lowered {
+    pub nest: PrimFunc,
+    pub func: PrimFunc,
+}
+
+/// The lowering pipeline, top to bottom; `build` and module loading both run it.
+pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered> {
+    // 1. The loop nest: bound inference, schedule, inlining, compute_at regions.
+    let nest = match src {
+        Source::Schedule { sched, args, name } => nest::build_nest(sched, args, name)?,
+        Source::Loaded(f) => {
+            verify_loaded(&f)?;
+            f
+        }
+    };
+    let mut f = nest.clone();
     after(&f, 1, "nest", false)?;
-    f.checks.clear(); // recomputed by the proof, never trusted
+    // 2. The bounds proof: every access in bounds, every int64 node inside int64, or a
+    //    per-call check, or a CompileError.
+    f.checks.clear();
     bounds::prove(&mut f)?;
     after(&f, 2, "bounds", false)?;
+    // 3. Simplification.
     f.body = simplify::simplify_stmt(&f.body);
     after(&f, 3, "simplify", false)?;
-    if checked {
-        return Ok(f);
+    // 4. Flattening to one element offset per access; checked mode keeps one index per dim,
+    //    so the backends can check each against its extent.
+    if !opts.checked {
+        flatten::flatten(&mut f);
+        f.body = simplify::simplify_stmt(&f.body);
+        after(&f, 4, "flatten", true)?;
     }
-    flatten::flatten(&mut f);
-    f.body = simplify::simplify_stmt(&f.body);
-    after(&f, 4, "flatten", true)?;
-    Ok(f)
+    // Every target shares the passes so far; target-specific passes (the host/device split
+    // of issue 7) come here.
+    let _ = target;
+    Ok(Lowered { nest, func: f })
 }
