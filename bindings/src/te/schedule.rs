@@ -1,0 +1,359 @@
+//! `rivet.Schedule` and `rivet.Stage` (`s[C]`): the schedule primitives (split, fuse,
+//! reorder, tile, annotations, compute_inline, compute_at) and the loops they report
+//! (`leaf_iter_vars`, with their extents).
+
+use super::compile_err;
+use super::itervar::{axis_var, new_itervar, PyIterVar};
+use super::operand::index_arg;
+use super::tensor::{tensor_arg, tensors_arg, PyTeTensor, PyTensorOp};
+use crate::errors::CompileResult;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use rivet_compiler::ir::expr::{Expr, IterVar, Var};
+use rivet_compiler::ir::stmt::ForKind;
+use rivet_compiler::lower::simplify::simplify;
+use rivet_compiler::schedule::{Attach, Relation, Schedule, Stage};
+use rivet_compiler::te::Tensor;
+use std::collections::HashMap;
+
+/// `rivet.Schedule` (`rivet.create_schedule(C)`); `s[C]` is the stage of `C`.
+#[pyclass(name = "Schedule", module = "rivet")]
+pub struct PySchedule {
+    pub sched: Schedule,
+}
+
+#[pyfunction]
+pub fn create_schedule(py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PySchedule> {
+    let outs = tensors_arg(outputs, "create_schedule: argument 0 ('outputs')")?;
+    Ok(PySchedule {
+        sched: Schedule::new(&outs).cpy(py)?,
+    })
+}
+
+#[pymethods]
+impl PySchedule {
+    fn __getitem__(slf: &Bound<'_, Self>, t: &Bound<'_, PyAny>) -> PyResult<PyStage> {
+        let py = slf.py();
+        let t = tensor_arg(t, "s[...]")?;
+        slf.borrow().sched.stage_index(&t).cpy(py)?;
+        Ok(PyStage {
+            sched: slf.clone().unbind(),
+            t,
+        })
+    }
+    #[getter]
+    fn outputs(&self) -> Vec<PyTeTensor> {
+        self.sched
+            .outputs
+            .iter()
+            .map(|t| PyTeTensor { t: t.clone() })
+            .collect()
+    }
+    /// Every stage, producers first.
+    #[getter]
+    fn stages(slf: &Bound<'_, Self>) -> Vec<PyStage> {
+        slf.borrow()
+            .sched
+            .stages
+            .iter()
+            .map(|s| PyStage {
+                sched: slf.clone().unbind(),
+                t: s.tensor.clone(),
+            })
+            .collect()
+    }
+    fn __repr__(&self) -> String {
+        let names: Vec<&str> = self.sched.stages.iter().map(|s| s.tensor.name()).collect();
+        format!("rivet.Schedule(stages=[{}])", names.join(", "))
+    }
+}
+
+/// The extents of every loop variable of a stage (root axes, then split / fused loops).
+fn extents(st: &Stage) -> HashMap<Var, Expr> {
+    let t = &st.tensor;
+    let mut ext: HashMap<Var, Expr> = HashMap::new();
+    for a in t.axis().iter().chain(t.reduce_axis()) {
+        ext.insert(a.var.clone(), a.extent.clone());
+    }
+    for rel in &st.relations {
+        match rel {
+            Relation::Split {
+                parent,
+                outer,
+                inner,
+                factor,
+                nparts,
+            } => {
+                let Some(pe) = ext.get(parent).cloned() else {
+                    continue;
+                };
+                let (oe, ie) = match (factor, nparts) {
+                    (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
+                    (None, Some(n)) => (n.clone(), pe.add(n).sub(&Expr::int(1)).floordiv(n)),
+                    _ => continue,
+                };
+                ext.insert(outer.clone(), simplify(&oe));
+                ext.insert(inner.clone(), simplify(&ie));
+            }
+            Relation::Fuse {
+                outer,
+                inner,
+                fused,
+            } => {
+                if let (Some(o), Some(i)) = (ext.get(outer), ext.get(inner)) {
+                    let f = simplify(&o.mul(i));
+                    ext.insert(fused.clone(), f);
+                }
+            }
+        }
+    }
+    ext
+}
+
+/// The IterVar of loop `v` of a stage.
+fn leaf_itervar(py: Python<'_>, st: &Stage, v: &Var) -> PyResult<Py<PyIterVar>> {
+    let ext = extents(st);
+    let reduce = st
+        .leaves
+        .iter()
+        .find(|l| &l.var == v)
+        .map(|l| l.reduce)
+        .unwrap_or(false);
+    let extent = ext.get(v).cloned().unwrap_or_else(|| Expr::int(0));
+    new_itervar(
+        py,
+        IterVar {
+            var: v.clone(),
+            min: Expr::int(0),
+            extent,
+            reduce,
+        },
+    )
+}
+
+fn factor_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Expr>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => Ok(Some(index_arg(o, what)?)),
+    }
+}
+
+/// `(x.outer, y.outer, x.inner, y.inner)` of `Stage.tile`.
+type TileAxes = (Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>, Py<PyIterVar>);
+
+/// `s[C]`: the loops of one stage; the primitives reshape and annotate them.
+#[pyclass(name = "Stage", module = "rivet", frozen)]
+pub struct PyStage {
+    sched: Py<PySchedule>,
+    t: Tensor,
+}
+
+impl PyStage {
+    /// Runs `f` on this stage (inside the schedule, mutably).
+    fn with<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Stage) -> rivet_compiler::Result<R>,
+    ) -> PyResult<R> {
+        let mut s = self.sched.bind(py).borrow_mut();
+        let st = s.sched.stage(&self.t).cpy(py)?;
+        f(st).cpy(py)
+    }
+
+    fn itervar(&self, py: Python<'_>, v: &Var) -> PyResult<Py<PyIterVar>> {
+        let s = self.sched.bind(py).borrow();
+        let i = s.sched.stage_index(&self.t).cpy(py)?;
+        leaf_itervar(py, &s.sched.stages[i], v)
+    }
+}
+
+#[pymethods]
+impl PyStage {
+    #[getter]
+    fn op(&self) -> PyTensorOp {
+        PyTensorOp { t: self.t.clone() }
+    }
+
+    /// The current loops, outermost first.
+    #[getter]
+    fn leaf_iter_vars(&self, py: Python<'_>) -> PyResult<Vec<Py<PyIterVar>>> {
+        let s = self.sched.bind(py).borrow();
+        let i = s.sched.stage_index(&self.t).cpy(py)?;
+        let st = &s.sched.stages[i];
+        st.leaves
+            .iter()
+            .map(|l| leaf_itervar(py, st, &l.var))
+            .collect()
+    }
+
+    /// The loop kinds, outermost first ("serial", "parallel", "vectorized", "unrolled").
+    #[getter]
+    fn leaf_kinds(&self, py: Python<'_>) -> PyResult<Vec<&'static str>> {
+        let s = self.sched.bind(py).borrow();
+        let i = s.sched.stage_index(&self.t).cpy(py)?;
+        Ok(s.sched.stages[i]
+            .leaves
+            .iter()
+            .map(|l| match l.kind {
+                ForKind::Serial => "serial",
+                ForKind::Parallel => "parallel",
+                ForKind::Vectorized => "vectorized",
+                ForKind::Unrolled => "unrolled",
+            })
+            .collect())
+    }
+
+    /// "root", "inline" or "at".
+    #[getter]
+    fn attach(&self, py: Python<'_>) -> PyResult<&'static str> {
+        let s = self.sched.bind(py).borrow();
+        let i = s.sched.stage_index(&self.t).cpy(py)?;
+        Ok(match s.sched.stages[i].attach {
+            Attach::Root => "root",
+            Attach::Inline => "inline",
+            Attach::At { .. } => "at",
+        })
+    }
+
+    /// Splits `parent` into `(outer, inner)`: `inner` has extent `factor`, or `outer` has
+    /// extent `nparts`. Extents that do not divide are guarded.
+    #[pyo3(signature = (parent, factor=None, nparts=None))]
+    fn split(
+        &self,
+        py: Python<'_>,
+        parent: &Bound<'_, PyAny>,
+        factor: Option<&Bound<'_, PyAny>>,
+        nparts: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Py<PyIterVar>, Py<PyIterVar>)> {
+        let v = axis_var(parent, "split: argument 0 ('parent')")?;
+        let factor = factor_arg(factor, "split: factor")?;
+        let nparts = factor_arg(nparts, "split: nparts")?;
+        let (o, i) = self.with(py, |st| st.split(&v, factor, nparts))?;
+        Ok((self.itervar(py, &o)?, self.itervar(py, &i)?))
+    }
+
+    /// Fuses adjacent loops, outer first: `fuse(a, b, c)` is `fuse(fuse(a, b), c)`.
+    #[pyo3(signature = (*axes))]
+    fn fuse(&self, py: Python<'_>, axes: &Bound<'_, PyTuple>) -> PyResult<Py<PyIterVar>> {
+        let vars: Vec<Var> = axes
+            .iter()
+            .enumerate()
+            .map(|(i, a)| axis_var(&a, &format!("fuse: argument {i}")))
+            .collect::<PyResult<_>>()?;
+        let Some(first) = vars.first().cloned() else {
+            return Err(compile_err(
+                py,
+                format!(
+                    "schedule of '{}': fuse needs at least one loop",
+                    self.t.name()
+                ),
+            ));
+        };
+        let fused = self.with(py, |st| {
+            let mut acc = first;
+            for v in &vars[1..] {
+                acc = st.fuse(&acc, v)?;
+            }
+            Ok(acc)
+        })?;
+        self.itervar(py, &fused)
+    }
+
+    /// Puts the given loops in this order (in the positions they occupy now).
+    #[pyo3(signature = (*axes))]
+    fn reorder(&self, py: Python<'_>, axes: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let vars: Vec<Var> = axes
+            .iter()
+            .enumerate()
+            .map(|(i, a)| axis_var(&a, &format!("reorder: argument {i}")))
+            .collect::<PyResult<_>>()?;
+        self.with(py, |st| st.reorder(&vars))
+    }
+
+    /// Tiles two loops: `(x.outer, y.outer, x.inner, y.inner)` in that loop order.
+    fn tile(
+        &self,
+        py: Python<'_>,
+        x_parent: &Bound<'_, PyAny>,
+        y_parent: &Bound<'_, PyAny>,
+        x_factor: &Bound<'_, PyAny>,
+        y_factor: &Bound<'_, PyAny>,
+    ) -> PyResult<TileAxes> {
+        let x = axis_var(x_parent, "tile: argument 0 ('x_parent')")?;
+        let y = axis_var(y_parent, "tile: argument 1 ('y_parent')")?;
+        let xf = index_arg(x_factor, "tile: x_factor")?;
+        let yf = index_arg(y_factor, "tile: y_factor")?;
+        let (xo, yo, xi, yi) = self.with(py, |st| st.tile(&x, &y, xf, yf))?;
+        Ok((
+            self.itervar(py, &xo)?,
+            self.itervar(py, &yo)?,
+            self.itervar(py, &xi)?,
+            self.itervar(py, &yi)?,
+        ))
+    }
+
+    fn unroll(&self, py: Python<'_>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = axis_var(axis, "unroll: argument 0")?;
+        self.with(py, |st| st.unroll(&v))
+    }
+
+    fn vectorize(&self, py: Python<'_>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = axis_var(axis, "vectorize: argument 0")?;
+        self.with(py, |st| st.vectorize(&v))
+    }
+
+    fn parallel(&self, py: Python<'_>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = axis_var(axis, "parallel: argument 0")?;
+        self.with(py, |st| st.parallel(&v))
+    }
+
+    /// Substitutes this stage into its consumers (no buffer, no loops of its own).
+    fn compute_inline(&self, py: Python<'_>) -> PyResult<()> {
+        let mut s = self.sched.bind(py).borrow_mut();
+        s.sched.compute_inline(&self.t).cpy(py)
+    }
+
+    /// Computes this stage inside loop `axis` of `parent` (a stage or a tensor), over the
+    /// region one iteration of that loop reads.
+    fn compute_at(
+        &self,
+        py: Python<'_>,
+        parent: &Bound<'_, PyAny>,
+        axis: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let consumer = match parent.cast::<PyStage>() {
+            Ok(st) => {
+                let st = st.get();
+                if !st.sched.is(&self.sched) {
+                    return Err(compile_err(
+                        py,
+                        format!(
+                            "schedule of '{}': compute_at target belongs to another schedule",
+                            self.t.name()
+                        ),
+                    ));
+                }
+                st.t.clone()
+            }
+            Err(_) => tensor_arg(parent, "compute_at: argument 0 ('parent')")?,
+        };
+        let v = axis_var(axis, "compute_at: argument 1 ('axis')")?;
+        let mut s = self.sched.bind(py).borrow_mut();
+        s.sched.compute_at(&self.t, &consumer, &v).cpy(py)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let s = self.sched.bind(py).borrow();
+        let loops = match s.sched.stage_index(&self.t) {
+            Ok(i) => s.sched.stages[i]
+                .leaves
+                .iter()
+                .map(|l| l.var.name.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(_) => String::new(),
+        };
+        format!("rivet.Stage({}, loops=[{loops}])", self.t.name())
+    }
+}
