@@ -2,7 +2,7 @@
 //! comparisons, `&` `|` `~`, `**`, `astype`). Numbers are converted by `operand`; the type
 //! rules are the compiler's (`Expr::binary`, ...).
 
-use super::operand::{new_expr, operand, pair, Operand};
+use super::operand::{new_expr, operand, pair};
 use super::{compile_err, parse_dtype};
 use crate::errors::CompileResult;
 use pyo3::basic::CompareOp;
@@ -10,6 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use rivet_compiler::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp};
+use rivet_compiler::te::{self, Operand};
 use rivet_runtime::DType;
 
 /// `rivet.te.Expr`: a typed expression (shared, immutable). Operators build new expressions;
@@ -42,12 +43,12 @@ impl PyExpr {
             return Ok(py.NotImplemented());
         };
         let me = Operand::Expr(self.e.clone());
-        let (a, b) = if reflected {
-            pair(py, o, me)?
+        let e = if reflected {
+            te::binary(op, o, me)
         } else {
-            pair(py, me, o)?
+            te::binary(op, me, o)
         };
-        new_expr(py, Expr::binary(op, a, b).cpy(py)?)
+        new_expr(py, e.cpy(py)?)
     }
 
     fn logic(
@@ -62,10 +63,11 @@ impl PyExpr {
             return Ok(py.NotImplemented());
         };
         let me = Operand::Expr(self.e.clone());
+        let name = format!("{op:?}");
         let (a, b) = if reflected {
-            pair(py, o, me)?
+            pair(py, &name, o, me)?
         } else {
-            pair(py, me, o)?
+            pair(py, &name, me, o)?
         };
         if a.dtype() != DType::Bool || b.dtype() != DType::Bool {
             return Err(compile_err(
@@ -228,7 +230,6 @@ impl PyExpr {
         let Some(o) = operand(other)? else {
             return Ok(py.NotImplemented());
         };
-        let (a, b) = pair(py, Operand::Expr(self.e.clone()), o)?;
         let cop = match op {
             CompareOp::Lt => CmpOp::Lt,
             CompareOp::Le => CmpOp::Le,
@@ -237,6 +238,6 @@ impl PyExpr {
             CompareOp::Gt => CmpOp::Gt,
             CompareOp::Ge => CmpOp::Ge,
         };
-        new_expr(py, Expr::cmp(cop, a, b).cpy(py)?)
+        new_expr(py, te::compare(cop, self.e.clone(), o).cpy(py)?)
     }
 }

@@ -5,8 +5,7 @@
 use super::expr::PyExpr;
 use super::itervar::{new_itervar, PyIterVar};
 use super::operand::{
-    binop_of, expr_arg, index_arg, new_expr, number_as, operand, operand_or_err, pair, single,
-    unop_of, Operand,
+    binop_of, expr_arg, index_arg, new_expr, operand, operand_or_err, single, unop_of,
 };
 use super::tensor::PyTeTensor;
 use super::{arg_err, compile_err, parse_dtype, type_name};
@@ -14,7 +13,7 @@ use crate::errors::CompileResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use rivet_compiler::ir::expr::{Expr, IterVar, LogicOp, ReduceOp, Var};
-use rivet_compiler::te;
+use rivet_compiler::te::{self, number, Number, Operand};
 use rivet_runtime::DType;
 
 #[pyfunction]
@@ -49,16 +48,17 @@ pub fn te_const(
         Some(o) => o,
     };
     let e = match dtype {
-        None => single(py, o)?,
+        None => single(o),
         Some(d) => {
             let dt = parse_dtype(py, d)?;
             match o {
                 // te.const(1.7, "int32") truncates, as a cast would; te.const(True, "float32") is 1.0.
-                Operand::Bool(b) => Expr::const_int(b as i64, dt),
-                Operand::Float(x) if !dt.is_float() => {
+                Operand::Number(Number::Bool(b)) => Expr::const_int(b as i64, dt),
+                Operand::Number(Number::Float(x)) if !dt.is_float() => {
                     Expr::cast(dt, Expr::constant(x, DType::F64))
                 }
-                o => number_as(py, &o, dt, &dt)?,
+                Operand::Number(n) => number::number_as(n, dt, "te.const", &dt).cpy(py)?,
+                Operand::Expr(e) => e,
             }
         }
     };
@@ -215,12 +215,9 @@ pub fn te_binary(
     b: &Bound<'_, PyAny>,
 ) -> PyResult<Py<PyAny>> {
     let bop = binop_of(op).ok_or_else(|| arg_err(py, format!("unknown operator '{op}'")))?;
-    let (x, y) = pair(
-        py,
-        operand_or_err(a, &format!("te.{op}: argument 0"))?,
-        operand_or_err(b, &format!("te.{op}: argument 1"))?,
-    )?;
-    new_expr(py, Expr::binary(bop, x, y).cpy(py)?)
+    let x = operand_or_err(a, &format!("te.{op}: argument 0"))?;
+    let y = operand_or_err(b, &format!("te.{op}: argument 1"))?;
+    new_expr(py, te::binary(bop, x, y).cpy(py)?)
 }
 
 #[pyfunction]
@@ -242,12 +239,9 @@ pub fn te_logic(
         "or" => LogicOp::Or,
         other => return Err(arg_err(py, format!("unknown logical operator '{other}'"))),
     };
-    let (x, y) = pair(
-        py,
-        operand_or_err(a, "a condition")?,
-        operand_or_err(b, "a condition")?,
-    )?;
-    new_expr(py, Expr::logic(lop, x, y).cpy(py)?)
+    let x = operand_or_err(a, "a condition")?;
+    let y = operand_or_err(b, "a condition")?;
+    new_expr(py, te::logic(lop, x, y).cpy(py)?)
 }
 
 #[pyfunction]
@@ -264,11 +258,8 @@ pub fn te_select(
     a: &Bound<'_, PyAny>,
     b: &Bound<'_, PyAny>,
 ) -> PyResult<Py<PyAny>> {
-    let c = expr_arg(cond, "te.if_then_else: condition")?;
-    let (x, y) = pair(
-        py,
-        operand_or_err(a, "te.if_then_else: true value")?,
-        operand_or_err(b, "te.if_then_else: false value")?,
-    )?;
-    new_expr(py, Expr::select(c, x, y).cpy(py)?)
+    let c = operand_or_err(cond, "te.if_then_else: condition")?;
+    let x = operand_or_err(a, "te.if_then_else: true value")?;
+    let y = operand_or_err(b, "te.if_then_else: false value")?;
+    new_expr(py, te::if_then_else(c, x, y).cpy(py)?)
 }

@@ -2,26 +2,21 @@
 //! constants), ints as int64 indices and extents; and the results handed back (`te.Expr`, or
 //! a Python int for an int64 constant).
 //!
-//! Python numbers mixed with expressions take the expression's dtype (`A[i] * 2` stays
-//! float32, `i + 1` stays int64), a Python bool becomes a bool constant; a number that the
-//! dtype cannot hold exactly (`i * 0.5`, `x_int8 + 300`) is a `CompileError`. Where no
-//! operand is an expression (`te.if_then_else(c, 1.0, 0.0)`), numbers default to bool,
-//! int64 and float32.
+//! Python numbers mixed with expressions follow the compiler's one mixed-type rule
+//! (`rivet_compiler::te::number`, the Rust DSL's rule too): they take the expression's dtype
+//! (`A[i] * 2` stays float32, `i + 1` stays int64, `i * 2.0` is `i * 2`), a Python bool
+//! becomes a bool constant; a number that the dtype cannot hold (`i * 0.5`, `x_int8 + 300`) is
+//! a `CompileError`. Where no operand is an expression (`te.if_then_else(c, 1.0, 0.0)`),
+//! numbers default to bool, int64 and float32.
 
 use super::expr::PyExpr;
 use super::{arg_err, compile_err, type_name};
+use crate::errors::CompileResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 use rivet_compiler::ir::expr::{BinOp, Expr, UnOp};
+use rivet_compiler::te::{number, Number, Operand};
 use rivet_runtime::DType;
-
-/// A Python value usable where an expression goes.
-pub(super) enum Operand {
-    Expr(Expr),
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-}
 
 /// `obj` as an operand; `None` when it is no kind of operand (the caller answers
 /// `NotImplemented` or raises).
@@ -31,11 +26,11 @@ pub(super) fn operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<Operand>> {
         return Ok(Some(Operand::Expr(e.get().e.clone())));
     }
     if let Ok(b) = obj.cast::<PyBool>() {
-        return Ok(Some(Operand::Bool(b.is_true())));
+        return Ok(Some(Operand::Number(Number::Bool(b.is_true()))));
     }
     if obj.is_instance_of::<PyInt>() {
         return match obj.extract::<i64>() {
-            Ok(v) => Ok(Some(Operand::Int(v))),
+            Ok(v) => Ok(Some(Operand::Number(Number::Int(v)))),
             Err(_) => Err(compile_err(
                 py,
                 format!("the Python int {obj} does not fit in int64"),
@@ -43,7 +38,7 @@ pub(super) fn operand(obj: &Bound<'_, PyAny>) -> PyResult<Option<Operand>> {
         };
     }
     if obj.is_instance_of::<PyFloat>() {
-        return Ok(Some(Operand::Float(obj.extract::<f64>()?)));
+        return Ok(Some(Operand::Number(Number::Float(obj.extract::<f64>()?))));
     }
     // numpy scalars (np.int64(3), np.float32(0.5), np.bool_(True)): their Python value.
     let ty = obj.get_type();
@@ -73,107 +68,18 @@ pub(super) fn operand_or_err(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ope
     }
 }
 
-fn int_range(dt: DType) -> (i128, i128) {
-    match dt {
-        DType::Bool => (0, 1),
-        DType::I8 => (i8::MIN as i128, i8::MAX as i128),
-        DType::I16 => (i16::MIN as i128, i16::MAX as i128),
-        DType::I32 => (i32::MIN as i128, i32::MAX as i128),
-        DType::I64 => (i64::MIN as i128, i64::MAX as i128),
-        DType::U8 => (0, u8::MAX as i128),
-        DType::U16 => (0, u16::MAX as i128),
-        DType::U32 => (0, u32::MAX as i128),
-        _ => (0, i64::MAX as i128),
-    }
+/// A Python value on its own as an expression (a number takes its default dtype).
+pub(super) fn single(o: Operand) -> Expr {
+    number::operand(o)
 }
 
-/// A Python number as a constant of `dt` (the dtype of the other operand, `like`).
-pub(super) fn number_as(
-    py: Python<'_>,
-    o: &Operand,
-    dt: DType,
-    like: &dyn std::fmt::Display,
-) -> PyResult<Expr> {
-    match *o {
-        Operand::Expr(ref e) => Ok(e.clone()),
-        Operand::Bool(b) => Ok(Expr::bool(b)),
-        Operand::Int(v) if dt.is_float() => Ok(Expr::const_int(v, dt)),
-        Operand::Int(v) => {
-            let (lo, hi) = int_range(dt);
-            if (v as i128) < lo || (v as i128) > hi {
-                return Err(compile_err(
-                    py,
-                    format!("the Python int {v} does not fit in {dt}, the dtype of the other operand ({like}); use te.cast to widen it"),
-                ));
-            }
-            if dt == DType::Bool {
-                return Ok(Expr::bool(v != 0));
-            }
-            Ok(Expr::const_int(v, dt))
-        }
-        Operand::Float(x) if dt.is_float() => Ok(Expr::constant(x, dt)),
-        Operand::Float(x) => {
-            let (lo, hi) = int_range(dt);
-            if dt != DType::Bool
-                && x.fract() == 0.0
-                && x >= lo as f64
-                && x <= hi as f64
-                && x.abs() < 9.0e15
-            {
-                return Ok(Expr::const_int(x as i64, dt));
-            }
-            Err(compile_err(
-                py,
-                format!(
-                    "the Python float {x:?} cannot be used as a {dt} constant (the other operand, {like}, is {dt}); \
-                     cast the expression to a float dtype first, e.g. te.cast('float32', e) or e.astype('float32')"
-                ),
-            ))
-        }
-    }
-}
-
-/// The dtype a bare Python number takes when no expression gives one.
-fn default_dtype(o: &Operand) -> DType {
-    match o {
-        Operand::Expr(e) => e.dtype(),
-        Operand::Bool(_) => DType::Bool,
-        Operand::Int(_) => DType::I64,
-        Operand::Float(_) => DType::F32,
-    }
-}
-
-pub(super) fn single(py: Python<'_>, o: Operand) -> PyResult<Expr> {
-    let dt = default_dtype(&o);
-    number_as(py, &o, dt, &"a Python number")
-}
-
-/// Two operands as expressions of one dtype where numbers are involved.
-pub(super) fn pair(py: Python<'_>, a: Operand, b: Operand) -> PyResult<(Expr, Expr)> {
-    match (&a, &b) {
-        (Operand::Expr(x), Operand::Expr(y)) => Ok((x.clone(), y.clone())),
-        (Operand::Expr(x), _) => Ok((x.clone(), number_as(py, &b, x.dtype(), x)?)),
-        (_, Operand::Expr(y)) => Ok((number_as(py, &a, y.dtype(), y)?, y.clone())),
-        _ => {
-            // Two numbers: the wider kind decides (float > int > bool).
-            let rank = |o: &Operand| match o {
-                Operand::Float(_) => 2,
-                Operand::Int(_) => 1,
-                _ => 0,
-            };
-            let dt = if rank(&a) >= rank(&b) {
-                default_dtype(&a)
-            } else {
-                default_dtype(&b)
-            };
-            Ok((number_as(py, &a, dt, &dt)?, number_as(py, &b, dt, &dt)?))
-        }
-    }
+/// The two operands of `op` as expressions (numbers converted by the compiler's rule).
+pub(super) fn pair(py: Python<'_>, op: &str, a: Operand, b: Operand) -> PyResult<(Expr, Expr)> {
+    number::operands(op, a, b).cpy(py)
 }
 
 pub(super) fn expr_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Expr> {
-    let o = operand_or_err(obj, what)?;
-    single(obj.py(), o)
+    Ok(single(operand_or_err(obj, what)?))
 }
 
 /// An int64 index / extent: a te.Expr or a Python int.
@@ -181,7 +87,7 @@ pub(super) fn index_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Expr> {
     let py = obj.py();
     match operand(obj)? {
         Some(Operand::Expr(e)) => Ok(e),
-        Some(Operand::Int(v)) => Ok(Expr::int(v)),
+        Some(Operand::Number(Number::Int(v))) => Ok(Expr::int(v)),
         _ => Err(arg_err(
             py,
             format!(

@@ -1,8 +1,11 @@
 //! The DSL's functions and Rust operators: `var`, `reduce_axis`, reductions, math functions,
-//! `if_then_else`, `cast`, and `+ - * / %` on `Expr` (with numbers taking the other operand's
-//! dtype). Checked functions return `Result`; the operators cannot, so a type error inside an
-//! operator yields an `Invalid` expression that `compute` reports as a `CompileError`.
+//! `if_then_else`, `cast`, and `+ - * / %` on `Expr`. Operands are expressions or numbers
+//! (`impl Into<Operand>`); numbers follow the one mixed-type rule of `te::number`, shared with
+//! the Python DSL (`i * 2.0` is `i * 2`, `i * 0.5` is an error). Checked functions return
+//! `Result`; the operators cannot, so a type error inside an operator yields an `Invalid`
+//! expression that `compute` reports as a `CompileError`.
 
+use super::number::{number_as, operand, operands, Number, Operand};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
 use rivet_runtime::DType;
@@ -67,12 +70,19 @@ pub fn min_over(body: Expr, axes: &[IterVar]) -> Result<Expr> {
     reduce(ReduceOp::Min, body, axes)
 }
 
-/// Elementwise maximum / minimum of two expressions.
-pub fn maximum(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::binary(BinOp::Max, a, b)
+/// `op` on two operands (expressions or numbers): what the operators `+ - * / %` build, in
+/// checked form (`binary(BinOp::Mul, 0.5, x)` for Python's `0.5 * x`).
+pub fn binary(op: BinOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    let (x, y) = operands(&format!("{op:?}"), a.into(), b.into())?;
+    Expr::binary(op, x, y)
 }
-pub fn minimum(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::binary(BinOp::Min, a, b)
+
+/// Elementwise maximum / minimum of two operands.
+pub fn maximum(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    binary(BinOp::Max, a, b)
+}
+pub fn minimum(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    binary(BinOp::Min, a, b)
 }
 
 pub fn constant(value: f64, dtype: DType) -> Expr {
@@ -83,15 +93,26 @@ pub fn cast(dtype: DType, e: Expr) -> Expr {
     Expr::cast(dtype, e)
 }
 
-pub fn if_then_else(cond: Expr, a: Expr, b: Expr) -> Result<Expr> {
-    Expr::select(cond, a, b)
+/// `a` where `cond` holds, else `b`; a number for `cond` is a constant of its own dtype.
+pub fn if_then_else(
+    cond: impl Into<Operand>,
+    a: impl Into<Operand>,
+    b: impl Into<Operand>,
+) -> Result<Expr> {
+    let (x, y) = operands("if_then_else", a.into(), b.into())?;
+    Expr::select(operand(cond.into()), x, y)
 }
 
-pub fn all(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::logic(LogicOp::And, a, b)
+/// Logical and / or of two bool operands.
+pub fn logic(op: LogicOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    let (x, y) = operands(&format!("{op:?}"), a.into(), b.into())?;
+    Expr::logic(op, x, y)
 }
-pub fn any(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::logic(LogicOp::Or, a, b)
+pub fn all(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    logic(LogicOp::And, a, b)
+}
+pub fn any(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    logic(LogicOp::Or, a, b)
 }
 pub fn not(a: Expr) -> Result<Expr> {
     Expr::unary(UnOp::Not, a)
@@ -105,22 +126,27 @@ macro_rules! unary_fns {
 unary_fns!(exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, tanh => Tanh, sigmoid => Sigmoid,
            abs => Abs, floor => Floor, ceil => Ceil, erf => Erf);
 
-pub fn pow(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::binary(BinOp::Pow, a, b)
+pub fn pow(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    binary(BinOp::Pow, a, b)
 }
-pub fn floordiv(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::binary(BinOp::FloorDiv, a, b)
+pub fn floordiv(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    binary(BinOp::FloorDiv, a, b)
 }
-pub fn floormod(a: Expr, b: Expr) -> Result<Expr> {
-    Expr::binary(BinOp::FloorMod, a, b)
+pub fn floormod(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    binary(BinOp::FloorMod, a, b)
 }
-pub fn compare(op: CmpOp, a: Expr, b: Expr) -> Result<Expr> {
-    Expr::cmp(op, a, b)
+pub fn compare(op: CmpOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
+    let (x, y) = operands(&format!("{op:?}"), a.into(), b.into())?;
+    Expr::cmp(op, x, y)
 }
 
-/// A number as a constant of `like`'s dtype (Python's rule: numbers adapt to the expression).
+/// A number as a constant of `like`'s dtype, by the mixed-type rule of `te::number` (an
+/// `Invalid` expression, reported by `compute`, where that dtype cannot hold it).
 pub fn number_like(v: f64, like: &Expr) -> Expr {
-    Expr::constant(v, like.dtype())
+    or_invalid(
+        number_as(Number::Float(v), like.dtype(), "number_like", like),
+        like.dtype(),
+    )
 }
 
 fn or_invalid(r: Result<Expr>, dt: DType) -> Expr {
@@ -133,7 +159,7 @@ macro_rules! binop_impl {
             type Output = Expr;
             fn $method(self, rhs: Expr) -> Expr {
                 let dt = self.dtype();
-                or_invalid(Expr::binary(BinOp::$op, self, rhs), dt)
+                or_invalid(binary(BinOp::$op, self, rhs), dt)
             }
         }
         impl std::ops::$trait<&Expr> for &Expr {
@@ -142,18 +168,19 @@ macro_rules! binop_impl {
                 std::ops::$trait::$method(self.clone(), rhs.clone())
             }
         }
+        // Numbers follow the mixed-type rule (`i * 0.5` is an error, not `i * 0`).
         impl std::ops::$trait<f64> for Expr {
             type Output = Expr;
             fn $method(self, rhs: f64) -> Expr {
-                let r = number_like(rhs, &self);
-                std::ops::$trait::$method(self, r)
+                let dt = self.dtype();
+                or_invalid(binary(BinOp::$op, self, rhs), dt)
             }
         }
         impl std::ops::$trait<i64> for Expr {
             type Output = Expr;
             fn $method(self, rhs: i64) -> Expr {
-                let r = number_like(rhs as f64, &self);
-                std::ops::$trait::$method(self, r)
+                let dt = self.dtype();
+                or_invalid(binary(BinOp::$op, self, rhs), dt)
             }
         }
     };
@@ -181,4 +208,65 @@ pub fn ok(r: Result<Expr>) -> Expr {
 /// An index variable as an expression (for `A.idx(&[i.clone(), ax(&k)])`).
 pub fn ax(iv: &IterVar) -> Expr {
     Expr::var(&iv.var)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(e: &Expr) -> Option<&str> {
+        match e.kind() {
+            ExprKind::Invalid(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn operators_refuse_a_float_that_an_int_expression_cannot_hold() {
+        let i = var("i");
+        // Was `i * 0`: the number was truncated to the expression's dtype.
+        let e = i.clone() * 0.5;
+        let m = invalid(&e).expect("i * 0.5 refused");
+        assert!(
+            m.contains("Mul") && m.contains("0.5") && m.contains("int64"),
+            "{m}"
+        );
+        for e in [i.clone() + 0.5, i.clone() - 1.5, i.clone() % 0.25] {
+            assert!(invalid(&e).is_some(), "{e}");
+        }
+        // Integral floats and ints are the int.
+        assert_eq!((i.clone() * 2.0).to_string(), "(i * 2)");
+        assert_eq!((i.clone() + 1).to_string(), "(i + 1)");
+        assert!(binary(BinOp::Mul, 0.5, i.clone()).is_err());
+        assert!(maximum(i.clone(), 0.5).is_err());
+        assert!(compare(CmpOp::Lt, i.clone(), 0.5).is_err());
+        assert_eq!(floordiv(i.clone(), 2.0).unwrap().to_string(), "(i // 2)");
+    }
+
+    #[test]
+    fn numbers_adapt_to_float_expressions() {
+        let x = crate::te::placeholder(&[Expr::int(4)], DType::F32, "X")
+            .unwrap()
+            .idx(&[Expr::int(0)]);
+        for e in [
+            x.clone() * 2,
+            x.clone() * 0.5,
+            x.clone() / 3,
+            x.clone() % 1.5,
+        ] {
+            assert!(invalid(&e).is_none(), "{e}");
+            assert_eq!(e.dtype(), DType::F32);
+        }
+        assert_eq!(maximum(x.clone(), 0).unwrap().dtype(), DType::F32);
+        assert_eq!(pow(2.0, x.clone()).unwrap().dtype(), DType::F32);
+        let positive = compare(CmpOp::Gt, x.clone(), 0.0).unwrap();
+        assert_eq!(
+            if_then_else(positive, x.clone(), 0).unwrap().dtype(),
+            DType::F32
+        );
+        assert_eq!(number_like(0.5, &x).dtype(), DType::F32);
+        // number_like follows the same rule: no silent truncation on an int expression.
+        assert!(invalid(&number_like(0.5, &var("n"))).is_some());
+        assert_eq!(number_like(3.0, &var("n")).as_int(), Some(3));
+    }
 }
