@@ -289,7 +289,13 @@ mod tests {
 
     #[test]
     fn spellings_round_trip() {
-        for s in ["cpu", "interp", "cuda", "cuda -arch=sm_80", "cuda -arch=sm_90"] {
+        for s in [
+            "cpu",
+            "interp",
+            "cuda",
+            "cuda -arch=sm_80",
+            "cuda -arch=sm_90",
+        ] {
             let t = Target::parse(s).unwrap();
             assert_eq!(t.to_string(), s);
             assert_eq!(Target::parse(&t.to_string()).unwrap(), t);
@@ -318,7 +324,10 @@ mod tests {
             ("cuda -arch=sm_70", "sm_80 and newer"),
             ("cuda -arch=90", "expected sm_<major><minor>"),
             ("cuda -arch=sm_9x", "expected sm_<major><minor>"),
-            ("cuda -arch=sm_99999999999999999999", "expected sm_<major><minor>"),
+            (
+                "cuda -arch=sm_99999999999999999999",
+                "expected sm_<major><minor>",
+            ),
             ("cuda -O3", "unknown option '-O3'"),
         ] {
             let e = Target::parse(s).unwrap_err().to_string();

@@ -11,10 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rivet_compiler::ir::expr::{Expr, IterVar, Var};
 use rivet_compiler::ir::stmt::ForKind;
-use rivet_compiler::lower::simplify::simplify;
-use rivet_compiler::schedule::{Attach, Relation, Schedule, Stage};
+use rivet_compiler::schedule::{Attach, Schedule, Stage};
 use rivet_compiler::te::Tensor;
-use std::collections::HashMap;
 
 /// `rivet.Schedule` (`rivet.create_schedule(C)`); `s[C]` is the stage of `C`.
 #[pyclass(name = "Schedule", module = "rivet")]
@@ -68,51 +66,10 @@ impl PySchedule {
     }
 }
 
-/// The extents of every loop variable of a stage (root axes, then split / fused loops).
-fn extents(st: &Stage) -> HashMap<Var, Expr> {
-    let t = &st.tensor;
-    let mut ext: HashMap<Var, Expr> = HashMap::new();
-    for a in t.axis().iter().chain(t.reduce_axis()) {
-        ext.insert(a.var.clone(), a.extent.clone());
-    }
-    for rel in &st.relations {
-        match rel {
-            Relation::Split {
-                parent,
-                outer,
-                inner,
-                factor,
-                nparts,
-            } => {
-                let Some(pe) = ext.get(parent).cloned() else {
-                    continue;
-                };
-                let (oe, ie) = match (factor, nparts) {
-                    (Some(f), _) => (pe.add(f).sub(&Expr::int(1)).floordiv(f), f.clone()),
-                    (None, Some(n)) => (n.clone(), pe.add(n).sub(&Expr::int(1)).floordiv(n)),
-                    _ => continue,
-                };
-                ext.insert(outer.clone(), simplify(&oe));
-                ext.insert(inner.clone(), simplify(&ie));
-            }
-            Relation::Fuse {
-                outer,
-                inner,
-                fused,
-            } => {
-                if let (Some(o), Some(i)) = (ext.get(outer), ext.get(inner)) {
-                    let f = simplify(&o.mul(i));
-                    ext.insert(fused.clone(), f);
-                }
-            }
-        }
-    }
-    ext
-}
-
-/// The IterVar of loop `v` of a stage.
+/// The IterVar of loop `v` of a stage, with the extent lowering gives that loop
+/// (`Stage::extents`).
 fn leaf_itervar(py: Python<'_>, st: &Stage, v: &Var) -> PyResult<Py<PyIterVar>> {
-    let ext = extents(st);
+    let ext = st.extents();
     let reduce = st
         .leaves
         .iter()
@@ -200,6 +157,7 @@ impl PyStage {
                 ForKind::Parallel => "parallel",
                 ForKind::Vectorized => "vectorized",
                 ForKind::Unrolled => "unrolled",
+                ForKind::Thread(t) => t.name(),
             })
             .collect())
     }

@@ -10,7 +10,8 @@ pub mod stmt;
 #[cfg(test)]
 pub(crate) mod test_util;
 pub mod verify;
+pub mod verify_gpu;
 pub mod verify_parallel;
 
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
-pub use stmt::{BufKind, Buffer, Check, ForKind, PrimFunc, Stmt};
+pub use stmt::{BufKind, Buffer, Check, ForKind, PrimFunc, Scope, Stmt, ThreadTag};

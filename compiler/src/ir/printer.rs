@@ -3,7 +3,7 @@
 //! a function is stable across runs and fit for golden files); buffers print by name.
 
 use super::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, ReduceOp, UnOp};
-use super::stmt::{BufKind, ForKind, PrimFunc, Stmt};
+use super::stmt::{BufKind, ForKind, PrimFunc, Scope, Stmt};
 use std::fmt::{self, Write};
 
 fn bin(op: BinOp) -> &'static str {
@@ -149,8 +149,16 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
                 ForKind::Parallel => "parallel for",
                 ForKind::Vectorized => "vectorized for",
                 ForKind::Unrolled => "unrolled for",
+                ForKind::Thread(_) => "for",
             };
-            if min.as_int() == Some(0) {
+            if let ForKind::Thread(tag) = kind {
+                let _ = writeln!(
+                    out,
+                    "{k} {} in [{min}, {extent}) bind {}:",
+                    var.name,
+                    tag.name()
+                );
+            } else if min.as_int() == Some(0) {
                 let _ = writeln!(out, "{k} {} in [0, {extent}):", var.name);
             } else {
                 let _ = writeln!(out, "{k} {} in [{min}, {min} + {extent}):", var.name);
@@ -191,6 +199,10 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
             stmt(out, body, depth + 1);
         }
         Stmt::Seq(v) => v.iter().for_each(|s| stmt(out, s, depth)),
+        Stmt::Barrier => {
+            indent(out, depth);
+            out.push_str("barrier\n");
+        }
     }
 }
 
@@ -239,7 +251,18 @@ impl fmt::Display for PrimFunc {
             for b in &self.buffers {
                 if b.kind == BufKind::Local {
                     let shape: Vec<String> = b.shape.iter().map(|e| e.to_string()).collect();
-                    let _ = writeln!(out, "  local {}: {}[{}]", b.name, b.dtype, shape.join(", "));
+                    let scope = match b.scope {
+                        Scope::Global => "",
+                        Scope::Shared => " shared",
+                        Scope::Local => " local",
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  local {}: {}[{}]{scope}",
+                        b.name,
+                        b.dtype,
+                        shape.join(", ")
+                    );
                 }
             }
             for c in &self.checks {

@@ -7,7 +7,9 @@
 //! - every `Var` used is bound: a symbolic dim in `dims` (bound from argument shapes at call
 //!   time), a stride in a buffer's `strides`, a `For` or `Let` variable in scope;
 //! - after `flatten`, every `Load`/`Store` has exactly one index (an element offset computed
-//!   with the buffer's stride variables), and no te-only node (`Read`, `Reduce`) remains.
+//!   with the buffer's stride variables), and no te-only node (`Read`, `Reduce`) remains;
+//! - GPU constructs (thread-bound loops, `Barrier`, `shared`/`local` scopes) form kernels
+//!   as `ir::verify_gpu` describes.
 
 use super::expr::{BufId, Expr, Var};
 use rivet_runtime::DType;
@@ -22,6 +24,78 @@ pub enum ForKind {
     Vectorized,
     /// The backend may unroll the loop (constant extent).
     Unrolled,
+    /// GPU: the loop is a launch dimension (TVM's `bind`): its variable is the block or
+    /// thread index `tag`, its min is 0 and its extent the size of that dimension. The
+    /// outermost bound loop of a nest starts a kernel (see `ir::verify_gpu`).
+    Thread(ThreadTag),
+}
+
+/// A GPU launch dimension, as CUDA names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ThreadTag {
+    BlockX,
+    BlockY,
+    BlockZ,
+    ThreadX,
+    ThreadY,
+    ThreadZ,
+}
+
+impl ThreadTag {
+    pub const ALL: [ThreadTag; 6] = [
+        ThreadTag::BlockX,
+        ThreadTag::BlockY,
+        ThreadTag::BlockZ,
+        ThreadTag::ThreadX,
+        ThreadTag::ThreadY,
+        ThreadTag::ThreadZ,
+    ];
+
+    /// CUDA's spelling, which schedules use (`bind(axis, "threadIdx.x")`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadTag::BlockX => "blockIdx.x",
+            ThreadTag::BlockY => "blockIdx.y",
+            ThreadTag::BlockZ => "blockIdx.z",
+            ThreadTag::ThreadX => "threadIdx.x",
+            ThreadTag::ThreadY => "threadIdx.y",
+            ThreadTag::ThreadZ => "threadIdx.z",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ThreadTag> {
+        ThreadTag::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// A block index (the grid), as opposed to a thread index within a block.
+    pub fn is_block(self) -> bool {
+        matches!(
+            self,
+            ThreadTag::BlockX | ThreadTag::BlockY | ThreadTag::BlockZ
+        )
+    }
+
+    /// 0, 1, 2 for x, y, z.
+    pub fn axis(self) -> usize {
+        match self {
+            ThreadTag::BlockX | ThreadTag::ThreadX => 0,
+            ThreadTag::BlockY | ThreadTag::ThreadY => 1,
+            ThreadTag::BlockZ | ThreadTag::ThreadZ => 2,
+        }
+    }
+}
+
+/// Where a buffer's memory lives (TVM's storage scopes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Scope {
+    /// Device (or host) memory: parameters, and temporaries allocated outside kernels.
+    #[default]
+    Global,
+    /// GPU shared memory: one copy per block, allocated inside a kernel outside its thread
+    /// loops; compact, of constant shape.
+    Shared,
+    /// Private to one thread (registers or stack): compact, of constant shape.
+    Local,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -56,6 +130,10 @@ pub enum Stmt {
         body: Box<Stmt>,
     },
     Seq(Vec<Stmt>),
+    /// GPU: every thread of the block waits here until all have arrived, and their writes
+    /// to shared and global memory before it are visible to all after it (`__syncthreads`).
+    /// Reached by all threads of a block or by none (`ir::verify_gpu`).
+    Barrier,
 }
 
 /// Where a buffer comes from.
@@ -78,6 +156,9 @@ pub struct Buffer {
     /// their strides are bound by `Allocate` from `shape`.
     pub strides: Vec<Var>,
     pub kind: BufKind,
+    /// Where its memory lives (`Global` in files written before scopes existed).
+    #[serde(default)]
+    pub scope: Scope,
 }
 
 /// A condition checked once per call, after the dims are bound and before any code runs
@@ -168,6 +249,7 @@ impl Stmt {
                 body: Box::new(body.rewrite(fe, fs)),
             },
             Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),
+            Stmt::Barrier => Stmt::Barrier,
         };
         fs(s)
     }
@@ -188,7 +270,7 @@ impl Stmt {
                 }
             }
             Stmt::Seq(v) => v.iter().for_each(|s| s.visit(f)),
-            Stmt::Store { .. } => {}
+            Stmt::Store { .. } | Stmt::Barrier => {}
         }
     }
 
@@ -205,7 +287,7 @@ impl Stmt {
             }
             Stmt::If { cond, .. } => f(cond),
             Stmt::Let { value, .. } => f(value),
-            Stmt::Allocate { .. } | Stmt::Seq(_) => {}
+            Stmt::Allocate { .. } | Stmt::Seq(_) | Stmt::Barrier => {}
         });
     }
 }

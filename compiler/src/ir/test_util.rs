@@ -1,7 +1,7 @@
 //! Builders for hand-written IR in unit tests (interpreter, verifier, Cranelift backend).
 
 use super::expr::{BufId, Expr, Var};
-use super::stmt::{BufKind, Buffer, PrimFunc, Stmt};
+use super::stmt::{BufKind, Buffer, PrimFunc, Scope, Stmt};
 use rivet_runtime::DType;
 
 /// A buffer with fresh stride variables `{name}.s{k}`.
@@ -16,6 +16,7 @@ pub fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind
         shape,
         strides,
         kind,
+        scope: Scope::Global,
     }
 }
 

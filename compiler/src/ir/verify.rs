@@ -36,6 +36,8 @@
 //!   O(MAX_FUNC_NODES) whatever the input (a DAG sharing subtrees is never walked
 //!   exponentially).
 //! - `func.checks` conditions are bool and use only dims and parameter stride variables.
+//! - GPU constructs (thread-bound loops, barriers, storage scopes): the rules of
+//!   `verify_gpu`, run after these.
 //!
 //! Functions loaded from a file go through the same rules; the loader reports a violation as
 //! the file's fault (`CompileError`), not as an internal error.
@@ -54,7 +56,8 @@ use std::collections::{HashMap, HashSet};
 pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
     let mut v = Verifier::new(func, flattened);
     v.header()?;
-    v.stmt(&func.body)
+    v.stmt(&func.body)?;
+    super::verify_gpu::check(func)
 }
 
 /// `verify` of a multi-dimensional function read from a file, plus the rules the builder
@@ -67,7 +70,8 @@ pub fn verify_loaded(func: &PrimFunc) -> Result<()> {
     let mut v = Verifier::new(func, false);
     v.loaded = true;
     v.header()?;
-    v.stmt(&func.body)
+    v.stmt(&func.body)?;
+    super::verify_gpu::check(func)
 }
 
 /// Checks the dtype rules of one expression tree (no scoping, no buffers): see the module
@@ -738,6 +742,8 @@ impl<'a> Verifier<'a> {
                 }
                 Ok(())
             }
+            // Where barriers may stand is a rule of `verify_gpu`.
+            Stmt::Barrier => Ok(()),
         }
     }
 }

@@ -201,6 +201,7 @@ impl<'a> Body<'a> {
                 self.collect(body)
             }
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.collect(s)),
+            Stmt::Barrier => Ok(()),
             Stmt::Store {
                 buf,
                 indices,

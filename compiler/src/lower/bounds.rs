@@ -79,7 +79,10 @@ impl Prover<'_> {
             let empty = e.lt(&Expr::int(1));
             full = Expr::new(ExprKind::Logic(LogicOp::Or, empty, full), DType::Bool);
         }
-        self.checks.push(Check { cond: full, message });
+        self.checks.push(Check {
+            cond: full,
+            message,
+        });
     }
 
     /// Turns the intervals recorded since the last call into no-overflow obligations (see the
@@ -378,6 +381,7 @@ impl Prover<'_> {
             }
             Stmt::Allocate { body, .. } => self.stmt(body, env),
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
+            Stmt::Barrier => Ok(()),
         }
     }
 }

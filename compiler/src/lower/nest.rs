@@ -16,7 +16,7 @@ use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
-use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Stmt};
+use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
 use crate::schedule::{Attach, Relation, Schedule, Stage};
 use crate::te::tensor::{inputs, post_order, top_reduce, Tensor};
 use rivet_runtime::DType;
@@ -725,6 +725,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             shape: t.shape().to_vec(),
             strides,
             kind,
+            scope: Scope::Global,
         });
         buf_of.insert(t.id(), id);
         id

@@ -63,7 +63,7 @@ pub(super) fn references(
                 b.shape.iter().for_each(|e| on_expr(e, bufs, vars));
             }
         }
-        Stmt::Seq(_) => {}
+        Stmt::Seq(_) | Stmt::Barrier => {}
     });
     if checked {
         for b in func.buffers.iter().filter(|b| bufs.contains(&b.id)) {

@@ -12,6 +12,10 @@ impl FnGen<'_, '_> {
     pub(super) fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
+            Stmt::Barrier => Err(Error::Internal(
+                "a barrier reached the CPU backend (GPU functions are refused before codegen)"
+                    .into(),
+            )),
             Stmt::Store {
                 buf,
                 indices,

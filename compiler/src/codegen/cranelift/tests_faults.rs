@@ -4,9 +4,9 @@
 //! reach the backend; both backends must report the same typed error.
 
 use super::CraneliftBackend;
+use crate::codegen::interp::InterpBackend;
 use crate::codegen::{Backend, CallFrame};
 use crate::error::Error;
-use crate::codegen::interp::InterpBackend;
 use crate::ir::test_util::{buffer, func, input, output};
 use crate::ir::{BufKind, Expr, ForKind, PrimFunc, Stmt, Var};
 use rivet_runtime::DType;

@@ -21,7 +21,8 @@
 //! - comparisons of floats are IEEE (NaN compares unequal to everything); `Select` evaluates
 //!   its condition and only the chosen arm; `&&`/`||` short-circuit.
 //!
-//! Execution: `For` loops of every kind run serially, in order; `min` and `extent` are
+//! Execution: `For` loops of every kind (but those bound to GPU launch dimensions, which run
+//! as kernels with CUDA's semantics: `gpu.rs`) run serially, in order; `min` and `extent` are
 //! evaluated once, before the first iteration. `Let` binds an int64. `Allocate` evaluates the
 //! local buffer's shape, binds its stride variables to compact row-major strides, and gives
 //! it zeroed memory for the duration of its body.
@@ -37,15 +38,19 @@
 //! buffer over `MAX_ALLOC_BYTES`, or one the system refuses, is `Error::Memory`.
 
 use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel};
+use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
-use crate::ir::stmt::{Buffer, PrimFunc, Stmt};
+use crate::ir::stmt::{Buffer, ForKind, PrimFunc, Stmt};
 use crate::ir::verify::verify;
 use crate::target::Target;
-use crate::error::{Error, Result};
 use half::{bf16, f16};
 use rivet_runtime::DType;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+
+mod gpu;
+#[cfg(test)]
+mod tests_gpu;
 
 // ---- the backend ---------------------------------------------------------------------------
 
@@ -327,6 +332,8 @@ struct Machine<'a> {
     /// Run-time buffer states, and their positions by buffer id.
     bufs: Vec<BufState>,
     index: IdMap<usize>,
+    /// The state of the GPU kernel being run, if any (`gpu.rs`).
+    gpu: Option<Box<gpu::Block>>,
 }
 
 impl<'a> Machine<'a> {
@@ -339,6 +346,7 @@ impl<'a> Machine<'a> {
             env: IdMap::default(),
             bufs: Vec::new(),
             index: IdMap::default(),
+            gpu: None,
         }
     }
 
@@ -429,6 +437,9 @@ impl<'a> Machine<'a> {
                 idx.join(", ")
             )));
         }
+        if self.gpu.is_some() {
+            self.record_access(pos, off, what == "store")?;
+        }
         Ok(off)
     }
 
@@ -506,10 +517,86 @@ impl<'a> Machine<'a> {
         Ok(self.eval(e)? != Value::Int(0))
     }
 
+    /// Allocates local buffer `pos` (zeroed), binds its compact strides and marks it live.
+    fn alloc_begin(&mut self, pos: usize) -> Result<()> {
+        let decls = self.decls;
+        let (shape_e, stride_v) = (&decls[pos].shape, &decls[pos].strides);
+        let shape: Vec<i64> = shape_e.iter().map(|e| self.int(e)).collect::<Result<_>>()?;
+        // Compact row-major strides; the element count exact (128-bit, saturating):
+        // a zero extent makes an empty buffer even when the others' product overflows
+        // (strides are then never used).
+        let mut strides = vec![0i64; shape.len()];
+        let mut count: u128 = 1;
+        for k in (0..shape.len()).rev() {
+            if shape[k] < 0 {
+                return Err(self.err(format!(
+                    "allocate `{}` with negative extent {} (`{}`)",
+                    self.bufs[pos].name, shape[k], shape_e[k]
+                )));
+            }
+            strides[k] = i64::try_from(count).unwrap_or(i64::MAX);
+            count = count.saturating_mul(shape[k] as u128);
+        }
+        let numel = i64::try_from(count).unwrap_or(i64::MAX);
+        let size = self.bufs[pos].dtype.size();
+        let too_big = || {
+            Error::Runtime(rivet_runtime::Error::Memory(format!(
+                "{}: temporary `{}` of {numel} elements of {} bytes could not be allocated (over rivet.MAX_ALLOC_BYTES = {}, or refused by the system)",
+                self.name,
+                self.bufs[pos].name,
+                size,
+                crate::ir::limits::MAX_ALLOC_BYTES
+            )))
+        };
+        let bytes = usize::try_from(numel)
+            .ok()
+            .and_then(|n| n.checked_mul(size))
+            .filter(|&b| b <= crate::ir::limits::MAX_ALLOC_BYTES)
+            .ok_or_else(too_big)?;
+        // Fallible: a refused allocation is an error, never an abort.
+        let mut storage: Vec<u8> = Vec::new();
+        storage
+            .try_reserve_exact(bytes.max(1))
+            .map_err(|_| too_big())?;
+        storage.resize(bytes.max(1), 0);
+        for (v, s) in stride_v.iter().zip(&strides) {
+            self.env.insert(v.id, *s);
+        }
+        let b = &mut self.bufs[pos];
+        b.ptr = storage.as_mut_ptr();
+        b.storage = Some(storage);
+        b.shape = shape;
+        b.strides = strides;
+        b.set_span();
+        b.live = true;
+        Ok(())
+    }
+
+    /// Frees local buffer `pos` and unbinds its strides.
+    fn alloc_end(&mut self, pos: usize) {
+        let b = &mut self.bufs[pos];
+        b.ptr = std::ptr::null_mut();
+        b.storage = None;
+        b.live = false;
+        (b.lo, b.hi) = (0, -1);
+        for v in &self.decls[pos].strides {
+            self.env.remove(&v.id);
+        }
+    }
+
     /// # Safety
     /// Parameter buffers' pointers, shapes and strides in `self.bufs` must be valid.
     unsafe fn exec(&mut self, s: &Stmt) -> Result<()> {
         match s {
+            // The outermost bound loop of a nest starts a kernel.
+            Stmt::For {
+                kind: ForKind::Thread(_),
+                ..
+            } => {
+                // SAFETY: forwarded.
+                unsafe { self.run_kernel(s) }
+            }
+            Stmt::Barrier => Err(self.err("barrier outside a kernel")),
             Stmt::For {
                 var,
                 min,
@@ -581,66 +668,10 @@ impl<'a> Machine<'a> {
             }
             Stmt::Allocate { buf, body } => {
                 let pos = self.buf_pos(buf.0)?;
-                let decls = self.decls;
-                let (shape_e, stride_v) = (&decls[pos].shape, &decls[pos].strides);
-                let shape: Vec<i64> = shape_e.iter().map(|e| self.int(e)).collect::<Result<_>>()?;
-                // Compact row-major strides; the element count exact (128-bit, saturating):
-                // a zero extent makes an empty buffer even when the others' product overflows
-                // (strides are then never used).
-                let mut strides = vec![0i64; shape.len()];
-                let mut count: u128 = 1;
-                for k in (0..shape.len()).rev() {
-                    if shape[k] < 0 {
-                        return Err(self.err(format!(
-                            "allocate `{}` with negative extent {} (`{}`)",
-                            self.bufs[pos].name, shape[k], shape_e[k]
-                        )));
-                    }
-                    strides[k] = i64::try_from(count).unwrap_or(i64::MAX);
-                    count = count.saturating_mul(shape[k] as u128);
-                }
-                let numel = i64::try_from(count).unwrap_or(i64::MAX);
-                let size = self.bufs[pos].dtype.size();
-                let too_big = || {
-                    Error::Runtime(rivet_runtime::Error::Memory(format!(
-                        "{}: temporary `{}` of {numel} elements of {} bytes could not be allocated (over rivet.MAX_ALLOC_BYTES = {}, or refused by the system)",
-                        self.name,
-                        self.bufs[pos].name,
-                        size,
-                        crate::ir::limits::MAX_ALLOC_BYTES
-                    )))
-                };
-                let bytes = usize::try_from(numel)
-                    .ok()
-                    .and_then(|n| n.checked_mul(size))
-                    .filter(|&b| b <= crate::ir::limits::MAX_ALLOC_BYTES)
-                    .ok_or_else(too_big)?;
-                // Fallible: a refused allocation is an error, never an abort.
-                let mut storage: Vec<u8> = Vec::new();
-                storage
-                    .try_reserve_exact(bytes.max(1))
-                    .map_err(|_| too_big())?;
-                storage.resize(bytes.max(1), 0);
-                for (v, s) in stride_v.iter().zip(&strides) {
-                    self.env.insert(v.id, *s);
-                }
-                let b = &mut self.bufs[pos];
-                b.ptr = storage.as_mut_ptr();
-                b.storage = Some(storage);
-                b.shape = shape;
-                b.strides = strides;
-                b.set_span();
-                b.live = true;
-                // SAFETY: forwarded; the local's memory lives in `storage` until below.
+                self.alloc_begin(pos)?;
+                // SAFETY: forwarded; the local's memory lives until `alloc_end`.
                 let r = unsafe { self.exec(body) };
-                let b = &mut self.bufs[pos];
-                b.ptr = std::ptr::null_mut();
-                b.storage = None;
-                b.live = false;
-                (b.lo, b.hi) = (0, -1);
-                for v in stride_v {
-                    self.env.remove(&v.id);
-                }
+                self.alloc_end(pos);
                 r
             }
             Stmt::Seq(v) => {

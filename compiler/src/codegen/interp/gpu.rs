@@ -1,0 +1,409 @@
+//! GPU semantics in the interpreter: how a kernel (the subtree of an outermost loop bound to
+//! a launch dimension, `ir::verify_gpu`) runs, so that CI checks GPU-scheduled IR on the CPU.
+//!
+//! - Blocks run one after another, in grid order (x fastest); each gets fresh `shared`
+//!   buffers.
+//! - Within a block, the threads run *phase by phase*: every statement is run by all threads
+//!   of the block (in thread order) before any thread runs the next one. A loop bound to a
+//!   thread index does not iterate: its variable is the thread's index. A loop whose bounds
+//!   are the same for all threads is iterated together; one whose bounds differ, and the
+//!   branches of an `If`, run with the threads that take them. A `Barrier` starts a new phase
+//!   and must be reached by all threads of the block.
+//! - Each thread has its own bindings (`Let`, loop variables) and its own copy of every
+//!   `local`-scope buffer.
+//! - Races are errors, never silent: within a phase, an element written by one thread and
+//!   read or written by another is a data race; so is an element of global memory written
+//!   by one block and read or written by another (blocks are unordered). Reporting them is
+//!   what makes this a test oracle for GPU schedules: a missing barrier shows here as an
+//!   error, not as a result that happens to be right because the interpreter is serial.
+
+use super::{IdMap, Machine};
+use crate::error::{Error, Result};
+use crate::ir::expr::{Expr, Var};
+use crate::ir::stmt::{ForKind, Scope, Stmt};
+use std::collections::HashMap;
+
+/// Largest number of threads of a block (CUDA's limit).
+const MAX_BLOCK_THREADS: i64 = 1024;
+
+/// Who touched an element last, within the current phase.
+#[derive(Clone, Copy)]
+struct Access {
+    block: u64,
+    phase: u64,
+    writer: Option<usize>,
+    reader: Option<usize>,
+    many_readers: bool,
+}
+
+/// The state of the block being run.
+pub(super) struct Block {
+    /// Each thread's (x, y, z) index.
+    coords: Vec<[i64; 3]>,
+    /// Each thread's bindings made inside the kernel.
+    envs: Vec<IdMap<i64>>,
+    /// `local`-scope buffers alive now: buffer position -> one zeroed copy per thread.
+    locals: Vec<(usize, Vec<Vec<u8>>)>,
+    /// Linear index of the block in the grid, and its phase (barriers passed).
+    block: u64,
+    phase: u64,
+    /// The thread running the current statement.
+    cur: usize,
+    /// Accesses of this launch, per buffer position and element offset.
+    accesses: HashMap<usize, HashMap<i64, Access>>,
+}
+
+impl Machine<'_> {
+    /// Runs the kernel rooted at `root` (a loop bound to a launch dimension).
+    ///
+    /// # Safety
+    /// As `exec`.
+    pub(super) unsafe fn run_kernel(&mut self, root: &Stmt) -> Result<()> {
+        if self.gpu.is_some() {
+            return Err(self.err("a kernel inside a kernel"));
+        }
+        // The grid: the perfect nest of block loops at the top.
+        let mut grid: Vec<(&Var, i64)> = Vec::new();
+        let mut body = root;
+        while let Stmt::For {
+            var,
+            extent,
+            kind: ForKind::Thread(tag),
+            body: inner,
+            ..
+        } = body
+        {
+            if !tag.is_block() {
+                break;
+            }
+            let n = self.int(extent)?;
+            grid.push((var, n));
+            body = inner;
+        }
+        // The block: the extent of each thread dimension (verified uniform and constant).
+        let mut dims = [1i64; 3];
+        let mut bad = None;
+        body.visit(&mut |s| {
+            if let Stmt::For {
+                extent,
+                kind: ForKind::Thread(tag),
+                ..
+            } = s
+            {
+                match extent.as_int() {
+                    Some(n) if !tag.is_block() => dims[tag.axis()] = n,
+                    _ => bad = Some(format!("{} loop of extent `{extent}`", tag.name())),
+                }
+            }
+        });
+        if let Some(b) = bad {
+            return Err(self.err(format!("kernel has a {b} inside its block body")));
+        }
+        let nthreads = dims[0] * dims[1] * dims[2];
+        if !(1..=MAX_BLOCK_THREADS).contains(&nthreads) {
+            return Err(self.err(format!(
+                "a block of {} x {} x {} threads (at most {MAX_BLOCK_THREADS})",
+                dims[0], dims[1], dims[2]
+            )));
+        }
+        let mut coords = Vec::with_capacity(nthreads as usize);
+        for z in 0..dims[2] {
+            for y in 0..dims[1] {
+                for x in 0..dims[0] {
+                    coords.push([x, y, z]);
+                }
+            }
+        }
+        let all: Vec<usize> = (0..coords.len()).collect();
+        let blocks: i64 = grid.iter().map(|(_, n)| (*n).max(0)).product();
+        let mut state = Box::new(Block {
+            envs: vec![IdMap::default(); coords.len()],
+            coords,
+            locals: Vec::new(),
+            block: 0,
+            phase: 0,
+            cur: 0,
+            accesses: HashMap::new(),
+        });
+        let mut r = Ok(());
+        for b in 0..blocks {
+            // Block `b`'s index in each grid dimension, the first fastest.
+            let mut rest = b;
+            for (v, n) in &grid {
+                self.env.insert(v.id, rest % n);
+                rest /= n;
+            }
+            state.block = b as u64;
+            state.phase = 0;
+            self.gpu = Some(state);
+            // SAFETY: forwarded.
+            r = unsafe { self.exec_block(body, &all) };
+            state = self.gpu.take().expect("set above");
+            if r.is_err() {
+                break;
+            }
+        }
+        for (v, _) in &grid {
+            self.env.remove(&v.id);
+        }
+        r
+    }
+
+    fn block(&mut self) -> &mut Block {
+        self.gpu.as_mut().expect("inside a kernel")
+    }
+
+    /// Runs `f` as thread `t`: its bindings in scope, its copies of local buffers in place.
+    fn as_thread<R>(&mut self, t: usize, f: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        let g = self.gpu.as_mut().expect("inside a kernel");
+        g.cur = t;
+        for (k, v) in &g.envs[t] {
+            self.env.insert(*k, *v);
+        }
+        for (pos, copies) in &mut g.locals {
+            self.bufs[*pos].ptr = copies[t].as_mut_ptr();
+        }
+        let r = f(self);
+        let g = self.gpu.as_ref().expect("inside a kernel");
+        for k in g.envs[t].keys() {
+            self.env.remove(k);
+        }
+        r
+    }
+
+    /// Evaluates integer `e` for each thread of `active`.
+    fn per_thread(&mut self, e: &Expr, active: &[usize]) -> Result<Vec<i64>> {
+        active
+            .iter()
+            .map(|&t| self.as_thread(t, |m| m.int(e)))
+            .collect()
+    }
+
+    fn bind_all(&mut self, v: &Var, active: &[usize], values: &[i64]) {
+        let g = self.block();
+        for (&t, &x) in active.iter().zip(values) {
+            g.envs[t].insert(v.id, x);
+        }
+    }
+
+    fn unbind_all(&mut self, v: &Var, active: &[usize]) {
+        let g = self.block();
+        for &t in active {
+            g.envs[t].remove(&v.id);
+        }
+    }
+
+    /// Runs `s` with the threads `active` of the block, phase by phase (module header).
+    ///
+    /// # Safety
+    /// As `exec`.
+    unsafe fn exec_block(&mut self, s: &Stmt, active: &[usize]) -> Result<()> {
+        if active.is_empty() {
+            return Ok(());
+        }
+        match s {
+            Stmt::For {
+                var,
+                kind: ForKind::Thread(tag),
+                body,
+                ..
+            } => {
+                if tag.is_block() {
+                    return Err(self.err(format!(
+                        "loop over `{}` bound to {} inside a block",
+                        var.name,
+                        tag.name()
+                    )));
+                }
+                let axis = tag.axis();
+                let values: Vec<i64> = active
+                    .iter()
+                    .map(|&t| self.block().coords[t][axis])
+                    .collect();
+                self.bind_all(var, active, &values);
+                // SAFETY: forwarded.
+                let r = unsafe { self.exec_block(body, active) };
+                self.unbind_all(var, active);
+                r
+            }
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
+                let lo = self.per_thread(min, active)?;
+                let n = self.per_thread(extent, active)?;
+                let uniform = lo.iter().all(|&x| x == lo[0]) && n.iter().all(|&x| x == n[0]);
+                let mut r = Ok(());
+                if uniform {
+                    for i in 0..n[0].max(0) {
+                        let v = vec![lo[0].wrapping_add(i); active.len()];
+                        self.bind_all(var, active, &v);
+                        // SAFETY: forwarded.
+                        r = unsafe { self.exec_block(body, active) };
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                } else {
+                    // Threads iterate on their own; a barrier inside is reached by some only.
+                    'threads: for (k, &t) in active.iter().enumerate() {
+                        for i in 0..n[k].max(0) {
+                            self.bind_all(var, &[t], &[lo[k].wrapping_add(i)]);
+                            // SAFETY: forwarded.
+                            r = unsafe { self.exec_block(body, &[t]) };
+                            if r.is_err() {
+                                break 'threads;
+                            }
+                        }
+                    }
+                }
+                self.unbind_all(var, active);
+                r
+            }
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+            } => {
+                let mut yes = Vec::new();
+                let mut no = Vec::new();
+                for &t in active {
+                    if self.as_thread(t, |m| m.truth(cond))? {
+                        yes.push(t);
+                    } else {
+                        no.push(t);
+                    }
+                }
+                // SAFETY: forwarded.
+                unsafe { self.exec_block(then, &yes)? };
+                match otherwise {
+                    // SAFETY: forwarded.
+                    Some(o) => unsafe { self.exec_block(o, &no) },
+                    None => Ok(()),
+                }
+            }
+            Stmt::Let { var, value, body } => {
+                let v = self.per_thread(value, active)?;
+                self.bind_all(var, active, &v);
+                // SAFETY: forwarded.
+                let r = unsafe { self.exec_block(body, active) };
+                self.unbind_all(var, active);
+                r
+            }
+            Stmt::Store { .. } => {
+                for &t in active {
+                    // SAFETY: forwarded (a store has no sub-statements: `exec` stays on `t`).
+                    self.as_thread(t, |m| unsafe { m.exec(s) })?;
+                }
+                Ok(())
+            }
+            Stmt::Allocate { buf, body } => {
+                let pos = self.buf_pos(buf.0)?;
+                self.alloc_begin(pos)?;
+                let scope = self.decls[pos].scope;
+                if scope == Scope::Local {
+                    // One zeroed copy per thread, swapped in by `as_thread`.
+                    let bytes = self.bufs[pos].storage.as_ref().map_or(0, Vec::len);
+                    let n = self.block().coords.len();
+                    self.block().locals.push((pos, vec![vec![0u8; bytes]; n]));
+                } else {
+                    // Fresh memory: accesses to an earlier allocation do not race with it.
+                    self.block().accesses.remove(&pos);
+                }
+                // SAFETY: forwarded; the buffer lives until `alloc_end`.
+                let r = unsafe { self.exec_block(body, active) };
+                if scope == Scope::Local {
+                    self.block().locals.retain(|(p, _)| *p != pos);
+                }
+                self.alloc_end(pos);
+                r
+            }
+            Stmt::Seq(v) => {
+                for s in v {
+                    // SAFETY: forwarded.
+                    unsafe { self.exec_block(s, active)? };
+                }
+                Ok(())
+            }
+            Stmt::Barrier => {
+                let g = self.block();
+                let (n, b) = (g.coords.len(), g.block);
+                if active.len() != n {
+                    return Err(self.err(format!(
+                        "barrier reached by {} of the {n} threads of block {b}: threads diverged",
+                        active.len()
+                    )));
+                }
+                self.block().phase += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records an access of the current thread to element `off` of buffer `pos`, and fails
+    /// on a race with another thread of this phase or another block.
+    pub(super) fn record_access(&mut self, pos: usize, off: i64, write: bool) -> Result<()> {
+        if self.decls.get(pos).is_some_and(|b| b.scope == Scope::Local) {
+            return Ok(()); // private to the thread
+        }
+        let g = self.gpu.as_mut().expect("inside a kernel");
+        let (t, block, phase) = (g.cur, g.block, g.phase);
+        let fresh = Access {
+            block,
+            phase,
+            writer: None,
+            reader: None,
+            many_readers: false,
+        };
+        let a = g
+            .accesses
+            .entry(pos)
+            .or_default()
+            .entry(off)
+            .or_insert(fresh);
+        let race = if a.block != block {
+            // Blocks are unordered: any write involved is a race.
+            let r = a.writer.is_some() || (write && (a.reader.is_some() || a.many_readers));
+            let other = a.block;
+            *a = fresh;
+            r.then(|| format!("block {other} and block {block}"))
+        } else {
+            if a.phase != phase {
+                *a = fresh; // ordered by a barrier
+            }
+            let other_writer = a.writer.filter(|&w| w != t);
+            let other_reader = a.many_readers || a.reader.is_some_and(|r| r != t);
+            if let Some(w) = other_writer {
+                Some(format!("threads {w} and {t} of block {block}"))
+            } else if write && other_reader {
+                Some(format!(
+                    "threads {} and {t} of block {block}",
+                    a.reader.unwrap_or(t)
+                ))
+            } else {
+                None
+            }
+        };
+        if let Some(who) = race {
+            let name = self.bufs[pos].name.clone();
+            return Err(Error::Internal(format!(
+                "IR interpreter, function `{}`: data race on element {off} of `{name}` between {who} (a {} with no barrier between; a missing barrier or an unsafe binding)",
+                self.name,
+                if write { "write after another access" } else { "read of another thread's write" }
+            )));
+        }
+        if write {
+            a.writer = Some(t);
+        } else {
+            match a.reader {
+                None => a.reader = Some(t),
+                Some(r) if r != t => a.many_readers = true,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
