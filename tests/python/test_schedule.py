@@ -5,6 +5,8 @@ unscheduled program computes; each invalid one raises rivet.CompileError saying 
 Every case runs on the IR interpreter and on the Cranelift CPU backend.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -265,6 +267,48 @@ def test_compute_at_reduction_producer(target, rng):
     c = poison(np.empty_like(a))
     f(a, c)
     np.testing.assert_allclose(c, a / a.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def lowered_extents(mod):
+    """``loop var -> extent`` of every loop of the loop nest lowering made (its printed form)."""
+    out = {}
+    for line in mod.get_source("nest").splitlines():
+        m = re.match(r"\s*(?:\w+ )?for (\S+) in \[0, (.*)\):$", line)
+        if m:
+            assert out.setdefault(m.group(1), m.group(2)) == m.group(2), line
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_reported_extents_are_the_lowered_loop_extents(seed):
+    """Random splits (factor or nparts, constant or symbolic, dividing or not, larger than the
+    axis) and fuses: the extent Python reports for every loop is the one lowering gives it."""
+    rnd = np.random.default_rng(seed)
+    n = te.var("n")
+    symbolic = seed % 3 == 0
+    if symbolic:
+        A, B, C = matmul_bias(n, n, n)
+    else:
+        A, B, C = matmul_bias()
+    s = rivet.create_schedule(C)
+    st = s[C]
+    for _ in range(1 + rnd.integers(4)):
+        leaves = st.leaf_iter_vars
+        if rnd.integers(3) == 0 and len(leaves) > 1:
+            at = int(rnd.integers(len(leaves) - 1))
+            if leaves[at].iter_type == leaves[at + 1].iter_type:
+                st.fuse(leaves[at], leaves[at + 1])
+        else:
+            v = leaves[int(rnd.integers(len(leaves)))]
+            # A symbolic factor only where n is bound (a dim of the arguments).
+            by = n if symbolic and rnd.integers(3) == 0 else int(rnd.choice([1, 2, 3, 4, 5, 7, 16, 40, 2000]))
+            if rnd.integers(2) == 0:
+                st.split(v, factor=by)
+            else:
+                st.split(v, nparts=by)
+    lowered = lowered_extents(rivet.build(s, [A, B, C], target="interp", name="f"))
+    reported = {v.name: str(v.extent) for v in st.leaf_iter_vars}
+    assert reported == {name: lowered.get(name) for name in reported}
 
 
 def test_stage_objects():
