@@ -12,7 +12,9 @@
 Expressions (:class:`Expr`) are typed and checked as they are built: a type-rule violation
 (``i / 2`` on int64, adding float32 to float64, ``~`` on a non-bool) raises
 ``rivet.CompileError`` at once. Python numbers take the other operand's dtype (``A[i] * 2``
-stays float32, ``i + 1`` stays int64); a Python bool is a bool constant; where no operand is
+stays float32, ``i + 1`` stays int64, ``i * 2.0`` is ``i * 2``); a number that dtype cannot
+hold (``i * 0.5``, ``x_int8 + 300``) raises ``rivet.CompileError``, as in the Rust DSL (one
+rule, ``rivet_compiler::te::number``); a Python bool is a bool constant; where no operand is
 an expression, numbers default to bool / int64 / float32. ``//`` and ``%`` follow Python
 (round toward -inf, the remainder takes the divisor's sign) for ints and floats.
 
