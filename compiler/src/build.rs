@@ -144,7 +144,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
     let kernel = crate::codegen::backend(target, opts.checked)?.compile(&func)?;
     lower::dump(
         &func.name,
-        5,
+        6,
         &format!("{}.src", target.kind_name()),
         &kernel.source(),
     );

@@ -9,9 +9,12 @@ pub mod printer;
 pub mod stmt;
 #[cfg(test)]
 pub(crate) mod test_util;
+pub mod uses;
 pub mod verify;
 pub mod verify_gpu;
 pub mod verify_parallel;
 
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
-pub use stmt::{BufKind, Buffer, Check, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
+pub use stmt::{
+    BufKind, Buffer, Check, DeviceFunc, DeviceKind, ForKind, PrimFunc, Scope, Stmt, ThreadTag,
+};

@@ -3,7 +3,7 @@
 //! a function is stable across runs and fit for golden files); buffers print by name.
 
 use super::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, ReduceOp, UnOp};
-use super::stmt::{BufKind, ForKind, PrimFunc, Scope, Stmt};
+use super::stmt::{BufKind, DeviceFunc, ForKind, PrimFunc, Scope, Stmt};
 use std::fmt::{self, Write};
 
 fn bin(op: BinOp) -> &'static str {
@@ -60,6 +60,8 @@ fn red(op: ReduceOp) -> &'static str {
 thread_local! {
     /// Buffer names for `Load`/`Store`; without a function, buffers print as `buf<N>`.
     static NAMES: std::cell::RefCell<Vec<(u32, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Outlined bodies, printed in place of their `Launch`.
+    static KERNELS: std::cell::RefCell<Vec<DeviceFunc>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn buf_name(id: u32) -> String {
@@ -203,6 +205,27 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
             indent(out, depth);
             out.push_str("barrier\n");
         }
+        Stmt::Launch { kernel } => {
+            indent(out, depth);
+            let k = KERNELS.with(|k| k.borrow().get(*kernel).cloned());
+            match k {
+                Some(k) => {
+                    let bufs: Vec<String> = k.bufs.iter().map(|b| buf_name(b.0)).collect();
+                    let vars: Vec<&str> = k.vars.iter().map(|v| &*v.name).collect();
+                    let _ = writeln!(
+                        out,
+                        "launch {}({}; {}):",
+                        k.name,
+                        bufs.join(", "),
+                        vars.join(", ")
+                    );
+                    stmt(out, &k.body, depth + 1);
+                }
+                None => {
+                    let _ = writeln!(out, "launch kernel {kernel}");
+                }
+            }
+        }
     }
 }
 
@@ -219,9 +242,12 @@ fn with_names<R>(f: Option<&PrimFunc>, body: impl FnOnce() -> R) -> R {
     let names: Vec<(u32, String)> = f
         .map(|f| f.buffers.iter().map(|b| (b.id.0, b.name.clone())).collect())
         .unwrap_or_default();
+    let kernels = f.map(|f| f.kernels.clone()).unwrap_or_default();
     let saved = NAMES.with(|n| std::mem::replace(&mut *n.borrow_mut(), names));
+    let saved_k = KERNELS.with(|k| std::mem::replace(&mut *k.borrow_mut(), kernels));
     let r = body();
     NAMES.with(|n| *n.borrow_mut() = saved);
+    KERNELS.with(|k| *k.borrow_mut() = saved_k);
     r
 }
 

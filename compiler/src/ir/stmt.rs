@@ -134,6 +134,36 @@ pub enum Stmt {
     /// to shared and global memory before it are visible to all after it (`__syncthreads`).
     /// Reached by all threads of a block or by none (`ir::verify_gpu`).
     Barrier,
+    /// Runs `func.kernels[kernel]` here: a body outlined by the host/device split
+    /// (`lower::split`), with the buffers and variables it captures (only in split
+    /// functions, never in saved ones).
+    Launch {
+        kernel: usize,
+    },
+}
+
+/// What runs a body outlined by the host/device split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceKind {
+    /// A `Parallel` loop, run on the CPU's thread pool.
+    CpuParallel,
+    /// A GPU kernel (its root is a loop bound to a launch dimension).
+    Gpu,
+}
+
+/// A body outlined by the host/device split, and what it needs from the host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceFunc {
+    /// `<func>.parallel<k>` or `<func>_kernel<k>`.
+    pub name: String,
+    pub kind: DeviceKind,
+    /// The outlined statement: the parallel loop or the kernel's root loop, unchanged.
+    pub body: Stmt,
+    /// Buffers it uses (parameters and locals allocated outside it), by id.
+    pub bufs: Vec<BufId>,
+    /// Variables it reads from outside (dims, strides, enclosing loop and `Let` variables),
+    /// by id: all int64.
+    pub vars: Vec<Var>,
 }
 
 /// Where a buffer comes from.
@@ -180,9 +210,20 @@ pub struct PrimFunc {
     pub dims: Vec<Var>,
     pub checks: Vec<Check>,
     pub body: Stmt,
+    /// Bodies outlined by the host/device split, run by `Launch` statements of `body`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<DeviceFunc>,
 }
 
 impl PrimFunc {
+    /// Visits the statements of the body and of every outlined kernel, pre-order.
+    pub fn visit_all(&self, f: &mut dyn FnMut(&Stmt)) {
+        self.body.visit(f);
+        for k in &self.kernels {
+            k.body.visit(f);
+        }
+    }
+
     pub fn buffer(&self, id: BufId) -> &Buffer {
         self.buffers
             .iter()
@@ -250,6 +291,7 @@ impl Stmt {
             },
             Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),
             Stmt::Barrier => Stmt::Barrier,
+            Stmt::Launch { kernel } => Stmt::Launch { kernel: *kernel },
         };
         fs(s)
     }
@@ -270,7 +312,7 @@ impl Stmt {
                 }
             }
             Stmt::Seq(v) => v.iter().for_each(|s| s.visit(f)),
-            Stmt::Store { .. } | Stmt::Barrier => {}
+            Stmt::Store { .. } | Stmt::Barrier | Stmt::Launch { .. } => {}
         }
     }
 
@@ -287,7 +329,7 @@ impl Stmt {
             }
             Stmt::If { cond, .. } => f(cond),
             Stmt::Let { value, .. } => f(value),
-            Stmt::Allocate { .. } | Stmt::Seq(_) | Stmt::Barrier => {}
+            Stmt::Allocate { .. } | Stmt::Seq(_) | Stmt::Barrier | Stmt::Launch { .. } => {}
         });
     }
 }

@@ -43,5 +43,6 @@ pub fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> Pri
         dims,
         checks: vec![],
         body,
+        kernels: vec![],
     }
 }

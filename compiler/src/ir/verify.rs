@@ -744,6 +744,37 @@ impl<'a> Verifier<'a> {
             }
             // Where barriers may stand is a rule of `verify_gpu`.
             Stmt::Barrier => Ok(()),
+            Stmt::Launch { kernel } => {
+                let Some(k) = self.func.kernels.get(*kernel) else {
+                    return Err(self.fail(
+                        "a launch names an outlined body",
+                        format!(
+                            "launch of kernel {kernel}, the function has {}",
+                            self.func.kernels.len()
+                        ),
+                    ));
+                };
+                let (bufs, vars) = super::uses::free_uses(&k.body, self.func);
+                let got_bufs: HashSet<BufId> = k.bufs.iter().copied().collect();
+                let got_vars: HashSet<u32> = k.vars.iter().map(|v| v.id).collect();
+                if got_bufs != bufs.into_iter().collect() || got_vars != vars.into_iter().collect()
+                {
+                    return Err(self.fail(
+                        "an outlined body captures exactly what it uses from outside",
+                        format!("kernel `{}`", k.name),
+                    ));
+                }
+                for v in &k.vars {
+                    if !self.bound.contains(&v.id) {
+                        return Err(self.fail(
+                            "an outlined body captures variables bound at its launch",
+                            format!("kernel `{}` captures `{}`, unbound here", k.name, v.name),
+                        ));
+                    }
+                }
+                // Its body is checked where it is launched, as if it stood there.
+                self.stmt(&k.body)
+            }
         }
     }
 }
@@ -816,6 +847,7 @@ mod tests {
             dims: vec![n.clone()],
             checks: vec![],
             body,
+            kernels: vec![],
         };
         Base { f, n, i, a, c, t }
     }

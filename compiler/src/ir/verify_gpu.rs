@@ -27,14 +27,14 @@
 //! file's fault).
 
 use super::expr::{Expr, ExprKind, Var};
-use super::stmt::{BufKind, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
+use super::stmt::{BufKind, DeviceFunc, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
 
 /// Whether `func` uses any GPU construct (a bound loop, a barrier, a shared buffer).
 pub fn uses_gpu(func: &PrimFunc) -> bool {
     let mut gpu = func.buffers.iter().any(|b| b.scope == Scope::Shared);
-    func.body.visit(&mut |s| {
+    func.visit_all(&mut |s| {
         gpu |= matches!(
             s,
             Stmt::Barrier
@@ -82,6 +82,7 @@ pub fn check(func: &PrimFunc) -> Result<()> {
         .map(|b| (b.id.0, (b.scope, b.name.as_str())))
         .collect();
     let mut w = Walker {
+        kernels: &func.kernels,
         scopes,
         kernel: None,
         in_parallel: None,
@@ -122,6 +123,8 @@ struct Kernel {
 }
 
 struct Walker<'a> {
+    /// Outlined bodies: a `Launch` is checked as if its body stood there.
+    kernels: &'a [DeviceFunc],
     scopes: HashMap<u32, (Scope, &'a str)>,
     kernel: Option<Kernel>,
     /// The enclosing `Parallel` or `Vectorized` loop, if any.
@@ -223,6 +226,11 @@ impl Walker<'_> {
             }
             Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(s, cx)),
             Stmt::Store { .. } => {}
+            Stmt::Launch { kernel } => {
+                if let Some(k) = self.kernels.get(*kernel) {
+                    self.stmt(&k.body, cx)
+                }
+            }
             Stmt::Barrier => {
                 if self.kernel.is_none() {
                     set(

@@ -201,7 +201,8 @@ impl<'a> Body<'a> {
                 self.collect(body)
             }
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.collect(s)),
-            Stmt::Barrier => Ok(()),
+            // Loaded functions are never split (files hold the IR before the split).
+            Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
             Stmt::Store {
                 buf,
                 indices,

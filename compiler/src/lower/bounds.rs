@@ -381,7 +381,8 @@ impl Prover<'_> {
             }
             Stmt::Allocate { body, .. } => self.stmt(body, env),
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
-            Stmt::Barrier => Ok(()),
+            // The split runs after the proof; barriers touch no memory.
+            Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
         }
     }
 }

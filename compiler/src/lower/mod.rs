@@ -7,6 +7,7 @@ pub mod flatten;
 pub mod interval;
 pub mod nest;
 pub mod simplify;
+pub mod split;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
@@ -93,8 +94,10 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         f.body = simplify::simplify_stmt(&f.body);
         after(&f, 4, "flatten", true)?;
     }
-    // Every target shares the passes so far; target-specific passes (the host/device split
-    // of issue 7) come here.
+    // 5. The host/device split: parallel loops and GPU kernels outlined, with their captures.
+    //    Every target runs the same passes; backends differ in how they run a `Launch`.
     let _ = target;
+    split::split(&mut f);
+    after(&f, 5, "split", !opts.checked)?;
     Ok(Lowered { nest, func: f })
 }

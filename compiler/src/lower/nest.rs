@@ -793,6 +793,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         dims,
         checks: vec![],
         body: stmt,
+        kernels: vec![],
     })
 }
 

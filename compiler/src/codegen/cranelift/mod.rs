@@ -509,7 +509,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             .ok_or_else(|| Error::Internal("frame_stmt outside the entry function".into()))?;
         let mut bufs = std::collections::BTreeSet::new();
         let mut vars = std::collections::BTreeSet::new();
-        parallel::references(s, self.func, self.cx.checked, &mut bufs, &mut vars);
+        crate::ir::uses::uses(s, self.func, &mut bufs, &mut vars);
         for e in extra {
             e.visit(&mut |n| {
                 if let Some(v) = n.as_var() {

@@ -1,4 +1,5 @@
-//! Parallel loops: the body of a `ForKind::Parallel` loop is outlined into its own function
+//! Parallel loops: the body of a `ForKind::Parallel` loop outlined by the host/device split
+//! (`lower::split`, which records its captures) is compiled into its own function
 //! `body(ctx: *const i64, lo: i64, hi: i64)` running iterations `[lo, hi)`. `ctx` is an
 //! array of 8-byte slots, in a stack slot of the caller, holding every buffer pointer and
 //! variable the body uses from outside (sorted by buffer id, then variable id). The caller
@@ -7,13 +8,12 @@
 
 use super::{Compiler, FnGen, FuncText, PTR};
 use crate::error::{Error, Result};
-use crate::ir::{BufId, Expr, ExprKind, PrimFunc, Stmt, Var};
+use crate::ir::{BufId, DeviceFunc, Stmt, Var};
 use cranelift_codegen::ir::{
     types, AbiParam, InstBuilder, StackSlotData, StackSlotKind, Type, UserFuncName, Value,
 };
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module};
-use std::collections::BTreeSet;
 
 /// One value passed to an outlined body.
 #[derive(Clone, Copy, Debug)]
@@ -22,84 +22,35 @@ enum Capture {
     Var(u32, Type),
 }
 
-/// Buffers and variables referenced by `s` (including the shapes of locals it allocates; in
-/// checked mode also the shapes and strides of every buffer accessed, which the checks read).
-pub(super) fn references(
-    s: &Stmt,
-    func: &PrimFunc,
-    checked: bool,
-    bufs: &mut BTreeSet<BufId>,
-    vars: &mut BTreeSet<u32>,
-) {
-    let on_expr = |e: &Expr, bufs: &mut BTreeSet<BufId>, vars: &mut BTreeSet<u32>| {
-        e.visit(&mut |n| match n.kind() {
-            ExprKind::Var(v) => {
-                vars.insert(v.id);
-            }
-            ExprKind::Load { buf, .. } => {
-                bufs.insert(*buf);
-            }
-            _ => {}
-        })
-    };
-    s.visit(&mut |st| match st {
-        Stmt::For { min, extent, .. } => {
-            on_expr(min, bufs, vars);
-            on_expr(extent, bufs, vars);
-        }
-        Stmt::Store {
-            buf,
-            indices,
-            value,
-        } => {
-            bufs.insert(*buf);
-            indices.iter().for_each(|i| on_expr(i, bufs, vars));
-            on_expr(value, bufs, vars);
-        }
-        Stmt::If { cond, .. } => on_expr(cond, bufs, vars),
-        Stmt::Let { value, .. } => on_expr(value, bufs, vars),
-        Stmt::Allocate { buf, .. } => {
-            if let Some(b) = func.buffers.iter().find(|b| b.id == *buf) {
-                b.shape.iter().for_each(|e| on_expr(e, bufs, vars));
-            }
-        }
-        Stmt::Seq(_) | Stmt::Barrier => {}
-    });
-    if checked {
-        for b in func.buffers.iter().filter(|b| bufs.contains(&b.id)) {
-            b.shape
-                .iter()
-                .for_each(|e| on_expr(e, &mut BTreeSet::new(), vars));
-            vars.extend(b.strides.iter().map(|v| v.id));
-        }
-    }
-}
-
 impl FnGen<'_, '_> {
     /// Emits a parallel loop: spills the captured values, outlines the body, calls the driver.
     pub(super) fn parallel_for(
         &mut self,
+        kernel: &DeviceFunc,
         var: &Var,
         lo: Value,
         ext: Value,
         body: &Stmt,
     ) -> Result<()> {
-        let mut bufs = BTreeSet::new();
-        let mut vars = BTreeSet::new();
-        references(body, self.func, self.cx.checked, &mut bufs, &mut vars);
+        // The captures the host/device split recorded: all bound here.
         let mut caps = Vec::new();
-        for b in bufs {
-            if self.bufs.contains_key(&b) {
-                caps.push(Capture::Buf(b));
+        for &b in &kernel.bufs {
+            if !self.bufs.contains_key(&b) {
+                return Err(Error::Internal(format!(
+                    "{}: captured buffer id {} is not available at the launch",
+                    kernel.name, b.0
+                )));
             }
+            caps.push(Capture::Buf(b));
         }
-        for v in vars {
-            if v == var.id {
-                continue;
-            }
-            if let Some((_, ty)) = self.vars.get(&v) {
-                caps.push(Capture::Var(v, *ty));
-            }
+        for v in &kernel.vars {
+            let Some((_, ty)) = self.vars.get(&v.id) else {
+                return Err(Error::Internal(format!(
+                    "{}: captured variable `{}` is not bound at the launch",
+                    kernel.name, v.name
+                )));
+            };
+            caps.push(Capture::Var(v.id, *ty));
         }
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(
             StackSlotKind::ExplicitSlot,

@@ -3,7 +3,7 @@
 use super::expr::value_ty;
 use super::{FnGen, PTR};
 use crate::error::{Error, Result};
-use crate::ir::{BufId, BufKind, ForKind, Stmt, Var};
+use crate::ir::{BufId, BufKind, DeviceKind, Stmt, Var};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, InstBuilder, Value};
 use rivet_runtime::DType;
@@ -12,6 +12,35 @@ impl FnGen<'_, '_> {
     pub(super) fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
+            Stmt::Launch { kernel } => {
+                let func = self.func;
+                let k = func
+                    .kernels
+                    .get(*kernel)
+                    .ok_or_else(|| Error::Internal(format!("launch of unknown kernel {kernel}")))?;
+                match (&k.kind, &k.body) {
+                    (
+                        DeviceKind::CpuParallel,
+                        Stmt::For {
+                            var,
+                            min,
+                            extent,
+                            body,
+                            ..
+                        },
+                    ) if !self.in_body => {
+                        let lo = self.expr(min)?;
+                        let lo = self.index_i64(lo, min.dtype());
+                        let ext = self.expr(extent)?;
+                        let ext = self.index_i64(ext, extent.dtype());
+                        self.parallel_for(k, var, lo, ext, body)
+                    }
+                    _ => Err(Error::Internal(format!(
+                        "the CPU backend cannot launch `{}` here",
+                        k.name
+                    ))),
+                }
+            }
             Stmt::Barrier => Err(Error::Internal(
                 "a barrier reached the CPU backend (GPU functions are refused before codegen)"
                     .into(),
@@ -71,17 +100,22 @@ impl FnGen<'_, '_> {
                 var,
                 min,
                 extent,
-                kind,
                 body,
+                kind,
             } => {
+                if *kind == crate::ir::ForKind::Parallel && !self.in_body {
+                    return Err(Error::Internal(format!(
+                        "parallel loop over `{}` not outlined by the host/device split",
+                        var.name
+                    )));
+                }
                 let lo = self.expr(min)?;
                 let lo = self.index_i64(lo, min.dtype());
                 let ext = self.expr(extent)?;
                 let ext = self.index_i64(ext, extent.dtype());
-                if *kind == ForKind::Parallel && !self.in_body {
-                    return self.parallel_for(var, lo, ext, body);
-                }
-                // Serial, Vectorized and Unrolled loops all run as plain counted loops.
+                // Serial, Vectorized and Unrolled loops all run as plain counted loops, and so
+                // do parallel loops left inside an outlined parallel body (the split outlines
+                // only the outermost).
                 let hi = self.b.ins().iadd(lo, ext);
                 self.counted_loop(var, lo, hi, body)
             }

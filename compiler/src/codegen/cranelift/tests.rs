@@ -64,9 +64,14 @@ fn v(x: &Var) -> Expr {
     Expr::var(x)
 }
 
+/// Compiles hand-written IR as `lower::lower` would hand it over: split (parallel loops
+/// outlined with their captures).
 fn compile(f: &PrimFunc) -> super::CraneliftKernel {
     let mut b = CraneliftBackend::new().unwrap();
     b.set_disassembly(true);
+    let mut f = f.clone();
+    crate::lower::split::split(&mut f);
+    let f = &f;
     match b.compile_kernel(f) {
         Ok(k) => k,
         Err(e) => panic!("compile {}: {e}", f.name),

@@ -36,7 +36,13 @@ fn shifted(shift: i64, kind: ForKind) -> PrimFunc {
             value: read,
         }),
     };
-    func("shifted", vec![a, b], vec![n], body)
+    split(func("shifted", vec![a, b], vec![n], body))
+}
+
+/// As `lower::lower` hands functions to backends: parallel loops outlined.
+fn split(mut f: PrimFunc) -> PrimFunc {
+    crate::lower::split::split(&mut f);
+    f
 }
 
 fn run(k: &dyn crate::codegen::Kernel, a: &mut [f32], b: &mut [f32]) -> crate::Result<()> {
@@ -109,7 +115,7 @@ fn a_local_that_cannot_be_allocated_is_a_memory_error() {
             body: Box::new(inner),
         }),
     };
-    let f = func("big_local", vec![a, b, t], vec![n], body);
+    let f = split(func("big_local", vec![a, b, t], vec![n], body));
     for be in backends(true) {
         let k = be.compile(&f).unwrap();
         let mut a = vec![1.0f32; 1 << 17];

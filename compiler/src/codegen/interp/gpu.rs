@@ -328,6 +328,7 @@ impl Machine<'_> {
                 }
                 Ok(())
             }
+            Stmt::Launch { .. } => Err(self.err("a launch inside a kernel")),
             Stmt::Barrier => {
                 let g = self.block();
                 let (n, b) = (g.coords.len(), g.block);

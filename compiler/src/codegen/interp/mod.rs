@@ -40,7 +40,7 @@
 use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
-use crate::ir::stmt::{Buffer, ForKind, PrimFunc, Stmt};
+use crate::ir::stmt::{Buffer, DeviceFunc, ForKind, PrimFunc, Stmt};
 use crate::ir::verify::verify;
 use crate::target::Target;
 use half::{bf16, f16};
@@ -151,7 +151,7 @@ impl Value {
 /// variables up with `lookup`: a reference for simplifier and backend tests (shapes and checks
 /// are decided exactly by `ir::checked::eval_checked`).
 pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value> {
-    let mut m = Machine::new("<expression>", &[], true);
+    let mut m = Machine::new("<expression>", &[], &[], true);
     let mut missing = None;
     e.visit(&mut |n| {
         if let ExprKind::Var(v) = n.kind() {
@@ -218,7 +218,7 @@ impl Prepared {
     /// As `run`.
     unsafe fn run(&self, frame: &CallFrame) -> Result<()> {
         let f = &self.func;
-        let mut m = Machine::new(&f.name, &f.buffers, self.flattened);
+        let mut m = Machine::new(&f.name, &f.buffers, &f.kernels, self.flattened);
         m.checked = self.checked;
         if frame.ptrs.len() != f.params.len() || frame.ints.len() != self.slots.len() {
             return Err(m.err(format!(
@@ -325,6 +325,8 @@ struct Machine<'a> {
     name: &'a str,
     /// The function's buffer declarations (empty for `eval_expr`).
     decls: &'a [Buffer],
+    /// The function's outlined bodies (`Launch` runs them in place).
+    kernels: &'a [DeviceFunc],
     flattened: bool,
     checked: bool,
     /// Values of the variables in scope.
@@ -337,10 +339,16 @@ struct Machine<'a> {
 }
 
 impl<'a> Machine<'a> {
-    fn new(name: &'a str, decls: &'a [Buffer], flattened: bool) -> Machine<'a> {
+    fn new(
+        name: &'a str,
+        decls: &'a [Buffer],
+        kernels: &'a [DeviceFunc],
+        flattened: bool,
+    ) -> Machine<'a> {
         Machine {
             name,
             decls,
+            kernels,
             flattened,
             checked: false,
             env: IdMap::default(),
@@ -597,6 +605,15 @@ impl<'a> Machine<'a> {
                 unsafe { self.run_kernel(s) }
             }
             Stmt::Barrier => Err(self.err("barrier outside a kernel")),
+            // An outlined body runs in place (its captures are the variables bound here).
+            Stmt::Launch { kernel } => {
+                let kernels = self.kernels;
+                let k = kernels
+                    .get(*kernel)
+                    .ok_or_else(|| self.err(format!("launch of unknown kernel {kernel}")))?;
+                // SAFETY: forwarded.
+                unsafe { self.exec(&k.body) }
+            }
             Stmt::For {
                 var,
                 min,
