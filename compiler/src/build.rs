@@ -13,7 +13,7 @@
 //! (`limits::COMPILE_STACK`), so the recursion of the passes over deep (but within-limit)
 //! expressions never reaches the end of a caller's small stack.
 
-use crate::codegen::{CallFrame, Kernel};
+use crate::codegen::{CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::checked::{eval_checked, EvalError};
 use crate::ir::expr::{Expr, Var};
@@ -342,6 +342,17 @@ fn call(
             ))));
         }
     }
+    // The launch context: the arguments' device (the signature admits only devices this
+    // backend runs on) and their size, for the backend's policy.
+    let ctx = LaunchContext {
+        device: slots
+            .iter()
+            .flatten()
+            .next()
+            .map_or(rivet_runtime::Device::Cpu, |t| t.device()),
+        stream: None,
+        work: 0,
+    };
     // Dims given by expressions, and the allocation of missing outputs.
     for (i, (slot, id)) in slots.iter_mut().zip(&f.params).enumerate() {
         let b = f.buffer(*id);
@@ -383,10 +394,14 @@ fn call(
                         b.name, want[d]
                     )));
                 }
-                *slot = Some(
-                    Tensor::zeros(&want, b.dtype)
-                        .map_err(|e| e.context(&format!("{name}: output '{}': ", b.name)))?,
-                );
+                *slot = Some(c.kernel.alloc_output(&want, b.dtype, &ctx).map_err(|e| {
+                    match e {
+                        Error::Runtime(r) => {
+                            Error::Runtime(r.context(&format!("{name}: output '{}': ", b.name)))
+                        }
+                        other => other,
+                    }
+                })?);
             }
         }
     }
@@ -448,21 +463,13 @@ fn call(
         ptrs: tensors.iter().map(|t| t.data_ptr()).collect(),
         ints,
     };
-    let work: i64 = tensors.iter().map(|t| t.numel()).sum();
+    let ctx = LaunchContext {
+        work: tensors.iter().map(|t| t.numel()).sum(),
+        ..ctx
+    };
     // SAFETY: the frame describes the argument tensors, checked above against the signature,
-    // the dims and the bounds checks.
-    let run = || unsafe { c.kernel.launch(&frame) };
-    // The runtime's policy (as for its native functions): small work runs on this thread with
-    // the GIL kept; past RELEASE_GRAIN the GIL is released; past PARALLEL_GRAIN parallel loops
-    // use the pool.
-    use rivet_runtime::{host, parallel};
-    if work >= parallel::PARALLEL_GRAIN {
-        host::without_host_lock(run)?;
-    } else if work >= host::RELEASE_GRAIN {
-        parallel::serially(|| host::without_host_lock(run))?;
-    } else {
-        parallel::serially(run)?;
-    }
+    // the dims and the bounds checks; the backend applies its own execution policy.
+    unsafe { c.kernel.launch(&frame, &ctx) }?;
     if allocate {
         let outs: Vec<Tensor> = tensors
             .into_iter()

@@ -8,12 +8,14 @@
 //! and passed before a kernel is launched; a kernel trusts its frame.
 
 pub mod cranelift;
+pub mod host;
 pub mod interp;
 pub mod math;
 
 use crate::error::Result;
 use crate::ir::{PrimFunc, Var};
 use crate::target::{Target, TargetKind};
+use rivet_runtime::{DType, Device, Tensor};
 
 /// Everything a kernel needs at launch.
 #[derive(Debug, Clone)]
@@ -31,15 +33,45 @@ pub fn int_slots(func: &PrimFunc) -> Vec<Var> {
     v
 }
 
+/// Where and how one call runs: what the generic call path knows and every backend needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchContext {
+    /// The device of the call's tensors (all on one device, checked before the launch).
+    pub device: Device,
+    /// The stream to launch on (a CUDA `CUstream` handle; `None`: the device's default, and
+    /// on the CPU). Launches are ordered on it and never synchronize the device.
+    pub stream: Option<u64>,
+    /// Elements the call's tensors hold: the CPU policy's measure of the work.
+    pub work: i64,
+}
+
+impl LaunchContext {
+    /// A host launch of unknown, possibly large work (tests, direct launches): parallel
+    /// loops may use the pool.
+    pub fn host() -> LaunchContext {
+        LaunchContext {
+            device: Device::Cpu,
+            stream: None,
+            work: i64::MAX,
+        }
+    }
+}
+
 /// A compiled function, ready to launch.
 pub trait Kernel: Send + Sync {
-    /// Runs the function on a frame built for it. A failure inside (a temporary that cannot
-    /// be allocated; in checked mode, an out-of-bounds access) is an `Err`, never an abort.
+    /// Runs the function on a frame built for it, under the backend's execution policy for
+    /// `ctx` (the CPU's: release the host lock and use the pool for large work; a GPU's:
+    /// enqueue on `ctx.stream`). A failure inside (a temporary that cannot be allocated; in
+    /// checked mode, an out-of-bounds access) is an `Err`, never an abort.
     ///
     /// # Safety
     /// The frame's pointers must address memory matching the function's parameter buffers
-    /// under the frame's dims and strides, and `func.checks` must hold for them.
-    unsafe fn launch(&self, frame: &CallFrame) -> Result<()>;
+    /// under the frame's dims and strides, on `ctx.device`, and `func.checks` must hold for
+    /// them.
+    unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()>;
+
+    /// A zeroed tensor for an output the caller omitted, where this kernel runs.
+    fn alloc_output(&self, shape: &[i64], dtype: DType, ctx: &LaunchContext) -> Result<Tensor>;
 
     /// Generated code as text (Cranelift IR for the CPU backend), for dumps and debugging.
     fn source(&self) -> String;

@@ -17,7 +17,7 @@ use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
 use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
-use crate::schedule::{Attach, Relation, Schedule, Stage};
+use crate::schedule::{Attach, Relation, Schedule, Stage, SMALL_SPLIT};
 use crate::te::tensor::{inputs, post_order, top_reduce, Tensor};
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -28,9 +28,6 @@ struct Ctx<'a> {
     buf_of: HashMap<u32, BufId>,
     inlined: HashSet<u32>,
 }
-
-/// Largest constant split factor kept as the inner loop's extent over a symbolic axis.
-const SMALL_SPLIT: i64 = 1024;
 
 fn cerr<T>(msg: String) -> Result<T> {
     Err(Error::Compile(msg))
@@ -160,53 +157,9 @@ impl Ctx<'_> {
             ext.insert(r.var.clone(), r.extent.clone());
             base.insert(r.var.clone(), r.min.clone());
         }
-        // Leaf extents, through the relations in order.
+        // Leaf extents, through the relations in order (the rule Python reports too).
+        let ext = crate::schedule::loop_extents(&stage.relations, ext);
         let mut guards: Vec<Expr> = Vec::new();
-        for rel in &stage.relations {
-            match rel {
-                Relation::Split {
-                    parent,
-                    outer,
-                    inner,
-                    factor,
-                    nparts,
-                } => {
-                    let pe = ext[parent].clone();
-                    // ceil(pe / k) as `(pe - 1) // k + 1`: no intermediate can overflow
-                    // (`pe + k - 1` could), and it is 0 for pe = 0.
-                    let ceil = |k: &Expr| pe.sub(&Expr::int(1)).floordiv(k).add(&Expr::int(1));
-                    // The part of fixed size is clamped to the axis (a split by 2**62 of an
-                    // axis of 5 runs 5 iterations, not 2**62 guarded ones), except a small
-                    // constant over a symbolic axis: vectorize and unroll need its constant
-                    // extent, and at most SMALL_SPLIT guarded iterations are wasted per outer one.
-                    let clamp = |k: &Expr| match (k.as_int(), simplify(&pe).as_int()) {
-                        (Some(c), None) if c <= SMALL_SPLIT => k.clone(),
-                        _ => smin(k, &pe),
-                    };
-                    let (oe, ie) = match (factor, nparts) {
-                        (Some(f), _) => (ceil(f), clamp(f)),
-                        (None, Some(n)) => (clamp(n), ceil(n)),
-                        _ => unreachable!("checked by split"),
-                    };
-                    ext.insert(outer.clone(), simplify(&oe));
-                    ext.insert(inner.clone(), simplify(&ie));
-                }
-                Relation::Fuse {
-                    outer,
-                    inner,
-                    fused,
-                } => {
-                    // Kept as a product (not simplified) when symbolic: the bounds proof
-                    // recognises `f // D` over `[0, E * D)`. Constants are folded.
-                    let e = ext[outer].mul(&ext[inner]);
-                    let folded = simplify(&e);
-                    ext.insert(
-                        fused.clone(),
-                        if folded.as_int().is_some() { folded } else { e },
-                    );
-                }
-            }
-        }
         // Values of every var in terms of the leaves, walking the relations backwards.
         let mut val: HashMap<Var, Expr> = stage
             .leaves

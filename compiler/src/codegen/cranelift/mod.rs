@@ -44,7 +44,7 @@ mod tests;
 #[cfg(test)]
 mod tests_faults;
 
-use crate::codegen::{int_slots, Backend, CallFrame, Kernel};
+use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::{BufId, PrimFunc};
 use crate::target::Target;
@@ -254,7 +254,31 @@ impl CraneliftKernel {
 }
 
 impl Kernel for CraneliftKernel {
-    unsafe fn launch(&self, frame: &CallFrame) -> Result<()> {
+    unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
+        // SAFETY: forwarded contract.
+        crate::codegen::host::run_with_policy(ctx, || unsafe { self.run(frame) })
+    }
+
+    fn alloc_output(
+        &self,
+        shape: &[i64],
+        dtype: rivet_runtime::DType,
+        _: &LaunchContext,
+    ) -> Result<rivet_runtime::Tensor> {
+        crate::codegen::host::alloc_output(shape, dtype)
+    }
+
+    fn source(&self) -> String {
+        self.source.clone()
+    }
+}
+
+impl CraneliftKernel {
+    /// Calls the entry function on `frame` on this thread and turns a fault into its error.
+    ///
+    /// # Safety
+    /// As `Kernel::launch`.
+    unsafe fn run(&self, frame: &CallFrame) -> Result<()> {
         if frame.ptrs.len() != self.n_ptrs || frame.ints.len() != self.n_ints {
             return Err(Error::Internal(format!(
                 "call frame has {} pointers and {} ints; the kernel expects {} and {}",
@@ -297,10 +321,6 @@ impl Kernel for CraneliftKernel {
                 "{name}: generated code failed without recording why (status {status})"
             )),
         })
-    }
-
-    fn source(&self) -> String {
-        self.source.clone()
     }
 }
 

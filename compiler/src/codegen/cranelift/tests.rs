@@ -2,7 +2,7 @@
 //! formulas (`codegen::math`, `libm`, `half`, Rust's `as`).
 
 use super::CraneliftBackend;
-use crate::codegen::{math, Backend, CallFrame, Kernel};
+use crate::codegen::{math, Backend, CallFrame, Kernel, LaunchContext};
 use crate::ir::{BinOp, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var};
 use rivet_runtime::DType;
 
@@ -227,7 +227,7 @@ fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
     let mut ints = vec![n as i64];
     ints.extend(std::iter::repeat_n(1, f.params.len()));
     // SAFETY: every buffer holds n elements of its dtype, compact.
-    unsafe { k.launch(&CallFrame { ptrs, ints }) }.unwrap();
+    unsafe { k.launch(&CallFrame { ptrs, ints }, &LaunchContext::host()) }.unwrap();
 }
 
 /// `out[i] = build(loads of ins)[i]` over 1-d buffers of `n` elements.
@@ -300,7 +300,7 @@ fn elementwise_add_over_strided_2d_buffers() {
         ints: vec![nn as i64, mm as i64, 1, nn as i64, 10, 1, -(mm as i64), -1],
     };
     // SAFETY: the buffers match the shapes and strides of the frame.
-    unsafe { k.launch(&frame) }.unwrap();
+    unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
     for ii in 0..nn {
         for jj in 0..mm {
             let want = av[ii + jj * nn] + bv[ii * 10 + jj];
@@ -315,7 +315,7 @@ fn elementwise_add_over_strided_2d_buffers() {
         ints: vec![],
     };
     // SAFETY: rejected before any code runs.
-    assert!(unsafe { k.launch(&bad) }.is_err());
+    assert!(unsafe { k.launch(&bad, &LaunchContext::host()) }.is_err());
 }
 
 #[test]
@@ -880,7 +880,7 @@ fn reduction_into_a_local_allocation() {
         ints: vec![nn as i64, mm as i64, mm as i64, 1, 1, 1],
     };
     // SAFETY: buffers match the frame.
-    unsafe { k.launch(&frame) }.unwrap();
+    unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
     for ii in 0..nn {
         let mut s = 0f32;
         let mut s2 = 0f32;
@@ -993,7 +993,7 @@ fn parallel_loop_matches_serial() {
             ints: vec![nn as i64, 1, 1, 1, 1],
         };
         // SAFETY: buffers match the frame.
-        unsafe { k.launch(&frame) }.unwrap();
+        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
         results.push((out, cnt));
     }
     let (s, p) = (&results[0], &results[1]);
@@ -1029,7 +1029,7 @@ fn parallel_loop_with_empty_and_tiny_ranges() {
             ints: vec![nn as i64, 1, 1, 1, 1],
         };
         // SAFETY: buffers match the frame.
-        unsafe { k.launch(&frame) }.unwrap();
+        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
         for (x, &c) in cnt.iter().enumerate().take(nn) {
             assert_eq!(c, x as i32);
         }
@@ -1206,7 +1206,7 @@ fn guarded_loads_in_select_and_logic_are_lazy() {
         ints: vec![1, 1, 1],
     };
     // SAFETY: the loads of x are guarded by i < 2.
-    unsafe { k.launch(&frame) }.unwrap();
+    unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
     assert_eq!(yv, [5.0, -6.0, -1.0, -1.0]);
     // z = (i<2 && x>0) && !(!(i<2) || x>0) = false everywhere.
     assert_eq!(zv, [0, 0, 0, 0]);
@@ -1488,7 +1488,7 @@ fn matches_the_interpreter_on_random_programs() {
             let mut ints = vec![nn as i64];
             ints.extend(std::iter::repeat_n(1, f.params.len()));
             // SAFETY: every buffer holds nn compact elements.
-            unsafe { k.launch(&CallFrame { ptrs, ints }) }.unwrap();
+            unsafe { k.launch(&CallFrame { ptrs, ints }, &LaunchContext::host()) }.unwrap();
             results.push(data.split_off(ALL.len()));
         }
         for (o, dt) in out_dts.iter().enumerate() {

@@ -5,7 +5,7 @@
 
 use super::CraneliftBackend;
 use crate::codegen::interp::InterpBackend;
-use crate::codegen::{Backend, CallFrame};
+use crate::codegen::{Backend, CallFrame, LaunchContext};
 use crate::error::Error;
 use crate::ir::test_util::{buffer, func, input, output};
 use crate::ir::{BufKind, Expr, ForKind, PrimFunc, Stmt, Var};
@@ -53,7 +53,7 @@ fn run(k: &dyn crate::codegen::Kernel, a: &mut [f32], b: &mut [f32]) -> crate::R
     };
     // SAFETY: the frame describes `a` and `b` (n elements, stride 1); in checked mode every
     // access is checked against n before it is made.
-    unsafe { k.launch(&frame) }
+    unsafe { k.launch(&frame, &LaunchContext::host()) }
 }
 
 #[test]

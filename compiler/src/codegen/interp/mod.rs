@@ -37,14 +37,14 @@
 //! on unflattened IR) an index outside its dim is the user's `Error::Index` instead; a local
 //! buffer over `MAX_ALLOC_BYTES`, or one the system refuses, is `Error::Memory`.
 
-use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel};
+use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
 use crate::ir::stmt::{Buffer, DeviceFunc, ForKind, PrimFunc, Stmt};
 use crate::ir::verify::verify;
 use crate::target::Target;
 use half::{bf16, f16};
-use rivet_runtime::DType;
+use rivet_runtime::{DType, Tensor};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -93,9 +93,13 @@ impl Backend for InterpBackend {
 struct InterpKernel(Prepared);
 
 impl Kernel for InterpKernel {
-    unsafe fn launch(&self, frame: &CallFrame) -> Result<()> {
+    unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
         // SAFETY: forwarded contract: the frame matches the function (see `Kernel::launch`).
-        unsafe { self.0.run(frame) }
+        super::host::run_with_policy(ctx, || unsafe { self.0.run(frame) })
+    }
+
+    fn alloc_output(&self, shape: &[i64], dtype: DType, _: &LaunchContext) -> Result<Tensor> {
+        super::host::alloc_output(shape, dtype)
     }
 
     fn source(&self) -> String {
@@ -1057,10 +1061,13 @@ mod tests {
         let mut cv2 = vec![0.0f32; 4];
         // SAFETY: as above.
         unsafe {
-            k.launch(&CallFrame {
-                ptrs: vec![p(&mut av), bptr, p(&mut cv2)],
-                ints: vec![4, 2, -1, 1],
-            })
+            k.launch(
+                &CallFrame {
+                    ptrs: vec![p(&mut av), bptr, p(&mut cv2)],
+                    ints: vec![4, 2, -1, 1],
+                },
+                &LaunchContext::host(),
+            )
         }
         .unwrap();
         assert_eq!(cv2, cv);
