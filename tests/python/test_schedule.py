@@ -500,3 +500,22 @@ def test_compute_at_needs_only_consumer(target):
     s[P].compute_at(s[C], C.op.axis[0])
     with pytest.raises(rivet.CompileError, match="only consumer"):
         rivet.build(s, [A, C, D], target=target)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+def test_split_by_a_dim_no_argument_binds_is_a_compile_error(target):
+    # Found by a review: a split factor over a var that no argument's shape carries reached
+    # the verifier as an internal error ("unbound variable n"); it is the user's mistake.
+    n = te.var("n")
+    A = te.placeholder((8, 8), "float32", name="A")
+    C = te.compute((8, 8), lambda i, j: A[i, j] * 2.0, name="C")
+    s = rivet.create_schedule(C)
+    i, _ = C.op.axis
+    s[C].split(i, factor=n)
+    with pytest.raises(rivet.CompileError, match="dim 'n' used in a split of 'C' cannot be bound"):
+        rivet.build(s, [A, C], target=target)
+    m = te.var("m")
+    k = te.reduce_axis((0, m), name="k")
+    D = te.compute((8,), lambda i: te.sum(A[i, k], axis=k), name="D")
+    with pytest.raises(rivet.CompileError, match="dim 'm' used in the body of 'D' cannot be bound"):
+        rivet.build(rivet.create_schedule(D), [A, D], target=target)

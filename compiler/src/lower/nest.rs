@@ -660,6 +660,20 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         if let Some(b) = t.body() {
             check_free(b, &format!("the body of '{}'", t.name()))?;
         }
+        for a in t.axis().iter().chain(t.reduce_axis()) {
+            let what = format!("the range of axis '{}' of '{}'", a.var.name, t.name());
+            check_free(&a.min, &what)?;
+            check_free(&a.extent, &what)?;
+        }
+    }
+    for st in &sched.stages {
+        for rel in &st.relations {
+            if let Relation::Split { factor, nparts, .. } = rel {
+                for e in factor.iter().chain(nparts) {
+                    check_free(e, &format!("a split of '{}'", st.tensor.name()))?;
+                }
+            }
+        }
     }
     // Buffers: parameters in argument order, then locals for materialised intermediates.
     let mut buffers = Vec::new();
