@@ -394,14 +394,16 @@ fn call(
                         b.name, want[d]
                     )));
                 }
-                *slot = Some(c.kernel.alloc_output(&want, b.dtype, &ctx).map_err(|e| {
-                    match e {
-                        Error::Runtime(r) => {
-                            Error::Runtime(r.context(&format!("{name}: output '{}': ", b.name)))
-                        }
-                        other => other,
-                    }
-                })?);
+                *slot = Some(
+                    c.kernel
+                        .alloc_output(&want, b.dtype, &ctx)
+                        .map_err(|e| match e {
+                            Error::Runtime(r) => {
+                                Error::Runtime(r.context(&format!("{name}: output '{}': ", b.name)))
+                            }
+                            other => other,
+                        })?,
+                );
             }
         }
     }

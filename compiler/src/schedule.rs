@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, Var};
-use crate::ir::stmt::ForKind;
+use crate::ir::stmt::{ForKind, ThreadTag};
 use crate::lower::interval::smin;
 use crate::lower::simplify::simplify;
 use crate::te::tensor::{post_order, Tensor};
@@ -343,6 +343,37 @@ impl Stage {
     pub fn parallel(&mut self, v: &Var) -> Result<()> {
         self.annotate(v, ForKind::Parallel, "parallel")
     }
+
+    /// Binds loop `v` to a GPU launch dimension (TVM's `bind`): its iterations become the
+    /// blocks or threads of a kernel. Refused here: a launch dimension bound twice in one
+    /// stage, and a reduction loop (its iterations accumulate into one element: a
+    /// cross-thread reduction, not supported yet). Where bound loops may stand in the nest
+    /// (outermost, blocks before threads), their extents (constant threads, at most 1024 per
+    /// block) and what a GPU stage may hold are checked when the stage is lowered.
+    pub fn bind(&mut self, v: &Var, tag: ThreadTag) -> Result<()> {
+        let p = self.leaf_pos(v, "bind")?;
+        if let Some(other) = self
+            .leaves
+            .iter()
+            .find(|l| l.var != *v && l.kind == ForKind::Thread(tag))
+        {
+            return err(self, format!(
+                "cannot bind '{}' to {}: loop '{}' is already bound to it (each launch dimension is bound once per stage)",
+                v.name,
+                tag.name(),
+                other.var.name
+            ));
+        }
+        if self.leaves[p].reduce {
+            return err(self, format!(
+                "cannot bind the reduction loop '{}' to {}: its iterations accumulate into the same element (cross-thread reductions are not supported yet); bind the data-parallel loops",
+                v.name,
+                tag.name()
+            ));
+        }
+        self.leaves[p].kind = ForKind::Thread(tag);
+        Ok(())
+    }
 }
 
 impl Schedule {
@@ -503,7 +534,9 @@ mod tests {
                     }
                 } else {
                     let v = st.leaves[rng.below(leaves)].var.clone();
-                    let by = if rng.below(5) == 0 {
+                    // A symbolic factor only where an argument binds `n` (else a
+                    // CompileError: the dim cannot be bound).
+                    let by = if symbolic && rng.below(5) == 0 {
                         n.clone()
                     } else {
                         Expr::int(factors[rng.below(factors.len())])

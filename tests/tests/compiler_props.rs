@@ -2061,6 +2061,178 @@ proptest! {
     }
 }
 
+// ---- GPU schedules, run by the interpreter with GPU semantics ---------------------------------
+
+/// A GPU schedule: the first data axis split by `f0` (outer to blockIdx.x, inner to
+/// threadIdx.x), the second (when `two_d`) by `f1` (blockIdx.y / threadIdx.y); other loops
+/// serial inside; intermediate stages inlined where they can be, else bound the same way.
+#[derive(Clone, Debug)]
+struct GpuS {
+    f0: i64,
+    f1: i64,
+    two_d: bool,
+    inline_producers: bool,
+}
+
+fn gpu_s() -> impl Strategy<Value = GpuS> {
+    (
+        prop::sample::select(vec![1i64, 2, 3, 8, 32, 64]),
+        prop::sample::select(vec![1i64, 2, 4, 16]),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(f0, f1, two_d, inline_producers)| GpuS {
+            f0,
+            f1,
+            two_d,
+            inline_producers,
+        })
+}
+
+fn bind_stage(s: &mut Schedule, t: &Te, g: &GpuS) {
+    use rivet_compiler::ir::ThreadTag;
+    let axes = t.axis();
+    if axes.is_empty() {
+        return;
+    }
+    let st = s.stage(t).unwrap();
+    let (o0, i0) = st.split(&axes[0].var, Some(Expr::int(g.f0)), None).unwrap();
+    let mut blocks = vec![(o0, ThreadTag::BlockX)];
+    let mut threads = vec![(i0, ThreadTag::ThreadX)];
+    if g.two_d && axes.len() >= 2 {
+        let (o1, i1) = st.split(&axes[1].var, Some(Expr::int(g.f1)), None).unwrap();
+        blocks.push((o1, ThreadTag::BlockY));
+        threads.push((i1, ThreadTag::ThreadY));
+    }
+    let bound: Vec<Var> = blocks
+        .iter()
+        .chain(&threads)
+        .map(|(v, _)| v.clone())
+        .collect();
+    let mut order = bound.clone();
+    order.extend(
+        st.leaves
+            .iter()
+            .map(|l| l.var.clone())
+            .filter(|v| !bound.contains(v)),
+    );
+    st.reorder(&order).unwrap();
+    for (v, tag) in blocks.iter().chain(&threads) {
+        st.bind(v, *tag).unwrap();
+    }
+}
+
+fn gpu_schedule(p: &Prog, g: &GpuS) -> Schedule {
+    let mut s = Schedule::new(&[p.out.clone()]).unwrap();
+    let others: Vec<Te> = s
+        .stages
+        .iter()
+        .map(|st| st.tensor.clone())
+        .filter(|t| t.id() != p.out.id())
+        .collect();
+    for t in &others {
+        if !(g.inline_producers && s.compute_inline(t).is_ok()) {
+            bind_stage(&mut s, t, g);
+        }
+    }
+    bind_stage(&mut s, &p.out, g);
+    s
+}
+
+/// A GPU-scheduled program on the interpreter (blocks, threads, races reported) matches the
+/// Rust reference on strided inputs and a strided output, touching nothing outside it.
+fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), TestCaseError> {
+    let mut rng = Rng(seed);
+    let main = p.main;
+    let mut logical: Vec<Vec<u64>> = Vec::new();
+    let mut strided: Vec<Tensor> = Vec::new();
+    for (k, inp) in p.inputs.iter().enumerate() {
+        let v = make_view(&inp.shape, &views[k], true, main, &mut || {
+            random_value(main, &mut rng).bits_raw()
+        });
+        logical.push(tensor_bits(&v.view, main));
+        strided.push(v.view);
+    }
+    let want: Vec<u64> = (p.reference)(&logical);
+    let args: Vec<Te> = p
+        .inputs
+        .iter()
+        .filter(|i| i.used)
+        .map(|i| i.te.clone())
+        .chain([p.out.clone()])
+        .collect();
+    let out_ty = p.out_ty;
+    let s = gpu_schedule(p, g);
+    let m = match build(&s, &args, "interp", "f") {
+        Ok(m) => m,
+        Err(e) if symbolic(p) && conservative_refusal(&e.to_string()) => return Ok(()),
+        Err(e) => return Err(fail(format!("GPU-scheduled build failed ({g:?}): {e}"))),
+    };
+    let ir = m.get_source("ir").unwrap();
+    // (Loops of one iteration are simplified away, bound or not.)
+    if g.f0 > 1 && p.out_shape.first().is_some_and(|&n| n > 1) && !ir.contains("bind threadIdx.x") {
+        return Err(fail(format!("no thread binding in the lowered IR:\n{ir}")));
+    }
+    let mut prng = Rng(seed ^ 0x6B0);
+    let ov = make_view(
+        &p.out_shape,
+        &views[3],
+        false,
+        out_ty,
+        &mut || match out_ty {
+            Ty::F32 => (1000.0f32 + r_small(&mut prng)).to_bits() as u64,
+            Ty::F64 => (1000.0f64 + r_small(&mut prng) as f64).to_bits(),
+            Ty::I32 => 0x5A5A_0000 | prng.below(0x10000),
+            Ty::Bool => prng.below(2),
+        },
+    );
+    let before = tensor_bits(&ov.base, out_ty);
+    let mut vals: Vec<Value> = p
+        .inputs
+        .iter()
+        .zip(&strided)
+        .filter(|(i, _)| i.used)
+        .map(|(_, t)| Value::Tensor(t.clone()))
+        .collect();
+    vals.push(Value::Tensor(ov.view.clone()));
+    m.get_function("f")
+        .unwrap()
+        .call(&vals)
+        .map_err(|e| fail(format!("GPU-scheduled call failed ({g:?}): {e}\n{ir}")))?;
+    let after = tensor_bits(&ov.base, out_ty);
+    let inside: HashSet<usize> = ov.covered.iter().copied().collect();
+    if let Some(i) = (0..after.len()).find(|i| !inside.contains(i) && after[*i] != before[*i]) {
+        return Err(fail(format!(
+            "element {i} outside the output view was written\n{ir}"
+        )));
+    }
+    let got: Vec<u64> = tensor_bits(&ov.view, out_ty)
+        .into_iter()
+        .map(|b| canon(b, out_ty))
+        .collect();
+    let want: Vec<u64> = want.into_iter().map(|b| canon(b, out_ty)).collect();
+    if let Some(d) = first_diff(&want, &got, out_ty, p.value_eq) {
+        return Err(fail(format!(
+            "reference vs GPU-scheduled interp ({g:?}): {d}\n{ir}"
+        )));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(100))]
+
+    #[test]
+    fn gpu_schedules_of_elementwise_programs(c in any_main().prop_flat_map(|t| ew_case(t, true)), g in gpu_s(), v in views(), seed in any::<u64>()) {
+        run_gpu_case(&build_ew(&c), &g, &v, seed)?;
+    }
+
+    #[test]
+    fn gpu_schedules_of_reductions(c in any_main().prop_flat_map(|t| red_case(t, true)), g in gpu_s(), v in views(), seed in any::<u64>()) {
+        run_gpu_case(&build_red(&c), &g, &v, seed)?;
+    }
+}
+
 fn any_main() -> impl Strategy<Value = Ty> {
     prop_oneof![2 => Just(Ty::F32), 1 => Just(Ty::F64), 1 => Just(Ty::I32)]
 }

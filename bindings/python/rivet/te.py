@@ -36,6 +36,8 @@ Op = _native.Op
 __all__ = [
     "Expr",
     "IterVar",
+    "ThreadAxis",
+    "thread_axis",
     "Tensor",
     "Op",
     "var",
@@ -155,6 +157,28 @@ def compute(shape, fcompute, name="compute"):
             "multi-output computes are not supported, make one compute per output"
         )
     return _native.te_compute(dims, axis, body, name)
+
+
+class ThreadAxis:
+    """A GPU launch dimension for ``Stage.bind`` (TVM's ``te.thread_axis``)."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __repr__(self):
+        return f"te.thread_axis({self.tag!r})"
+
+
+_THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def thread_axis(tag):
+    """``"blockIdx.x"`` ... ``"threadIdx.z"``: pass it (or the string) to ``s[C].bind(axis, ...)``."""
+    if tag not in _THREAD_TAGS:
+        raise _CompileError(f"te.thread_axis: expected one of {', '.join(_THREAD_TAGS)}, got {tag!r}")
+    return ThreadAxis(tag)
 
 
 def create_schedule(outputs):

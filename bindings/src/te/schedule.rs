@@ -10,7 +10,7 @@ use crate::errors::CompileResult;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rivet_compiler::ir::expr::{Expr, IterVar, Var};
-use rivet_compiler::ir::stmt::ForKind;
+use rivet_compiler::ir::stmt::{ForKind, ThreadTag};
 use rivet_compiler::schedule::{Attach, Schedule, Stage};
 use rivet_compiler::te::Tensor;
 
@@ -264,6 +264,40 @@ impl PyStage {
     fn parallel(&self, py: Python<'_>, axis: &Bound<'_, PyAny>) -> PyResult<()> {
         let v = axis_var(axis, "parallel: argument 0")?;
         self.with(py, |st| st.parallel(&v))
+    }
+
+    /// Binds a loop to a GPU launch dimension: `thread` is "blockIdx.x" ... "threadIdx.z",
+    /// or `te.thread_axis(...)` of one.
+    fn bind(
+        &self,
+        py: Python<'_>,
+        axis: &Bound<'_, PyAny>,
+        thread: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let v = axis_var(axis, "bind: argument 0")?;
+        let tag_obj = match thread.getattr("tag") {
+            Ok(t) => t,
+            Err(_) => thread.clone(),
+        };
+        let names: Vec<&str> = ThreadTag::ALL.iter().map(|t| t.name()).collect();
+        let tag = tag_obj
+            .extract::<String>()
+            .ok()
+            .and_then(|s| ThreadTag::parse(&s));
+        let Some(tag) = tag else {
+            return Err(compile_err(
+                py,
+                format!(
+                    "bind: argument 1 ('thread') must be one of {} (or te.thread_axis of one), got {}",
+                    names.join(", "),
+                    thread
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ),
+            ));
+        };
+        self.with(py, |st| st.bind(&v, tag))
     }
 
     /// Substitutes this stage into its consumers (no buffer, no loops of its own).

@@ -16,7 +16,7 @@ use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
-use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
+use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::schedule::{Attach, Relation, Schedule, Stage, SMALL_SPLIT};
 use crate::te::tensor::{inputs, post_order, top_reduce, Tensor};
 use rivet_runtime::DType;
@@ -159,6 +159,7 @@ impl Ctx<'_> {
         }
         // Leaf extents, through the relations in order (the rule Python reports too).
         let ext = crate::schedule::loop_extents(&stage.relations, ext);
+        let gpu = self.gpu_stage(stage, &ext)?;
         let mut guards: Vec<Expr> = Vec::new();
         // Values of every var in terms of the leaves, walking the relations backwards.
         let mut val: HashMap<Var, Expr> = stage
@@ -334,18 +335,116 @@ impl Ctx<'_> {
                     };
                 }
             }
-            for (v, (_, e)) in vars.iter().zip(&region).rev() {
+            for (k, (v, (_, e))) in vars.iter().zip(&region).enumerate().rev() {
+                // A GPU stage's initialisation is a kernel of its own: one block per index of
+                // the first dim (one thread each), so no host code writes device memory.
+                let kind = if gpu && k == 0 {
+                    ForKind::Thread(ThreadTag::BlockX)
+                } else {
+                    ForKind::Serial
+                };
                 init = Stmt::For {
                     var: v.clone(),
                     min: Expr::int(0),
                     extent: e.clone(),
-                    kind: ForKind::Serial,
+                    kind,
                     body: Box::new(init),
                 };
             }
             return Ok(Stmt::Seq(vec![init, inner]));
         }
         Ok(inner)
+    }
+
+    /// Whether `stage` is bound to a GPU, after checking the rules of bound stages: bound
+    /// loops outermost (blocks, then threads), thread extents constant with at most 1024
+    /// threads per block, no parallel loop, and no `compute_at` into or of the stage (that
+    /// needs buffers in shared or local memory: `cache_read` / `cache_write`, not supported
+    /// yet).
+    fn gpu_stage(&self, stage: &Stage, ext: &HashMap<Var, Expr>) -> Result<bool> {
+        let name = stage.tensor.name();
+        let bound: Vec<(usize, ThreadTag)> = stage
+            .leaves
+            .iter()
+            .enumerate()
+            .filter_map(|(p, l)| match l.kind {
+                ForKind::Thread(t) => Some((p, t)),
+                _ => None,
+            })
+            .collect();
+        if bound.is_empty() {
+            return Ok(false);
+        }
+        let fail = |msg: String| cerr(format!("schedule of '{name}': {msg}"));
+        for (k, (p, t)) in bound.iter().enumerate() {
+            if *p != k {
+                return fail(format!(
+                    "loop '{}' is bound to {} but loop '{}' outside it is not: bound loops must be the outermost (reorder them first), blocks before threads",
+                    stage.leaves[*p].var.name,
+                    t.name(),
+                    stage.leaves[k].var.name
+                ));
+            }
+            if k > 0 && t.is_block() && !bound[k - 1].1.is_block() {
+                return fail(format!(
+                    "loop '{}' is bound to {} inside a loop bound to {}: block loops come before thread loops",
+                    stage.leaves[*p].var.name,
+                    t.name(),
+                    bound[k - 1].1.name()
+                ));
+            }
+        }
+        let mut threads: i64 = 1;
+        for (p, t) in &bound {
+            let v = &stage.leaves[*p].var;
+            let e = simplify(&ext[v]);
+            if t.is_block() {
+                continue;
+            }
+            match e.as_int() {
+                Some(n) if (1..=1024).contains(&n) => threads = threads.saturating_mul(n),
+                Some(n) => {
+                    return fail(format!(
+                        "loop '{}' bound to {} has {n} iterations; a thread dimension has 1 to 1024 (split it by a constant factor first)",
+                        v.name,
+                        t.name()
+                    ))
+                }
+                None => {
+                    return fail(format!(
+                        "loop '{}' bound to {} has extent {e}, which is not a constant; split it by a constant factor and bind the inner loop",
+                        v.name,
+                        t.name()
+                    ))
+                }
+            }
+        }
+        if threads > 1024 {
+            return fail(format!(
+                "its thread loops make blocks of {threads} threads; a block has at most 1024"
+            ));
+        }
+        if let Some(l) = stage.leaves.iter().find(|l| l.kind == ForKind::Parallel) {
+            return fail(format!(
+                "loop '{}' is parallel in a stage bound to a GPU (its threads are the parallelism); bind it or leave it serial",
+                l.var.name
+            ));
+        }
+        if stage.attach != Attach::Root {
+            return fail(
+                "a stage bound to a GPU is computed at root (compute_at of it into another stage is not supported yet)".into(),
+            );
+        }
+        if let Some(p) = self.sched.stages.iter().find(
+            |s| matches!(&s.attach, Attach::At { consumer, .. } if *consumer == stage.tensor.id()),
+        ) {
+            return fail(format!(
+                "'{}' is computed at a loop of it, which runs on a GPU: that needs a buffer in shared or local memory (cache_read / cache_write, not supported yet); compute '{}' at root or inline it",
+                p.tensor.name(),
+                p.tensor.name()
+            ));
+        }
+        Ok(true)
     }
 
     /// Nests of the stages attached at loop `var` of `consumer`, over the regions that
