@@ -1,7 +1,7 @@
 //! `rivet.kernels.*`: the Rust kernel library (`rivet_compiler::kernels`) for Python. One
 //! entry point; `rivet/kernels.py` gives each kernel its documented signature.
 
-use crate::errors::{CompileResult, IntoPyResult};
+use crate::errors::{to_pyerr, CompileResult, IntoPyResult};
 use crate::function::PyFunction;
 use pyo3::prelude::*;
 use rivet_compiler::kernels::{self, DimSpec};
@@ -25,7 +25,7 @@ fn dims(spec: Option<Vec<Bound<'_, PyAny>>>, arg: &str) -> PyResult<Vec<DimSpec>
 }
 
 #[pyfunction]
-#[pyo3(signature = (name, dtype, target="cpu", ndim=None, axis=None, eps=None, perm=None, a_shape=None, b_shape=None))]
+#[pyo3(signature = (name, dtype, target="cpu", ndim=None, axis=None, eps=None, perm=None, a_shape=None, b_shape=None, schedule=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn _kernel(
     py: Python<'_>,
@@ -38,32 +38,45 @@ pub fn _kernel(
     perm: Option<Vec<usize>>,
     a_shape: Option<Vec<Bound<'_, PyAny>>>,
     b_shape: Option<Vec<Bound<'_, PyAny>>>,
+    schedule: Option<&str>,
 ) -> PyResult<PyFunction> {
     let dt: DType = dtype.parse().py_err(py)?;
-    let target = &rivet_compiler::Target::parse(target).cpy(py)?;
+    let target = rivet_compiler::Target::parse(target).cpy(py)?;
+    let mut on = kernels::On::from(&target);
+    if let Some(sname) = schedule {
+        on.strategy = kernels::Strategy::parse(sname).ok_or_else(|| {
+            to_pyerr(
+                py,
+                rivet_runtime::Error::Argument(format!(
+                    "rivet.kernels: schedule must be 'cpu' or 'gpu' (or None for the target's own), got '{sname}'"
+                )),
+            )
+        })?;
+    }
+    let target = on;
     let nd = ndim.unwrap_or(2);
     let r = match name {
-        "matmul" => kernels::matmul(dt, target),
-        "batch_matmul" => kernels::batch_matmul(dt, target),
+        "matmul" => kernels::matmul(dt, target.clone()),
+        "batch_matmul" => kernels::batch_matmul(dt, target.clone()),
         "add" => kernels::add(
             dt,
             &dims(a_shape, "a_shape")?,
             &dims(b_shape, "b_shape")?,
-            target,
+            target.clone(),
         ),
         "mul" => kernels::mul(
             dt,
             &dims(a_shape, "a_shape")?,
             &dims(b_shape, "b_shape")?,
-            target,
+            target.clone(),
         ),
-        "relu" => kernels::relu(dt, nd, target),
-        "gelu" => kernels::gelu(dt, nd, target),
-        "softmax" => kernels::softmax(dt, nd, axis.unwrap_or(-1), target),
-        "layer_norm" => kernels::layer_norm(dt, nd, eps.unwrap_or(1e-5), target),
-        "sum" => kernels::reduce_sum(dt, nd, axis.unwrap_or(-1), target),
-        "max" => kernels::reduce_max(dt, nd, axis.unwrap_or(-1), target),
-        "transpose" => kernels::transpose(dt, &perm.unwrap_or_else(|| vec![1, 0]), target),
+        "relu" => kernels::relu(dt, nd, target.clone()),
+        "gelu" => kernels::gelu(dt, nd, target.clone()),
+        "softmax" => kernels::softmax(dt, nd, axis.unwrap_or(-1), target.clone()),
+        "layer_norm" => kernels::layer_norm(dt, nd, eps.unwrap_or(1e-5), target.clone()),
+        "sum" => kernels::reduce_sum(dt, nd, axis.unwrap_or(-1), target.clone()),
+        "max" => kernels::reduce_max(dt, nd, axis.unwrap_or(-1), target.clone()),
+        "transpose" => kernels::transpose(dt, &perm.unwrap_or_else(|| vec![1, 0]), target.clone()),
         other => {
             return Err(rivet_runtime::Error::NotFound(format!(
                 "rivet.kernels has no kernel '{other}'; it has: {}",

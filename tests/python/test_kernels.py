@@ -10,6 +10,16 @@ import rivet
 DTYPES = [("float32", torch.float32, 1e-5), ("float64", torch.float64, 1e-12)]
 
 
+# Each kernel's CPU schedule on the CPU, and its GPU schedule run by the interpreter with GPU
+# semantics (blocks, threads, races reported): one definition, both schedules checked.
+ON = [{"target": "cpu"}, {"target": "interp", "schedule": "gpu"}]
+
+
+@pytest.fixture(params=ON, ids=["cpu", "gpu-on-interp"])
+def on(request):
+    return request.param
+
+
 def rand(rng, shape, tdt):
     return torch.from_numpy(rng.standard_normal(shape)).to(tdt)
 
@@ -19,21 +29,21 @@ def poisoned(shape, tdt):
 
 
 @pytest.mark.parametrize("dtype,tdt,tol", DTYPES)
-def test_matmul_and_batch_matmul(rng, dtype, tdt, tol):
-    mm = rivet.kernels.matmul(dtype)
+def test_matmul_and_batch_matmul(rng, dtype, tdt, tol, on):
+    mm = rivet.kernels.matmul(dtype, **on)
     for m, k, n in [(1, 1, 1), (5, 7, 3), (33, 17, 29)]:
         a, b, c = rand(rng, (m, k), tdt), rand(rng, (k, n), tdt), poisoned((m, n), tdt)
         mm(a, b, c)
         torch.testing.assert_close(c, a @ b, rtol=tol * 10, atol=tol * 10)
-    bmm = rivet.to_pytorch_func(rivet.kernels.batch_matmul(dtype))
+    bmm = rivet.to_pytorch_func(rivet.kernels.batch_matmul(dtype, **on))
     a, b = rand(rng, (3, 4, 5), tdt), rand(rng, (3, 5, 6), tdt)
     torch.testing.assert_close(bmm(a, b), torch.bmm(a, b), rtol=tol * 10, atol=tol * 10)
 
 
 @pytest.mark.parametrize("dtype,tdt,tol", DTYPES)
-def test_add_mul_broadcast(rng, dtype, tdt, tol):
-    add = rivet.kernels.add(dtype, ("n", 1), (1, "m"))
-    mul = rivet.kernels.mul(dtype, ("n", "m"), ("m",))
+def test_add_mul_broadcast(rng, dtype, tdt, tol, on):
+    add = rivet.kernels.add(dtype, ("n", 1), (1, "m"), **on)
+    mul = rivet.kernels.mul(dtype, ("n", "m"), ("m",), **on)
     a, b = rand(rng, (4, 1), tdt), rand(rng, (1, 6), tdt)
     c = poisoned((4, 6), tdt)
     add(a, b, c)
@@ -47,32 +57,32 @@ def test_add_mul_broadcast(rng, dtype, tdt, tol):
 
 
 @pytest.mark.parametrize("dtype,tdt,tol", DTYPES)
-def test_activations_softmax_layernorm(rng, dtype, tdt, tol):
+def test_activations_softmax_layernorm(rng, dtype, tdt, tol, on):
     x = rand(rng, (6, 9), tdt)
     for name, ref in [("relu", torch.relu), ("gelu", lambda t: torch.nn.functional.gelu(t))]:
         y = poisoned((6, 9), tdt)
-        getattr(rivet.kernels, name)(dtype, 2)(x, y)
+        getattr(rivet.kernels, name)(dtype, 2, **on)(x, y)
         torch.testing.assert_close(y, ref(x), rtol=tol * 10, atol=tol * 10)
     for axis in (0, 1, -1):
         y = poisoned((6, 9), tdt)
-        rivet.kernels.softmax(dtype, 2, axis)(x, y)
+        rivet.kernels.softmax(dtype, 2, axis, **on)(x, y)
         torch.testing.assert_close(y, torch.softmax(x, dim=axis), rtol=tol * 10, atol=tol * 10)
     g, b = rand(rng, (9,), tdt), rand(rng, (9,), tdt)
     y = poisoned((6, 9), tdt)
-    rivet.kernels.layer_norm(dtype, 2, 1e-5)(x, g, b, y)
+    rivet.kernels.layer_norm(dtype, 2, 1e-5, **on)(x, g, b, y)
     ref = torch.nn.functional.layer_norm(x, (9,), g, b, eps=1e-5)
     torch.testing.assert_close(y, ref, rtol=tol * 100, atol=tol * 100)
 
 
 @pytest.mark.parametrize("dtype,tdt,tol", DTYPES)
-def test_reductions_and_transpose(rng, dtype, tdt, tol):
+def test_reductions_and_transpose(rng, dtype, tdt, tol, on):
     x = rand(rng, (4, 5, 6), tdt)
     for axis in (0, 1, 2):
-        s = rivet.to_pytorch_func(rivet.kernels.sum(dtype, 3, axis))(x)
+        s = rivet.to_pytorch_func(rivet.kernels.sum(dtype, 3, axis, **on))(x)
         torch.testing.assert_close(s, x.sum(axis), rtol=tol * 10, atol=tol * 10)
-        m = rivet.to_pytorch_func(rivet.kernels.max(dtype, 3, axis))(x)
+        m = rivet.to_pytorch_func(rivet.kernels.max(dtype, 3, axis, **on))(x)
         torch.testing.assert_close(m, x.amax(axis))
-    t = rivet.to_pytorch_func(rivet.kernels.transpose(dtype, (2, 0, 1)))(x)
+    t = rivet.to_pytorch_func(rivet.kernels.transpose(dtype, (2, 0, 1), **on))(x)
     torch.testing.assert_close(t, x.permute(2, 0, 1))
 
 

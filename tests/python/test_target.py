@@ -72,3 +72,11 @@ def test_kernel_targets_are_parsed():
     y = np.full(9, np.nan, dtype=np.float32)
     f(x, y)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_kernel_schedule_choice_is_checked():
+    with pytest.raises(rivet.ArgumentError, match="schedule must be 'cpu' or 'gpu'"):
+        rivet.kernels.relu("float32", schedule="tpu")
+    # The GPU schedule cannot run on the CPU backend: the CompileError says where it can.
+    with pytest.raises(rivet.CompileError, match="target 'cpu' cannot run it"):
+        rivet.kernels.relu("float32", ndim=1, target="cpu", schedule="gpu")
