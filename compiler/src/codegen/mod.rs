@@ -8,6 +8,7 @@
 //! and passed before a kernel is launched; a kernel trusts its frame.
 
 pub mod cranelift;
+pub mod cuda;
 pub mod host;
 pub mod interp;
 pub mod math;
@@ -92,8 +93,6 @@ pub fn backend(target: &Target, checked: bool) -> Result<Box<dyn Backend>> {
             cranelift::CraneliftBackend::new()?.checked(checked),
         )),
         TargetKind::Interp => Ok(Box::new(interp::InterpBackend::new(checked))),
-        TargetKind::Cuda => Err(crate::Error::Compile(
-            "target 'cuda' is not available yet (the CUDA backend is a later issue); use target='cpu'".into(),
-        )),
+        TargetKind::Cuda => Ok(Box::new(cuda::CudaBackend::new(target.clone(), checked))),
     }
 }

@@ -1,0 +1,54 @@
+// rivet: CUDA C for function `rowsum` (target sm_80); generated, do not edit.
+// <the rivet prelude: codegen/cuda/prelude.rs>
+
+// kernel 0 of `rowsum` (`rowsum_kernel0`): reads X; writes Y; block 128x1x1
+extern "C" __global__ void __launch_bounds__(128) rowsum_kernel0(
+    const float* __restrict__ X,
+    float* Y,
+    long long X_s0,
+    long long X_s1,
+    long long Y_s0) {
+  { // r bound to blockIdx.x
+    const long long r = (long long)blockIdx.x;
+    {
+      __shared__ float S[128]; // stage S: shared [128]
+      const long long S_s0 = 1;
+      { // tx bound to threadIdx.x
+        const long long tx = (long long)threadIdx.x;
+        S[tx * S_s0] = (X[(r * X_s0) + (tx * X_s1)] + X[(r * X_s0) + ((tx + 128LL) * X_s1)]);
+        __syncthreads();
+        if (tx < 64LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 64LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 32LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 32LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 16LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 16LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 8LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 8LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 4LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 4LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 2LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 2LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 1LL) {
+          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 1LL) * S_s0]);
+        }
+        __syncthreads();
+        if (tx < 1LL) {
+          Y[r * Y_s0] = S[0LL];
+        }
+      }
+    }
+  }
+}

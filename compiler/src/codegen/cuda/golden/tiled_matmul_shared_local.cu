@@ -1,0 +1,57 @@
+// rivet: CUDA C for function `mm` (target sm_80); generated, do not edit.
+// <the rivet prelude: codegen/cuda/prelude.rs>
+
+// kernel 0 of `mm` (`mm_kernel0`): reads A, B; writes C; block 8x8x1
+extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
+    const float* __restrict__ A,
+    const float* __restrict__ B,
+    float* C,
+    long long m,
+    long long k,
+    long long n,
+    long long A_s0,
+    long long A_s1,
+    long long B_s0,
+    long long B_s1,
+    long long C_s0,
+    long long C_s1) {
+  { // by bound to blockIdx.y
+    const long long by = (long long)blockIdx.y;
+    { // bx bound to blockIdx.x
+      const long long bx = (long long)blockIdx.x;
+      {
+        __shared__ float As[64]; // stage As: shared [8, 8]
+        const long long As_s0 = 8;
+        const long long As_s1 = 1;
+        {
+          __shared__ float Bs[64]; // stage Bs: shared [8, 8]
+          const long long Bs_s0 = 8;
+          const long long Bs_s1 = 1;
+          { // ty bound to threadIdx.y
+            const long long ty = (long long)threadIdx.y;
+            { // tx bound to threadIdx.x
+              const long long tx = (long long)threadIdx.x;
+              {
+                float acc[1] = {}; // stage acc: local [1]
+                acc[0LL] = 0.0f;
+                for (long long kt = 0; kt < rivet_floordiv_i64((k + 7LL), 8LL); ++kt) {
+                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8LL) + ty) < m) && (((kt * 8LL) + tx) < k)) ? A[(((by * 8LL) + ty) * A_s0) + (((kt * 8LL) + tx) * A_s1)] : 0.0f);
+                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8LL) + ty) < k) && (((bx * 8LL) + tx) < n)) ? B[(((kt * 8LL) + ty) * B_s0) + (((bx * 8LL) + tx) * B_s1)] : 0.0f);
+                  __syncthreads();
+                  #pragma unroll
+                  for (long long kk = 0; kk < 8LL; ++kk) {
+                    acc[0LL] = (acc[0LL] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
+                  }
+                  __syncthreads();
+                }
+                if ((((by * 8LL) + ty) < m) && (((bx * 8LL) + tx) < n)) {
+                  C[(((by * 8LL) + ty) * C_s0) + (((bx * 8LL) + tx) * C_s1)] = acc[0LL];
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,396 @@
+//! The CUDA backend: CUDA C generated from the loop IR (`source.rs`, helpers in
+//! `prelude.rs`), compiled at run time by NVRTC (`nvrtc.rs`, loaded by full path) to PTX and
+//! to a cubin, launched through the driver (`driver.rs`, cudarc; untested on a GPU so far).
+//!
+//! `compile` always generates the source. Where NVRTC can be loaded it also compiles the
+//! source to PTX (`compute_XY`) and to a cubin (`sm_XY`), for `Target::arch`, or sm_80 when
+//! the target names no architecture (the device is not known at build time; at launch the
+//! cubin is rebuilt for the device's own architecture when it differs). A compile error is a
+//! `CompileError` quoting NVRTC's log and the offending source lines. NVRTC missing is not an
+//! error at build time (the source is still useful: `get_source("cuda")`) unless
+//! `RIVET_NVRTC_PATH` names something unusable (an explicit choice) or
+//! `RIVET_REQUIRE_NVRTC=1` (CI); launching then says what is missing. No panic escapes:
+//! libraries are probed before use and every cudarc call runs under `catch_unwind`.
+//!
+//! Not yet: the disk cache of compiled binaries, output allocation on the device, checked
+//! mode, host code beyond a sequence of launches (CPU parallel loops, host loops, global
+//! temporaries), 32-bit index arithmetic, vectorized loads.
+
+pub mod driver;
+pub mod nvrtc;
+pub mod prelude;
+pub mod source;
+#[cfg(test)]
+mod tests;
+
+use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
+use crate::error::{Error, Result};
+use crate::ir::stmt::{PrimFunc, Stmt};
+use crate::target::{CudaArch, Target};
+use rivet_runtime::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use source::KernelInfo;
+
+/// The architecture compiled for at build time when the target names none: Ampere, the
+/// oldest rivet supports (a cubin for sm_80 does not run on sm_90: the launch recompiles for
+/// the device's own architecture).
+pub const DEFAULT_ARCH: CudaArch = CudaArch::MIN;
+
+/// The CUDA backend (target "cuda").
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    target: Target,
+    checked: bool,
+    /// Let NVRTC contract `a * b + c` into FMAs (faster, not bit-exact with the interpreter).
+    pub fmad: bool,
+    /// Use this NVRTC (file or folder) instead of the search (`nvrtc::candidates`).
+    pub nvrtc_path: Option<PathBuf>,
+    /// Absence of NVRTC is a `CompileError` (default: `RIVET_REQUIRE_NVRTC=1`).
+    pub require_nvrtc: bool,
+}
+
+impl CudaBackend {
+    pub fn new(target: Target, checked: bool) -> CudaBackend {
+        CudaBackend {
+            target,
+            checked,
+            fmad: false,
+            nvrtc_path: None,
+            require_nvrtc: std::env::var("RIVET_REQUIRE_NVRTC").is_ok_and(|v| v == "1"),
+        }
+    }
+
+    /// The architecture NVRTC compiles for at build time.
+    pub fn arch(&self) -> CudaArch {
+        self.target.arch.unwrap_or(DEFAULT_ARCH)
+    }
+
+    /// NVRTC as this backend finds it (`Ok(None)`: not found, and not required).
+    pub fn nvrtc(&self) -> Result<Option<Arc<nvrtc::Nvrtc>>> {
+        let found = match &self.nvrtc_path {
+            Some(p) => {
+                let p: OsString = p.clone().into_os_string();
+                nvrtc::find_with(&|k| {
+                    if k == "RIVET_NVRTC_PATH" {
+                        Some(p.clone())
+                    } else {
+                        std::env::var_os(k)
+                    }
+                })
+            }
+            None => nvrtc::find(),
+        };
+        let explicit = self.nvrtc_path.is_some() || std::env::var_os("RIVET_NVRTC_PATH").is_some();
+        match found {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if explicit || self.require_nvrtc => Err(Error::Compile(format!(
+                "target 'cuda': {e}{}",
+                if self.require_nvrtc {
+                    " (RIVET_REQUIRE_NVRTC=1)"
+                } else {
+                    ""
+                }
+            ))),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Compiles to the concrete kernel type (for tests and tools that want the PTX).
+    pub fn compile_cuda(&self, func: &PrimFunc) -> Result<CudaKernel> {
+        if self.checked {
+            return Err(Error::Compile(format!(
+                "target 'cuda': function '{}': checked mode (RIVET_CHECKED=1) is not supported by the CUDA backend yet; build for 'interp' or 'cpu' to check accesses",
+                func.name
+            )));
+        }
+        crate::ir::verify::verify(func, true)?;
+        let arch = self.arch();
+        let note = match self.target.arch {
+            Some(a) => format!("target {a}"),
+            None => format!("no arch given: built for {arch}, rebuilt at launch for the device"),
+        };
+        let gen = source::generate(func, &note)?;
+        crate::lower::dump(&func.name, 6, "cu", &gen.source);
+        let nv = self.nvrtc()?;
+        let (mut ptx, mut cubin, mut log) = (None, None, String::new());
+        if let Some(n) = &nv {
+            let file = format!("{}.cu", source::sanitize(&func.name));
+            let p = compile_with(n, &gen.source, &file, arch, nvrtc::Kind::Ptx, self.fmad)?;
+            let c = compile_with(n, &gen.source, &file, arch, nvrtc::Kind::Cubin, self.fmad)?;
+            for l in [&p.log, &c.log] {
+                if !l.is_empty() && !log.contains(l.as_str()) {
+                    log.push_str(l);
+                    log.push('\n');
+                }
+            }
+            if let nvrtc::Output::Ptx(text) = &p.output {
+                crate::lower::dump(&func.name, 6, "ptx", text);
+                ptx = Some(text.clone());
+            }
+            if let nvrtc::Output::Cubin(bytes) = c.output {
+                cubin = Some((arch, bytes));
+            }
+        }
+        Ok(CudaKernel {
+            func: func.clone(),
+            source: gen.source,
+            info: gen.kernels,
+            ptx,
+            cubin,
+            log,
+            nvrtc: nv,
+            fmad: self.fmad,
+            slots: int_slots(func),
+            devices: driver::Devices::default(),
+        })
+    }
+}
+
+/// Compiles `source` with `nv`; a failure is a `CompileError` quoting the log and the lines.
+pub fn compile_with(
+    nv: &nvrtc::Nvrtc,
+    source: &str,
+    file: &str,
+    arch: CudaArch,
+    kind: nvrtc::Kind,
+    fmad: bool,
+) -> Result<nvrtc::Compiled> {
+    let opts = nvrtc::options(arch, kind, fmad);
+    nv.compile(source, file, &opts, kind).map_err(|(msg, log)| {
+        let dump = std::env::var("RIVET_DUMP")
+            .map(|d| format!(" (source written under RIVET_DUMP={d})"))
+            .unwrap_or_default();
+        Error::Compile(format!(
+            "target 'cuda': NVRTC {}.{} failed to compile {file} for {arch} ({msg}){dump}:\n{log}{}",
+            nv.version.0,
+            nv.version.1,
+            nvrtc::quote_lines(&log, file, source)
+        ))
+    })
+}
+
+impl Backend for CudaBackend {
+    fn target(&self) -> &Target {
+        &self.target
+    }
+
+    fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
+        Ok(Box::new(self.compile_cuda(func)?))
+    }
+}
+
+/// A compiled CUDA function: its source, PTX and cubin where NVRTC ran, and the host plan.
+pub struct CudaKernel {
+    func: PrimFunc,
+    source: String,
+    info: Vec<KernelInfo>,
+    ptx: Option<String>,
+    cubin: Option<(CudaArch, Vec<u8>)>,
+    /// NVRTC's warnings (empty when it had nothing to say).
+    log: String,
+    nvrtc: Option<Arc<nvrtc::Nvrtc>>,
+    fmad: bool,
+    slots: Vec<crate::ir::Var>,
+    devices: driver::Devices,
+}
+
+impl CudaKernel {
+    /// The generated CUDA C.
+    pub fn cuda_source(&self) -> &str {
+        &self.source
+    }
+    /// PTX for the build-time architecture, where NVRTC was found.
+    pub fn ptx(&self) -> Option<&str> {
+        self.ptx.as_deref()
+    }
+    /// The cubin and its architecture, where NVRTC was found.
+    pub fn cubin(&self) -> Option<(CudaArch, &[u8])> {
+        self.cubin.as_ref().map(|(a, b)| (*a, b.as_slice()))
+    }
+    /// NVRTC's log of the build-time compilations (warnings; empty when clean).
+    pub fn nvrtc_log(&self) -> &str {
+        &self.log
+    }
+    /// The kernels and their launch shapes.
+    pub fn kernels(&self) -> &[KernelInfo] {
+        &self.info
+    }
+    /// Generated code by kind: "cuda" (or "cu"), "ptx" (`None` without NVRTC).
+    pub fn source_of(&self, kind: &str) -> Option<String> {
+        match kind {
+            "cuda" | "cu" => Some(self.source.clone()),
+            "ptx" => self.ptx.clone(),
+            _ => None,
+        }
+    }
+
+    /// A cubin for `arch`: the build-time one when it matches, else compiled now.
+    fn cubin_for(&self, arch: CudaArch) -> Result<Vec<u8>> {
+        if let Some((a, b)) = &self.cubin {
+            if *a == arch {
+                return Ok(b.clone());
+            }
+        }
+        let nv = match &self.nvrtc {
+            Some(n) => n.clone(),
+            None => nvrtc::find().map_err(|e| {
+                driver::device_error(format!(
+                    "{}: cannot compile for the device ({arch}): {e}",
+                    self.func.name
+                ))
+            })?,
+        };
+        let file = format!("{}.cu", source::sanitize(&self.func.name));
+        match compile_with(
+            &nv,
+            &self.source,
+            &file,
+            arch,
+            nvrtc::Kind::Cubin,
+            self.fmad,
+        )?
+        .output
+        {
+            nvrtc::Output::Cubin(b) => Ok(b),
+            nvrtc::Output::Ptx(_) => Err(Error::Internal("NVRTC gave PTX for a cubin".into())),
+        }
+    }
+}
+
+impl Kernel for CudaKernel {
+    unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
+        let f = &self.func;
+        let ordinal = match ctx.device {
+            Device::Cuda(o) if o >= 0 => o as usize,
+            other => {
+                return Err(driver::device_error(format!(
+                    "{}: built for 'cuda', called with tensors on {other:?}; pass CUDA tensors (or build for 'cpu')",
+                    f.name
+                )))
+            }
+        };
+        if frame.ptrs.len() != f.params.len() || frame.ints.len() != self.slots.len() {
+            return Err(Error::Internal(format!(
+                "{}: call frame has {} pointers and {} ints, the function takes {} and {}",
+                f.name,
+                frame.ptrs.len(),
+                frame.ints.len(),
+                f.params.len(),
+                self.slots.len()
+            )));
+        }
+        let names: Vec<String> = self.info.iter().map(|k| k.name.clone()).collect();
+        let loaded = self
+            .devices
+            .get(ordinal, &names, &|arch| self.cubin_for(arch))?;
+        let mut env: HashMap<u32, i64> = HashMap::new();
+        for (v, x) in self.slots.iter().zip(&frame.ints) {
+            env.insert(v.id, *x);
+        }
+        let stream = ctx.stream.unwrap_or(0);
+        // SAFETY: forwarded contract (the frame describes device memory of `ctx.device`).
+        unsafe { self.run_host(&f.body, &mut env, frame, &loaded, stream) }
+    }
+
+    fn alloc_output(&self, _shape: &[i64], _dtype: DType, _: &LaunchContext) -> Result<Tensor> {
+        Err(driver::device_error(format!(
+            "{}: allocating outputs on a CUDA device is not supported yet; pass every output tensor",
+            self.func.name
+        )))
+    }
+
+    fn source(&self) -> String {
+        self.source.clone()
+    }
+}
+
+impl CudaKernel {
+    /// Runs the host part (a sequence of launches under `let`s, `source::check_host`).
+    ///
+    /// # Safety
+    /// As `Kernel::launch`.
+    unsafe fn run_host(
+        &self,
+        s: &Stmt,
+        env: &mut HashMap<u32, i64>,
+        frame: &CallFrame,
+        loaded: &driver::Loaded,
+        stream: u64,
+    ) -> Result<()> {
+        let f = &self.func;
+        let eval = |e: &crate::ir::Expr, env: &HashMap<u32, i64>| -> Result<i64> {
+            match crate::codegen::interp::eval_expr(e, &|v| env.get(&v.id).copied())? {
+                crate::codegen::interp::Value::Int(x) => Ok(x),
+                other => Err(Error::Internal(format!("`{e}` evaluated to {other:?}"))),
+            }
+        };
+        match s {
+            Stmt::Seq(v) => {
+                for s in v {
+                    // SAFETY: forwarded.
+                    unsafe { self.run_host(s, env, frame, loaded, stream)? };
+                }
+                Ok(())
+            }
+            Stmt::Let { var, value, body } => {
+                let x = eval(value, env)?;
+                env.insert(var.id, x);
+                // SAFETY: forwarded.
+                let r = unsafe { self.run_host(body, env, frame, loaded, stream) };
+                env.remove(&var.id);
+                r
+            }
+            Stmt::Launch { kernel } => {
+                let (pos, info) = self
+                    .info
+                    .iter()
+                    .enumerate()
+                    .find(|(_, k)| k.index == *kernel)
+                    .ok_or_else(|| Error::Internal(format!("launch of unknown kernel {kernel}")))?;
+                let k = &f.kernels[*kernel];
+                let mut grid = [1u32; 3];
+                for (d, e) in info.grid.iter().enumerate() {
+                    let Some(e) = e else { continue };
+                    let n = eval(e, env)?;
+                    if n <= 0 {
+                        return Ok(()); // an empty grid: nothing to run
+                    }
+                    let limit: i64 = if d == 0 { i32::MAX as i64 } else { 65535 };
+                    if n > limit {
+                        return Err(driver::device_error(format!(
+                            "{}: kernel {} needs {n} blocks in grid dimension {}, over CUDA's limit {limit}; split the bound axis further",
+                            f.name,
+                            info.name,
+                            ["x", "y", "z"][d]
+                        )));
+                    }
+                    grid[d] = n as u32;
+                }
+                let mut args = Vec::with_capacity(k.bufs.len() + k.vars.len());
+                for id in &k.bufs {
+                    let p = f.params.iter().position(|q| q == id).ok_or_else(|| {
+                        Error::Internal(format!("kernel {} captures a non-parameter", info.name))
+                    })?;
+                    args.push(driver::Arg::Ptr(frame.ptrs[p] as u64));
+                }
+                for v in &k.vars {
+                    let x = env.get(&v.id).copied().ok_or_else(|| {
+                        Error::Internal(format!("kernel {}: unbound capture {}", info.name, v.name))
+                    })?;
+                    args.push(driver::Arg::Int(x));
+                }
+                // SAFETY: the arguments follow the kernel's parameter list (captures in
+                // order); the frame's memory is the caller's contract.
+                unsafe { loaded.launch(pos, grid, info.block, stream, &args) }
+            }
+            other => Err(Error::Internal(format!(
+                "{}: host statement the CUDA backend does not run: {other:?}",
+                f.name
+            ))),
+        }
+    }
+}

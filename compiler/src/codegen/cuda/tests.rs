@@ -1,0 +1,1327 @@
+//! Tests of the CUDA backend that need no GPU: golden sources of the canonical hand-written
+//! GPU kernels (the shapes of `codegen/interp/tests_gpu.rs`), NVRTC compiling every kernel
+//! to PTX and cubin for sm_80 and sm_90 with an empty log, a program per dtype using every
+//! expression kind, the prelude's helpers compared bit for bit with the interpreter (compiled
+//! by the host's C++ compiler), whole kernels run on the host under a CUDA emulation and
+//! compared with the interpreter, and the behaviour without NVRTC or a driver.
+//!
+//! NVRTC: found as the backend finds it, else in the workspace's `.venv` (the torch wheel);
+//! when it is nowhere, the NVRTC tests print why and pass, unless `RIVET_REQUIRE_NVRTC=1`,
+//! where they fail with the reason (CI sets it). Goldens live in `codegen/cuda/golden/`;
+//! `RIVET_BLESS=1` rewrites them.
+
+use super::nvrtc::{self, Nvrtc};
+use super::prelude::PRELUDE;
+use super::{CudaBackend, CudaKernel};
+use crate::codegen::{Backend, CallFrame, Kernel, LaunchContext};
+use crate::ir::expr::{BinOp, CmpOp, Expr, LogicOp, UnOp, Var};
+use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
+use crate::ir::test_util::{buffer, func, input, output};
+use crate::target::{CudaArch, Target};
+use rivet_runtime::{DType, Device};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const F: DType = DType::F32;
+
+// ---- builders (the shapes of interp/tests_gpu.rs) --------------------------------------------
+
+fn int(v: i64) -> Expr {
+    Expr::int(v)
+}
+fn v(x: &Var) -> Expr {
+    Expr::var(x)
+}
+fn bound(x: &Var, extent: Expr, tag: ThreadTag, body: Stmt) -> Stmt {
+    Stmt::For {
+        var: x.clone(),
+        min: int(0),
+        extent,
+        kind: ForKind::Thread(tag),
+        body: Box::new(body),
+    }
+}
+fn looped(x: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
+    Stmt::For {
+        var: x.clone(),
+        min: int(0),
+        extent,
+        kind,
+        body: Box::new(body),
+    }
+}
+fn ld(b: &Buffer, idx: Vec<Expr>) -> Expr {
+    Expr::load(b.id, idx, b.dtype)
+}
+fn st(b: &Buffer, idx: Vec<Expr>, value: Expr) -> Stmt {
+    Stmt::Store {
+        buf: b.id,
+        indices: idx,
+        value,
+    }
+}
+fn lt(a: Expr, b: Expr) -> Expr {
+    Expr::cmp(CmpOp::Lt, a, b).unwrap()
+}
+fn and(a: Expr, b: Expr) -> Expr {
+    Expr::logic(LogicOp::And, a, b).unwrap()
+}
+fn if_(c: Expr, then: Stmt) -> Stmt {
+    Stmt::If {
+        cond: c,
+        then: Box::new(then),
+        otherwise: None,
+    }
+}
+fn alloc(b: &Buffer, body: Stmt) -> Stmt {
+    Stmt::Allocate {
+        buf: b.id,
+        body: Box::new(body),
+    }
+}
+fn local(id: u32, name: &str, dtype: DType, shape: &[i64], scope: Scope) -> Buffer {
+    let mut b = buffer(
+        id,
+        name,
+        dtype,
+        shape.iter().map(|&n| int(n)).collect(),
+        BufKind::Local,
+    );
+    b.scope = scope;
+    b
+}
+fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+    Expr::binary(op, a, b).unwrap()
+}
+fn ceil_div(n: Expr, k: i64) -> Expr {
+    n.add(&int(k - 1)).floordiv(&int(k))
+}
+
+/// Flattens, simplifies and splits a hand-written function as `lower::lower` does.
+fn prepare(mut f: PrimFunc) -> PrimFunc {
+    crate::ir::verify::verify(&f, false).unwrap();
+    crate::lower::flatten::flatten(&mut f);
+    f.body = crate::lower::simplify::simplify_stmt(&f.body);
+    crate::lower::split::split(&mut f);
+    crate::ir::verify::verify(&f, true).unwrap();
+    f
+}
+
+/// `C[i] = A[i] * 2` over a 1-D grid of 64-thread blocks, `n` not a multiple of 64.
+fn double() -> PrimFunc {
+    let (n, bx, tx) = (Var::new("n"), Var::new("bx"), Var::new("tx"));
+    let a = input(0, "A", F, vec![v(&n)]);
+    let c = output(1, "C", F, vec![v(&n)]);
+    let i = v(&bx).mul(&int(64)).add(&v(&tx));
+    let body = bound(
+        &bx,
+        ceil_div(v(&n), 64),
+        ThreadTag::BlockX,
+        bound(
+            &tx,
+            int(64),
+            ThreadTag::ThreadX,
+            if_(
+                lt(i.clone(), v(&n)),
+                st(
+                    &c,
+                    vec![i.clone()],
+                    bin(BinOp::Mul, ld(&a, vec![i]), Expr::constant(2.0, F)),
+                ),
+            ),
+        ),
+    );
+    prepare(func("double", vec![a, c], vec![n], body))
+}
+
+/// Each block reverses its 64 elements through shared memory, with a barrier.
+fn reverse() -> PrimFunc {
+    let (bx, tx) = (Var::new("bx"), Var::new("tx"));
+    let a = input(0, "A", F, vec![int(256)]);
+    let c = output(1, "C", F, vec![int(256)]);
+    let s = local(2, "S", F, &[64], Scope::Shared);
+    let g = v(&bx).mul(&int(64)).add(&v(&tx));
+    let steps = vec![
+        bound(
+            &tx,
+            int(64),
+            ThreadTag::ThreadX,
+            st(&s, vec![v(&tx)], ld(&a, vec![g.clone()])),
+        ),
+        Stmt::Barrier,
+        bound(
+            &tx,
+            int(64),
+            ThreadTag::ThreadX,
+            st(&c, vec![g], ld(&s, vec![int(63).sub(&v(&tx))])),
+        ),
+    ];
+    let body = bound(&bx, int(4), ThreadTag::BlockX, alloc(&s, Stmt::Seq(steps)));
+    prepare(func("reverse", vec![a, c, s], vec![], body))
+}
+
+/// `C = A @ B` for ragged M x K x N with 8 x 8 tiles in shared memory, a local accumulator.
+fn tiled_matmul() -> PrimFunc {
+    const T: i64 = 8;
+    let (m, k, n) = (Var::new("m"), Var::new("k"), Var::new("n"));
+    let (by, bx, ty, tx, kt, kk) = (
+        Var::new("by"),
+        Var::new("bx"),
+        Var::new("ty"),
+        Var::new("tx"),
+        Var::new("kt"),
+        Var::new("kk"),
+    );
+    let a = input(0, "A", F, vec![v(&m), v(&k)]);
+    let b = input(1, "B", F, vec![v(&k), v(&n)]);
+    let c = output(2, "C", F, vec![v(&m), v(&n)]);
+    let sa = local(3, "As", F, &[T, T], Scope::Shared);
+    let sb = local(4, "Bs", F, &[T, T], Scope::Shared);
+    let acc = local(5, "acc", F, &[1], Scope::Local);
+    let row = v(&by).mul(&int(T)).add(&v(&ty));
+    let col = v(&bx).mul(&int(T)).add(&v(&tx));
+    let ka = v(&kt).mul(&int(T)).add(&v(&tx));
+    let kb = v(&kt).mul(&int(T)).add(&v(&ty));
+    let zero = Expr::constant(0.0, F);
+    let load_a = Expr::select(
+        and(lt(row.clone(), v(&m)), lt(ka.clone(), v(&k))),
+        ld(&a, vec![row.clone(), ka]),
+        zero.clone(),
+    )
+    .unwrap();
+    let load_b = Expr::select(
+        and(lt(kb.clone(), v(&k)), lt(col.clone(), v(&n))),
+        ld(&b, vec![kb, col.clone()]),
+        zero.clone(),
+    )
+    .unwrap();
+    let step = Stmt::Seq(vec![
+        st(&sa, vec![v(&ty), v(&tx)], load_a),
+        st(&sb, vec![v(&ty), v(&tx)], load_b),
+        Stmt::Barrier,
+        looped(
+            &kk,
+            int(T),
+            ForKind::Unrolled,
+            st(
+                &acc,
+                vec![int(0)],
+                bin(
+                    BinOp::Add,
+                    ld(&acc, vec![int(0)]),
+                    bin(
+                        BinOp::Mul,
+                        ld(&sa, vec![v(&ty), v(&kk)]),
+                        ld(&sb, vec![v(&kk), v(&tx)]),
+                    ),
+                ),
+            ),
+        ),
+        Stmt::Barrier,
+    ]);
+    let thread = alloc(
+        &acc,
+        Stmt::Seq(vec![
+            st(&acc, vec![int(0)], zero),
+            looped(&kt, ceil_div(v(&k), T), ForKind::Serial, step),
+            if_(
+                and(lt(row.clone(), v(&m)), lt(col.clone(), v(&n))),
+                st(&c, vec![row, col], ld(&acc, vec![int(0)])),
+            ),
+        ]),
+    );
+    let body = bound(
+        &by,
+        ceil_div(v(&m), T),
+        ThreadTag::BlockY,
+        bound(
+            &bx,
+            ceil_div(v(&n), T),
+            ThreadTag::BlockX,
+            alloc(
+                &sa,
+                alloc(
+                    &sb,
+                    bound(
+                        &ty,
+                        int(T),
+                        ThreadTag::ThreadY,
+                        bound(&tx, int(T), ThreadTag::ThreadX, thread),
+                    ),
+                ),
+            ),
+        ),
+    );
+    prepare(func("mm", vec![a, b, c, sa, sb, acc], vec![m, k, n], body))
+}
+
+/// Row sums of a [5, 256] matrix by 128 threads: a tree in shared memory.
+fn block_tree_reduction() -> PrimFunc {
+    let (r, tx) = (Var::new("r"), Var::new("tx"));
+    let x = input(0, "X", F, vec![int(5), int(256)]);
+    let y = output(1, "Y", F, vec![int(5)]);
+    let s = local(2, "S", F, &[128], Scope::Shared);
+    let mut steps = vec![
+        st(
+            &s,
+            vec![v(&tx)],
+            bin(
+                BinOp::Add,
+                ld(&x, vec![v(&r), v(&tx)]),
+                ld(&x, vec![v(&r), v(&tx).add(&int(128))]),
+            ),
+        ),
+        Stmt::Barrier,
+    ];
+    for stride in [64, 32, 16, 8, 4, 2, 1] {
+        steps.push(if_(
+            lt(v(&tx), int(stride)),
+            st(
+                &s,
+                vec![v(&tx)],
+                bin(
+                    BinOp::Add,
+                    ld(&s, vec![v(&tx)]),
+                    ld(&s, vec![v(&tx).add(&int(stride))]),
+                ),
+            ),
+        ));
+        steps.push(Stmt::Barrier);
+    }
+    steps.push(if_(
+        lt(v(&tx), int(1)),
+        st(&y, vec![v(&r)], ld(&s, vec![int(0)])),
+    ));
+    let body = bound(
+        &r,
+        int(5),
+        ThreadTag::BlockX,
+        alloc(
+            &s,
+            bound(&tx, int(128), ThreadTag::ThreadX, Stmt::Seq(steps)),
+        ),
+    );
+    prepare(func("rowsum", vec![x, y, s], vec![], body))
+}
+
+/// The canonical kernels, by golden name.
+fn canonical() -> Vec<(&'static str, PrimFunc)> {
+    vec![
+        ("double_1d_ragged", double()),
+        ("reverse_shared_barrier", reverse()),
+        ("tiled_matmul_shared_local", tiled_matmul()),
+        ("block_tree_reduction", block_tree_reduction()),
+    ]
+}
+
+// ---- a program per dtype using every expression kind ----------------------------------------
+
+const ALL: [DType; 13] = [
+    DType::Bool,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+];
+
+/// Interesting constants of `dt` (special values included).
+fn constants(dt: DType) -> Vec<Expr> {
+    if dt.is_float() {
+        [
+            0.5,
+            -0.0,
+            3.0,
+            f64::NAN,
+            f64::INFINITY,
+            -1e30,
+            1e-40,
+            65520.0,
+        ]
+        .iter()
+        .map(|&x| Expr::constant(x, dt))
+        .collect()
+    } else if dt == DType::Bool {
+        vec![Expr::bool(true), Expr::bool(false)]
+    } else {
+        [0i64, 1, -1, 7, i64::MIN, i64::MAX, 255, -129]
+            .iter()
+            .map(|&x| Expr::const_int(x, dt))
+            .collect()
+    }
+}
+
+/// One kernel over `n` elements of inputs `A`, `B` of `dt`: `R[i, k]` (dtype `dt`) holds the
+/// k-th operation of every kind valid for `dt` on `A[i]`, `B[i]` and constants; `K<d>[i, k]`
+/// holds the k-th cast to dtype `d` (A, B, and constants).
+fn every_op(dt: DType) -> (PrimFunc, usize, usize) {
+    let (n, bx, tx) = (Var::new("n"), Var::new("bx"), Var::new("tx"));
+    let a = input(0, "A", dt, vec![v(&n)]);
+    let b = input(1, "B", dt, vec![v(&n)]);
+    let i = v(&bx).mul(&int(32)).add(&v(&tx));
+    let (x, y) = (ld(&a, vec![i.clone()]), ld(&b, vec![i.clone()]));
+    let mut vals: Vec<Expr> = vec![x.clone(), y.clone()];
+    let is_bool = dt == DType::Bool;
+    if !is_bool {
+        for op in [
+            BinOp::Add,
+            BinOp::Sub,
+            BinOp::Mul,
+            BinOp::FloorDiv,
+            BinOp::FloorMod,
+            BinOp::Min,
+            BinOp::Max,
+        ] {
+            vals.push(bin(op, x.clone(), y.clone()));
+        }
+        vals.push(Expr::unary(UnOp::Neg, x.clone()).unwrap());
+        vals.push(Expr::unary(UnOp::Abs, x.clone()).unwrap());
+        for c in constants(dt) {
+            vals.push(bin(BinOp::Add, x.clone(), c.clone()));
+            vals.push(bin(BinOp::FloorDiv, x.clone(), c.clone()));
+            vals.push(bin(BinOp::Mul, c.clone(), y.clone()));
+            vals.push(c);
+        }
+    }
+    if dt.is_float() {
+        vals.push(bin(BinOp::Div, x.clone(), y.clone()));
+        vals.push(bin(BinOp::Pow, x.clone(), y.clone()));
+        for op in [
+            UnOp::Exp,
+            UnOp::Log,
+            UnOp::Sqrt,
+            UnOp::Rsqrt,
+            UnOp::Tanh,
+            UnOp::Sigmoid,
+            UnOp::Floor,
+            UnOp::Ceil,
+            UnOp::Erf,
+        ] {
+            vals.push(Expr::unary(op, x.clone()).unwrap());
+        }
+    }
+    // Comparisons, logic and selects (bool results are selected back into `dt`).
+    let mut bools = Vec::new();
+    for op in [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ] {
+        bools.push(Expr::cmp(op, x.clone(), y.clone()).unwrap());
+    }
+    bools.push(Expr::logic(LogicOp::And, bools[0].clone(), bools[2].clone()).unwrap());
+    bools.push(Expr::logic(LogicOp::Or, bools[1].clone(), bools[5].clone()).unwrap());
+    bools.push(Expr::unary(UnOp::Not, bools[3].clone()).unwrap());
+    for c in bools {
+        vals.push(Expr::select(c, x.clone(), y.clone()).unwrap());
+    }
+    // Casts to every dtype, and back.
+    let mut casts: Vec<(DType, Vec<Expr>)> = Vec::new();
+    for to in ALL {
+        let mut es = vec![Expr::cast(to, x.clone()), Expr::cast(to, y.clone())];
+        for c in constants(dt) {
+            es.push(Expr::cast(to, c));
+        }
+        vals.push(Expr::cast(dt, Expr::cast(to, x.clone())));
+        casts.push((to, es));
+    }
+    let nv = vals.len();
+    let nc = casts[0].1.len();
+    let r = output(2, "R", dt, vec![v(&n), int(nv as i64)]);
+    let mut bufs = vec![a, b, r.clone()];
+    let mut stores = Vec::new();
+    for (k, e) in vals.into_iter().enumerate() {
+        stores.push(st(&r, vec![i.clone(), int(k as i64)], e));
+    }
+    for (j, (to, es)) in casts.into_iter().enumerate() {
+        let kb = output(
+            3 + j as u32,
+            &format!("K{to}"),
+            to,
+            vec![v(&n), int(nc as i64)],
+        );
+        for (k, e) in es.into_iter().enumerate() {
+            stores.push(st(&kb, vec![i.clone(), int(k as i64)], e));
+        }
+        bufs.push(kb);
+    }
+    let body = bound(
+        &bx,
+        ceil_div(v(&n), 32),
+        ThreadTag::BlockX,
+        bound(
+            &tx,
+            int(32),
+            ThreadTag::ThreadX,
+            if_(lt(i.clone(), v(&n)), Stmt::Seq(stores)),
+        ),
+    );
+    let f = prepare(func(&format!("every_op_{dt}"), bufs, vec![n], body));
+    (f, nv, nc)
+}
+
+// ---- NVRTC for the tests ------------------------------------------------------------------
+
+/// NVRTC as the backend finds it, else from the workspace's `.venv`; `None` (with the reason
+/// printed) when absent, a panic when `RIVET_REQUIRE_NVRTC=1`.
+fn test_nvrtc() -> Option<Arc<Nvrtc>> {
+    let mut why = match nvrtc::find() {
+        Ok(n) => return Some(n),
+        Err(e) => e,
+    };
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/lib");
+    if let Ok(rd) = std::fs::read_dir(&venv) {
+        for e in rd.flatten() {
+            let p = e
+                .path()
+                .join("site-packages/nvidia/cu13/lib/libnvrtc.so.13");
+            if p.is_file() {
+                match nvrtc::load(&p) {
+                    Ok(n) => return Some(n),
+                    Err(e) => why = format!("{why}; {}: {e}", p.display()),
+                }
+            }
+        }
+    }
+    if std::env::var("RIVET_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+        panic!("RIVET_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {why}");
+    }
+    eprintln!("NVRTC not found, CUDA compile checks skipped: {why}");
+    None
+}
+
+fn backend(nv: &Nvrtc, arch: Option<CudaArch>) -> CudaBackend {
+    let mut b = CudaBackend::new(Target::cuda(arch), false);
+    b.nvrtc_path = Some(nv.path.clone());
+    b
+}
+
+const SM80: CudaArch = CudaArch { major: 8, minor: 0 };
+const SM90: CudaArch = CudaArch { major: 9, minor: 0 };
+
+/// Compiles `f` for sm_80 and sm_90 (PTX and cubin), asserting an empty NVRTC log.
+fn compiles_cleanly(nv: &Nvrtc, f: &PrimFunc) -> CudaKernel {
+    let mut first = None;
+    for arch in [SM80, SM90] {
+        let k = backend(nv, Some(arch))
+            .compile_cuda(f)
+            .unwrap_or_else(|e| panic!("{} for {arch}: {e}", f.name));
+        assert!(
+            k.nvrtc_log().is_empty(),
+            "{} for {arch}: NVRTC warned:\n{}",
+            f.name,
+            k.nvrtc_log()
+        );
+        let ptx = k.ptx().expect("PTX");
+        assert!(
+            ptx.contains(&format!(".target sm_{}{}", arch.major, arch.minor)),
+            "{ptx}"
+        );
+        for info in k.kernels() {
+            assert!(ptx.contains(&format!(".entry {}(", info.name)), "{ptx}");
+        }
+        let (a, cubin) = k.cubin().expect("cubin");
+        assert_eq!(a, arch);
+        assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF file");
+        first.get_or_insert(k);
+    }
+    first.unwrap()
+}
+
+// ---- goldens ------------------------------------------------------------------------------
+
+/// The generated source with the prelude replaced by a marker (it has its own tests).
+fn golden_text(src: &str) -> String {
+    src.replace(PRELUDE, "// <the rivet prelude: codegen/cuda/prelude.rs>\n")
+}
+
+fn golden(name: &str, text: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/codegen/cuda/golden")
+        .join(format!("{name}.cu"));
+    if std::env::var("RIVET_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "{} is missing: run with RIVET_BLESS=1 to create it",
+            path.display()
+        )
+    });
+    assert!(
+        want == text,
+        "{name} differs from the golden file (RIVET_BLESS=1 to update):\n--- golden\n{want}\n--- now\n{text}"
+    );
+}
+
+#[test]
+fn cuda_golden_sources_of_canonical_kernels() {
+    for (name, f) in canonical() {
+        let g = super::source::generate(&f, "target sm_80").unwrap();
+        golden(name, &golden_text(&g.source));
+    }
+}
+
+#[test]
+fn cuda_canonical_kernels_compile_for_sm80_and_sm90_without_warnings() {
+    let Some(nv) = test_nvrtc() else { return };
+    for (_, f) in canonical() {
+        compiles_cleanly(&nv, &f);
+    }
+}
+
+#[test]
+fn cuda_launch_shapes_of_canonical_kernels() {
+    let shapes: Vec<_> = canonical()
+        .into_iter()
+        .map(|(_, f)| {
+            let g = super::source::generate(&f, "").unwrap();
+            assert_eq!(g.kernels.len(), 1);
+            let k = &g.kernels[0];
+            (
+                k.block,
+                k.grid.iter().map(|e| e.is_some()).collect::<Vec<_>>(),
+                k.shared_bytes,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shapes,
+        vec![
+            ([64, 1, 1], vec![true, false, false], 0),
+            ([64, 1, 1], vec![true, false, false], 256),
+            ([8, 8, 1], vec![true, true, false], 512),
+            ([128, 1, 1], vec![true, false, false], 512),
+        ]
+    );
+}
+
+#[test]
+fn cuda_every_dtype_and_expression_kind_compiles() {
+    let nv = test_nvrtc();
+    for dt in ALL {
+        let (f, _, _) = every_op(dt);
+        let src = super::source::generate(&f, "").unwrap().source;
+        assert!(src.contains("extern \"C\" __global__"), "{src}");
+        if let Some(nv) = &nv {
+            compiles_cleanly(nv, &f);
+        }
+    }
+}
+
+#[test]
+fn cuda_source_keeps_names_and_uses_restrict_only_on_read_only_inputs() {
+    let f = tiled_matmul();
+    let src = super::source::generate(&f, "").unwrap().source;
+    for want in [
+        "const float* __restrict__ A",
+        "const float* __restrict__ B",
+        "float* C",
+        "long long m",
+        "long long A_s0",
+        "__shared__ float As[64];",
+        "float acc[1] = {};",
+        "__syncthreads();",
+        "#pragma unroll",
+        "(long long)blockIdx.y",
+        "(long long)threadIdx.x",
+        "__launch_bounds__(64)",
+    ] {
+        assert!(src.contains(want), "missing `{want}` in:\n{src}");
+    }
+    assert!(!src.contains("float* __restrict__ C"), "{src}");
+}
+
+#[test]
+fn cuda_sanitized_names_are_c_identifiers_and_unique() {
+    use super::source::sanitize;
+    assert_eq!(sanitize("A.s0"), "A_s0");
+    assert_eq!(sanitize("i.outer"), "i_outer");
+    assert_eq!(sanitize("0x"), "v_0x");
+    assert_eq!(sanitize("_x"), "v_x");
+    assert_eq!(sanitize("rivet_min"), "vrivet_min");
+    assert_eq!(sanitize("int"), "int_");
+    assert_eq!(sanitize("threadIdx"), "threadIdx_");
+    assert_eq!(sanitize("δ"), "v_");
+    // Two variables with one name get distinct C names.
+    let (n, i1, i2, bx) = (Var::new("n"), Var::new("i"), Var::new("i"), Var::new("bx"));
+    let c = output(0, "C", F, vec![int(4), int(4)]);
+    let body = bound(
+        &bx,
+        int(1),
+        ThreadTag::BlockX,
+        looped(
+            &i1,
+            int(4),
+            ForKind::Serial,
+            looped(
+                &i2,
+                int(4),
+                ForKind::Serial,
+                st(&c, vec![v(&i1), v(&i2)], Expr::cast(F, v(&i1).add(&v(&i2)))),
+            ),
+        ),
+    );
+    let _ = n;
+    let f = prepare(func("two_i", vec![c], vec![], body));
+    let src = super::source::generate(&f, "").unwrap().source;
+    assert!(
+        src.contains("for (long long i = 0; i < 4LL; ++i)")
+            && src.contains("for (long long i_1 = 0; i_1 < 4LL; ++i_1)"),
+        "{src}"
+    );
+}
+
+// ---- host part and errors -----------------------------------------------------------------
+
+#[test]
+fn cuda_host_parts_it_cannot_run_yet_are_compile_errors() {
+    // A CPU parallel loop on the host.
+    let (n, i) = (Var::new("n"), Var::new("i"));
+    let c = output(0, "C", F, vec![v(&n)]);
+    let par = looped(
+        &i,
+        v(&n),
+        ForKind::Parallel,
+        st(&c, vec![v(&i)], Expr::constant(1.0, F)),
+    );
+    let f = prepare(func("par", vec![c.clone()], vec![n.clone()], par));
+    let e = CudaBackend::new(Target::cuda(None), false)
+        .compile(&f)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("has no GPU kernel") && e.contains("not available yet"),
+        "{e}"
+    );
+    let compile_err = |f: &PrimFunc| {
+        CudaBackend::new(Target::cuda(None), false)
+            .compile(f)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let kernel = |c: &Buffer| {
+        let bx = Var::new("bx");
+        bound(
+            &bx,
+            int(4),
+            ThreadTag::BlockX,
+            st(c, vec![v(&bx)], Expr::constant(2.0, F)),
+        )
+    };
+    // A CPU parallel loop next to a kernel.
+    let i2 = Var::new("i");
+    let par = looped(
+        &i2,
+        v(&n),
+        ForKind::Parallel,
+        st(&c, vec![v(&i2)], Expr::constant(1.0, F)),
+    );
+    let f = prepare(func(
+        "par_and_kernel",
+        vec![c.clone()],
+        vec![n.clone()],
+        Stmt::Seq(vec![par, kernel(&c)]),
+    ));
+    let e = compile_err(&f);
+    assert!(
+        e.contains("a CPU parallel loop on the host") && e.contains("not available yet"),
+        "{e}"
+    );
+    // A host loop around a kernel.
+    let (o, bx) = (Var::new("o"), Var::new("bx"));
+    let k = bound(
+        &bx,
+        v(&n),
+        ThreadTag::BlockX,
+        st(&c, vec![v(&bx)], Expr::cast(F, v(&o))),
+    );
+    let f = prepare(func(
+        "host_loop",
+        vec![c.clone()],
+        vec![n.clone()],
+        looped(&o, int(2), ForKind::Serial, k),
+    ));
+    let e = CudaBackend::new(Target::cuda(None), false)
+        .compile(&f)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("host loop over 'o'"), "{e}");
+    // A store on the host.
+    let f = prepare(func(
+        "host_store",
+        vec![c.clone()],
+        vec![n.clone()],
+        Stmt::Seq(vec![kernel(&c), st(&c, vec![int(0)], Expr::constant(1.0, F))]),
+    ));
+    let e = CudaBackend::new(Target::cuda(None), false)
+        .compile(&f)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("a store to 'C' on the host"), "{e}");
+    // Checked mode.
+    let e = CudaBackend::new(Target::cuda(None), true)
+        .compile(&double())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("checked mode"), "{e}");
+}
+
+#[test]
+fn cuda_missing_nvrtc_is_a_clear_compile_error() {
+    let missing = PathBuf::from("/nonexistent/rivet/libnvrtc.so.13");
+    let e =
+        nvrtc::find_with(&|k| (k == "RIVET_NVRTC_PATH").then(|| missing.clone().into_os_string()))
+            .unwrap_err();
+    assert!(
+        e.contains("RIVET_NVRTC_PATH=/nonexistent/rivet/libnvrtc.so.13 does not exist"),
+        "{e}"
+    );
+    let mut b = CudaBackend::new(Target::cuda(None), false);
+    b.nvrtc_path = Some(missing);
+    let e = b.compile(&double()).err().expect("refused").to_string();
+    assert!(
+        e.contains("target 'cuda'")
+            && e.contains("NVRTC not found")
+            && e.contains("does not exist"),
+        "{e}"
+    );
+    // A folder without the library.
+    let dir = std::env::temp_dir();
+    let e = nvrtc::find_with(&|k| (k == "RIVET_NVRTC_PATH").then(|| dir.clone().into_os_string()))
+        .unwrap_err();
+    assert!(e.contains("is a folder holding none of"), "{e}");
+    // A file that is not a library.
+    let bogus = std::env::temp_dir().join(format!("rivet-not-nvrtc-{}.so", std::process::id()));
+    std::fs::write(&bogus, b"not a library").unwrap();
+    let e =
+        nvrtc::find_with(&|k| (k == "RIVET_NVRTC_PATH").then(|| bogus.clone().into_os_string()))
+            .unwrap_err();
+    let _ = std::fs::remove_file(&bogus);
+    assert!(
+        e.contains("could not be loaded") && e.contains("tried"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cuda_nvrtc_errors_quote_the_log_and_the_line() {
+    let Some(nv) = test_nvrtc() else { return };
+    let src = "extern \"C\" __global__ void k(float* x) {\n  x[0] = undefined_name;\n}\n";
+    let e = super::compile_with(&nv, src, "bad.cu", SM80, nvrtc::Kind::Ptx, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("NVRTC")
+            && e.contains("undefined_name")
+            && e.contains("line 2: x[0] = undefined_name;"),
+        "{e}"
+    );
+    // NVRTC rejects -O3: rivet passes no optimisation flag.
+    let opts = nvrtc::options(SM90, nvrtc::Kind::Cubin, false);
+    assert!(opts.iter().all(|o| !o.starts_with("-O")), "{opts:?}");
+    let r = nv.compile(src, "o3.cu", &["-O3".to_string()], nvrtc::Kind::Ptx);
+    assert!(r.is_err(), "NVRTC accepted -O3");
+}
+
+#[test]
+fn cuda_launch_without_a_driver_or_device_is_a_device_error() {
+    // Without NVRTC in the backend the kernel still exists (source only).
+    let nv = test_nvrtc();
+    let k: Box<dyn Kernel> = match &nv {
+        Some(nv) => Box::new(backend(nv, None).compile_cuda(&double()).unwrap()),
+        None => Box::new(
+            CudaBackend::new(Target::cuda(None), false)
+                .compile_cuda(&double())
+                .unwrap(),
+        ),
+    };
+    assert!(k.source().contains("extern \"C\" __global__"));
+    let mut a = vec![1.0f32; 4];
+    let mut c = vec![0.0f32; 4];
+    let frame = CallFrame {
+        ptrs: vec![a.as_mut_ptr().cast(), c.as_mut_ptr().cast()],
+        ints: vec![4, 1, 1],
+    };
+    // CPU tensors: refused before touching the driver.
+    // SAFETY: the kernel refuses before reading the frame's memory.
+    let e = unsafe { k.launch(&frame, &LaunchContext::host()) }
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("called with tensors on Cpu"), "{e}");
+    let ctx = LaunchContext {
+        device: Device::Cuda(0),
+        stream: None,
+        work: 4,
+    };
+    let e = k.alloc_output(&[4], F, &ctx).err().unwrap().to_string();
+    assert!(e.contains("not supported yet"), "{e}");
+    if super::driver::driver_present() {
+        eprintln!("a CUDA driver is present: the no-driver launch check does not apply here");
+        return;
+    }
+    // SAFETY: with no driver the launch fails before any memory is touched.
+    let e = unsafe { k.launch(&frame, &ctx) }.unwrap_err();
+    assert!(
+        matches!(e, crate::Error::Runtime(rivet_runtime::Error::Device(_))),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("libcuda"), "{e}");
+}
+
+#[test]
+fn cuda_backend_is_what_target_cuda_gives() {
+    let b = crate::codegen::backend(&Target::cuda(Some(SM90)), false).unwrap();
+    assert_eq!(b.target().to_string(), "cuda -arch=sm_90");
+}
+
+// ---- the generated kernels run on the host, under a CUDA emulation ---------------------------
+//
+// The generated source is compiled by the host's C++ compiler (`c++`) with `__global__`,
+// `__shared__`, `__syncthreads` and the index registers emulated (one OS thread per CUDA
+// thread of a block, a pthread barrier for `__syncthreads`, blocks one after another), and
+// its results are compared with the interpreter's on the same inputs. This checks the
+// generated code's meaning (wrapping, casts, float16 rounding, NaN rules, indexing, barriers)
+// without a GPU; it does not check CUDA's math library (the host's libm stands in for it, so
+// transcendental results are compared within 4 ulps) nor anything about the device itself.
+
+const HARNESS_HEAD: &str = r#"
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <thread>
+#include <vector>
+#define __global__
+#define __shared__ static
+#define __launch_bounds__(n)
+#define __restrict__ __restrict
+struct rivet_dim3 { unsigned x, y, z; };
+static thread_local rivet_dim3 threadIdx, blockIdx;
+static pthread_barrier_t rivet_bar;
+#define __syncthreads() pthread_barrier_wait(&rivet_bar)
+template <typename F>
+static void rivet_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                         unsigned bz, F body) {
+  pthread_barrier_init(&rivet_bar, 0, bx * by * bz);
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      for (unsigned x = 0; x < gx; ++x) {
+        std::vector<std::thread> ts;
+        for (unsigned tz = 0; tz < bz; ++tz)
+          for (unsigned ty = 0; ty < by; ++ty)
+            for (unsigned tx = 0; tx < bx; ++tx)
+              ts.emplace_back([=] {
+                blockIdx = rivet_dim3{x, y, z};
+                threadIdx = rivet_dim3{tx, ty, tz};
+                body();
+              });
+        for (auto& t : ts) t.join();
+      }
+  pthread_barrier_destroy(&rivet_bar);
+}
+static unsigned char* rivet_read(FILE* f, size_t n) {
+  unsigned char* p = (unsigned char*)malloc(n ? n : 1);
+  if (n && fread(p, 1, n, f) != n) { fprintf(stderr, "short input\n"); exit(2); }
+  return p;
+}
+"#;
+
+/// One function run on both sides: its parameters' initial bytes and the frame's ints.
+struct HostCase {
+    func: PrimFunc,
+    bufs: Vec<Vec<u8>>,
+    ints: Vec<i64>,
+    /// Per parameter, per element: compare within 4 ulps instead of exactly.
+    loose: Vec<Vec<bool>>,
+}
+
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 11
+}
+
+/// `n` random elements of `dt` as bytes: ints random bits (small ones often), floats mostly
+/// ordinary values in [-10, 10] with specials mixed in.
+fn random_bytes(dt: DType, n: usize, seed: &mut u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * dt.size());
+    for k in 0..n {
+        let r = lcg(seed);
+        let special = [
+            0.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            -f64::INFINITY,
+            1e10,
+            -3e9,
+            0.5,
+            2.5,
+            65519.0,
+            1e-6,
+        ];
+        let x = if k % 5 == 4 {
+            special[(r % special.len() as u64) as usize]
+        } else {
+            (r % 2001) as f64 / 100.0 - 10.0
+        };
+        match dt {
+            DType::F32 => out.extend((x as f32).to_le_bytes()),
+            DType::F64 => out.extend((x + (r % 7) as f64 * 1e-9).to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+            DType::BF16 => out.extend(half::bf16::from_f64(x).to_bits().to_le_bytes()),
+            DType::Bool => out.push((r % 2) as u8),
+            _ => {
+                let bits = if k % 3 == 0 {
+                    r as i64 % 20 - 10
+                } else {
+                    (r << 11 | r >> 40) as i64
+                };
+                out.extend(&bits.to_le_bytes()[..dt.size()]);
+            }
+        }
+    }
+    out
+}
+
+fn elem_bits(b: &[u8]) -> u64 {
+    let mut v = [0u8; 8];
+    v[..b.len()].copy_from_slice(b);
+    u64::from_le_bytes(v)
+}
+
+/// Whether two elements of `dt` agree: same bits, both NaN, or (loose) within 4 ulps.
+fn same(dt: DType, a: &[u8], b: &[u8], loose: bool) -> bool {
+    if a == b {
+        return true;
+    }
+    let (x, y) = (elem_bits(a), elem_bits(b));
+    type Pred = fn(u64) -> bool;
+    type Ord = fn(u64) -> i64;
+    let (nan, ord): (Pred, Ord) = match dt {
+        DType::F32 => (
+            |x| f32::from_bits(x as u32).is_nan(),
+            |x| {
+                let i = x as u32 as i32 as i64;
+                if i < 0 {
+                    i32::MIN as i64 - i
+                } else {
+                    i
+                }
+            },
+        ),
+        DType::F64 => (
+            |x| f64::from_bits(x).is_nan(),
+            |x| {
+                let i = x as i64;
+                if i < 0 {
+                    i64::MIN.wrapping_sub(i)
+                } else {
+                    i
+                }
+            },
+        ),
+        DType::F16 => (
+            |x| half::f16::from_bits(x as u16).is_nan(),
+            |x| {
+                let i = x as u16 as i16 as i64;
+                if i < 0 {
+                    i16::MIN as i64 - i
+                } else {
+                    i
+                }
+            },
+        ),
+        DType::BF16 => (
+            |x| half::bf16::from_bits(x as u16).is_nan(),
+            |x| {
+                let i = x as u16 as i16 as i64;
+                if i < 0 {
+                    i16::MIN as i64 - i
+                } else {
+                    i
+                }
+            },
+        ),
+        _ => return false,
+    };
+    (nan(x) && nan(y)) || (loose && (ord(x).wrapping_sub(ord(y))).unsigned_abs() <= 4)
+}
+
+/// Compiles every case's kernels into one host program, runs each case there and in the
+/// interpreter, and compares every parameter buffer. `false` when there is no `c++`.
+fn run_on_host(cases: &[HostCase]) -> bool {
+    if std::process::Command::new("c++")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("no host C++ compiler (c++): host emulation of the generated kernels skipped");
+        return false;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "rivet-cuda-host-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut src = String::from(HARNESS_HEAD);
+    src.push_str(PRELUDE);
+    let mut mains = String::new();
+    for (ci, c) in cases.iter().enumerate() {
+        let f = &c.func;
+        let g = super::source::generate(f, "host emulation").unwrap();
+        let body = g.source.split(PRELUDE).nth(1).unwrap();
+        src.push_str(body);
+        let mut m = format!("static void case_{ci}(FILE* in, FILE* out) {{\n");
+        for (p, b) in c.bufs.iter().enumerate() {
+            m.push_str(&format!(
+                "  unsigned char* b{p} = rivet_read(in, {});\n",
+                b.len()
+            ));
+        }
+        let slots = crate::codegen::int_slots(f);
+        let env: std::collections::HashMap<u32, i64> = slots
+            .iter()
+            .map(|v| v.id)
+            .zip(c.ints.iter().copied())
+            .collect();
+        for info in &g.kernels {
+            let k = &f.kernels[info.index];
+            let grid: Vec<i64> = info
+                .grid
+                .iter()
+                .map(|e| match e {
+                    None => 1,
+                    Some(e) => {
+                        match crate::codegen::interp::eval_expr(e, &|v| env.get(&v.id).copied())
+                            .unwrap()
+                        {
+                            crate::codegen::interp::Value::Int(n) => n.max(0),
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                })
+                .collect();
+            let mut args = Vec::new();
+            for id in &k.bufs {
+                let p = f.params.iter().position(|q| q == id).unwrap();
+                let ty = super::source::storage_type(f.buffer(*id).dtype);
+                args.push(format!("({ty}*)b{p}"));
+            }
+            for v in &k.vars {
+                args.push(format!("(long long){}LL", env[&v.id]));
+            }
+            m.push_str(&format!(
+                "  rivet_launch({}, {}, {}, {}, {}, {}, [&] {{ {}({}); }});\n",
+                grid[0],
+                grid[1],
+                grid[2],
+                info.block[0],
+                info.block[1],
+                info.block[2],
+                info.name,
+                args.join(", ")
+            ));
+        }
+        for (p, b) in c.bufs.iter().enumerate() {
+            m.push_str(&format!("  fwrite(b{p}, 1, {}, out);\n", b.len()));
+        }
+        m.push_str("}\n");
+        mains.push_str(&m);
+    }
+    src.push_str(&mains);
+    src.push_str("int main(int argc, char** argv) {\n  int c = atoi(argv[1]);\n  FILE* in = fopen(argv[2], \"rb\");\n  FILE* out = fopen(argv[3], \"wb\");\n  switch (c) {\n");
+    for ci in 0..cases.len() {
+        src.push_str(&format!("    case {ci}: case_{ci}(in, out); break;\n"));
+    }
+    src.push_str("  }\n  fclose(out);\n  return 0;\n}\n");
+    let cpp = dir.join("harness.cpp");
+    let exe = dir.join("harness");
+    std::fs::write(&cpp, &src).unwrap();
+    let o = std::process::Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-pthread",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-w",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&cpp)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "the host C++ compiler refused the generated source ({}):\n{}",
+        cpp.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (ci, c) in cases.iter().enumerate() {
+        let f = &c.func;
+        // The interpreter's result.
+        let mut mine: Vec<Vec<u8>> = c.bufs.clone();
+        let frame = CallFrame {
+            ptrs: mine.iter_mut().map(|b| b.as_mut_ptr()).collect(),
+            ints: c.ints.clone(),
+        };
+        // SAFETY: compact buffers sized for their shapes, strides in `ints`.
+        unsafe { crate::codegen::interp::run(f, &frame) }.unwrap();
+        // The emulated kernel's.
+        let input = dir.join(format!("in{ci}.bin"));
+        let output = dir.join(format!("out{ci}.bin"));
+        std::fs::write(&input, c.bufs.concat()).unwrap();
+        let o = std::process::Command::new(&exe)
+            .arg(ci.to_string())
+            .arg(&input)
+            .arg(&output)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{}: {}",
+            f.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got = std::fs::read(&output).unwrap();
+        let mut at = 0;
+        for (p, want) in mine.iter().enumerate() {
+            let b = f.buffer(f.params[p]);
+            let sz = b.dtype.size();
+            let theirs = &got[at..at + want.len()];
+            at += want.len();
+            let mut bad = Vec::new();
+            for (e, (x, y)) in want.chunks(sz).zip(theirs.chunks(sz)).enumerate() {
+                let loose = c.loose[p].get(e).copied().unwrap_or(false);
+                if !same(b.dtype, x, y, loose) {
+                    bad.push(format!(
+                        "element {e}: interpreter {:#x}, generated code {:#x}",
+                        elem_bits(x),
+                        elem_bits(y)
+                    ));
+                }
+            }
+            assert!(
+                bad.is_empty(),
+                "{}: buffer {} ({}) differs in {} elements, first: {:?}",
+                f.name,
+                b.name,
+                b.dtype,
+                bad.len(),
+                &bad[..bad.len().min(8)]
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    true
+}
+
+/// A case for `f` whose params are compact: `shapes` per parameter, dims given.
+fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostCase {
+    let mut s = seed;
+    let mut ints = dims.to_vec();
+    let mut bufs = Vec::new();
+    let mut loose = Vec::new();
+    for (p, shape) in shapes.iter().enumerate() {
+        let b = f.buffer(f.params[p]);
+        let mut stride = 1;
+        let mut strides = vec![0; shape.len()];
+        for k in (0..shape.len()).rev() {
+            strides[k] = stride;
+            stride *= shape[k];
+        }
+        ints.extend(strides);
+        let n: i64 = shape.iter().product();
+        let mut bytes = random_bytes(b.dtype, n as usize, &mut s);
+        if matches!(b.kind, BufKind::Param { output: true }) {
+            bytes.iter_mut().for_each(|x| *x = 0xA5); // poison
+        }
+        bufs.push(bytes);
+        loose.push(Vec::new());
+    }
+    HostCase {
+        func: f,
+        bufs,
+        ints,
+        loose,
+    }
+}
+
+#[test]
+fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
+    let mut cases = vec![
+        host_case(double(), &[1000], &[vec![1000], vec![1000]], 1),
+        host_case(reverse(), &[], &[vec![256], vec![256]], 2),
+        host_case(
+            tiled_matmul(),
+            &[37, 45, 29],
+            &[vec![37, 45], vec![45, 29], vec![37, 29]],
+            3,
+        ),
+        host_case(block_tree_reduction(), &[], &[vec![5, 256], vec![5]], 4),
+    ];
+    // Matmul inputs with NaNs and infinities give NaN-heavy results; keep them finite.
+    for c in cases.iter_mut().skip(2).take(1) {
+        for b in c.bufs.iter_mut().take(2) {
+            for ch in b.chunks_mut(4) {
+                let x = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+                let y = if x.is_finite() {
+                    x.clamp(-10.0, 10.0)
+                } else {
+                    1.0
+                };
+                ch.copy_from_slice(&y.to_le_bytes());
+            }
+        }
+    }
+    const N: i64 = 70;
+    for (k, dt) in ALL.iter().enumerate() {
+        let (f, nv, nc) = every_op(*dt);
+        let mut shapes = vec![vec![N], vec![N], vec![N, nv as i64]];
+        shapes.extend(ALL.iter().map(|_| vec![N, nc as i64]));
+        let mut c = host_case(f, &[N], &shapes, 100 + k as u64);
+        // Transcendental columns (libm vs musl) are compared within 4 ulps; so are the
+        // results of casting them... they are not cast: only R's columns.
+        if dt.is_float() {
+            let lib = libm_columns(nv);
+            c.loose[2] = (0..N as usize * nv)
+                .map(|e| lib.contains(&(e % nv)))
+                .collect();
+        }
+        cases.push(c);
+    }
+    run_on_host(&cases);
+}
+
+/// The columns of `every_op`'s `R` computed by libm functions (pow, exp, log, tanh, sigmoid,
+/// erf), for a float dtype: after the 2 loads, 7 binary ops, neg, abs, 4 per constant (8
+/// constants), div, then pow and the unary list.
+fn libm_columns(_nv: usize) -> Vec<usize> {
+    let pow = 2 + 7 + 2 + 4 * 8 + 1;
+    // Unary list: Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Floor, Ceil, Erf.
+    let u = pow + 1;
+    vec![pow, u, u + 1, u + 4, u + 5, u + 8]
+}
