@@ -304,6 +304,109 @@ fn block_tree_reduction() -> PrimFunc {
     prepare(func("rowsum", vec![x, y, s], vec![], body))
 }
 
+/// Every statement kind in one kernel: a float16 shared buffer behind a barrier, an int32
+/// local buffer, an unrolled loop with a non-zero min, a `let`, an if/else, a vectorized loop.
+fn statements() -> PrimFunc {
+    let (bx, tx, j, t, w) = (
+        Var::new("bx"),
+        Var::new("tx"),
+        Var::new("j"),
+        Var::new("t"),
+        Var::new("w"),
+    );
+    let a = input(0, "A", F, vec![int(64)]);
+    let c = output(1, "C", F, vec![int(64)]);
+    let d = output(2, "D", DType::I32, vec![int(64), int(4)]);
+    let s = local(3, "S", DType::F16, &[32], Scope::Shared);
+    let l = local(4, "L", DType::I32, &[4], Scope::Local);
+    let g = v(&bx).mul(&int(32)).add(&v(&tx));
+    let fill = looped(
+        &j,
+        int(4),
+        ForKind::Unrolled,
+        st(
+            &l,
+            vec![v(&j).sub(&int(3))],
+            bin(
+                BinOp::Mul,
+                Expr::cast(DType::I32, v(&j)),
+                Expr::cast(DType::I32, ld(&a, vec![g.clone()])),
+            ),
+        ),
+    );
+    let fill = match fill {
+        Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+            ..
+        } => Stmt::For {
+            var,
+            min: int(3),
+            extent,
+            kind,
+            body,
+        },
+        other => other,
+    };
+    let choose = Stmt::Let {
+        var: t.clone(),
+        value: v(&tx).mul(&int(2)),
+        body: Box::new(Stmt::If {
+            cond: lt(v(&t), int(40)),
+            then: Box::new(st(
+                &c,
+                vec![g.clone()],
+                bin(
+                    BinOp::Add,
+                    Expr::cast(F, ld(&s, vec![int(31).sub(&v(&tx))])),
+                    Expr::cast(F, ld(&l, vec![int(1)])),
+                ),
+            )),
+            otherwise: Some(Box::new(st(
+                &c,
+                vec![g.clone()],
+                Expr::unary(UnOp::Neg, Expr::cast(F, ld(&s, vec![v(&tx)]))).unwrap(),
+            ))),
+        }),
+    };
+    let spill = looped(
+        &w,
+        int(4),
+        ForKind::Vectorized,
+        st(&d, vec![g.clone(), v(&w)], ld(&l, vec![v(&w)])),
+    );
+    let body = bound(
+        &bx,
+        int(2),
+        ThreadTag::BlockX,
+        alloc(
+            &s,
+            Stmt::Seq(vec![
+                bound(
+                    &tx,
+                    int(32),
+                    ThreadTag::ThreadX,
+                    st(
+                        &s,
+                        vec![v(&tx)],
+                        Expr::cast(DType::F16, ld(&a, vec![g.clone()])),
+                    ),
+                ),
+                Stmt::Barrier,
+                bound(
+                    &tx,
+                    int(32),
+                    ThreadTag::ThreadX,
+                    alloc(&l, Stmt::Seq(vec![fill, choose, spill])),
+                ),
+            ]),
+        ),
+    );
+    prepare(func("statements", vec![a, c, d, s, l], vec![], body))
+}
+
 /// The canonical kernels, by golden name.
 fn canonical() -> Vec<(&'static str, PrimFunc)> {
     vec![
@@ -311,6 +414,7 @@ fn canonical() -> Vec<(&'static str, PrimFunc)> {
         ("reverse_shared_barrier", reverse()),
         ("tiled_matmul_shared_local", tiled_matmul()),
         ("block_tree_reduction", block_tree_reduction()),
+        ("every_statement_kind", statements()),
     ]
 }
 
@@ -604,6 +708,7 @@ fn cuda_launch_shapes_of_canonical_kernels() {
             ([64, 1, 1], vec![true, false, false], 256),
             ([8, 8, 1], vec![true, true, false], 512),
             ([128, 1, 1], vec![true, false, false], 512),
+            ([32, 1, 1], vec![true, false, false], 64),
         ]
     );
 }
@@ -618,6 +723,37 @@ fn cuda_every_dtype_and_expression_kind_compiles() {
         if let Some(nv) = &nv {
             compiles_cleanly(nv, &f);
         }
+    }
+}
+
+/// The deepest expression the DSL builds (`e = e + 1` applied `MAX_EXPR_DEPTH` times, and
+/// an index chain as deep) compiles: NVRTC takes the nesting.
+#[test]
+fn cuda_deep_expressions_compile() {
+    // As `build` does: the passes recurse on expression depth, on a large stack.
+    std::thread::Builder::new()
+        .stack_size(crate::ir::limits::COMPILE_STACK)
+        .spawn(deep_expressions)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn deep_expressions() {
+    let (n, bx) = (Var::new("n"), Var::new("bx"));
+    let a = input(0, "A", F, vec![v(&n)]);
+    let c = output(1, "C", F, vec![v(&n)]);
+    let mut e = ld(&a, vec![v(&bx)]);
+    for k in 0..crate::ir::limits::MAX_EXPR_DEPTH as i64 - 2 {
+        e = bin(BinOp::Add, e, Expr::constant((k % 7) as f64, F));
+    }
+    let body = bound(&bx, v(&n), ThreadTag::BlockX, st(&c, vec![v(&bx)], e));
+    let f = prepare(func("deep", vec![a, c], vec![n], body));
+    let src = super::source::generate(&f, "").unwrap().source;
+    assert!(src.len() > 10_000);
+    if let Some(nv) = test_nvrtc() {
+        let k = backend(&nv, Some(SM80)).compile_cuda(&f).unwrap();
+        assert!(k.nvrtc_log().is_empty(), "{}", k.nvrtc_log());
     }
 }
 
@@ -767,7 +903,10 @@ fn cuda_host_parts_it_cannot_run_yet_are_compile_errors() {
         "host_store",
         vec![c.clone()],
         vec![n.clone()],
-        Stmt::Seq(vec![kernel(&c), st(&c, vec![int(0)], Expr::constant(1.0, F))]),
+        Stmt::Seq(vec![
+            kernel(&c),
+            st(&c, vec![int(0)], Expr::constant(1.0, F)),
+        ]),
     ));
     let e = CudaBackend::new(Target::cuda(None), false)
         .compile(&f)
@@ -1093,7 +1232,9 @@ fn run_on_host(cases: &[HostCase]) -> bool {
         let f = &c.func;
         let g = super::source::generate(f, "host emulation").unwrap();
         let body = g.source.split(PRELUDE).nth(1).unwrap();
-        src.push_str(body);
+        if !src.contains(body) {
+            src.push_str(body);
+        }
         let mut m = format!("static void case_{ci}(FILE* in, FILE* out) {{\n");
         for (p, b) in c.bufs.iter().enumerate() {
             m.push_str(&format!(
@@ -1282,7 +1423,12 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
             3,
         ),
         host_case(block_tree_reduction(), &[], &[vec![5, 256], vec![5]], 4),
+        host_case(statements(), &[], &[vec![64], vec![64], vec![64, 4]], 5),
     ];
+    // A strided input: A's elements 3 apart (the frame's stride, not a copy).
+    let mut strided = host_case(double(), &[300], &[vec![900], vec![300]], 6);
+    strided.ints = vec![300, 3, 1];
+    cases.push(strided);
     // Matmul inputs with NaNs and infinities give NaN-heavy results; keep them finite.
     for c in cases.iter_mut().skip(2).take(1) {
         for b in c.bufs.iter_mut().take(2) {
