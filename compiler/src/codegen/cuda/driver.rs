@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::target::CudaArch;
-use cudarc::driver::{sys, CudaContext, CudaModule};
+use cudarc::driver::{result, sys, CudaContext, CudaModule};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -172,5 +172,33 @@ impl Loaded {
         })?;
         r.result()
             .map_err(|e| device_error(format!("CUDA: kernel launch failed: {e}")))
+    }
+
+    /// A zeroed device allocation of `bytes` (at least 1), stream-ordered on `stream`
+    /// (`cuMemAllocAsync` + `cuMemsetD8Async`): a global temporary between kernels.
+    pub fn alloc_zeroed(&self, bytes: usize, stream: u64) -> Result<u64> {
+        guarded("bind", || self.ctx.bind_to_thread())?
+            .map_err(|e| device_error(format!("CUDA: cannot make the context current: {e}")))?;
+        let s = stream as sys::CUstream;
+        let n = bytes.max(1);
+        // SAFETY: a fresh allocation of `n` bytes, set on the same stream before any use.
+        let p = guarded("alloc", || unsafe { result::malloc_async(s, n) })?.map_err(|e| {
+            device_error(format!(
+                "CUDA: cannot allocate a temporary of {bytes} bytes on the device: {e}"
+            ))
+        })?;
+        // SAFETY: `p` holds `n` bytes.
+        guarded("memset", || unsafe { result::memset_d8_async(p, 0, n, s) })?
+            .map_err(|e| device_error(format!("CUDA: cannot zero a temporary: {e}")))?;
+        Ok(p)
+    }
+
+    /// Frees a temporary from `alloc_zeroed` after the work queued on `stream` so far.
+    pub fn free(&self, ptr: u64, stream: u64) -> Result<()> {
+        // SAFETY: `ptr` came from `alloc_zeroed` and is freed once.
+        guarded("free", || unsafe {
+            result::free_async(ptr, stream as sys::CUstream)
+        })?
+        .map_err(|e| device_error(format!("CUDA: cannot free a temporary: {e}")))
     }
 }

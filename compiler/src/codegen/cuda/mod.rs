@@ -13,8 +13,8 @@
 //! libraries are probed before use and every cudarc call runs under `catch_unwind`.
 //!
 //! Not yet: the disk cache of compiled binaries, output allocation on the device, checked
-//! mode, host code beyond a sequence of launches (CPU parallel loops, host loops, global
-//! temporaries), 32-bit index arithmetic, vectorized loads.
+//! mode, host code beyond a sequence of launches and global temporaries (CPU parallel
+//! loops, host loops, host conditions), 32-bit index arithmetic, vectorized loads.
 
 pub mod driver;
 pub mod nvrtc;
@@ -292,8 +292,9 @@ impl Kernel for CudaKernel {
             env.insert(v.id, *x);
         }
         let stream = ctx.stream.unwrap_or(0);
+        let mut temps = HashMap::new();
         // SAFETY: forwarded contract (the frame describes device memory of `ctx.device`).
-        unsafe { self.run_host(&f.body, &mut env, frame, &loaded, stream) }
+        unsafe { self.run_host(&f.body, &mut env, &mut temps, frame, &loaded, stream) }
     }
 
     fn alloc_output(&self, _shape: &[i64], _dtype: DType, _: &LaunchContext) -> Result<Tensor> {
@@ -309,7 +310,8 @@ impl Kernel for CudaKernel {
 }
 
 impl CudaKernel {
-    /// Runs the host part (a sequence of launches under `let`s, `source::check_host`).
+    /// Runs the host part (a sequence of launches under `let`s and global temporaries,
+    /// `source::check_host`). `temps`: the device pointers of the live temporaries.
     ///
     /// # Safety
     /// As `Kernel::launch`.
@@ -317,6 +319,7 @@ impl CudaKernel {
         &self,
         s: &Stmt,
         env: &mut HashMap<u32, i64>,
+        temps: &mut HashMap<crate::ir::BufId, u64>,
         frame: &CallFrame,
         loaded: &driver::Loaded,
         stream: u64,
@@ -332,7 +335,7 @@ impl CudaKernel {
             Stmt::Seq(v) => {
                 for s in v {
                     // SAFETY: forwarded.
-                    unsafe { self.run_host(s, env, frame, loaded, stream)? };
+                    unsafe { self.run_host(s, env, temps, frame, loaded, stream)? };
                 }
                 Ok(())
             }
@@ -340,9 +343,48 @@ impl CudaKernel {
                 let x = eval(value, env)?;
                 env.insert(var.id, x);
                 // SAFETY: forwarded.
-                let r = unsafe { self.run_host(body, env, frame, loaded, stream) };
+                let r = unsafe { self.run_host(body, env, temps, frame, loaded, stream) };
                 env.remove(&var.id);
                 r
+            }
+            Stmt::Allocate { buf, body } => {
+                // A global temporary: compact, zeroed, stream-ordered (as the interpreter's
+                // `Allocate`, which build::call has already sized against MAX_ALLOC_BYTES).
+                let b = f.buffer(*buf);
+                let shape: Vec<i64> = b
+                    .shape
+                    .iter()
+                    .map(|e| eval(e, env))
+                    .collect::<Result<_>>()?;
+                let mut strides = vec![0i64; shape.len()];
+                let mut count: i64 = 1;
+                for k in (0..shape.len()).rev() {
+                    strides[k] = count;
+                    count = count.saturating_mul(shape[k].max(0));
+                }
+                let bytes = usize::try_from(count)
+                    .ok()
+                    .and_then(|n| n.checked_mul(b.dtype.size()))
+                    .filter(|&n| n <= crate::ir::limits::MAX_ALLOC_BYTES)
+                    .ok_or_else(|| {
+                        Error::Runtime(rivet_runtime::Error::Memory(format!(
+                            "{}: temporary '{}' of shape {shape:?} is too large",
+                            f.name, b.name
+                        )))
+                    })?;
+                for (v, s) in b.strides.iter().zip(&strides) {
+                    env.insert(v.id, *s);
+                }
+                let ptr = loaded.alloc_zeroed(bytes, stream)?;
+                temps.insert(*buf, ptr);
+                // SAFETY: forwarded; the temporary lives until the free below (stream order).
+                let r = unsafe { self.run_host(body, env, temps, frame, loaded, stream) };
+                temps.remove(buf);
+                for v in &b.strides {
+                    env.remove(&v.id);
+                }
+                let freed = loaded.free(ptr, stream);
+                r.and(freed)
             }
             Stmt::Launch { kernel } => {
                 let (pos, info) = self
@@ -372,10 +414,16 @@ impl CudaKernel {
                 }
                 let mut args = Vec::with_capacity(k.bufs.len() + k.vars.len());
                 for id in &k.bufs {
-                    let p = f.params.iter().position(|q| q == id).ok_or_else(|| {
-                        Error::Internal(format!("kernel {} captures a non-parameter", info.name))
-                    })?;
-                    args.push(driver::Arg::Ptr(frame.ptrs[p] as u64));
+                    let ptr = match f.params.iter().position(|q| q == id) {
+                        Some(p) => frame.ptrs[p] as u64,
+                        None => *temps.get(id).ok_or_else(|| {
+                            Error::Internal(format!(
+                                "kernel {} captures a buffer that is not allocated here",
+                                info.name
+                            ))
+                        })?,
+                    };
+                    args.push(driver::Arg::Ptr(ptr));
                 }
                 for v in &k.vars {
                     let x = env.get(&v.id).copied().ok_or_else(|| {

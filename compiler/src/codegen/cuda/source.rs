@@ -16,7 +16,8 @@
 //! - `shared` buffers are `__shared__ T name[N]` (not zeroed: the interpreter zeroes them, so a
 //!   program reading shared memory before writing it is wrong on both, differently); `local`
 //!   buffers are `T name[N] = {}` (zeroed, as the interpreter's); global temporaries are
-//!   refused (a kernel cannot allocate; the host part does not allocate device memory yet);
+//!   allocated (zeroed) by the host part around the launches that use them and passed as
+//!   plain pointers;
 //! - `Barrier` is `__syncthreads()`;
 //! - index arithmetic (the int64 nodes of load/store indices, loop bounds, `let` values and
 //!   the operands of int64 comparisons that read no memory) is plain 64-bit signed arithmetic: the bounds proof (`lower::bounds`) obliges each of
@@ -70,7 +71,8 @@ fn unsupported(func: &PrimFunc, what: String) -> Error {
 }
 
 /// Checks that the host part of `func` is what the CUDA backend runs today: a sequence of
-/// launches of GPU kernels, possibly under `let`s. Returns the kernels launched, in order.
+/// launches of GPU kernels, possibly under `let`s and allocations of global temporaries.
+/// Returns the kernels launched, in order.
 pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
     fn walk(func: &PrimFunc, s: &Stmt, out: &mut Vec<usize>) -> Result<()> {
         match s {
@@ -92,16 +94,15 @@ pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
                 out.push(*kernel);
                 Ok(())
             }
-            Stmt::Allocate { buf, .. } => {
-                let b = func.buffer(*buf);
-                Err(unsupported(
-                    func,
-                    format!(
-                        "the global-memory temporary '{}' (device allocation between kernels)",
-                        b.name
-                    ),
-                ))
+            // A global temporary between kernels: allocated on the device by the host part.
+            Stmt::Allocate { buf, body } if func.buffer(*buf).scope == Scope::Global => {
+                walk(func, body, out)
             }
+            Stmt::Allocate { buf, .. } => Err(Error::Internal(format!(
+                "{:?} buffer '{}' allocated on the host",
+                func.buffer(*buf).scope,
+                func.buffer(*buf).name
+            ))),
             Stmt::For { var, .. } => Err(unsupported(
                 func,
                 format!(
@@ -402,14 +403,11 @@ impl<'a> KernelGen<'a> {
         let mut writes = Vec::new();
         for id in &k.bufs {
             let b = func.buffer(*id);
-            if b.scope != Scope::Global || b.kind == BufKind::Local {
-                return Err(unsupported(
-                    func,
-                    format!(
-                        "kernel `{}` capturing the temporary '{}' (device allocation between kernels)",
-                        k.name, b.name
-                    ),
-                ));
+            if b.scope != Scope::Global {
+                return Err(Error::Internal(format!(
+                    "kernel `{}` captures the {:?} buffer '{}'",
+                    k.name, b.scope, b.name
+                )));
             }
             let c = self.unique(&b.name);
             self.bufs.insert(*id, c.clone());
