@@ -52,6 +52,9 @@ CASES = [
     ("tvmffi_nop_jax3", "tvm-ffi testing.nop(a, b, c), 3 jax", "tvm_ffi"),
     ("rivet_pytorch_func_axpy", "rivet to_pytorch_func(axpy)(0.5, x, y)", "rivet"),
     ("rivet_nop_noargs", "rivet testing.nop()", "rivet"),
+    ("rivet_add_static", "rivet compiled add, static (4,), 3 torch", "rivet"),
+    ("rivet_add_symbolic", "rivet compiled add, symbolic (n,), 3 torch", "rivet"),
+    ("rivet_add_checked", "rivet compiled add, symbolic + per-call bounds checks, 3 torch", "rivet"),
     ("tvmffi_nop_noargs", "tvm-ffi testing.nop()", "tvm_ffi"),
 ]
 REFERENCE = "tvmffi_nop_torch3"
@@ -131,6 +134,33 @@ def build_case(key):
         if not torch.equal(z, x + y):
             raise AssertionError("torch.add(x, y, out=z) != x + y")
         return (lambda: torch.add(x, y, out=z)), "z == x + y"
+
+    if key.startswith("rivet_add_"):
+        # Compiled te kernels: the generic call path (signature, dims, bounds and overflow
+        # checks, frame) on top of the packed-function call. "checked" reads B at a shifted,
+        # scaled index whose bounds and int64 safety are checked once per call.
+        from rivet import te
+        import torch
+
+        kind = key[len("rivet_add_"):]
+        n = te.var("n")
+        shape = (4,) if kind == "static" else (n,)
+        A = te.placeholder(shape, "float32", name="A")
+        B = te.placeholder(shape, "float32", name="B")
+        if kind == "checked":
+            m = te.var("m")
+            B = te.placeholder((m,), "float32", name="B")
+            C = te.compute(shape, lambda i: A[i] + B[(i * 3 + 1) // 3], name="C")
+        else:
+            C = te.compute(shape, lambda i: A[i] + B[i], name="C")
+        f = rivet.build(rivet.create_schedule(C), [A, B, C], target="cpu", name="add")["add"]
+        src = rivet.build(rivet.create_schedule(C), [A, B, C], target="cpu", name="add").get_source("ir")
+        checks = src.count("  check ")
+        x, y, z = _torch3()
+        f(x, y, z)
+        if not torch.equal(z, x + y):
+            raise AssertionError(f"compiled add: {z.tolist()} != {(x + y).tolist()}")
+        return (lambda: f(x, y, z)), f"z == x + y, in place; {checks} per-call checks"
 
     lib, _, rest = key.partition("_nop_")
     if lib == "rivet":
