@@ -1631,3 +1631,166 @@ fn cuda_kernel_library_agrees_with_the_interpreter_under_host_emulation() {
     }
     run_on_host(&cases);
 }
+
+// ---- the prelude's conversions, exhaustively -------------------------------------------
+
+/// Every float16 and bfloat16 bit pattern widened, and float32 / float64 values around every
+/// rounding boundary narrowed, by the prelude (host C++) and by the `half` crate the
+/// interpreter uses: the same bits (NaN payloads included).
+#[test]
+fn cuda_prelude_half_conversions_match_the_interpreter_bit_for_bit() {
+    if std::process::Command::new("c++")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("no host C++ compiler (c++): prelude conversion check skipped");
+        return;
+    }
+    // float32 inputs: every float16/bfloat16 value, the midpoints between neighbours and
+    // one ulp either side, plus a sweep of bit patterns.
+    let mut f32s: Vec<u32> = Vec::new();
+    for h in 0..=u16::MAX {
+        let lo = half::f16::from_bits(h).to_f32();
+        let b = half::bf16::from_bits(h).to_f32();
+        for x in [lo, b] {
+            let bits = x.to_bits();
+            f32s.extend([bits, bits.wrapping_add(1), bits.wrapping_sub(1)]);
+            f32s.extend([
+                bits.wrapping_add(0x1000),
+                bits.wrapping_add(0x0fff),
+                bits.wrapping_add(0x8000),
+                bits.wrapping_add(0x7fff),
+            ]);
+        }
+    }
+    let mut s = 9u64;
+    for _ in 0..200_000 {
+        f32s.push(lcg(&mut s) as u32);
+    }
+    let mut f64s: Vec<u64> = f32s
+        .iter()
+        .map(|&b| (f32::from_bits(b) as f64).to_bits())
+        .collect();
+    for _ in 0..200_000 {
+        let r = lcg(&mut s);
+        f64s.push(r << 11 | (r >> 30));
+    }
+    // Just off the float16 / bfloat16 midpoints, by less than float32 can tell.
+    for h in 0..0x7c00u16 {
+        for (a, b) in [
+            (
+                half::f16::from_bits(h).to_f64(),
+                half::f16::from_bits(h + 1).to_f64(),
+            ),
+            (
+                half::bf16::from_bits(h).to_f64(),
+                half::bf16::from_bits(h + 1).to_f64(),
+            ),
+        ] {
+            let m = (a + b) / 2.0;
+            for x in [m, m * (1.0 + 1e-12), m * (1.0 - 1e-12)] {
+                f64s.extend([x.to_bits(), (-x).to_bits()]);
+            }
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("rivet-cuda-prelude-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = format!(
+        "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n{PRELUDE}\n{}",
+        r#"
+int main(int argc, char** argv) {
+  FILE* f = fopen(argv[1], "rb"); FILE* o = fopen(argv[2], "wb");
+  unsigned n32, n64; fread(&n32, 4, 1, f); fread(&n64, 4, 1, f);
+  for (unsigned h = 0; h < 65536; ++h) {
+    unsigned a = rivet_f32_bits(rivet_f16_to_f32((unsigned short)h));
+    unsigned b = rivet_f32_bits(rivet_bf16_to_f32((unsigned short)h));
+    fwrite(&a, 4, 1, o); fwrite(&b, 4, 1, o);
+  }
+  for (unsigned i = 0; i < n32; ++i) {
+    unsigned x; fread(&x, 4, 1, f);
+    unsigned short a = rivet_f32_to_f16(rivet_f32_from_bits(x));
+    unsigned short b = rivet_f32_to_bf16(rivet_f32_from_bits(x));
+    fwrite(&a, 2, 1, o); fwrite(&b, 2, 1, o);
+  }
+  for (unsigned i = 0; i < n64; ++i) {
+    unsigned long long x; fread(&x, 8, 1, f);
+    unsigned short a = rivet_f64_to_f16(rivet_f64_from_bits(x));
+    unsigned short b = rivet_f64_to_bf16(rivet_f64_from_bits(x));
+    fwrite(&a, 2, 1, o); fwrite(&b, 2, 1, o);
+  }
+  fclose(o);
+  return 0;
+}
+"#
+    );
+    let cpp = dir.join("conv.cpp");
+    let exe = dir.join("conv");
+    std::fs::write(&cpp, src).unwrap();
+    let o = std::process::Command::new("c++")
+        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-o"])
+        .arg(&exe)
+        .arg(&cpp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut input = Vec::new();
+    input.extend((f32s.len() as u32).to_le_bytes());
+    input.extend((f64s.len() as u32).to_le_bytes());
+    f32s.iter().for_each(|x| input.extend(x.to_le_bytes()));
+    f64s.iter().for_each(|x| input.extend(x.to_le_bytes()));
+    std::fs::write(dir.join("in"), &input).unwrap();
+    let st = std::process::Command::new(&exe)
+        .arg(dir.join("in"))
+        .arg(dir.join("out"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = std::fs::read(dir.join("out")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let u32_at = |i: usize| u32::from_le_bytes(out[i..i + 4].try_into().unwrap());
+    let u16_at = |i: usize| u16::from_le_bytes(out[i..i + 2].try_into().unwrap());
+    let mut at = 0;
+    for h in 0..=u16::MAX {
+        assert_eq!(
+            u32_at(at),
+            half::f16::from_bits(h).to_f32().to_bits(),
+            "f16 {h:#x}"
+        );
+        assert_eq!(
+            u32_at(at + 4),
+            half::bf16::from_bits(h).to_f32().to_bits(),
+            "bf16 {h:#x}"
+        );
+        at += 8;
+    }
+    for &x in &f32s {
+        let v = f32::from_bits(x);
+        assert_eq!(
+            u16_at(at),
+            half::f16::from_f32(v).to_bits(),
+            "f32 {x:#x} -> f16"
+        );
+        assert_eq!(
+            u16_at(at + 2),
+            half::bf16::from_f32(v).to_bits(),
+            "f32 {x:#x} -> bf16"
+        );
+        at += 4;
+    }
+    for &x in &f64s {
+        let v = f64::from_bits(x);
+        assert_eq!(
+            u16_at(at),
+            half::f16::from_f64(v).to_bits(),
+            "f64 {x:#x} -> f16"
+        );
+        assert_eq!(
+            u16_at(at + 2),
+            half::bf16::from_f64(v).to_bits(),
+            "f64 {x:#x} -> bf16"
+        );
+        at += 4;
+    }
+    assert_eq!(at, out.len());
+}
