@@ -114,6 +114,13 @@ impl CudaBackend {
             None => format!("no arch given: built for {arch}, rebuilt at launch for the device"),
         };
         let gen = source::generate(func, &note)?;
+        let limit = self.target.limits.max_shared_bytes as u64;
+        if let Some(k) = gen.kernels.iter().find(|k| k.shared_bytes > limit) {
+            return Err(Error::Compile(format!(
+                "target 'cuda': function '{}': kernel {} uses {} bytes of shared memory per block, over the limit of {limit} bytes (static shared memory); use smaller tiles",
+                func.name, k.name, k.shared_bytes
+            )));
+        }
         crate::lower::dump(&func.name, 6, "cu", &gen.source);
         let nv = self.nvrtc()?;
         let (mut ptx, mut cubin, mut log) = (None, None, String::new());

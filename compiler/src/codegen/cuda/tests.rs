@@ -924,6 +924,40 @@ fn cuda_host_parts_it_cannot_run_yet_are_compile_errors() {
 }
 
 #[test]
+fn cuda_shared_memory_over_the_limit_is_a_compile_error() {
+    let (bx, tx) = (Var::new("bx"), Var::new("tx"));
+    let c = output(0, "C", F, vec![int(32)]);
+    let s = local(1, "Big", F, &[16, 1024], Scope::Shared);
+    let body = bound(
+        &bx,
+        int(1),
+        ThreadTag::BlockX,
+        alloc(
+            &s,
+            bound(
+                &tx,
+                int(32),
+                ThreadTag::ThreadX,
+                Stmt::Seq(vec![
+                    st(&s, vec![int(0), v(&tx)], Expr::constant(1.0, F)),
+                    st(&c, vec![v(&tx)], ld(&s, vec![int(0), v(&tx)])),
+                ]),
+            ),
+        ),
+    );
+    let f = prepare(func("big", vec![c, s], vec![], body));
+    let e = CudaBackend::new(Target::cuda(None), false)
+        .compile(&f)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("uses 65536 bytes of shared memory") && e.contains("49152"),
+        "{e}"
+    );
+}
+
+#[test]
 fn cuda_missing_nvrtc_is_a_clear_compile_error() {
     let missing = PathBuf::from("/nonexistent/rivet/libnvrtc.so.13");
     let e =
