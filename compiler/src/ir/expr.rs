@@ -4,6 +4,8 @@
 //! exist only on one side of lowering: `Read` (a tensor element, multi-dim) and `Reduce` live
 //! in te programs; `Load` (a buffer element) lives in the loop IR. The verifier checks that
 //! lowered functions contain no `Read`/`Reduce`, and that flattened ones index with one offset.
+//! This module knows no te type: a `Read` holds an opaque `TensorRef` (id, name, and the
+//! DSL's tensor for `te` to take back).
 //!
 //! Type rules (checked by the constructors, reported as `CompileError`):
 //! - index arithmetic is int64; `Var`s are int64;
@@ -117,6 +119,65 @@ pub enum Const {
     Float(f64),
 }
 
+/// The tensor a te `Read` reads, as the expression layer sees it: an opaque handle on the
+/// DSL's tensor with the id and name that printing and identity need. The IR does not know
+/// te types (`te` gets its tensor back with `downcast`); lowering turns every `Read` into a
+/// `Load` of a buffer or inlines it, so none reaches a backend or a file.
+#[derive(Clone)]
+pub struct TensorRef {
+    id: u32,
+    name: Arc<str>,
+    node: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl TensorRef {
+    pub fn new<T: std::any::Any + Send + Sync>(id: u32, name: &str, node: Arc<T>) -> TensorRef {
+        TensorRef {
+            id,
+            name: name.into(),
+            node,
+        }
+    }
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The DSL's tensor node, when it is a `T`.
+    pub fn downcast<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.node.clone().downcast::<T>().ok()
+    }
+}
+
+impl PartialEq for TensorRef {
+    fn eq(&self, other: &TensorRef) -> bool {
+        self.id == other.id
+    }
+}
+
+impl fmt::Debug for TensorRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TensorRef({}#{})", self.name, self.id)
+    }
+}
+
+// te expressions are never serialised: only lowered IR (which has no `Read`) is saved.
+impl Serialize for TensorRef {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom(
+            "tensor-expression reads cannot be serialised; lower the program first",
+        ))
+    }
+}
+impl<'de> Deserialize<'de> for TensorRef {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> std::result::Result<TensorRef, D::Error> {
+        Err(serde::de::Error::custom(
+            "tensor-expression reads cannot be deserialised",
+        ))
+    }
+}
+
 /// A loop axis of a compute (data-parallel) or a reduction axis, over `[min, min + extent)`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IterVar {
@@ -141,7 +202,7 @@ pub enum ExprKind {
     Select(Expr, Expr, Expr),
     /// te only: element `indices` of a tensor (a placeholder or another compute).
     Read {
-        tensor: crate::te::Tensor,
+        tensor: TensorRef,
         indices: Vec<Expr>,
     },
     /// te only: a reduction of `body` over `axes`.

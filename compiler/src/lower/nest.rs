@@ -81,6 +81,7 @@ impl Ctx<'_> {
         let mut failure = None;
         let out = e.rewrite(&mut |n| match n.kind() {
             ExprKind::Read { tensor, indices } => {
+                let tensor = &Tensor::of(tensor);
                 if self.inlined.contains(&tensor.id()) {
                     let body = tensor.body().expect("inlined stages are computes");
                     let axis = tensor.axis();

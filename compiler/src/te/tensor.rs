@@ -6,7 +6,7 @@
 //! or one reduction.
 
 use crate::error::{Error, Result};
-use crate::ir::expr::{Expr, ExprKind, IterVar, ReduceOp, Var};
+use crate::ir::expr::{Expr, ExprKind, IterVar, ReduceOp, TensorRef, Var};
 use rivet_runtime::DType;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -52,19 +52,18 @@ impl fmt::Debug for Tensor {
     }
 }
 
-// te expressions are never serialised: only lowered IR (which has no `Read`) is saved.
-impl serde::Serialize for Tensor {
-    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-        Err(serde::ser::Error::custom(
-            "tensor-expression reads cannot be serialised; lower the program first",
-        ))
+impl Tensor {
+    /// The handle a `Read` of this tensor holds.
+    pub fn as_ref(&self) -> TensorRef {
+        TensorRef::new(self.0.id, &self.0.name, self.0.clone())
     }
-}
-impl<'de> serde::Deserialize<'de> for Tensor {
-    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Tensor, D::Error> {
-        Err(serde::de::Error::custom(
-            "tensor-expression reads cannot be deserialised",
-        ))
+
+    /// The tensor a `Read` reads (te builds every `Read`, always from a `Tensor`).
+    pub fn of(r: &TensorRef) -> Tensor {
+        Tensor(
+            r.downcast::<TensorNode>()
+                .expect("te reads hold te tensors"),
+        )
     }
 }
 
@@ -168,7 +167,7 @@ impl Tensor {
         }
         Ok(Expr::new(
             ExprKind::Read {
-                tensor: self.clone(),
+                tensor: self.as_ref(),
                 indices: indices.to_vec(),
             },
             self.dtype(),
@@ -270,8 +269,8 @@ pub fn inputs(t: &Tensor) -> Vec<Tensor> {
     if let Some(body) = t.body() {
         body.visit_unique(&mut |e| {
             if let ExprKind::Read { tensor, .. } = e.kind() {
-                if !out.contains(tensor) {
-                    out.push(tensor.clone());
+                if !out.iter().any(|t| t.id() == tensor.id()) {
+                    out.push(Tensor::of(tensor));
                 }
             }
         });
