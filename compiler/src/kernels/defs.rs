@@ -357,7 +357,13 @@ pub fn layer_norm(dtype: DType, ndim: usize, eps: f64) -> Result<Def> {
 }
 
 /// A sum (or max) over `axis` (already normalised), removed from the output's shape.
-pub fn reduce(name: &'static str, dtype: DType, ndim: usize, axis: usize, max: bool) -> Result<Def> {
+pub fn reduce(
+    name: &'static str,
+    dtype: DType,
+    ndim: usize,
+    axis: usize,
+    max: bool,
+) -> Result<Def> {
     {
         let shape = shape_vars(ndim);
         let x = placeholder(&shape, dtype, "X")?;

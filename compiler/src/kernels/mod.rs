@@ -122,7 +122,9 @@ pub fn add(
     on: impl Into<On>,
 ) -> Result<Function> {
     let key = format!("add/{dtype}/{}/{}", spec_key(a_shape), spec_key(b_shape));
-    cached(key, on.into(), || defs::binary("add", dtype, a_shape, b_shape))
+    cached(key, on.into(), || {
+        defs::binary("add", dtype, a_shape, b_shape)
+    })
 }
 
 pub fn mul(
@@ -132,7 +134,9 @@ pub fn mul(
     on: impl Into<On>,
 ) -> Result<Function> {
     let key = format!("mul/{dtype}/{}/{}", spec_key(a_shape), spec_key(b_shape));
-    cached(key, on.into(), || defs::binary("mul", dtype, a_shape, b_shape))
+    cached(key, on.into(), || {
+        defs::binary("mul", dtype, a_shape, b_shape)
+    })
 }
 
 pub fn relu(dtype: DType, ndim: usize, on: impl Into<On>) -> Result<Function> {
@@ -158,9 +162,11 @@ pub fn softmax(dtype: DType, ndim: usize, axis: i64, on: impl Into<On>) -> Resul
 }
 
 pub fn layer_norm(dtype: DType, ndim: usize, eps: f64, on: impl Into<On>) -> Result<Function> {
-    cached(format!("layer_norm/{dtype}/{ndim}/{eps}"), on.into(), || {
-        defs::layer_norm(dtype, ndim, eps)
-    })
+    cached(
+        format!("layer_norm/{dtype}/{ndim}/{eps}"),
+        on.into(),
+        || defs::layer_norm(dtype, ndim, eps),
+    )
 }
 
 fn reduce_kernel(
