@@ -40,6 +40,22 @@ pub fn driver_present() -> bool {
     guarded("probe", || unsafe { sys::is_culib_present() }).unwrap_or(false)
 }
 
+/// The number of CUDA devices rivet can launch on: `Err` saying why there are none usable
+/// (no driver library, no device, a driver error). Never panics. For probes such as the
+/// Python tests' `cuda_usable()`.
+pub fn device_count() -> Result<usize> {
+    if !driver_present() {
+        return Err(device_error(
+            "CUDA is not available: the driver library (libcuda.so.1) cannot be loaded".into(),
+        ));
+    }
+    guarded("init", result::init)?
+        .map_err(|e| device_error(format!("CUDA is not available: cuInit failed: {e}")))?;
+    let n = guarded("device count", result::device::get_count)?
+        .map_err(|e| device_error(format!("CUDA is not available: {e}")))?;
+    Ok(n.max(0) as usize)
+}
+
 /// A device's primary context with this kernel's module loaded in it.
 pub struct Loaded {
     ctx: Arc<CudaContext>,

@@ -1051,6 +1051,8 @@ fn cuda_launch_without_a_driver_or_device_is_a_device_error() {
         eprintln!("a CUDA driver is present: the no-driver launch check does not apply here");
         return;
     }
+    let e = super::driver::device_count().unwrap_err().to_string();
+    assert!(e.contains("libcuda"), "{e}");
     // SAFETY: with no driver the launch fails before any memory is touched.
     let e = unsafe { k.launch(&frame, &ctx) }.unwrap_err();
     assert!(
