@@ -20,7 +20,8 @@
 //!   plain pointers;
 //! - `Barrier` is `__syncthreads()`;
 //! - index arithmetic (the int64 nodes of load/store indices, loop bounds, `let` values and
-//!   the operands of int64 comparisons that read no memory) is plain 64-bit signed arithmetic: the bounds proof (`lower::bounds`) obliges each of
+//!   the operands of int64 comparisons that read no memory) is plain 64-bit signed arithmetic
+//!   (and floor division of a provably non-negative index by a positive constant is C's `/`): the bounds proof (`lower::bounds`) obliges each of
 //!   those nodes to stay inside int64, so it never wraps. All other integer arithmetic wraps
 //!   at its dtype's width without C++ undefined behaviour (computed unsigned, converted
 //!   back). 32-bit index arithmetic where the proof allows is a later optimisation.
@@ -324,6 +325,10 @@ struct KernelGen<'a> {
     vars: HashMap<u32, String>,
     bufs: HashMap<BufId, String>,
     taken: HashSet<String>,
+    /// Variables known to be non-negative (launch indices, loops from a non-negative min,
+    /// dims, local strides, lets of non-negative values): floor division of a non-negative
+    /// index by a positive constant is C's `/`.
+    nonneg: HashSet<u32>,
     out: String,
     indent: usize,
     shared_bytes: u64,
@@ -336,6 +341,7 @@ impl<'a> KernelGen<'a> {
             vars: HashMap::new(),
             bufs: HashMap::new(),
             taken: HashSet::new(),
+            nonneg: HashSet::new(),
             out: String::new(),
             indent: 1,
             shared_bytes: 0,
@@ -431,6 +437,10 @@ impl<'a> KernelGen<'a> {
         }
         for v in &k.vars {
             let c = self.bind_var(v);
+            if func.dims.contains(v) {
+                // A dim is a tensor's extent: never negative.
+                self.nonneg.insert(v.id);
+            }
             params.push(format!("long long {c}"));
         }
         // Launch dimensions.
@@ -527,6 +537,7 @@ impl<'a> KernelGen<'a> {
                     self.indent += 1;
                     if used {
                         let c = self.bind_var(var);
+                        self.nonneg.insert(var.id);
                         self.line(&format!(
                             "const long long {c} = (long long){};",
                             thread_reg(*tag)
@@ -545,6 +556,9 @@ impl<'a> KernelGen<'a> {
                     let lo = self.index_expr(min)?;
                     let n = self.index_expr(extent)?;
                     let c = self.bind_var(var);
+                    if self.nonneg_expr(min) {
+                        self.nonneg.insert(var.id);
+                    }
                     if *kind == ForKind::Unrolled {
                         self.line("#pragma unroll");
                     }
@@ -615,6 +629,9 @@ impl<'a> KernelGen<'a> {
                 self.line("{");
                 self.indent += 1;
                 let c = self.bind_var(var);
+                if self.nonneg_expr(value) {
+                    self.nonneg.insert(var.id);
+                }
                 self.line(&format!("const long long {c} = {};", strip_parens(&v)));
                 self.stmt(body)?;
                 self.indent -= 1;
@@ -681,6 +698,7 @@ impl<'a> KernelGen<'a> {
                 for (v, s) in b.strides.iter().zip(&strides) {
                     if stmt_uses(body, v) {
                         let sc = self.bind_var(v);
+                        self.nonneg.insert(v.id);
                         self.line(&format!("const long long {sc} = {s};"));
                     }
                 }
@@ -708,6 +726,26 @@ impl<'a> KernelGen<'a> {
                 "target 'cuda': function '{}': checked mode (unflattened accesses) is not supported by the CUDA backend yet",
                 self.func.name
             ))),
+        }
+    }
+
+    /// Whether the int64 index expression `e` is never negative (a sound, simple check: no
+    /// overflow, as the bounds proof guarantees for index arithmetic).
+    fn nonneg_expr(&self, e: &Expr) -> bool {
+        if e.dtype() != DType::I64 {
+            return false;
+        }
+        match e.kind() {
+            ExprKind::Const(_) => e.as_int().is_some_and(|v| v >= 0),
+            ExprKind::Var(v) => self.nonneg.contains(&v.id),
+            ExprKind::Binary(BinOp::Add | BinOp::Mul | BinOp::Min | BinOp::Max, a, b) => {
+                self.nonneg_expr(a) && self.nonneg_expr(b)
+            }
+            ExprKind::Binary(BinOp::FloorDiv | BinOp::FloorMod, a, b) => {
+                self.nonneg_expr(a) && b.as_int().is_some_and(|d| d > 0)
+            }
+            ExprKind::Select(_, a, b) => self.nonneg_expr(a) && self.nonneg_expr(b),
+            _ => false,
         }
     }
 
@@ -741,6 +779,16 @@ impl<'a> KernelGen<'a> {
             ExprKind::Binary(op, a, b) => {
                 let x = self.expr(a, index)?;
                 let y = self.expr(b, index)?;
+                // Index floor division of a non-negative value by a positive constant: C's
+                // truncating `/` and `%` agree with floor semantics there.
+                if index
+                    && matches!(op, BinOp::FloorDiv | BinOp::FloorMod)
+                    && b.as_int().is_some_and(|d| d > 0)
+                    && self.nonneg_expr(a)
+                {
+                    let o = if *op == BinOp::FloorDiv { "/" } else { "%" };
+                    return Ok(format!("({x} {o} {y})"));
+                }
                 binary(*op, dt, &x, &y, index)
             }
             ExprKind::Cmp(op, a, b) => {

@@ -1604,6 +1604,9 @@ fn cuda_kernel_library_compiles_for_sm80_and_sm90_without_warnings() {
     for f in &fs {
         let g = super::source::generate(f, "").unwrap_or_else(|e| panic!("{}: {e}", f.name));
         assert!(!g.kernels.is_empty(), "{}", f.name);
+        if std::env::var("RIVET_CUDA_PEEK").is_ok_and(|p| p == f.name) {
+            eprintln!("{}", golden_text(&g.source));
+        }
         if let Some(nv) = &nv {
             compiles_cleanly(nv, f);
         }

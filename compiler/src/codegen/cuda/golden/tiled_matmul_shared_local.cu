@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
               {
                 float acc[1] = {}; // stage acc: local [1]
                 acc[0LL] = 0.0f;
-                for (long long kt = 0; kt < rivet_floordiv_i64((k + 7LL), 8LL); ++kt) {
+                for (long long kt = 0; kt < ((k + 7LL) / 8LL); ++kt) {
                   As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8LL) + ty) < m) && (((kt * 8LL) + tx) < k)) ? A[(((by * 8LL) + ty) * A_s0) + (((kt * 8LL) + tx) * A_s1)] : 0.0f);
                   Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8LL) + ty) < k) && (((bx * 8LL) + tx) < n)) ? B[(((kt * 8LL) + ty) * B_s0) + (((bx * 8LL) + tx) * B_s1)] : 0.0f);
                   __syncthreads();
