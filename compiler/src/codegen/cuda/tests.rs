@@ -1142,7 +1142,7 @@ fn lcg(seed: &mut u64) -> u64 {
 
 /// `n` random elements of `dt` as bytes: ints random bits (small ones often), floats mostly
 /// ordinary values in [-10, 10] with specials mixed in.
-fn random_bytes(dt: DType, n: usize, seed: &mut u64) -> Vec<u8> {
+fn random_bytes(dt: DType, n: usize, seed: &mut u64, role: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * dt.size());
     for k in 0..n {
         let r = lcg(seed);
@@ -1171,7 +1171,19 @@ fn random_bytes(dt: DType, n: usize, seed: &mut u64) -> Vec<u8> {
             DType::BF16 => out.extend(half::bf16::from_f64(x).to_bits().to_le_bytes()),
             DType::Bool => out.push((r % 2) as u8),
             _ => {
-                let bits = if k % 3 == 0 {
+                // Every 7th element an edge: MIN, MAX, -1, 0, 1 of the dtype's width; the
+                // first parameter cycles through them 5 times faster than the second, so
+                // every pair meets (MIN // -1 included) within 175 elements.
+                let w = dt.size() as u32 * 8;
+                let min = if w == 64 {
+                    i64::MIN
+                } else {
+                    -(1i64 << (w - 1))
+                };
+                let edges = [min, !min, -1, 0, 1];
+                let bits = if k % 7 == 6 {
+                    edges[(k / 7 / 5usize.pow(role as u32)) % 5]
+                } else if k % 3 == 0 {
                     r as i64 % 20 - 10
                 } else {
                     (r << 11 | r >> 40) as i64
@@ -1347,8 +1359,9 @@ fn run_on_host(cases: &[HostCase]) -> bool {
             .unwrap();
         assert!(
             o.status.success(),
-            "{}: {}",
+            "{}: the emulated kernel failed ({}): {}",
             f.name,
+            o.status,
             String::from_utf8_lossy(&o.stderr)
         );
         let got = std::fs::read(&output).unwrap();
@@ -1474,7 +1487,7 @@ fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostC
         }
         ints.extend(strides);
         let n: i64 = shape.iter().product();
-        let mut bytes = random_bytes(b.dtype, n as usize, &mut s);
+        let mut bytes = random_bytes(b.dtype, n as usize, &mut s, p.min(1));
         if matches!(b.kind, BufKind::Param { output: true }) {
             bytes.iter_mut().for_each(|x| *x = 0xA5); // poison
         }
@@ -1523,7 +1536,7 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
             }
         }
     }
-    const N: i64 = 70;
+    const N: i64 = 175;
     for (k, dt) in ALL.iter().enumerate() {
         let (f, nv, nc) = every_op(*dt);
         let mut shapes = vec![vec![N], vec![N], vec![N, nv as i64]];
