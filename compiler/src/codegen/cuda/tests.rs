@@ -1846,3 +1846,68 @@ int main(int argc, char** argv) {
     }
     assert_eq!(at, out.len());
 }
+
+// ---- through the public API ---------------------------------------------------------------
+
+/// `build(..., "cuda")` of a te program with a GPU schedule: the module holds the CUDA C;
+/// calling it with CPU tensors, or allocating its outputs, is a `DeviceError`, never a panic.
+#[test]
+fn cuda_build_and_call_through_the_public_api() {
+    use crate::te::{compute, placeholder};
+    let n = crate::te::var("n");
+    let a = placeholder(&[n.clone()], F, "A").unwrap();
+    let c = compute(
+        &[n.clone()],
+        |i| {
+            crate::te::ok(Expr::binary(
+                BinOp::Mul,
+                a.at(&[i[0].clone()]).unwrap(),
+                Expr::constant(2.0, F),
+            ))
+        },
+        "C",
+    )
+    .unwrap();
+    let mut s = crate::Schedule::new(&[c.clone()]).unwrap();
+    let i = c.axis()[0].var.clone();
+    let st = s.stage(&c).unwrap();
+    let (bx, tx) = st.split(&i, Some(int(128)), None).unwrap();
+    st.bind(&bx, ThreadTag::BlockX).unwrap();
+    st.bind(&tx, ThreadTag::ThreadX).unwrap();
+    let m = crate::build::build(&s, &[a.clone(), c.clone()], "cuda -arch=sm_90", "twice").unwrap();
+    let src = m.funcs[0].kernel.source();
+    assert!(
+        src.contains("extern \"C\" __global__ void __launch_bounds__(128) twice_kernel0("),
+        "{src}"
+    );
+    assert!(src.contains("(target sm_90)"), "{src}");
+    let f = m.get_function("twice").unwrap();
+    let x = rivet_runtime::Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let y = rivet_runtime::Tensor::zeros(&[3], F).unwrap();
+    let e = f
+        .call(&[
+            rivet_runtime::Value::Tensor(x.clone()),
+            rivet_runtime::Value::Tensor(y),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(e, rivet_runtime::Error::Device(_)) && e.to_string().contains("CUDA tensors"),
+        "{e}"
+    );
+    // Outputs omitted: allocation on the device is not there yet.
+    let e = f.call(&[rivet_runtime::Value::Tensor(x)]).unwrap_err();
+    assert!(
+        matches!(e, rivet_runtime::Error::Device(_)) && e.to_string().contains("not supported yet"),
+        "{e}"
+    );
+    // Without bound loops there is no kernel: the error says what to do.
+    let s2 = crate::Schedule::new(&[c.clone()]).unwrap();
+    let e = crate::build::build(&s2, &[a, c], "cuda", "plain")
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("has no GPU kernel") && e.contains("not available yet"),
+        "{e}"
+    );
+}
