@@ -84,7 +84,8 @@ impl CudaBackend {
             }
             None => nvrtc::find(),
         };
-        let explicit = self.nvrtc_path.is_some() || std::env::var_os("RIVET_NVRTC_PATH").is_some();
+        let explicit = self.nvrtc_path.is_some()
+            || std::env::var_os("RIVET_NVRTC_PATH").is_some_and(|p| !p.is_empty());
         match found {
             Ok(n) => Ok(Some(n)),
             Err(e) if explicit || self.require_nvrtc => Err(Error::Compile(format!(
