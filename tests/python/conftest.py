@@ -1,5 +1,14 @@
 """Shared helpers for the rivet Python test suite.
 
+Backends (the one list of them; every backend-parametrised test uses it):
+  BACKENDS           -- pytest params, one per backend, the oracle ("interp") first
+  backend_names()    -- their names; runnable=True drops those this machine cannot run
+  target             -- fixture parametrised over BACKENDS (ids "interp", "cpu", ...)
+  gpu_present(), cuda_usable() -- whether a CUDA GPU exists / rivet can run kernels on it;
+                        tests marked ``gpu`` are skipped (never failed) unless cuda_usable()
+Tolerance (docs/tolerance.md, implemented once here):
+  assert_matches(got, want, op=..., against=..., ...) -- the written policy per op class
+  ulp_distance(a, b) -- distance in units in the last place, per element
 Fixtures:
   rng        -- a numpy Generator seeded from the test's node id (fresh data per test,
                 reproducible across runs)
@@ -8,7 +17,7 @@ Fixtures:
 Plain helpers (also exposed through the ``h`` fixture):
   bits(a)            -- a bit-exact snapshot of an array's bytes (NaN-safe comparison)
   ref_axpy(...)      -- float64 reference of alpha*x + y, cast back to the dtype
-  assert_close(...)  -- dtype-appropriate comparison
+  assert_close(...)  -- axpy-style comparison with a float64 reference (runtime functions)
   to_np(x)           -- numpy copy of a torch / jax / numpy / rivet value
 """
 
@@ -26,6 +35,97 @@ import numpy as np
 import pytest
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# ---- backends -------------------------------------------------------------------------------
+#
+# The one definition of the backends the suite runs (CubeCL's model: one parametrised suite).
+# Adding a backend is one line here. A backend that needs a GPU carries the ``gpu`` mark, so
+# its cases are collected everywhere and skipped (never failed) where no usable GPU is:
+#     _backend("cuda", gpu=True, gpu_schedules=True),
+
+
+# What each backend can do, beyond the common suite (filled by _backend).
+_CAPS = {}
+
+
+def _backend(name, gpu=False, gpu_schedules=False):
+    """One backend: `gpu` -- runs only where a usable CUDA GPU is (marked ``gpu``);
+    `gpu_schedules` -- runs GPU-scheduled programs (loops bound to blockIdx / threadIdx)."""
+    _CAPS[name] = dict(gpu=gpu, gpu_schedules=gpu_schedules)
+    return pytest.param(name, id=name, marks=[pytest.mark.gpu] if gpu else [])
+
+
+BACKENDS = [
+    # The IR interpreter: the oracle every other backend is compared with; it runs GPU
+    # schedules with CUDA's semantics (blocks, threads phase by phase, races reported).
+    _backend("interp", gpu_schedules=True),
+    _backend("cpu"),  # Cranelift; refuses GPU schedules
+]
+
+
+def backend_params(**caps):
+    """The BACKENDS params whose capabilities match, e.g. backend_params(gpu_schedules=True)
+    for tests of GPU schedules: the explicit way for a test to run on a subset."""
+    return [p for p in BACKENDS if all(_CAPS[p.values[0]][c] == v for c, v in caps.items())]
+
+
+def gpu_present():
+    """Whether a CUDA GPU exists on this machine. rivet exposes no probe, so torch's is the
+    signal (False where torch is missing or CPU-only)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken driver is no GPU, for the tests
+        return False
+
+
+# rivet's CUDA launch (compiler/src/codegen/cuda/driver.rs) has not run on a GPU yet and the
+# Python package exposes no way to ask whether it can: set this to True, or replace it with
+# rivet's own probe once there is one, when the launch path is there.
+RIVET_CUDA_LAUNCH = False
+
+
+def cuda_usable():
+    """Whether rivet can run kernels on a CUDA device here: a GPU and rivet's launch path."""
+    return RIVET_CUDA_LAUNCH and gpu_present()
+
+
+def _needs_gpu(param):
+    return any(m.name == "gpu" for m in param.marks)
+
+
+def backend_names(runnable=False):
+    """The backends' names (for Hypothesis strategies and loops); with runnable=True only those
+    this machine can run."""
+    return [p.values[0] for p in BACKENDS if not (runnable and _needs_gpu(p) and not cuda_usable())]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "gpu: needs a CUDA GPU that rivet can launch on; skipped (never failed) without one",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture (a module-scoped build) is set up
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not cuda_usable():
+        why = (
+            "no CUDA GPU on this machine"
+            if not gpu_present()
+            else "a GPU is present but rivet's CUDA launch is not there yet (conftest.RIVET_CUDA_LAUNCH)"
+        )
+        pytest.skip(why)
+
+
+@pytest.fixture(params=BACKENDS)
+def target(request):
+    """Each backend in turn (ids: the target spelling)."""
+    return request.param
 
 
 def rss_bytes():
@@ -76,6 +176,189 @@ def assert_close(got, ref):
     assert got.shape == ref.shape
     assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
     np.testing.assert_allclose(got, ref, **TOL[np.dtype(ref.dtype)])
+
+
+# ---- tolerance policy ------------------------------------------------------------------------
+#
+# docs/tolerance.md writes the policy down; this is its one implementation. Every comparison
+# of a rivet result with a reference names the class of operation that produced it and what
+# it is compared with, and the bound follows from those (never a per-test rtol):
+#
+#   op="exact"          integer ops, comparisons, selects, casts, float + - * / neg abs min max
+#                       floor ceil sqrt and chains of them, max/min reductions, copies: the
+#                       reference performs the same IEEE operations (or computes in float64
+#                       and rounds once, which is the same for one operation): bit-exact
+#   op="transcendental" exp log tanh erf pow sigmoid and short chains around them: a bound in
+#                       ulps of the dtype (ulp_distance)
+#   op="reduction"      sum / prod of k terms, accumulated in the dtype in loop order:
+#                       |got - want| <= c * k * u * terms (u = eps / 2, the unit roundoff;
+#                       terms = sum of |term| per output, default |want|; c = 1 against a
+#                       float64 reference, 2 against one in the dtype, which has its own error)
+#   op="contraction"    sum over k of products (matmul): as reduction with k + 1 roundings;
+#                       terms = |a| @ |b|
+#   op="composite"      softmax, layer_norm, gelu...: (ulps + c * k) * u * terms
+#
+# against="interp": the result of another rivet backend (backend=...) against the oracle.
+# The Cranelift backend runs the same operations in the same order with the same libm: every
+# class is bit-exact. CUDA (future) is bit-exact but for the math library (libdevice is not
+# musl): transcendental and composite classes get CUDA_ULPS until measured on a GPU.
+
+# rivet's transcendentals are musl's (< 1 ulp); a float64 reference rounded to the dtype is
+# within 0.5 ulp of the true value, so the two are at most 1 ulp apart; 2 leaves room for a
+# result at a binade edge (where the ulp halves).
+REF_ULPS = 2
+# What a reference computed in the dtype by its own library adds (numpy's float32 SIMD exp /
+# log are documented at < 4 ulp, torch's vectorised kernels (SLEEF u10) at 1 ulp, XLA's at a
+# few): the bound against such a reference is REF_ULPS + LIB_ULPS.
+LIB_ULPS = {"numpy": 4, "torch": 2, "jax": 4}
+# CUDA's libdevice against musl, per the CUDA C Programming Guide's maximum errors (float32:
+# expf 2, logf 1, tanhf 2, erff 2, powf 4 ulp; double: 1-2 ulp) plus musl's < 1 ulp.
+# PROVISIONAL: never measured (no GPU was available); measure with the gpu tests and tighten.
+# float16/bfloat16 are computed in float32 and rounded once: at most 1 ulp of the 16-bit type.
+CUDA_ULPS = {"float32": 5, "float64": 3, "float16": 1, "bfloat16": 1}
+# Default ulps of the composite class (a few transcendentals and divisions per output).
+COMPOSITE_ULPS = 8
+
+OPS = ("exact", "transcendental", "reduction", "contraction", "composite")
+AGAINST = ("interp", "numpy", "torch", "jax")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+_INT_OF = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _values(x):
+    """(numpy values, dtype name, raw bit pattern or None) of a numpy / torch / jax / rivet
+    value; bfloat16 (no numpy dtype) comes as float32 values with its int16 bits."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            return x.float().numpy().copy(), "bfloat16", x.contiguous().view(torch.int16).numpy().copy()
+    a = to_np(x)
+    return a, a.dtype.name, None
+
+
+def _ordered(bits_, itemsize):
+    """int64s ordered as the floats whose bit patterns they are (-0.0 and 0.0 both 0)."""
+    it = _INT_OF[itemsize]
+    i = np.ascontiguousarray(bits_).view(it).astype(np.int64)
+    return np.where(i < 0, np.int64(np.iinfo(it).min) - i, i)
+
+
+def ulp_distance(got, want):
+    """Per-element distance in ulps of the dtype (both of the same float dtype; bfloat16 as
+    torch tensors). NaN against NaN is 0, NaN against a number infinite."""
+    g, gdt, gbits = _values(got)
+    w, wdt, wbits = _values(want)
+    assert gdt == wdt, (gdt, wdt)
+    size = 2 if gdt == "bfloat16" else g.dtype.itemsize
+    og = _ordered(gbits if gbits is not None else g, size)
+    ow = _ordered(wbits if wbits is not None else w, size)
+    # Exact in int64 where the signs agree; across zero the distance is huge anyway (float).
+    same = (og < 0) == (ow < 0)
+    with np.errstate(over="ignore"):
+        d = np.where(same, np.abs(og - ow).astype(np.float64), np.abs(og.astype(np.float64) - ow.astype(np.float64)))
+    gn, wn = np.isnan(g), np.isnan(w)
+    return np.where(gn & wn, 0.0, np.where(gn | wn, np.inf, d))
+
+
+def _round_to(want, wdt, dtype):
+    """A wider reference rounded to `dtype` (float64 -> float32 / float16 / bfloat16)."""
+    if wdt == dtype:
+        return want
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(np.asarray(want, np.float32)).to(torch.bfloat16)
+    return np.asarray(want).astype(dtype)
+
+
+def _fail(msg, got, want, bad, err_msg):
+    idx = np.argwhere(bad)[:5]
+    shown = "; ".join(
+        "at %s got %r want %r" % (tuple(int(v) for v in i), got[tuple(i)], want[tuple(i)]) for i in idx
+    )
+    raise AssertionError("%s%s: %d of %d elements: %s" % (err_msg + ": " if err_msg else "", msg, int(bad.sum()), bad.size, shown))
+
+
+def tolerance(op, against, dtype, backend="cpu", k=1, ulps=None, wide_ref=False):
+    """The bound the policy gives: ("exact", 0), ("ulps", n) or ("abs", factor), the last
+    meaning |got - want| <= factor * terms."""
+    assert op in OPS, op
+    assert against in AGAINST, against
+    if dtype not in _FLOATS:
+        return ("exact", 0)
+    if against == "interp":
+        if backend in ("interp", "cpu"):
+            return ("exact", 0)
+        if backend == "cuda":
+            if op in ("transcendental", "composite"):
+                return ("ulps", CUDA_ULPS[dtype] if ulps is None else ulps)
+            return ("exact", 0)
+        raise AssertionError("no tolerance policy for backend %r (docs/tolerance.md)" % backend)
+    if op == "exact":
+        return ("exact", 0)
+    if op == "transcendental":
+        if ulps is None:
+            ulps = REF_ULPS if wide_ref else REF_ULPS + LIB_ULPS[against]
+        return ("ulps", ulps)
+    u = _EPS[dtype] / 2
+    c = 1 if wide_ref else 2
+    if op == "reduction":
+        return ("abs", c * k * u)
+    if op == "contraction":
+        return ("abs", c * (k + 1) * u)
+    return ("abs", ((COMPOSITE_ULPS if ulps is None else ulps) + c * k) * u)
+
+
+def abs_mm(a, b):
+    """|a| @ |b| in float64: the terms a matmul's rounding error is relative to."""
+    return np.abs(to_np(a).astype(np.float64)) @ np.abs(to_np(b).astype(np.float64))
+
+
+def assert_matches(got, want, op="exact", against="numpy", backend="cpu", k=1, terms=None, ulps=None, err_msg=""):
+    """Asserts that a rivet result `got` matches `want` under the tolerance policy.
+
+    op: the class of operation that produced it (OPS); against: what `want` is ("interp": the
+    oracle's result for `got` from `backend`; "numpy" / "torch" / "jax": a reference library's,
+    computed in the dtype or in float64, in which case it is rounded to the dtype here and
+    counts as exact); k: terms per output of a reduction / contraction; terms: per-output sum of
+    |term| the error of a sum is relative to (default |want|); ulps: a documented override.
+    """
+    g, gdt, _ = _values(got)
+    w, wdt, _ = _values(want)
+    assert g.shape == w.shape, (g.shape, w.shape, err_msg)
+    wide_ref = gdt in _FLOATS and wdt != gdt
+    if gdt not in _FLOATS:
+        assert gdt == wdt, (gdt, wdt, err_msg)
+    kind, bound = tolerance(op, against, gdt, backend, k, ulps, wide_ref)
+    if kind == "abs":
+        w64 = w.astype(np.float64)
+        t = np.abs(w64) if terms is None else np.abs(np.asarray(to_np(terms), np.float64))
+        diff = np.abs(g.astype(np.float64) - w64)
+        same = (g.astype(np.float64) == w64) | (np.isnan(g) & np.isnan(w64))
+        bad = ~same & ~(diff <= bound * t)
+        if bad.any():
+            _fail("beyond %s bound %.3g * terms (%s against %s)" % (op, bound, gdt, against), g, w64, bad, err_msg)
+        return
+    w_r = _round_to(w, wdt, gdt) if wide_ref else want
+    if kind == "exact":
+        wv, _, _ = _values(w_r)
+        if gdt in _FLOATS:
+            # Bit-exact up to NaN payloads and the sign of zero (max/min of -0.0 and 0.0 may
+            # return either: numpy gives the first operand, rivet the second).
+            bad = ulp_distance(got, w_r) != 0
+        else:
+            bad = g != wv
+        if bad.any():
+            _fail("not bit-exact (%s %s against %s)" % (op, gdt, against), g, wv, bad, err_msg)
+        return
+    d = ulp_distance(got, w_r)
+    bad = d > bound
+    if bad.any():
+        wv, _, _ = _values(w_r)
+        _fail("more than %d ulp apart (max %g; %s %s against %s)" % (bound, d.max(), op, gdt, against), g, wv, bad, err_msg)
 
 
 def poison(x):
@@ -142,6 +425,9 @@ def h():
         assert_bits_equal=assert_bits_equal,
         ref_axpy=ref_axpy,
         assert_close=assert_close,
+        assert_matches=assert_matches,
+        abs_mm=abs_mm,
+        ulp_distance=ulp_distance,
         poison=poison,
         random_array=random_array,
         to_np=to_np,
