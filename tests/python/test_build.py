@@ -12,14 +12,9 @@ import torch
 import rivet
 from rivet import te
 
-from conftest import assert_bits_equal, bits, poison, random_array
+from conftest import abs_mm, assert_bits_equal, assert_matches, bits, poison, random_array
 
-TARGETS = ["interp", "cpu"]
-
-
-@pytest.fixture(params=TARGETS)
-def target(request):
-    return request.param
+# `target` (every backend) comes from conftest.py.
 
 
 def gemm():
@@ -84,7 +79,7 @@ def test_save_and_load(mm, target, tmp_path, rng):
             y = torch.from_numpy(random_array(rng, (size, size)))
             z = poison(torch.empty(size, size))
             f(x, y, z)
-            torch.testing.assert_close(z, x @ y, rtol=1e-5, atol=1e-5)
+            assert_matches(z, x @ y, op="contraction", against="torch", k=size, terms=abs_mm(x, y))
     # A corrupt or foreign file is a clear CompileError.
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x55
@@ -244,7 +239,7 @@ def test_read_only_outputs(mm):
         rivet.to_jax_func(mm["mm"])(jnp.ones((3, 3)), jnp.ones((3, 3)), zj)
     # JAX inputs are fine; the output comes back as a new jax.Array.
     out = rivet.to_jax_func(mm["mm"])(jnp.ones((3, 3), jnp.float32), jnp.ones((3, 3), jnp.float32))
-    np.testing.assert_allclose(np.asarray(out), np.full((3, 3), 3.0, np.float32))
+    assert_matches(np.asarray(out), np.full((3, 3), 3.0, np.float32), op="exact")
 
 
 def test_wrong_argument_count_and_kind(mm):

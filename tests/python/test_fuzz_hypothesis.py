@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 import rivet
 from rivet import te
 
+from conftest import assert_matches, backend_names
+
 settings.register_profile(
     "small", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -28,7 +30,8 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("RIVET_HYPOTHESIS_PROFILE", "small"))
 
-TARGETS = ["interp", "cpu"]
+# The backends this machine can run (conftest.BACKENDS: the one list).
+TARGETS = backend_names(runnable=True)
 dims = st.lists(st.integers(1, 5), min_size=1, max_size=3)
 
 # ---- drawn expressions ----------------------------------------------------------------------
@@ -101,8 +104,9 @@ def test_drawn_elementwise_programs_match_numpy(shape, e, seed, target):
     f(x, y, out)
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(y, y0)
-    want = np.broadcast_to(np_of(e, [x, y]), shape)
-    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    # The same float64 operations as the kernel (its trailing + 0.0 included): bit-exact.
+    want = np.broadcast_to(np_of(e, [x, y]) + 0.0, shape)
+    assert_matches(out, want, op="exact")
 
 
 # ---- strided numpy views through DLPack ------------------------------------------------------

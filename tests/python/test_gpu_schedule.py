@@ -1,6 +1,9 @@
 """GPU schedules (``Stage.bind``) without a GPU: built for ``target="interp"``, they run with
 CUDA's semantics in the interpreter (blocks, threads phase by phase, races reported), so every
-GPU schedule is checked against numpy on the CPU. The CPU backend refuses them."""
+GPU schedule is checked against numpy on the CPU. The CPU backend refuses them.
+
+The tests that run programs take ``gpu_target``: every backend of conftest.BACKENDS that runs
+GPU schedules (today the interpreter; CUDA once it is added there)."""
 
 import numpy as np
 import pytest
@@ -8,9 +11,16 @@ import pytest
 import rivet
 from rivet import te
 
-from conftest import random_array
+from conftest import abs_mm, assert_matches, backend_params, random_array
 
 SIZES = [1, 7, 56, 1000, 1023]
+
+
+@pytest.fixture(params=backend_params(gpu_schedules=True))
+def gpu_target(request):
+    """A subset of the backends, on purpose: only those that run GPU schedules (the CPU
+    backend refuses them, see test_the_cpu_backend_refuses_gpu_schedules)."""
+    return request.param
 
 
 def build(s, args, target="interp"):
@@ -27,20 +37,20 @@ def elementwise():
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("threads", [1, 64, 256])
-def test_one_dimensional_grid(rng, n, threads):
+def test_one_dimensional_grid(rng, n, threads, gpu_target):
     A, B, C = elementwise()
     s = rivet.create_schedule(C)
     bx, tx = s[C].split(C.op.axis[0], factor=threads)
     s[C].bind(bx, te.thread_axis("blockIdx.x"))
     s[C].bind(tx, "threadIdx.x")
-    f = build(s, [A, B, C])
+    f = build(s, [A, B, C], gpu_target)
     a, b = random_array(rng, (n,)), random_array(rng, (n,))
     c = np.full(n, np.nan, np.float32)
     f(a, b, c)
     np.testing.assert_array_equal(c, a * np.float32(2.0) + b)
 
 
-def test_fused_two_dimensional_grid_on_strided_views(rng):
+def test_fused_two_dimensional_grid_on_strided_views(rng, gpu_target):
     m, n = te.var("m"), te.var("n")
     A = te.placeholder((m, n), "float64", name="A")
     C = te.compute((m, n), lambda i, j: A[i, j] - 1.0, name="C")
@@ -49,7 +59,7 @@ def test_fused_two_dimensional_grid_on_strided_views(rng):
     bx, tx = s[C].split(fused, factor=128)
     s[C].bind(bx, "blockIdx.x")
     s[C].bind(tx, "threadIdx.x")
-    f = build(s, [A, C])
+    f = build(s, [A, C], gpu_target)
     base = random_array(rng, (40, 60), "float64")
     a = base[::2, ::-3]
     out = np.full((40, 40), np.nan)
@@ -60,7 +70,7 @@ def test_fused_two_dimensional_grid_on_strided_views(rng):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (7, 5, 3), (37, 45, 29)])
-def test_matmul_with_a_block_of_threads_per_tile(rng, shape):
+def test_matmul_with_a_block_of_threads_per_tile(rng, shape, gpu_target):
     mm, kk, nn = shape
     m, k_, n = te.var("m"), te.var("k"), te.var("n")
     A = te.placeholder((m, k_), "float32", name="A")
@@ -76,18 +86,18 @@ def test_matmul_with_a_block_of_threads_per_tile(rng, shape):
     s[C].bind(jo, "blockIdx.x")
     s[C].bind(ii, "threadIdx.y")
     s[C].bind(ji, "threadIdx.x")
-    f = build(s, [A, B, C])
+    f = build(s, [A, B, C], gpu_target)
     a, b = random_array(rng, (mm, kk)), random_array(rng, (kk, nn))
     c = np.full((mm, nn), np.nan, np.float32)
     f(a, b, c)
     # Each thread sums its k in order, as the unscheduled CPU kernel does: equal bits.
     want = np.empty_like(c)
     rivet.build(rivet.create_schedule(C), [A, B, C], target="cpu", name="g")["g"](a, b, want)
-    np.testing.assert_array_equal(c, want)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    assert_matches(c, want, op="contraction", against="interp", backend=gpu_target)
+    assert_matches(c, a @ b, op="contraction", against="numpy", k=kk, terms=abs_mm(a, b))
 
 
-def test_two_bound_stages_and_an_inlined_one(rng):
+def test_two_bound_stages_and_an_inlined_one(rng, gpu_target):
     n = te.var("n")
     X = te.placeholder((n, 16), "float32", name="X")
     Sq = te.compute((n, 16), lambda i, j: X[i, j] * X[i, j], name="Sq")
@@ -100,12 +110,13 @@ def test_two_bound_stages_and_an_inlined_one(rng):
         bx, tx = s[t].split(t.op.axis[0], factor=32)
         s[t].bind(bx, "blockIdx.x")
         s[t].bind(tx, "threadIdx.x")
-    f = build(s, [X, Y])
+    f = build(s, [X, Y], gpu_target)
     for rows in [1, 33, 100]:
         x = random_array(rng, (rows, 16))
         y = np.full(rows, np.nan, np.float32)
         f(x, y)
-        np.testing.assert_allclose(y, (x * x).sum(axis=1) + 1.0, rtol=1e-5)
+        # 16 positive squares summed, then + 1: a reduction of 17 terms against numpy's float32.
+        assert_matches(y, (x * x).sum(axis=1) + 1.0, op="reduction", against="numpy", k=17)
 
 
 def test_the_cpu_backend_refuses_gpu_schedules():

@@ -12,15 +12,10 @@ import torch
 import rivet
 from rivet import te
 
-from conftest import assert_bits_equal, bits, random_array
+from conftest import abs_mm, assert_bits_equal, assert_matches, bits, random_array
 
-TARGETS = ["interp", "cpu"]
+# `target` (every backend) comes from conftest.py.
 BIG = [2**31 - 1, 2**31, 2**61, 2**62, 2**63 - 1, (2**64 + 5) // 7]
-
-
-@pytest.fixture(params=TARGETS)
-def target(request):
-    return request.param
 
 
 def build(outs, args, target, **kw):
@@ -67,7 +62,8 @@ def test_a_check_shared_by_two_loop_nests_holds_in_both(target, rng):
     out = np.full(5, np.nan)
     f(a, out)
     want = a[:5, 0] + np.array([sum(a[i, (j * 4 + 7) % 5] + 1.0 for j in range(6)) for i in range(5)])
-    np.testing.assert_allclose(out, want, rtol=1e-12)
+    # The same float64 additions in the same order (k ascending from 0): bit-exact.
+    assert_matches(out, want, op="exact")
 
 
 @pytest.mark.parametrize("k", BIG)
@@ -194,7 +190,7 @@ def test_temporary_inside_a_parallel_loop(target, rng):
     a = random_array(rng, (64, 64), "float32")
     out = np.full((64, 64), np.nan, np.float32)
     f(a, out)
-    np.testing.assert_allclose(out, a * 2 + 1, rtol=1e-6)
+    assert_matches(out, a * 2 + 1, op="exact")
 
 
 # ---- 6. deep expressions --------------------------------------------------------------------
@@ -317,7 +313,7 @@ def test_checked_mode_gives_the_same_results(target, rng):
     b = random_array(rng, (33, 33), "float32")
     out = np.full((33, 33), np.nan, np.float32)
     f(a, b, out)
-    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    assert_matches(out, a @ b, op="contraction", against="numpy", k=33, terms=abs_mm(a, b))
 
 
 def test_checked_mode_from_the_environment(monkeypatch, target, rng):
