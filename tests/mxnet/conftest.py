@@ -1,6 +1,12 @@
-"""Helpers for the MXNet suite (runs in .venv-mxnet: mxnet 1.9.1, numpy<1.24, no torch/jax)."""
+"""Helpers for the MXNet suite (runs in .venv-mxnet: mxnet 1.9.1, numpy<1.24, no torch/jax).
+
+This venv cannot import tests/python/conftest.py (it imports torch-era helpers), so the
+backend list is defined once here, the same way: BACKENDS and the `target` fixture; a backend
+that needs a GPU is marked ``gpu`` and skipped (never failed) where none is usable.
+"""
 
 import ctypes
+import importlib.util
 import os
 import zlib
 
@@ -13,6 +19,70 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _load_tolerance_policy():
+    """The one implementation of docs/tolerance.md lives in tests/python/conftest.py; loaded
+    here as a plain module (its fixtures and hooks are not registered; torch is imported only
+    by functions this suite does not call)."""
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "python", "conftest.py")
+    spec = importlib.util.spec_from_file_location("rivet_tolerance_policy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_policy = _load_tolerance_policy()
+assert_matches = _policy.assert_matches
+abs_mm = _policy.abs_mm
+
+
+# ---- backends (mirrors tests/python/conftest.py; adding one is one line) --------------------
+
+
+def _backend(name, gpu=False):
+    return pytest.param(name, id=name, marks=[pytest.mark.gpu] if gpu else [])
+
+
+BACKENDS = [
+    _backend("interp"),  # the IR interpreter, the oracle
+    _backend("cpu"),  # Cranelift
+    # _backend("cuda", gpu=True),
+]
+
+# rivet's CUDA launch has not run on a GPU yet and rivet exposes no probe (see
+# tests/python/conftest.py): no backend marked gpu runs until this is True.
+RIVET_CUDA_LAUNCH = False
+
+
+def gpu_present():
+    """Whether MXNet sees a CUDA GPU (the CPU-only mxnet wheel reports none)."""
+    try:
+        return mx.context.num_gpus() > 0
+    except Exception:
+        return False
+
+
+def cuda_usable():
+    return RIVET_CUDA_LAUNCH and gpu_present()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "gpu: needs a CUDA GPU that rivet can launch on; skipped (never failed) without one",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture (a module-scoped build) is set up
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not cuda_usable():
+        pytest.skip("no CUDA GPU on this machine" if not gpu_present() else "rivet's CUDA launch is not there yet")
+
+
+@pytest.fixture(params=BACKENDS)
+def target(request):
+    return request.param
 
 
 def mx_ptr(arr):
