@@ -4,6 +4,9 @@ use rivet_compiler::ir::{Expr, IterVar};
 use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor};
 use rivet_runtime::DType;
 
+pub mod backends;
+pub use backends::{backend_names, backends, cuda_usable, gpu_schedule_backends, BACKENDS};
+
 /// The seed program: `C[i, j] = sum_k A[i, k] * B[k, j]` over a symbolic `n`.
 pub struct SeedGemm {
     pub a: Tensor,

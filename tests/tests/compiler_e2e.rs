@@ -1,15 +1,13 @@
-//! End-to-end compiler tests, one suite run for every backend ("interp", "cpu"): DSL ->
+//! End-to-end compiler tests, one suite run for every backend (`rivet_tests::backends()`): DSL ->
 //! schedule -> build -> call on runtime tensors, against naive Rust references; saved modules,
 //! including corrupt and crafted files.
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::{self, DimSpec};
 use rivet_compiler::te::{self, compute, ok, placeholder};
-use rivet_compiler::{build, Module, Schedule};
+use rivet_compiler::{build, Module, Schedule, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
-use rivet_tests::SeedGemm;
-
-const BACKENDS: [&str; 2] = ["interp", "cpu"];
+use rivet_tests::{backends, SeedGemm};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     // Small integers and halves: exact in f32, so sums are exact in any order.
@@ -48,7 +46,7 @@ fn naive_mm(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     c
 }
 
-fn seed_gemm(target: &str, split: bool) -> Function {
+fn seed_gemm<T: ToTarget + ?Sized>(target: &T, split: bool) -> Function {
     let SeedGemm { a, b, c, k } = SeedGemm::new();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     if split {
@@ -66,9 +64,9 @@ fn seed_gemm(target: &str, split: bool) -> Function {
 
 #[test]
 fn seed_gemm_symbolic_every_size_every_backend() {
-    for target in BACKENDS {
+    for target in backends() {
         for split in [false, true] {
-            let f = seed_gemm(target, split);
+            let f = seed_gemm(&target, split);
             // 160: 3 * 160^2 elements pass PARALLEL_GRAIN, so parallel loops use the pool.
             for n in [1usize, 7, 56, 61, 160] {
                 let (av, bv) = (data(n * n, 1), data(n * n, 2));
@@ -88,8 +86,8 @@ fn seed_gemm_symbolic_every_size_every_backend() {
 
 #[test]
 fn outputs_written_in_place_through_strides() {
-    for target in BACKENDS {
-        let f = seed_gemm(target, true);
+    for target in backends() {
+        let f = seed_gemm(&target, true);
         let n = 9i64;
         let (av, bv) = (data(81, 3), data(81, 4));
         // C is the transpose of a view with a gap column: C[i, j] lives at base[j, 2 * i].
@@ -200,8 +198,7 @@ fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 
 #[test]
 fn kernel_library_matches_references() {
-    for name in BACKENDS {
-        let target = &rivet_compiler::Target::parse(name).unwrap();
+    for target in &backends() {
         let (m, k, n) = (5usize, 7usize, 3usize);
         let (av, bv) = (data(m * k, 5), data(k * n, 6));
         let mm = kernels::matmul(DType::F32, target).unwrap();
@@ -405,7 +402,7 @@ fn crc(b: &[u8]) -> u32 {
 
 #[test]
 fn compute_at_and_padding_every_backend() {
-    for target in BACKENDS {
+    for target in backends() {
         // P computed inside loop i of C, over the rows C's iteration needs (a 3-row stencil).
         let n = te::var("n");
         let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
@@ -438,7 +435,7 @@ fn compute_at_and_padding_every_backend() {
         let mut s = Schedule::new(&[c.clone()]).unwrap();
         let i = c.axis()[0].var.clone();
         s.compute_at(&p, &c, &i).unwrap();
-        let m = build(&s, &[a, c], target, "stencil").unwrap();
+        let m = build(&s, &[a, c], &target, "stencil").unwrap();
         assert!(
             !m.get_source("ir").unwrap().contains("check"),
             "{}",

@@ -1,12 +1,13 @@
 //! Property tests of the compiler: random programs, random valid schedules and random
-//! strided layouts, run on every backend.
+//! strided layouts, run on every backend (`rivet_tests::backends()`, the interpreter first).
 //!
 //! Oracles, for every case:
 //! - a plain-Rust evaluation of the random expression tree (the scalar semantics of
 //!   `codegen::math`, with the very same libm functions) must equal the interpreter running
 //!   the UNSCHEDULED program on compact tensors, bit for bit;
-//! - the Cranelift backend ("cpu") must equal the interpreter ("interp") bit for bit, both
-//!   unscheduled and scheduled (NaNs compare equal to each other, whatever their payload);
+//! - every other backend (today the Cranelift backend, "cpu") must equal the interpreter
+//!   ("interp") bit for bit, both unscheduled and scheduled (NaNs compare equal to each other,
+//!   whatever their payload; docs/tolerance.md);
 //! - the scheduled program, run on permuted / stepped / reversed / broadcast views with its
 //!   output written in place through a strided view, must equal the unscheduled program:
 //!   bitwise for elementwise programs and for sums and products (whose bodies are quantised
@@ -42,10 +43,9 @@ use rivet_compiler::ir::{BinOp, CmpOp, Expr, IterVar, LogicOp, ReduceOp, UnOp, V
 use rivet_compiler::te::{self, ok, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
+use rivet_tests::backends;
 use std::collections::HashSet;
 use std::fmt;
-
-const BACKENDS: [&str; 2] = ["interp", "cpu"];
 
 // ---- scalar types and values --------------------------------------------------------------
 
@@ -1888,8 +1888,8 @@ fn run_case(p: &Prog, sc: &SchedS, views: &[ViewS], seed: u64) -> Result<(), Tes
     // Unscheduled, compact: the reference and both backends agree bit for bit.
     let s0 = Schedule::new(&[p.out.clone()]).unwrap();
     let mut plain: Vec<Vec<u64>> = Vec::new();
-    for target in BACKENDS {
-        let m = build(&s0, &args, target, "f")
+    for target in backends() {
+        let m = build(&s0, &args, &target, "f")
             .map_err(|e| fail(format!("{target}: unscheduled build failed: {e}")))?;
         let f = m.get_function("f").unwrap();
         let out_bits: Vec<u64> = (0..numel(&p.out_shape)).map(|_| poison(&mut rng)).collect();
@@ -1903,16 +1903,18 @@ fn run_case(p: &Prog, sc: &SchedS, views: &[ViewS], seed: u64) -> Result<(), Tes
     if let Some(d) = first_diff(&want, &plain[0], out_ty, false) {
         return Err(fail(format!("Rust reference vs unscheduled interp: {d}")));
     }
-    if let Some(d) = first_diff(&plain[0], &plain[1], out_ty, false) {
-        return Err(fail(format!("unscheduled: interp vs cpu: {d}")));
+    for (target, other) in backends().iter().zip(&plain).skip(1) {
+        if let Some(d) = first_diff(&plain[0], other, out_ty, false) {
+            return Err(fail(format!("unscheduled: interp vs {target}: {d}")));
+        }
     }
 
     // Scheduled, strided inputs and output.
     let s1 = schedule(p, sc);
     let mut got: Vec<Vec<u64>> = Vec::new();
     let mut ir = String::new();
-    for target in BACKENDS {
-        let m = match build(&s1, &args, target, "f") {
+    for target in backends() {
+        let m = match build(&s1, &args, &target, "f") {
             Ok(m) => m,
             Err(e) if skip_known(&e.to_string(), false) => return Ok(()),
             // Documented limitation (README "Compiler: memory safety"): with symbolic dims the
@@ -1959,8 +1961,10 @@ fn run_case(p: &Prog, sc: &SchedS, views: &[ViewS], seed: u64) -> Result<(), Tes
         }
         got.push(canon_all(tensor_bits(&ov.view, out_ty)));
     }
-    if let Some(d) = first_diff(&got[0], &got[1], out_ty, false) {
-        return Err(fail(format!("scheduled: interp vs cpu: {d}\n{ir}")));
+    for (target, other) in backends().iter().zip(&got).skip(1) {
+        if let Some(d) = first_diff(&got[0], other, out_ty, false) {
+            return Err(fail(format!("scheduled: interp vs {target}: {d}\n{ir}")));
+        }
     }
     if let Some(d) = first_diff(&plain[0], &got[0], out_ty, p.value_eq) {
         return Err(fail(format!(
@@ -2141,7 +2145,22 @@ fn gpu_schedule(p: &Prog, g: &GpuS) -> Schedule {
 
 /// A GPU-scheduled program on the interpreter (blocks, threads, races reported) matches the
 /// Rust reference on strided inputs and a strided output, touching nothing outside it.
+/// A GPU-scheduled case on every backend that runs GPU schedules (today the interpreter, with
+/// CUDA's semantics; the CPU backend refuses them).
 fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), TestCaseError> {
+    for target in rivet_tests::gpu_schedule_backends() {
+        run_gpu_case_on(&target, p, g, views, seed)?;
+    }
+    Ok(())
+}
+
+fn run_gpu_case_on(
+    target: &rivet_compiler::Target,
+    p: &Prog,
+    g: &GpuS,
+    views: &[ViewS],
+    seed: u64,
+) -> Result<(), TestCaseError> {
     let mut rng = Rng(seed);
     let main = p.main;
     let mut logical: Vec<Vec<u64>> = Vec::new();
@@ -2163,10 +2182,10 @@ fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), Te
         .collect();
     let out_ty = p.out_ty;
     let s = gpu_schedule(p, g);
-    let m = match build(&s, &args, "interp", "f") {
+    let m = match build(&s, &args, target, "f") {
         Ok(m) => m,
         Err(e) if symbolic(p) && conservative_refusal(&e.to_string()) => return Ok(()),
-        Err(e) => return Err(fail(format!("GPU-scheduled build failed ({g:?}): {e}"))),
+        Err(e) => return Err(fail(format!("{target}: GPU-scheduled build failed ({g:?}): {e}"))),
     };
     let ir = m.get_source("ir").unwrap();
     // (Loops of one iteration are simplified away, bound or not.)
@@ -2198,7 +2217,7 @@ fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), Te
     m.get_function("f")
         .unwrap()
         .call(&vals)
-        .map_err(|e| fail(format!("GPU-scheduled call failed ({g:?}): {e}\n{ir}")))?;
+        .map_err(|e| fail(format!("{target}: GPU-scheduled call failed ({g:?}): {e}\n{ir}")))?;
     let after = tensor_bits(&ov.base, out_ty);
     let inside: HashSet<usize> = ov.covered.iter().copied().collect();
     if let Some(i) = (0..after.len()).find(|i| !inside.contains(i) && after[*i] != before[*i]) {
@@ -2213,7 +2232,7 @@ fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), Te
     let want: Vec<u64> = want.into_iter().map(|b| canon(b, out_ty)).collect();
     if let Some(d) = first_diff(&want, &got, out_ty, p.value_eq) {
         return Err(fail(format!(
-            "reference vs GPU-scheduled interp ({g:?}): {d}\n{ir}"
+            "reference vs GPU-scheduled {target} ({g:?}): {d}\n{ir}"
         )));
     }
     Ok(())
@@ -2341,8 +2360,8 @@ fn check_all_pairs(ty: Ty, tree: &E) {
         .chain([c.clone()])
         .collect();
     let s = Schedule::new(&[c.clone()]).unwrap();
-    for target in BACKENDS {
-        let f = build(&s, &args, target, "f")
+    for target in backends() {
+        let f = build(&s, &args, &target, "f")
             .unwrap()
             .get_function("f")
             .unwrap();
@@ -2431,7 +2450,7 @@ fn small_data(shape: &[i64], k: usize) -> Tensor {
 /// Builds `sched` and the unscheduled program; runs both on the same data (`shapes`: one per
 /// argument, the output last) and expects the same result on every backend.
 fn assert_schedule_computes_the_same(out: &Te, args: &[Te], sched: &Schedule, shapes: &[&[i64]]) {
-    let run = |s: &Schedule, target: &str| -> Vec<f32> {
+    let run = |s: &Schedule, target: &rivet_compiler::Target| -> Vec<f32> {
         let m = build(s, args, target, "f")
             .unwrap_or_else(|e| panic!("{target}: build refused a valid schedule: {e}"));
         let f = m.get_function("f").unwrap();
@@ -2453,8 +2472,10 @@ fn assert_schedule_computes_the_same(out: &Te, args: &[Te], sched: &Schedule, sh
             .to_vec::<f32>()
             .unwrap()
     };
-    let want = run(&Schedule::new(&[out.clone()]).unwrap(), "interp");
-    for target in BACKENDS {
+    let all = backends();
+    // The oracle (the interpreter, first) on the unscheduled program.
+    let want = run(&Schedule::new(&[out.clone()]).unwrap(), &all[0]);
+    for target in &all {
         assert_eq!(run(sched, target), want, "{target}");
     }
 }

@@ -58,8 +58,8 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
     )
     .unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
-    for target in ["interp", "cpu"] {
-        if let Err(e) = build(&s, &[a0.clone(), a1.clone(), c.clone()], target, "f") {
+    for target in rivet_tests::backends() {
+        if let Err(e) = build(&s, &[a0.clone(), a1.clone(), c.clone()], &target, "f") {
             assert!(
                 !matches!(e, rivet_compiler::Error::Internal(_)),
                 "{target}: {e}"

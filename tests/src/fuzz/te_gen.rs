@@ -556,7 +556,7 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     }
     let mut args_te: Vec<Te> = p.inputs.iter().map(|i| i.te.clone()).collect();
     args_te.push(p.out.clone());
-    let built: Vec<_> = ["interp", "cpu"]
+    let built: Vec<_> = rivet_tests::backend_names()
         .iter()
         .map(|t| build(&s, &args_te, t, "f"))
         .collect();
