@@ -346,8 +346,8 @@ def assert_matches(got, want, op="exact", against="numpy", backend="cpu", k=1, t
     if kind == "exact":
         wv, _, _ = _values(w_r)
         if gdt in _FLOATS:
-            # Bit-exact up to NaN payloads and the sign of zero (max/min of -0.0 and 0.0 may
-            # return either: numpy gives the first operand, rivet the second).
+            # Bit-exact up to NaN payloads and the sign of zero (on a tie of -0.0 and 0.0,
+            # max/min return the second operand in rivet and numpy, the first in torch).
             bad = ulp_distance(got, w_r) != 0
         else:
             bad = g != wv
