@@ -33,6 +33,11 @@ FUZZ_ARGS     = $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 # Directory of libpython, for the cargo test binaries that embed Python (cargo drops
 # build-script link paths outside target/ from the loader path). Expanded when a recipe runs.
 PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+# NVRTC from the torch wheel's NVIDIA libraries in the main venv: the CUDA backend's tests
+# compile every generated kernel with it (no GPU needed). A cargo test binary is not inside the
+# venv, so it is told where NVRTC is; RIVET_REQUIRE_NVRTC=1 makes its absence an error, never a
+# silent skip (docs/cuda.md).
+NVRTC_DIR = $$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
 
 .DEFAULT_GOAL := build
 .PHONY: venv mxvenv build demo test bench fuzz clean FORCE
@@ -80,8 +85,8 @@ demo: venv build
 test: venv mxvenv build
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
 	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
-	  cargo test --workspace --release
-	$(VPY) -m pytest -q tests/python
+	  RIVET_REQUIRE_NVRTC=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" cargo test --workspace --release
+	RIVET_REQUIRE_NVRTC=1 $(VPY) -m pytest -q tests/python
 	cargo run --release -q -p rivet-tests --bin fuzz -- --seconds $(FUZZ_SHORT) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED),--seed 1)
 	MXNET_ENGINE_TYPE=NaiveEngine $(MXPY) -m pytest -q tests/mxnet
 

@@ -21,7 +21,7 @@ use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
 use crate::lower;
 use crate::schedule::Schedule;
-use crate::target::{Target, ToTarget};
+use crate::target::{Target, TargetKind, ToTarget};
 use crate::te::Tensor as TeTensor;
 use rivet_runtime::{
     ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
@@ -219,9 +219,25 @@ impl Module {
             .map(|c| match kind {
                 "ir" | "" => Ok(c.func.to_string()),
                 "nest" => Ok(c.nest.to_string()),
-                "cranelift" | "clif" | "asm" => Ok(c.kernel.source()),
+                "cranelift" | "clif" | "asm" | "cuda" | "cu" | "ptx" => {
+                    match (kind, c.target.kind) {
+                        ("ptx", TargetKind::Cuda) => c.kernel.source_of("ptx").ok_or_else(|| {
+                            Error::Compile(
+                                "get_source('ptx'): no PTX: NVRTC was not found when this module was built (install nvidia-cuda-nvrtc, or set RIVET_NVRTC_PATH)".into(),
+                            )
+                        }),
+                        ("cuda" | "cu", TargetKind::Cuda)
+                        | ("cranelift" | "clif" | "asm", TargetKind::Cpu | TargetKind::Interp) => {
+                            Ok(c.kernel.source())
+                        }
+                        _ => Err(Error::Compile(format!(
+                            "get_source: a module built for target '{}' has no '{kind}' source",
+                            c.target
+                        ))),
+                    }
+                }
                 other => Err(Error::Compile(format!(
-                    "get_source: unknown kind '{other}'; expected 'ir', 'nest' or 'cranelift'"
+                    "get_source: unknown kind '{other}'; expected 'ir', 'nest', 'cranelift' (cpu), 'cuda' or 'ptx' (cuda)"
                 ))),
             })
             .collect::<Result<_>>()?;

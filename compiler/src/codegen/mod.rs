@@ -74,8 +74,16 @@ pub trait Kernel: Send + Sync {
     /// A zeroed tensor for an output the caller omitted, where this kernel runs.
     fn alloc_output(&self, shape: &[i64], dtype: DType, ctx: &LaunchContext) -> Result<Tensor>;
 
-    /// Generated code as text (Cranelift IR for the CPU backend), for dumps and debugging.
+    /// Generated code as text (Cranelift IR for the CPU backend, CUDA C for CUDA), for dumps
+    /// and debugging.
     fn source(&self) -> String;
+
+    /// Other generated artefacts by kind (CUDA: "cuda", "ptx"); `None` when this backend has
+    /// no such kind (or, for PTX, when NVRTC was not found at build time).
+    fn source_of(&self, kind: &str) -> Option<String> {
+        let _ = kind;
+        None
+    }
 }
 
 /// A code generator.

@@ -98,7 +98,7 @@ extern "C" fn rivet_f32_to_f16(x: f32) -> u32 {
 }
 
 extern "C" fn rivet_f64_to_f16(x: f64) -> u32 {
-    half::f16::from_f64(x).to_bits() as u32
+    half::f16::from_f32(x as f32).to_bits() as u32
 }
 
 extern "C" fn rivet_f32_to_bf16(x: f32) -> u32 {

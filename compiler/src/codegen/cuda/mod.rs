@@ -227,14 +227,6 @@ impl CudaKernel {
     pub fn kernels(&self) -> &[KernelInfo] {
         &self.info
     }
-    /// Generated code by kind: "cuda" (or "cu"), "ptx" (`None` without NVRTC).
-    pub fn source_of(&self, kind: &str) -> Option<String> {
-        match kind {
-            "cuda" | "cu" => Some(self.source.clone()),
-            "ptx" => self.ptx.clone(),
-            _ => None,
-        }
-    }
 
     /// A cubin for `arch`: the build-time one when it matches, else compiled now.
     fn cubin_for(&self, arch: CudaArch) -> Result<Vec<u8>> {
@@ -270,6 +262,15 @@ impl CudaKernel {
 }
 
 impl Kernel for CudaKernel {
+    /// Generated code by kind: "cuda" (or "cu"), "ptx" (`None` without NVRTC).
+    fn source_of(&self, kind: &str) -> Option<String> {
+        match kind {
+            "cuda" | "cu" => Some(self.source.clone()),
+            "ptx" => self.ptx.clone(),
+            _ => None,
+        }
+    }
+
     unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
         let f = &self.func;
         let ordinal = match ctx.device {

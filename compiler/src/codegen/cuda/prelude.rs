@@ -9,8 +9,9 @@
 //!
 //! - float16 / bfloat16 are stored as their 16 bits (`unsigned short`) and computed in
 //!   `float`; the conversions are bit manipulations mirroring the `half` crate's, which the
-//!   interpreter uses (round to nearest even from float32; from float64 as the crate does:
-//!   float16 through float32 where the CPU has F16C, bfloat16 from the high 32 bits).
+//!   interpreter uses (round to nearest even from float32; from float64: float16 through
+//!   float32, rivet's rule on every backend, and bfloat16 from the high 32 bits as the crate
+//!   does).
 //! - integer `//` and `%` are Python's with a zero divisor giving 0 (`rivet_floordiv_i64`);
 //!   uint64 divides unsigned.
 //! - float -> int casts saturate, NaN -> 0 (Rust's `as`), through float64 as the interpreter.
@@ -108,7 +109,7 @@ RIVET_FN unsigned short rivet_f32_to_f16(float value) {
   if ((man & 0x1000u) != 0u && (man & (3u * 0x1000u - 1u)) != 0u) r += 1u;
   return (unsigned short)r;
 }
-/* float64 -> float16 through float32 (the half crate's path on CPUs with F16C). */
+/* float64 -> float16 through float32: rivet's rule on every backend (codegen/interp header). */
 RIVET_FN unsigned short rivet_f64_to_f16(double x) { return rivet_f32_to_f16((float)x); }
 RIVET_FN float rivet_bf16_to_f32(unsigned short h) {
   unsigned int b = (unsigned int)h;

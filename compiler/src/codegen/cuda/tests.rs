@@ -1167,7 +1167,7 @@ fn random_bytes(dt: DType, n: usize, seed: &mut u64, role: usize) -> Vec<u8> {
         match dt {
             DType::F32 => out.extend((x as f32).to_le_bytes()),
             DType::F64 => out.extend((x + (r % 7) as f64 * 1e-9).to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f32(x as f32).to_bits().to_le_bytes()),
             DType::BF16 => out.extend(half::bf16::from_f64(x).to_bits().to_le_bytes()),
             DType::Bool => out.push((r % 2) as u8),
             _ => {
@@ -1668,7 +1668,7 @@ fn cuda_kernel_library_agrees_with_the_interpreter_under_host_emulation() {
                     match dt {
                         DType::F32 => fresh.extend((x as f32).to_le_bytes()),
                         DType::F64 => fresh.extend(x.to_le_bytes()),
-                        DType::F16 => fresh.extend(half::f16::from_f64(x).to_bits().to_le_bytes()),
+                        DType::F16 => fresh.extend(half::f16::from_f32(x as f32).to_bits().to_le_bytes()),
                         _ => fresh.extend(half::bf16::from_f64(x).to_bits().to_le_bytes()),
                     }
                 }
@@ -1834,7 +1834,7 @@ int main(int argc, char** argv) {
         let v = f64::from_bits(x);
         assert_eq!(
             u16_at(at),
-            half::f16::from_f64(v).to_bits(),
+            half::f16::from_f32(v as f32).to_bits(),
             "f64 {x:#x} -> f16"
         );
         assert_eq!(

@@ -17,7 +17,11 @@
 //!   float `//`/`%` are `math::floordiv_f32`/`floormod_f32` (and the f64 versions).
 //! - casts: int -> int wraps; float -> int saturates (Rust `as`, NaN -> 0); int -> float is
 //!   `as` (unsigned for `uint64`; to float16/bfloat16 via `f32`); float -> float rounds to
-//!   nearest (float64 -> float16 directly); anything -> bool is `x != 0`; bool -> number 0/1.
+//!   nearest, float64 -> float16 through float32 (rounded twice: the `half` crate's
+//!   `from_f64` rounds directly without F16C and through float32 with it, so it would make
+//!   the oracle depend on the CPU; every backend, CUDA included, converts through float32);
+//!   float64 -> bfloat16 is `half`'s `from_f64` (no hardware path); anything -> bool is
+//!   `x != 0`; bool -> number 0/1.
 //! - comparisons of floats are IEEE (NaN compares unequal to everything); `Select` evaluates
 //!   its condition and only the chosen arm; `&&`/`||` short-circuit.
 //!
@@ -840,7 +844,7 @@ fn cast(from: DType, to: DType, x: Value) -> Value {
         Value::F64(f) => match to {
             DType::F64 => Value::F64(f),
             DType::F32 => Value::F32(f as f32),
-            DType::F16 => Value::F32(f16::from_f64(f).to_f32()),
+            DType::F16 => Value::F32(f16::from_f32(f as f32).to_f32()),
             DType::BF16 => Value::F32(bf16::from_f64(f).to_f32()),
             _ => Value::Int(float_to_int(f, to)),
         },
