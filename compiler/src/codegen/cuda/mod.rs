@@ -277,7 +277,7 @@ impl Kernel for CudaKernel {
             Device::Cuda(o) if o >= 0 => o as usize,
             other => {
                 return Err(driver::device_error(format!(
-                    "{}: built for 'cuda', called with tensors on {other:?}; pass CUDA tensors (or build for 'cpu')",
+                    "{}: built for 'cuda', called with tensors on {other}; pass CUDA tensors (or build for 'cpu')",
                     f.name
                 )))
             }

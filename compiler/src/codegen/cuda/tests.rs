@@ -1039,7 +1039,7 @@ fn cuda_launch_without_a_driver_or_device_is_a_device_error() {
     let e = unsafe { k.launch(&frame, &LaunchContext::host()) }
         .unwrap_err()
         .to_string();
-    assert!(e.contains("called with tensors on Cpu"), "{e}");
+    assert!(e.contains("called with tensors on cpu"), "{e}");
     let ctx = LaunchContext {
         device: Device::Cuda(0),
         stream: None,
