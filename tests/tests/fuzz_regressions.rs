@@ -189,3 +189,12 @@ fn loose_symbolic_compute_at_regions_are_clamped() {
 fn a_check_shared_by_two_nests_keeps_both_forms() {
     replay("te", 0x436a3da40ee8a398);
 }
+
+/// Soak finding (a harness bug, not rivet's): a module file asking for 2^61 iterations of a
+/// parallel loop ran (legitimately slowly) instead of being skipped as hostile work, because
+/// the harness looked for huge loops in the function body only, not in the bodies the
+/// host/device split outlines.
+#[test]
+fn huge_loops_in_outlined_bodies_are_skipped() {
+    replay("module", 0xedf39788887d5291);
+}

@@ -469,7 +469,8 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
 fn huge_work(m: &Module) -> bool {
     let mut huge = false;
     for c in &m.funcs {
-        c.func.body.visit(&mut |s| {
+        // Every statement, those of the bodies the host/device split outlined included.
+        c.func.visit_all(&mut |s| {
             if let rivet_compiler::ir::Stmt::For { extent, .. } = s {
                 // Variables at 4, the most the harness binds a dim to (loop variables too:
                 // a heuristic, only used to skip work).
