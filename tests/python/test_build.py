@@ -56,8 +56,10 @@ def test_get_source(mm, target):
     assert isinstance(code, str)
     if target == "cpu":
         assert "function" in code and code.strip()
-    with pytest.raises(rivet.CompileError, match="unknown kind 'ptx'"):
+    with pytest.raises(rivet.CompileError, match=f"built for target '{target}' has no 'ptx' source"):
         mm.get_source("ptx")
+    with pytest.raises(rivet.CompileError, match="unknown kind 'sass'"):
+        mm.get_source("sass")
 
 
 def test_default_name():
