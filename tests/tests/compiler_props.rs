@@ -2185,7 +2185,11 @@ fn run_gpu_case_on(
     let m = match build(&s, &args, target, "f") {
         Ok(m) => m,
         Err(e) if symbolic(p) && conservative_refusal(&e.to_string()) => return Ok(()),
-        Err(e) => return Err(fail(format!("{target}: GPU-scheduled build failed ({g:?}): {e}"))),
+        Err(e) => {
+            return Err(fail(format!(
+                "{target}: GPU-scheduled build failed ({g:?}): {e}"
+            )))
+        }
     };
     let ir = m.get_source("ir").unwrap();
     // (Loops of one iteration are simplified away, bound or not.)
@@ -2214,10 +2218,11 @@ fn run_gpu_case_on(
         .map(|(_, t)| Value::Tensor(t.clone()))
         .collect();
     vals.push(Value::Tensor(ov.view.clone()));
-    m.get_function("f")
-        .unwrap()
-        .call(&vals)
-        .map_err(|e| fail(format!("{target}: GPU-scheduled call failed ({g:?}): {e}\n{ir}")))?;
+    m.get_function("f").unwrap().call(&vals).map_err(|e| {
+        fail(format!(
+            "{target}: GPU-scheduled call failed ({g:?}): {e}\n{ir}"
+        ))
+    })?;
     let after = tensor_bits(&ov.base, out_ty);
     let inside: HashSet<usize> = ov.covered.iter().copied().collect();
     if let Some(i) = (0..after.len()).find(|i| !inside.contains(i) && after[*i] != before[*i]) {

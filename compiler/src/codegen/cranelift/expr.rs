@@ -367,7 +367,10 @@ impl FnGen<'_, '_> {
                 DType::Bool => self.iconst(ty, (x != 0.0) as i64),
                 DType::F64 => self.b.ins().f64const(x),
                 DType::F32 => self.b.ins().f32const(x as f32),
-                DType::F16 => self.b.ins().f32const(half::f16::from_f32(x as f32).to_f32()),
+                DType::F16 => self
+                    .b
+                    .ins()
+                    .f32const(half::f16::from_f32(x as f32).to_f32()),
                 DType::BF16 => self.b.ins().f32const(half::bf16::from_f64(x).to_f32()),
                 DType::I8 => self.iconst(ty, x as i8 as i64),
                 DType::I16 => self.iconst(ty, x as i16 as i64),

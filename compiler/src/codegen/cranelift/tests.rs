@@ -1227,7 +1227,10 @@ fn constants_follow_the_interpreter() {
         ),
         (
             Expr::constant(0.1, DType::F16),
-            half::f16::from_f32(0.1f64 as f32).to_bits().to_le_bytes().to_vec(),
+            half::f16::from_f32(0.1f64 as f32)
+                .to_bits()
+                .to_le_bytes()
+                .to_vec(),
         ),
         (
             Expr::constant(0.1, DType::BF16),

@@ -1668,7 +1668,9 @@ fn cuda_kernel_library_agrees_with_the_interpreter_under_host_emulation() {
                     match dt {
                         DType::F32 => fresh.extend((x as f32).to_le_bytes()),
                         DType::F64 => fresh.extend(x.to_le_bytes()),
-                        DType::F16 => fresh.extend(half::f16::from_f32(x as f32).to_bits().to_le_bytes()),
+                        DType::F16 => {
+                            fresh.extend(half::f16::from_f32(x as f32).to_bits().to_le_bytes())
+                        }
                         _ => fresh.extend(half::bf16::from_f64(x).to_bits().to_le_bytes()),
                     }
                 }
