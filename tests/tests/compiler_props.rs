@@ -1797,6 +1797,9 @@ fn conservative_refusal(err: &str) -> bool {
         "rivet cannot bound that index expression",
         "and rivet cannot prove it",
         "cannot bound the region it reads",
+        // A symbolic compute_at region clamped to its tensor (`max`/`min` of outer loops):
+        // the no-overflow proof may not bound the clamped form (issue 6's soak fix).
+        "rivet cannot prove that the int64 arithmetic",
     ]
     .iter()
     .any(|pat| err.contains(pat))
