@@ -19,6 +19,7 @@ use crate::ir::checked::{eval_checked, EvalError};
 use crate::ir::expr::{Expr, Var};
 use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
+use crate::kernels::strategy;
 use crate::lower;
 use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind, ToTarget};
@@ -123,6 +124,16 @@ pub fn build_with<T: ToTarget + ?Sized>(
             "build: name '{name}' must be non-empty letters, digits, '_' or '.'"
         )));
     }
+    // A schedule that binds nothing gets the default GPU schedule on a GPU target.
+    let defaulted;
+    let sched = if target.kind == TargetKind::Cuda && !strategy::binds_anything(sched) {
+        let mut s = sched.clone();
+        strategy::apply_default_gpu(&mut s)?;
+        defaulted = s;
+        &defaulted
+    } else {
+        sched
+    };
     let c = on_compile_stack(|| {
         compile_here(lower::Source::Schedule { sched, args, name }, &target, opts)
     })?;

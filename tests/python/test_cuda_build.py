@@ -78,12 +78,9 @@ def test_the_kernel_library_builds_for_cuda(make, args):
 
 
 def test_cuda_refuses_what_it_cannot_run_yet():
-    # A program with no bound loop: no default GPU schedule yet.
     n = te.var("n")
     A = te.placeholder((n,), "float32", name="A")
     C = te.compute((n,), lambda i: A[i] + 1.0, name="C")
-    with pytest.raises(rivet.CompileError, match="no GPU kernel"):
-        rivet.build(rivet.create_schedule(C), [A, C], target="cuda")
     # A CPU parallel loop has no place in a CUDA function.
     s = rivet.create_schedule(C)
     s[C].parallel(C.op.axis[0])

@@ -2079,6 +2079,8 @@ struct GpuS {
     f1: i64,
     two_d: bool,
     inline_producers: bool,
+    /// The default GPU schedule (`apply_default_gpu`) instead of the above.
+    default: bool,
 }
 
 fn gpu_s() -> impl Strategy<Value = GpuS> {
@@ -2087,12 +2089,14 @@ fn gpu_s() -> impl Strategy<Value = GpuS> {
         prop::sample::select(vec![1i64, 2, 4, 16]),
         any::<bool>(),
         any::<bool>(),
+        prop::sample::select(vec![false, false, true]),
     )
-        .prop_map(|(f0, f1, two_d, inline_producers)| GpuS {
+        .prop_map(|(f0, f1, two_d, inline_producers, default)| GpuS {
             f0,
             f1,
             two_d,
             inline_producers,
+            default,
         })
 }
 
@@ -2130,6 +2134,9 @@ fn bind_stage(s: &mut Schedule, t: &Te, g: &GpuS) {
 }
 
 fn gpu_schedule(p: &Prog, g: &GpuS) -> Schedule {
+    if g.default {
+        return rivet_compiler::kernels::strategy::default_gpu_schedule(&[p.out.clone()]).unwrap();
+    }
     let mut s = Schedule::new(&[p.out.clone()]).unwrap();
     let others: Vec<Te> = s
         .stages
@@ -2196,7 +2203,10 @@ fn run_gpu_case_on(
     };
     let ir = m.get_source("ir").unwrap();
     // (Loops of one iteration are simplified away, bound or not.)
-    if g.f0 > 1 && p.out_shape.first().is_some_and(|&n| n > 1) && !ir.contains("bind threadIdx.x") {
+    if (g.f0 > 1 || g.default)
+        && p.out_shape.first().is_some_and(|&n| n > 1)
+        && !ir.contains("bind threadIdx.x")
+    {
         return Err(fail(format!("no thread binding in the lowered IR:\n{ir}")));
     }
     let mut prng = Rng(seed ^ 0x6B0);

@@ -47,6 +47,7 @@ __all__ = [
     "reduce_axis",
     "compute",
     "create_schedule",
+    "default_gpu_schedule",
     "sum",
     "prod",
     "max",
@@ -184,6 +185,14 @@ def thread_axis(tag):
 def create_schedule(outputs):
     """A default schedule of ``outputs`` (a tensor or a list), same as ``rivet.create_schedule``."""
     return _native.create_schedule(outputs)
+
+
+def default_gpu_schedule(outputs):
+    """The default GPU schedule of ``outputs``: what ``rivet.build(..., target="cuda")`` applies
+    to a schedule that binds no loop. Injective intermediate stages are inlined; every other
+    stage is one kernel (contractions tiled over blocks of threads, the rest fused and spread
+    1-D over blocks of 256 threads). Build it for ``"interp"`` to check it on the CPU."""
+    return _native.default_gpu_schedule(outputs)
 
 
 def _is_axis(x):

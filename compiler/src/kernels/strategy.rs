@@ -132,3 +132,136 @@ fn tiles(s: &mut Schedule, t: &Tensor) -> Result<()> {
     st.bind(&ii, ThreadTag::ThreadY)?;
     st.bind(&ji, ThreadTag::ThreadX)
 }
+
+/// Whether `t` is matmul-like: a sum, over axes of its own, of a product of two tensor
+/// elements that both depend on the reduction (casts allowed around the factors), with at
+/// least two data axes. Such stages get `tiles`; everything else `flat`.
+pub fn is_contraction(t: &Tensor) -> bool {
+    use crate::ir::expr::{BinOp, ExprKind, ReduceOp};
+    let Some((ReduceOp::Sum, body, axes)) = t.body().and_then(crate::te::tensor::top_reduce) else {
+        return false;
+    };
+    if t.axis().len() < 2 || axes.is_empty() {
+        return false;
+    }
+    let mut e = body;
+    while let ExprKind::Cast(x) = e.kind() {
+        e = x;
+    }
+    let ExprKind::Binary(BinOp::Mul, a, b) = e.kind() else {
+        return false;
+    };
+    // A factor qualifies when it reads a tensor at indices that use a reduction axis.
+    let reads_reduction = |f: &Expr| {
+        let mut found = false;
+        f.visit(&mut |x| {
+            if let ExprKind::Read { indices, .. } = x.kind() {
+                if indices.iter().any(|i| axes.iter().any(|r| i.uses(&r.var))) {
+                    found = true;
+                }
+            }
+        });
+        found
+    };
+    reads_reduction(a) && reads_reduction(b)
+}
+
+/// A stage the user left as created: at root, no split/fuse, every loop serial.
+fn unscheduled(st: &crate::schedule::Stage) -> bool {
+    st.attach == crate::schedule::Attach::Root
+        && st.relations.is_empty()
+        && st
+            .leaves
+            .iter()
+            .all(|l| l.kind == crate::ir::stmt::ForKind::Serial)
+}
+
+/// Whether any loop of `s` is bound to a block or thread index.
+pub fn binds_anything(s: &Schedule) -> bool {
+    s.stages.iter().any(|st| {
+        st.leaves
+            .iter()
+            .any(|l| matches!(l.kind, crate::ir::stmt::ForKind::Thread(_)))
+    })
+}
+
+/// The default GPU schedule (TVM's fallback schedules): what `build(..., target="cuda")`
+/// applies to a schedule that binds no loop. Stages the user scheduled otherwise (split,
+/// annotated, attached) are left as they are (and the CUDA backend says what it cannot run).
+///
+/// 1. Injective intermediate stages are inlined into their consumers (one kernel per
+///    reduction or output instead of one per stage, no intermediate buffers), except
+///    producers of a contraction, which stay their own kernels (they are read many times
+///    each: inlining would recompute them per multiply-add).
+/// 2. Every remaining stage at root is one kernel: a contraction gets `tiles`, everything
+///    else `flat` (data axes fused into one, `THREADS` per block). A 0-d stage has no data
+///    axis to spread and stays on the host, which the CUDA backend refuses with a message.
+pub fn apply_default_gpu(s: &mut Schedule) -> Result<()> {
+    let contraction_inputs: Vec<Tensor> = s
+        .stages
+        .iter()
+        .filter(|st| is_contraction(&st.tensor))
+        .flat_map(|st| crate::te::tensor::inputs(&st.tensor))
+        .collect();
+    let candidates: Vec<Tensor> = s
+        .stages
+        .iter()
+        .filter(|st| {
+            unscheduled(st)
+                && st.tensor.reduce_axis().is_empty()
+                && !s.outputs.contains(&st.tensor)
+                && !contraction_inputs.contains(&st.tensor)
+        })
+        .map(|st| st.tensor.clone())
+        .collect();
+    for t in &candidates {
+        s.compute_inline(t)?;
+    }
+    let roots: Vec<Tensor> = s
+        .stages
+        .iter()
+        .filter(|st| unscheduled(st))
+        .map(|st| st.tensor.clone())
+        .collect();
+    for t in &roots {
+        if is_contraction(t) {
+            tiles(s, t)?;
+        } else {
+            flat(s, t)?;
+        }
+    }
+    // A stage at root that the user scheduled for the CPU would stay on the host, which the
+    // CUDA backend cannot run: say which and why here, where the cause is known.
+    for st in &s.stages {
+        let bound = st
+            .leaves
+            .iter()
+            .any(|l| matches!(l.kind, crate::ir::stmt::ForKind::Thread(_)));
+        if st.attach != crate::schedule::Attach::Root || unscheduled(st) || bound {
+            continue;
+        }
+        let kinds: Vec<String> = st
+            .leaves
+            .iter()
+            .filter(|l| l.kind != crate::ir::stmt::ForKind::Serial)
+            .map(|l| format!("'{}' is {:?}", l.var.name, l.kind).to_lowercase())
+            .collect();
+        let what = if kinds.is_empty() {
+            "its loops were split, fused or reordered".to_string()
+        } else {
+            format!("loop {}", kinds.join(", "))
+        };
+        return Err(crate::error::Error::Compile(format!(
+            "default GPU schedule: stage '{}' was scheduled ({what}) but binds no loop to blockIdx/threadIdx, so it would run on the host, which a CUDA function cannot; bind its loops (split an axis and bind the parts to 'blockIdx.x' and 'threadIdx.x'), or leave the stage unscheduled for the default GPU schedule",
+            st.tensor.name()
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh schedule of `outputs` with `apply_default_gpu` applied (`rivet.te.default_gpu_schedule`).
+pub fn default_gpu_schedule(outputs: &[Tensor]) -> Result<Schedule> {
+    let mut s = Schedule::new(outputs)?;
+    apply_default_gpu(&mut s)?;
+    Ok(s)
+}

@@ -127,7 +127,7 @@ pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
     }
     if !func.kernels.iter().any(|k| k.kind == DeviceKind::Gpu) {
         return Err(Error::Compile(format!(
-            "target 'cuda': function '{}' has no GPU kernel: bind its loops to blockIdx/threadIdx (e.g. split an axis and bind the parts to 'blockIdx.x' and 'threadIdx.x'); a default GPU schedule is not available yet",
+            "target 'cuda': function '{}' has no GPU kernel: bind its loops to blockIdx/threadIdx (e.g. split an axis and bind the parts to 'blockIdx.x' and 'threadIdx.x'), or leave the schedule without any binding to get the default GPU schedule (it does not touch stages you split, annotated or attached)",
             func.name
         )));
     }
