@@ -40,7 +40,7 @@ PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBD
 NVRTC_DIR = $$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
 
 .DEFAULT_GOAL := build
-.PHONY: venv mxvenv build demo test bench fuzz clean FORCE
+.PHONY: venv mxvenv build demo test bench fuzz gpu-wheel clean FORCE
 FORCE:
 
 # A stamp whose content differs from the current package list is out of date.
@@ -97,6 +97,14 @@ fuzz: venv build
 
 bench: venv build
 	$(VPY) benches/call_overhead.py
+
+# A cp312 wheel for a lent GPU machine (Python 3.12 there, no Rust), in target/gpu-wheel: carry
+# that folder and run benches/gpu_session.sh there (docs/cuda.md, "On a lent GPU").
+GPU_PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3) python3.12)
+gpu-wheel:
+	test -x target/py312/bin/maturin || { $(GPU_PYTHON) -m venv target/py312 && target/py312/bin/pip install -q maturin; }
+	rm -rf target/gpu-wheel
+	target/py312/bin/maturin build --release -m bindings/Cargo.toml -i target/py312/bin/python -o target/gpu-wheel
 
 clean:
 	rm -rf $(WHEEL_DIR)
