@@ -955,6 +955,8 @@ fn unary(op: UnOp, dt: DType, x: &str) -> String {
     }
     let one = pick("1.0f", "1.0");
     match op {
+        // A space before a negative operand: `--1.0f` would be C's decrement operator.
+        UnOp::Neg if x.starts_with('-') => format!("(- {x})"),
         UnOp::Neg => format!("(-{x})"),
         UnOp::Not => format!("(!{x})"),
         UnOp::Exp => format!("{}({x})", pick("expf", "exp")),
@@ -962,6 +964,9 @@ fn unary(op: UnOp, dt: DType, x: &str) -> String {
         UnOp::Sqrt => format!("{}({x})", pick("sqrtf", "sqrt")),
         UnOp::Rsqrt => format!("({one} / {}({x}))", pick("sqrtf", "sqrt")),
         UnOp::Tanh => format!("{}({x})", pick("tanhf", "tanh")),
+        UnOp::Sigmoid if x.starts_with('-') => {
+            format!("({one} / ({one} + {}(- {x})))", pick("expf", "exp"))
+        }
         UnOp::Sigmoid => format!("({one} / ({one} + {}(-{x})))", pick("expf", "exp")),
         UnOp::Abs => format!("{}({x})", pick("fabsf", "fabs")),
         UnOp::Floor => format!("{}({x})", pick("floorf", "floor")),

@@ -539,6 +539,18 @@ fn every_op(dt: DType) -> (PrimFunc, usize, usize) {
         vals.push(Expr::cast(dt, Expr::cast(to, x.clone())));
         casts.push((to, es));
     }
+    // Negated constants and sigmoid of them (last: `libm_columns` counts the columns above).
+    // `-(-1.0)` once printed as `--1.0f`, C's decrement operator (found by compiler_props).
+    if !is_bool {
+        for c in constants(dt) {
+            vals.push(Expr::unary(UnOp::Neg, c.clone()).unwrap());
+        }
+    }
+    if dt.is_float() {
+        for c in constants(dt) {
+            vals.push(Expr::unary(UnOp::Sigmoid, c).unwrap());
+        }
+    }
     let nv = vals.len();
     let nc = casts[0].1.len();
     let r = output(2, "R", dt, vec![v(&n), int(nv as i64)]);
@@ -1558,11 +1570,14 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
 /// The columns of `every_op`'s `R` computed by libm functions (pow, exp, log, tanh, sigmoid,
 /// erf), for a float dtype: after the 2 loads, 7 binary ops, neg, abs, 4 per constant (8
 /// constants), div, then pow and the unary list.
-fn libm_columns(_nv: usize) -> Vec<usize> {
+fn libm_columns(nv: usize) -> Vec<usize> {
     let pow = 2 + 7 + 2 + 4 * 8 + 1;
     // Unary list: Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Floor, Ceil, Erf.
     let u = pow + 1;
-    vec![pow, u, u + 1, u + 4, u + 5, u + 8]
+    let mut cols = vec![pow, u, u + 1, u + 4, u + 5, u + 8];
+    // The sigmoids of the constants, last.
+    cols.extend(nv - constants(F).len()..nv);
+    cols
 }
 
 // ---- the kernel library (rivet.kernels) with its GPU schedules --------------------------
