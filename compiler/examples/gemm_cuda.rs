@@ -52,7 +52,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let st = s.stage(&c)?;
     let (io, ii) = st.split(&i, Some(Expr::int(TILE)), None)?;
     let (jo, ji) = st.split(&j, Some(Expr::int(TILE)), None)?;
-    st.reorder(&[io.clone(), jo.clone(), ii.clone(), ji.clone(), r.var.clone()])?;
+    st.reorder(&[
+        io.clone(),
+        jo.clone(),
+        ii.clone(),
+        ji.clone(),
+        r.var.clone(),
+    ])?;
     st.bind(&io, ThreadTag::BlockY)?;
     st.bind(&jo, ThreadTag::BlockX)?;
     st.bind(&ii, ThreadTag::ThreadY)?;
@@ -63,7 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = [a, b, c];
     let module = build(&s, &args, "cuda", "mm")?;
     module.save(&path)?;
-    println!("built 'mm' (C = A @ B, float32, any m, k, n) for target 'cuda' and saved it to {path}");
+    println!(
+        "built 'mm' (C = A @ B, float32, any m, k, n) for target 'cuda' and saved it to {path}"
+    );
     // Two kernels: the reduction's initialisation (C = 0) and the tiled product; the comment
     // above each in the source says what it reads, writes and its block shape.
     let cuda = module.get_source("cuda")?;
