@@ -40,6 +40,8 @@
 //! - The checks catch accidents (a torn or bit-flipped file, another program's file, another
 //!   key's entry): the cache is as trustworthy as the folder's permissions, like any
 //!   compiler cache. Folders rivet creates are private to the user (mode 0700).
+//! - Only regular files are read (a FIFO or a device in an entry's place is rejected, never
+//!   waited on). A process killed while writing can leave a `.tmp-*` file; it is never read.
 //! - Nothing is evicted: delete the folder to reclaim space.
 
 use super::nvrtc::{Compiled, Kind, Output};
@@ -185,7 +187,23 @@ impl DiskCache {
     /// The entry of `key`, if there is one and every check passes.
     pub fn get(&self, key: &Key) -> Lookup {
         let path = self.entry_path(key);
-        let mut file = match std::fs::File::open(&path) {
+        // Only regular files are opened: a FIFO or device under the entry's name would block
+        // or never end. O_NONBLOCK covers one swapped in after this check (no effect on a
+        // regular file).
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Lookup::Rejected(format!("{} is not a file", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+            Err(e) => return Lookup::Rejected(format!("cannot stat {}: {e}", path.display())),
+        }
+        let mut open = std::fs::OpenOptions::new();
+        open.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            open.custom_flags(libc::O_NONBLOCK);
+        }
+        let mut file = match open.open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
             Err(e) => return Lookup::Rejected(format!("cannot open {}: {e}", path.display())),

@@ -368,6 +368,23 @@ fn cache_folder_in_place_of_an_entry_does_not_fail_the_build() {
     );
 }
 
+#[cfg(unix)]
+#[test]
+fn cache_fifo_in_place_of_an_entry_is_not_waited_on() {
+    let d = TempDir::new("fifo");
+    let c = DiskCache::new(d.path());
+    let k = key("fifo", Kind::Cubin);
+    std::fs::create_dir_all(c.dir()).unwrap();
+    let p = std::ffi::CString::new(c.entry_path(&k).to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o600) }, 0);
+    assert!(rejected(c.get(&k)).contains("not a file"));
+    // compile_cached goes on (the rename replaces the FIFO with a real entry).
+    let calls = Cell::new(0);
+    through(Some(&c), &k, &cubin(2), &calls);
+    assert_eq!(payload(&hit(c.get(&k))), payload(&cubin(2)));
+}
+
 #[test]
 fn cache_unwritable_folder_never_fails_a_build() {
     // A root under a regular file cannot be created, even by root (permission bits would
