@@ -200,6 +200,31 @@ def test_a_later_process_loads_from_the_disk_cache(tmp_path, nvrtc_here):
         assert p.read_bytes() == first[name][0]
 
 
+def test_concurrent_processes_share_one_cache(tmp_path, nvrtc_here):
+    # Four processes build the same kernels into an empty cache at once: each writes through
+    # its own temporary file and renames it, so all succeed and one whole entry per key stays.
+    cache = tmp_path / "cache"
+    env = dict(os.environ, RIVET_CACHE_DIR=str(cache))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, "build", str(tmp_path / f"m{i}.rivet")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert len({o for o, _ in outs}) == 1, "every process got the same PTX"
+    names = sorted(p.name for p in (cache / "cuda").iterdir())
+    assert len(names) == 2 and not any(n.startswith(".tmp-") for n in names), names
+    first = entries(cache)
+    run_child("load", tmp_path / "m0.rivet", cache)
+    assert entries(cache) == first, "the entries they left are valid: the next load hits"
+
+
 def test_the_cache_can_be_off_or_unusable_without_failing(tmp_path, nvrtc_here):
     mod = tmp_path / "d.rivet"
     xdg = tmp_path / "xdg"
