@@ -1,5 +1,6 @@
 # rivet: one entry point for a fresh machine (Rust + Python 3.11 + pip).
-#   make demo    venv + build + the CPU demos (runtime; a GEMM built in Rust, used from Python)
+#   make demo    venv + build + the demos (runtime; a GEMM built in Rust, used from Python; the
+#                same for the GPU, which without a GPU runs the GPU-scheduled IR on the interpreter)
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
 #   make bench   venv + build + benches/call_overhead.py
 #   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
@@ -81,6 +82,9 @@ demo: venv build
 	$(VPY) bindings/examples/demo.py
 	cargo run --release -p rivet-compiler --example gemm_module -- target/gemm.rivet
 	$(VPY) compiler/examples/use_gemm.py target/gemm.rivet
+	RIVET_NVRTC_PATH="$$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)" \
+	  cargo run --release -p rivet-compiler --example gemm_cuda -- target/gemm_cuda.rivet
+	$(VPY) compiler/examples/use_gemm_cuda.py target/gemm_cuda.rivet
 
 test: venv mxvenv build
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl

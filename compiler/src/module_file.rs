@@ -10,7 +10,13 @@
 //! | 4 | CRC-32 (IEEE) of the payload (u32) |
 //! | n | payload: JSON `{"rivet": version, "functions": [{"target": .., "ir": PrimFunc}]}` |
 //!
-//! The IR stored is each function's loop nest *before* the bounds proof. Loading trusts
+//! The IR stored is each function's loop nest *before* the bounds proof, with its target
+//! (`"cpu"`, `"cuda -arch=sm_90"`, ...: `Target`'s canonical spelling, parsed again and
+//! refused when unknown). CUDA functions are saved the same way: their IR, not their PTX or
+//! cubin; at load they are proven and compiled again, and NVRTC's outputs come from the
+//! checked disk cache (`codegen/cuda/cache.rs`) when this machine compiled them before. A
+//! nest holds no outlined kernels or launches (the host/device split runs at load), so a
+//! file carrying them is refused. Loading trusts
 //! nothing in the file: it checks the header, length and checksum, parses, runs the verifier
 //! (a failure is a `CompileError` naming the file, not an internal error), then the rest of
 //! the lowering pipeline — the bounds proof included — and JIT-compiles again. So a truncated,
@@ -168,6 +174,25 @@ impl Module {
                     format!(
                         "invalid IR in function '{}': variable id {max_id} is above {MAX_VAR_ID}",
                         f.ir.name
+                    ),
+                ));
+            }
+            // A loop nest is saved before the host/device split: outlined bodies in the file
+            // would reach the backend without passing the bounds proof (which reads the body),
+            // so a file that carries them is refused, whatever they hold.
+            let mut launches = 0usize;
+            f.ir.body.visit(&mut |s| {
+                if matches!(s, crate::ir::Stmt::Launch { .. }) {
+                    launches += 1;
+                }
+            });
+            if !f.ir.kernels.is_empty() || launches > 0 {
+                return Err(bad(
+                    origin,
+                    format!(
+                        "invalid IR in function '{}': a saved loop nest has no outlined kernels or launches (the file has {} kernels and {launches} launches; they are made again at load)",
+                        f.ir.name,
+                        f.ir.kernels.len()
                     ),
                 ));
             }
@@ -405,5 +430,253 @@ mod deep_json {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Saved modules holding CUDA functions: the round trip (same IR, CUDA C and PTX after
+    //! load; calling without a GPU is a `DeviceError`), and hostile files (a crafted
+    //! architecture, IR the verifier or the bounds proof refuses, pre-outlined kernels).
+    use super::*;
+    use crate::ir::stmt::ThreadTag;
+    use crate::ir::Expr;
+    use crate::te::{compute, placeholder};
+    use rivet_runtime::DType;
+
+    /// `C[i] = A[i] * 2` split by 128 and bound to blocks and threads, built for `target`.
+    fn bound_double(target: &str) -> Module {
+        let n = crate::te::var("n");
+        let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+        let c = compute(
+            &[n.clone()],
+            |i| {
+                crate::te::ok(
+                    a.at(&[i[0].clone()])
+                        .map(|x| x * Expr::constant(2.0, DType::F32)),
+                )
+            },
+            "C",
+        )
+        .unwrap();
+        let mut s = crate::Schedule::new(&[c.clone()]).unwrap();
+        let i = c.axis()[0].var.clone();
+        let st = s.stage(&c).unwrap();
+        let (bx, tx) = st.split(&i, Some(Expr::int(128)), None).unwrap();
+        st.bind(&bx, ThreadTag::BlockX).unwrap();
+        st.bind(&tx, ThreadTag::ThreadX).unwrap();
+        crate::build::build(&s, &[a, c], target, "dbl").unwrap()
+    }
+
+    /// The kernel library's matmul with its GPU schedule (the 16 x 16 thread tiles).
+    fn library_matmul(target: &str) -> Module {
+        let def = crate::kernels::defs::matmul(DType::F32).unwrap();
+        let s = crate::kernels::strategy::schedule(&def, crate::kernels::Strategy::Gpu).unwrap();
+        crate::build::build(&s, &def.args, target, def.name).unwrap()
+    }
+
+    fn nvrtc_present() -> bool {
+        crate::codegen::cuda::nvrtc::find().is_ok()
+    }
+
+    fn assert_same_module(a: &Module, b: &Module) {
+        assert_eq!(a.function_names(), b.function_names());
+        for (x, y) in a.funcs.iter().zip(&b.funcs) {
+            assert_eq!(x.target, y.target);
+        }
+        for kind in ["ir", "nest", "cuda"] {
+            assert_eq!(
+                a.get_source(kind).unwrap(),
+                b.get_source(kind).unwrap(),
+                "{kind}"
+            );
+        }
+        if nvrtc_present() {
+            assert_eq!(a.get_source("ptx").unwrap(), b.get_source("ptx").unwrap());
+        }
+    }
+
+    #[test]
+    fn cuda_modules_save_and_load_with_their_target() {
+        let dir = std::env::temp_dir().join(format!("rivet-modfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (m, target) in [
+            (bound_double("cuda -arch=sm_90"), "cuda -arch=sm_90"),
+            (bound_double("cuda"), "cuda"),
+            (library_matmul("cuda -arch=sm_80"), "cuda -arch=sm_80"),
+        ] {
+            let path = dir.join("m.rivet");
+            m.save(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let text = String::from_utf8_lossy(&bytes[HEADER..]).into_owned();
+            assert!(text.contains(&format!(r#""target":"{target}""#)), "{text}");
+            let loaded = Module::load(&path).unwrap();
+            assert_same_module(&m, &loaded);
+            if nvrtc_present() {
+                let ptx = loaded.get_source("ptx").unwrap();
+                let arch = target.strip_prefix("cuda -arch=").unwrap_or("sm_80");
+                assert!(ptx.contains(&format!(".target {arch}")), "{ptx}");
+            }
+            // Saved again, the file is the same bytes: nothing was lost or added.
+            assert_eq!(loaded.to_bytes().unwrap(), bytes);
+            // No GPU here (and CPU tensors anyway): a DeviceError, never a crash.
+            let name = &loaded.function_names()[0];
+            let f = loaded.get_function(name).unwrap();
+            let sig_len = f.signature().map(|s| s.params.len()).unwrap_or(2);
+            let args: Vec<rivet_runtime::Value> = (0..sig_len)
+                .map(|_| {
+                    rivet_runtime::Value::Tensor(
+                        rivet_runtime::Tensor::zeros(
+                            &[4, 4][..if sig_len == 3 { 2 } else { 1 }],
+                            DType::F32,
+                        )
+                        .unwrap(),
+                    )
+                })
+                .collect();
+            let e = f.call(&args).unwrap_err();
+            assert!(matches!(e, rivet_runtime::Error::Device(_)), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The module's file with `edit` applied to its JSON payload, re-framed with a valid
+    /// checksum (what a hand-crafted file looks like).
+    fn crafted(m: &Module, edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let bytes = m.to_bytes().unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes[HEADER..]).unwrap();
+        edit(&mut v);
+        let json = serde_json::to_vec(&v).unwrap();
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&json).to_le_bytes());
+        out.extend_from_slice(&json);
+        out
+    }
+
+    fn refused(bytes: &[u8], what: &[&str]) {
+        let e = Module::from_bytes(bytes, "crafted.rivet")
+            .err()
+            .unwrap_or_else(|| panic!("accepted a file that should be refused for {what:?}"));
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Compile(_)), "{msg}");
+        assert!(
+            msg.contains("cannot load rivet module crafted.rivet"),
+            "{msg}"
+        );
+        for w in what {
+            assert!(msg.contains(w), "expected {w:?} in: {msg}");
+        }
+    }
+
+    /// The first JSON object holding `key` (depth first), mutably.
+    fn find<'a>(v: &'a mut serde_json::Value, key: &str) -> Option<&'a mut serde_json::Value> {
+        if v.get(key).is_some() {
+            return Some(v);
+        }
+        match v {
+            serde_json::Value::Object(m) => m.values_mut().find_map(|x| find(x, key)),
+            serde_json::Value::Array(a) => a.iter_mut().find_map(|x| find(x, key)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn crafted_cuda_targets_are_compile_errors() {
+        let m = bound_double("cuda -arch=sm_90");
+        for (target, why) in [
+            ("cuda -arch=sm_9999999999", "sm_9999999999"),
+            ("cuda -arch=sm_70", "sm_80 and newer"),
+            ("cuda -arch=compute_", "compute_"),
+            ("cuda -arch=sm_90; rm -rf /", "got 'sm_90;'"),
+            ("cuda -O3", "unknown option '-O3'"),
+            ("cuda\u{0}", "unknown target"),
+            ("gpu", "unknown target 'gpu'"),
+            ("", "unknown target"),
+        ] {
+            let f = crafted(&m, |v| v["functions"][0]["target"] = target.into());
+            refused(&f, &["function 'dbl'", why]);
+        }
+        // A target that is not a string at all.
+        let f = crafted(&m, |v| v["functions"][0]["target"] = 90.into());
+        refused(&f, &["malformed payload"]);
+    }
+
+    #[test]
+    fn cuda_functions_whose_ir_fails_verification_are_refused() {
+        let m = bound_double("cuda -arch=sm_90");
+        // 4096 threads per block: over CUDA's 1024 (the GPU verifier).
+        let f = crafted(&m, |v| {
+            let inner = find(&mut v["functions"][0]["ir"]["body"]["For"]["body"], "For").unwrap();
+            inner["For"]["extent"]["kind"]["Const"]["Int"] = 4096.into();
+        });
+        refused(&f, &["invalid IR in function 'dbl'", "1024"]);
+        // A thread loop that does not start at 0.
+        let f = crafted(&m, |v| {
+            let inner = find(&mut v["functions"][0]["ir"]["body"]["For"]["body"], "For").unwrap();
+            inner["For"]["min"]["kind"]["Const"]["Int"] = 1.into();
+        });
+        refused(&f, &["function 'dbl'", "start at 0"]);
+        // The block loop (extent n / 128) retagged as threadIdx.x: threadIdx.x twice, and a
+        // thread loop without a constant extent.
+        let f = crafted(&m, |v| {
+            v["functions"][0]["ir"]["body"]["For"]["kind"] =
+                serde_json::json!({"Thread": "ThreadX"});
+        });
+        refused(&f, &["function 'dbl'", "threadIdx.x", "constant extent"]);
+        // A store one element past the guard: the bounds proof, run again at load, cannot
+        // prove it for a symbolic n, so the loaded function carries a per-call check that
+        // stops every call before the launch (a ShapeError where the original, with the
+        // same arguments, reaches the device and says there is none).
+        let f = crafted(&m, |v| {
+            let store = find(&mut v["functions"][0]["ir"]["body"], "Store").unwrap();
+            store["Store"]["indices"][0]["kind"]["Binary"][1]["kind"]["Const"]["Int"] = 1.into();
+        });
+        let loaded = Module::from_bytes(&f, "crafted.rivet").unwrap();
+        assert!(m.funcs[0].func.checks.is_empty());
+        assert!(!loaded.funcs[0].func.checks.is_empty());
+        let args = || {
+            vec![
+                rivet_runtime::Value::Tensor(
+                    rivet_runtime::Tensor::zeros(&[7], DType::F32).unwrap(),
+                ),
+                rivet_runtime::Value::Tensor(
+                    rivet_runtime::Tensor::zeros(&[7], DType::F32).unwrap(),
+                ),
+            ]
+        };
+        let e = loaded
+            .get_function("dbl")
+            .unwrap()
+            .call(&args())
+            .unwrap_err();
+        assert!(
+            matches!(e, rivet_runtime::Error::Shape(_)) && e.to_string().contains("out-of-bounds"),
+            "{e}"
+        );
+        let e = m.get_function("dbl").unwrap().call(&args()).unwrap_err();
+        assert!(matches!(e, rivet_runtime::Error::Device(_)), "{e}");
+        // A variable whose id is a string: the parser.
+        let f = crafted(&m, |v| {
+            v["functions"][0]["ir"]["dims"][0]["id"] = "one".into()
+        });
+        refused(&f, &["malformed payload"]);
+    }
+
+    #[test]
+    fn saved_nests_with_outlined_kernels_are_refused() {
+        // The split function (kernels outlined, a launch in the body) saved in place of the
+        // nest: its kernels never went through the proof, so they are not accepted.
+        let m = bound_double("cuda -arch=sm_90");
+        let split = serde_json::to_value(&m.funcs[0].func).unwrap();
+        let f = crafted(&m, |v| v["functions"][0]["ir"] = split);
+        refused(&f, &["outlined kernels or launches"]);
+        let f = crafted(&m, |v| {
+            v["functions"][0]["ir"]["kernels"] = serde_json::json!([]);
+            v["functions"][0]["ir"]["body"] = serde_json::json!({"Launch": {"kernel": 0}});
+        });
+        refused(&f, &["outlined kernels or launches"]);
     }
 }

@@ -12,10 +12,16 @@
 //! `RIVET_REQUIRE_NVRTC=1` (CI); launching then says what is missing. No panic escapes:
 //! libraries are probed before use and every cudarc call runs under `catch_unwind`.
 //!
-//! Not yet: the disk cache of compiled binaries, output allocation on the device, checked
-//! mode, host code beyond a sequence of launches and global temporaries (CPU parallel
+//! Every NVRTC call goes through the disk cache (`cache.rs`, `RIVET_CACHE_DIR`): an entry
+//! checked against its full key and checksum is used instead of compiling; anything else is
+//! compiled again and overwritten; a cache that cannot be used never fails a build.
+//!
+//! Not yet: output allocation on the device, checked mode, host code beyond a sequence of launches and global temporaries (CPU parallel
 //! loops, host loops, host conditions), 32-bit index arithmetic, vectorized loads.
 
+pub mod cache;
+#[cfg(test)]
+mod cache_tests;
 pub mod driver;
 pub mod nvrtc;
 pub mod prelude;
@@ -27,6 +33,7 @@ use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::stmt::{PrimFunc, Stmt};
 use crate::target::{CudaArch, Target};
+use nvrtc::Kind;
 use rivet_runtime::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -51,6 +58,9 @@ pub struct CudaBackend {
     pub nvrtc_path: Option<PathBuf>,
     /// Absence of NVRTC is a `CompileError` (default: `RIVET_REQUIRE_NVRTC=1`).
     pub require_nvrtc: bool,
+    /// The disk cache of NVRTC outputs (default: `RIVET_CACHE_DIR` / the user's cache
+    /// folder; `None`: off). Kept by the kernel for the compilations of a launch.
+    pub cache: Option<cache::DiskCache>,
 }
 
 impl CudaBackend {
@@ -61,6 +71,7 @@ impl CudaBackend {
             fmad: false,
             nvrtc_path: None,
             require_nvrtc: std::env::var("RIVET_REQUIRE_NVRTC").is_ok_and(|v| v == "1"),
+            cache: cache::DiskCache::from_env(),
         }
     }
 
@@ -127,8 +138,10 @@ impl CudaBackend {
         let (mut ptx, mut cubin, mut log) = (None, None, String::new());
         if let Some(n) = &nv {
             let file = format!("{}.cu", source::sanitize(&func.name));
-            let p = compile_with(n, &gen.source, &file, arch, nvrtc::Kind::Ptx, self.fmad)?;
-            let c = compile_with(n, &gen.source, &file, arch, nvrtc::Kind::Cubin, self.fmad)?;
+            let cache = self.cache.as_ref();
+            let p = compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Ptx, self.fmad)?;
+            let c =
+                compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Cubin, self.fmad)?;
             for l in [&p.log, &c.log] {
                 if !l.is_empty() && !log.contains(l.as_str()) {
                     log.push_str(l);
@@ -152,23 +165,56 @@ impl CudaBackend {
             log,
             nvrtc: nv,
             fmad: self.fmad,
+            cache: self.cache.clone(),
             slots: int_slots(func),
             devices: driver::Devices::default(),
         })
     }
 }
 
-/// Compiles `source` with `nv`; a failure is a `CompileError` quoting the log and the lines.
+/// Compiles `source` with `nv` through the disk cache the environment names
+/// (`RIVET_CACHE_DIR`); a failure is a `CompileError` quoting the log and the lines.
 pub fn compile_with(
     nv: &nvrtc::Nvrtc,
     source: &str,
     file: &str,
     arch: CudaArch,
-    kind: nvrtc::Kind,
+    kind: Kind,
+    fmad: bool,
+) -> Result<nvrtc::Compiled> {
+    let cache = cache::DiskCache::from_env();
+    compile_cached_with(cache.as_ref(), nv, source, file, arch, kind, fmad)
+}
+
+/// `compile_with` through `cache` (`None`: NVRTC every time). The key holds everything that
+/// decides NVRTC's output: the source, file name, architecture, kind, options and NVRTC's
+/// version (`cache::Key`).
+pub fn compile_cached_with(
+    cache: Option<&cache::DiskCache>,
+    nv: &nvrtc::Nvrtc,
+    source: &str,
+    file: &str,
+    arch: CudaArch,
+    kind: Kind,
     fmad: bool,
 ) -> Result<nvrtc::Compiled> {
     let opts = nvrtc::options(arch, kind, fmad);
-    nv.compile(source, file, &opts, kind).map_err(|(msg, log)| {
+    let key = cache::Key::new(source, file, arch, kind, &opts, nv.version);
+    cache::compile_cached(cache, &key, || {
+        nvrtc_compile(nv, source, file, arch, kind, &opts)
+    })
+}
+
+/// One NVRTC call; a failure is a `CompileError` quoting the log and the offending lines.
+fn nvrtc_compile(
+    nv: &nvrtc::Nvrtc,
+    source: &str,
+    file: &str,
+    arch: CudaArch,
+    kind: Kind,
+    opts: &[String],
+) -> Result<nvrtc::Compiled> {
+    nv.compile(source, file, opts, kind).map_err(|(msg, log)| {
         let dump = std::env::var("RIVET_DUMP")
             .map(|d| format!(" (source written under RIVET_DUMP={d})"))
             .unwrap_or_default();
@@ -202,6 +248,7 @@ pub struct CudaKernel {
     log: String,
     nvrtc: Option<Arc<nvrtc::Nvrtc>>,
     fmad: bool,
+    cache: Option<cache::DiskCache>,
     slots: Vec<crate::ir::Var>,
     devices: driver::Devices,
 }
@@ -228,7 +275,8 @@ impl CudaKernel {
         &self.info
     }
 
-    /// A cubin for `arch`: the build-time one when it matches, else compiled now.
+    /// A cubin for `arch`: the build-time one when it matches, else compiled now (through the
+    /// disk cache: a device seen before costs no NVRTC call).
     fn cubin_for(&self, arch: CudaArch) -> Result<Vec<u8>> {
         if let Some((a, b)) = &self.cubin {
             if *a == arch {
@@ -245,12 +293,13 @@ impl CudaKernel {
             })?,
         };
         let file = format!("{}.cu", source::sanitize(&self.func.name));
-        match compile_with(
+        match compile_cached_with(
+            self.cache.as_ref(),
             &nv,
             &self.source,
             &file,
             arch,
-            nvrtc::Kind::Cubin,
+            Kind::Cubin,
             self.fmad,
         )?
         .output

@@ -1,0 +1,96 @@
+//! The user's workflow for the GPU, Rust half: define `C = A @ B` with the Rust DSL, give it a
+//! GPU schedule (one 16 x 16 block of threads per 16 x 16 tile of C), build it for
+//! `target="cuda"` and save the module. `compiler/examples/use_gemm_cuda.py` loads it from
+//! Python and runs it on torch CUDA tensors against `torch.mm`, or, on a machine without a
+//! GPU, runs the same IR on the interpreter against numpy.
+//!
+//! Building needs no GPU: the CUDA C is generated here and, where NVRTC is found (the torch
+//! wheel ships it; `RIVET_NVRTC_PATH` points at it), compiled to PTX and a cubin. The module
+//! file holds the loop IR, not the binaries: loading proves and compiles it again (NVRTC's
+//! outputs come from the disk cache, `RIVET_CACHE_DIR`, when they were compiled before).
+//!
+//! Run: `RIVET_NVRTC_PATH=.../nvidia/cu13/lib cargo run --release -p rivet-compiler --example gemm_cuda -- gemm_cuda.rivet`
+
+use rivet_compiler::ir::stmt::ThreadTag;
+use rivet_compiler::ir::Expr;
+use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::{build, Schedule};
+use rivet_runtime::DType;
+
+/// Side of a block's tile of C: TILE x TILE threads, one output each.
+const TILE: i64 = 16;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "gemm_cuda.rivet".into());
+
+    // C[i, j] = sum_r A[i, r] * B[r, j], for any m, k, n (symbolic, bound at call time).
+    let (m, k, n) = (te::var("m"), te::var("k"), te::var("n"));
+    let a = placeholder(&[m.clone(), k.clone()], DType::F32, "A")?;
+    let b = placeholder(&[k.clone(), n.clone()], DType::F32, "B")?;
+    let r = te::reduce_axis(Expr::int(0), k, "r")?;
+    let c = compute(
+        &[m, n],
+        |i| {
+            ok(te::sum(
+                a.idx(&[i[0].clone(), ax(&r)]) * b.idx(&[ax(&r), i[1].clone()]),
+                &[r.clone()],
+            ))
+        },
+        "C",
+    )?;
+
+    // The GPU schedule (what `rivet.kernels.matmul(target="cuda")` uses, written out; a
+    // correct baseline, not a fast one: no shared-memory tiles yet, see docs/cuda.md):
+    // rows and columns split into TILE-sized tiles; a block per tile (blockIdx.y, blockIdx.x),
+    // a thread per output of the tile (threadIdx.y, threadIdx.x); each thread runs the whole
+    // reduction serially, in order, so its result is the interpreter's bit for bit. Ragged
+    // edges (m or n not a multiple of TILE) are guarded by the generated code.
+    let mut s = Schedule::new(&[c.clone()])?;
+    let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+    let st = s.stage(&c)?;
+    let (io, ii) = st.split(&i, Some(Expr::int(TILE)), None)?;
+    let (jo, ji) = st.split(&j, Some(Expr::int(TILE)), None)?;
+    st.reorder(&[
+        io.clone(),
+        jo.clone(),
+        ii.clone(),
+        ji.clone(),
+        r.var.clone(),
+    ])?;
+    st.bind(&io, ThreadTag::BlockY)?;
+    st.bind(&jo, ThreadTag::BlockX)?;
+    st.bind(&ii, ThreadTag::ThreadY)?;
+    st.bind(&ji, ThreadTag::ThreadX)?;
+
+    // "cuda" names no architecture: the module runs on any supported GPU (compiled for the
+    // device's own at the first launch). Built for sm_80 and sm_90 here to show both.
+    let args = [a, b, c];
+    let module = build(&s, &args, "cuda", "mm")?;
+    module.save(&path)?;
+    println!(
+        "built 'mm' (C = A @ B, float32, any m, k, n) for target 'cuda' and saved it to {path}"
+    );
+    // Two kernels: the reduction's initialisation (C = 0) and the tiled product; the comment
+    // above each in the source says what it reads, writes and its block shape.
+    let cuda = module.get_source("cuda")?;
+    println!("  CUDA C: {} bytes", cuda.len());
+    for l in cuda.lines().filter(|l| l.starts_with("// kernel ")) {
+        println!("    {}", l.trim_start_matches("// "));
+    }
+    for arch in ["sm_80", "sm_90"] {
+        let m = build(&s, &args, &format!("cuda -arch={arch}"), "mm")?;
+        match m.get_source("ptx") {
+            Ok(ptx) => println!(
+                "  {arch}: NVRTC compiled it, {} bytes of PTX ({})",
+                ptx.len(),
+                ptx.lines()
+                    .find(|l| l.starts_with(".target"))
+                    .unwrap_or("?")
+            ),
+            Err(e) => println!("  {arch}: source only, no PTX: {e}"),
+        }
+    }
+    Ok(())
+}
