@@ -24,7 +24,7 @@ use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind, ToTarget};
 use crate::te::Tensor as TeTensor;
 use rivet_runtime::{
-    ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
+    ArgName, DeviceSpec, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -254,8 +254,14 @@ fn dim_name(v: &Var, func: &PrimFunc) -> String {
     }
 }
 
-/// The typed signature of a compiled function.
+/// The typed signature of a compiled function, for a CPU target (tensors in host memory).
 pub fn signature(func: &PrimFunc) -> Signature {
+    signature_on(func, DeviceSpec::Host)
+}
+
+/// The typed signature with `device` for every tensor: `Any` for CUDA functions, whose
+/// device rule (one CUDA device for all tensors) [`check_devices`] applies.
+fn signature_on(func: &PrimFunc, device: DeviceSpec) -> Signature {
     let params = func
         .params
         .iter()
@@ -276,7 +282,7 @@ pub fn signature(func: &PrimFunc) -> Signature {
                 ParamKind::Tensor(TensorSpec {
                     dtypes: vec![b.dtype],
                     shape: Some(shape),
-                    device: None,
+                    device,
                     output,
                 }),
             )
@@ -291,7 +297,11 @@ fn shape_error(msg: String) -> Error {
 
 /// The packed function of a compiled function.
 pub fn make_function(c: Arc<Compiled>) -> Function {
-    let sig = signature(&c.func);
+    let device = match c.target.kind {
+        TargetKind::Cuda => DeviceSpec::Any,
+        _ => DeviceSpec::Host,
+    };
+    let sig = signature_on(&c.func, device);
     let inputs_sig = Signature::new(
         sig.params
             .iter()
@@ -306,6 +316,41 @@ pub fn make_function(c: Arc<Compiled>) -> Function {
     })
 }
 
+/// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed
+/// devices (cpu with cuda, cuda:0 with cuda:1) name the first argument on each of two
+/// devices; all on the CPU says the function was built for CUDA. Runs before the signature
+/// check, so a device mistake is reported as such and not as the first argument's shape.
+fn check_devices(name: &str, sig: &Signature, args: &[Value]) -> Result<()> {
+    let device_error = |m: String| Error::Runtime(rivet_runtime::Error::Device(m));
+    let arg = |i: usize| ArgName {
+        index: i,
+        name: sig.params.get(i).map(|p| p.name.as_str()),
+    };
+    let mut first: Option<(usize, rivet_runtime::Device)> = None;
+    for (i, v) in args.iter().enumerate() {
+        let Some(t) = v.as_tensor() else { continue };
+        match first {
+            None => first = Some((i, t.device())),
+            Some((j, d)) if d != t.device() => {
+                return Err(device_error(format!(
+                    "{name}: tensors on different devices: {} is on {d} but {} is on {}; all tensors of a call must be on one CUDA device (rivet does not copy between devices)",
+                    arg(j),
+                    arg(i),
+                    t.device()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    match first {
+        Some((i, d)) if !matches!(d, rivet_runtime::Device::Cuda(_)) => Err(device_error(format!(
+            "{name}: built for 'cuda', called with tensors on {d} ({} and every other tensor); pass CUDA tensors (or build for 'cpu')",
+            arg(i)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn call(
     c: &Compiled,
     name: &str,
@@ -317,6 +362,9 @@ fn call(
     let n_out = f.params.len() - inputs_sig.params.len();
     let allocate =
         args.len() == inputs_sig.params.len() && n_out > 0 && args.len() != f.params.len();
+    if c.target.kind == TargetKind::Cuda {
+        check_devices(name, if allocate { inputs_sig } else { sig }, args)?;
+    }
     if allocate {
         inputs_sig.check(name, args)?;
     } else {
@@ -358,15 +406,16 @@ fn call(
             ))));
         }
     }
-    // The launch context: the arguments' device (the signature admits only devices this
-    // backend runs on) and their size, for the backend's policy.
+    // The launch context: the arguments' device (one device, checked above for CUDA; the
+    // signature admits only host memory for the CPU backends), the stream the caller chose
+    // (`rivet_runtime::stream`), and the call's size, for the backend's policy.
     let ctx = LaunchContext {
         device: slots
             .iter()
             .flatten()
             .next()
             .map_or(rivet_runtime::Device::Cpu, |t| t.device()),
-        stream: None,
+        stream: rivet_runtime::stream::call_stream(),
         work: 0,
     };
     // Dims given by expressions, and the allocation of missing outputs.
