@@ -5,8 +5,9 @@
 //! Invariants: the typestr is one of the little-endian / byte-sized codes rivet has a dtype
 //! for (`<f4`, `|u1`, `<b1`...; big-endian and unknown codes are refused); byte strides must
 //! be multiples of the item size (rivet's strides are in elements); `mask` must be absent or
-//! None; a v3 `stream` of 0 is refused (the protocol forbids it as ambiguous). Everything
-//! else about the layout is checked by `Tensor::from_raw_parts`, as for every import.
+//! None; a v3 `stream` of 0 is refused (the protocol forbids it as ambiguous); the layout's
+//! arithmetic is validated here (before the driver is asked about the pointer) and again,
+//! with the address, by `Tensor::from_raw_parts`, as for every import.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -108,6 +109,13 @@ pub fn describe(i: &Interface, what: &str) -> Result<Described> {
             s.iter().map(|b| b / size).collect()
         }
     };
+    // The layout's arithmetic now, before anyone asks the driver about the pointer.
+    layout::validate(&shape, &strides, dtype.size()).map_err(|e| match e {
+        e @ (layout::LayoutError::NegativeDim { .. } | layout::LayoutError::TooManyElements { .. }) => {
+            Error::Shape(format!("{what}: __cuda_array_interface__ {e}"))
+        }
+        e => bad(format!("describes an invalid layout: {e}")),
+    })?;
     let stream = match i.stream {
         None => None,
         Some(0) => {
