@@ -133,9 +133,13 @@ pub fn import_cai(obj: &Bound<'_, PyAny>, sync: Option<&mut CallStreams>) -> Res
     let get = |k: &str| d.get_item(k).ok().flatten().filter(|v| !v.is_none());
     let need = |k: &str| get(k).ok_or_else(|| bad(format!("the interface has no '{k}'")));
     let field = |k: &str, e: PyErr| bad(format!("'{k}' is malformed: {e}"));
-    let version: i64 = need("version")?.extract().map_err(|e| field("version", e))?;
+    let version: i64 = need("version")?
+        .extract()
+        .map_err(|e| field("version", e))?;
     let shape: Vec<i64> = need("shape")?.extract().map_err(|e| field("shape", e))?;
-    let typestr: String = need("typestr")?.extract().map_err(|e| field("typestr", e))?;
+    let typestr: String = need("typestr")?
+        .extract()
+        .map_err(|e| field("typestr", e))?;
     let (data, read_only): (u64, bool) = need("data")?.extract().map_err(|e| field("data", e))?;
     let strides: Option<Vec<i64>> = get("strides")
         .map(|s| s.extract())

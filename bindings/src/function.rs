@@ -6,8 +6,8 @@
 
 use crate::convert::{self, tensor_as, to_value_in, wrap_callable};
 use crate::cuda::{parse_stream, CallStreams};
-use crate::tensor::PyTensor;
 use crate::errors::IntoPyResult;
+use crate::tensor::PyTensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 use rivet_runtime::{registry, ArgName, Function, Value};

@@ -111,7 +111,8 @@ pub fn describe(i: &Interface, what: &str) -> Result<Described> {
     };
     // The layout's arithmetic now, before anyone asks the driver about the pointer.
     layout::validate(&shape, &strides, dtype.size()).map_err(|e| match e {
-        e @ (layout::LayoutError::NegativeDim { .. } | layout::LayoutError::TooManyElements { .. }) => {
+        e @ (layout::LayoutError::NegativeDim { .. }
+        | layout::LayoutError::TooManyElements { .. }) => {
             Error::Shape(format!("{what}: __cuda_array_interface__ {e}"))
         }
         e => bad(format!("describes an invalid layout: {e}")),
@@ -156,7 +157,10 @@ mod tests {
     #[test]
     fn compact_strided_and_refused() {
         let d = describe(&iface(), "x").unwrap();
-        assert_eq!((d.dtype, d.strides.as_slice()), (DType::F32, &[3i64, 1][..]));
+        assert_eq!(
+            (d.dtype, d.strides.as_slice()),
+            (DType::F32, &[3i64, 1][..])
+        );
         let mut t = iface();
         t.strides = Some(vec![4, 8]);
         assert_eq!(describe(&t, "x").unwrap().strides.as_slice(), &[1, 2]);
@@ -164,11 +168,20 @@ mod tests {
         let e = describe(&t, "x").unwrap_err().to_string();
         assert!(e.contains("not a multiple of the item size 4"), "{e}");
         for (edit, want) in [
-            (Box::new(|t: &mut Interface| t.typestr = ">f4".into()) as Box<dyn Fn(&mut _)>, "typestr '>f4'"),
+            (
+                Box::new(|t: &mut Interface| t.typestr = ">f4".into()) as Box<dyn Fn(&mut _)>,
+                "typestr '>f4'",
+            ),
             (Box::new(|t: &mut Interface| t.version = 1), "version 1"),
             (Box::new(|t: &mut Interface| t.masked = true), "mask"),
-            (Box::new(|t: &mut Interface| t.stream = Some(0)), "stream is 0"),
-            (Box::new(|t: &mut Interface| t.strides = Some(vec![4])), "1 strides for 2 dims"),
+            (
+                Box::new(|t: &mut Interface| t.stream = Some(0)),
+                "stream is 0",
+            ),
+            (
+                Box::new(|t: &mut Interface| t.strides = Some(vec![4])),
+                "1 strides for 2 dims",
+            ),
         ] {
             let mut t = iface();
             edit(&mut t);

@@ -172,12 +172,13 @@ pub unsafe fn order(ordinal: usize, from: u64, to: u64) -> Result<()> {
     // SAFETY: a fresh event; the streams are the caller's promise. Destroying an event
     // whose wait is still pending is allowed (its resources go when the work completes).
     let r = guarded("stream order", || unsafe {
-        result::event::record(ev, from as sys::CUstream)
-            .and_then(|()| result::stream::wait_event(
+        result::event::record(ev, from as sys::CUstream).and_then(|()| {
+            result::stream::wait_event(
                 to as sys::CUstream,
                 ev,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            ))
+            )
+        })
     });
     // SAFETY: created above, destroyed once.
     let _ = guarded("event destroy", || unsafe { result::event::destroy(ev) });
@@ -300,9 +301,14 @@ pub fn alloc_tensor(
     let mem = DeviceMemory { ordinal, ptr };
     if zero {
         // SAFETY: `ptr` holds `n` bytes; the memset is ordered on the allocating stream.
-        guarded("memset", || unsafe { result::memset_d8_async(ptr, 0, n, s) })?.map_err(
-            |e| device_error(format!("CUDA: cannot zero a new tensor on cuda:{ordinal}: {e}")),
-        )?;
+        guarded("memset", || unsafe {
+            result::memset_d8_async(ptr, 0, n, s)
+        })?
+        .map_err(|e| {
+            device_error(format!(
+                "CUDA: cannot zero a new tensor on cuda:{ordinal}: {e}"
+            ))
+        })?;
     }
     drop(ctx);
     let strides = rivet_runtime::layout::compact_strides(shape);
@@ -479,5 +485,63 @@ impl Loaded {
             result::free_async(ptr, stream as sys::CUstream)
         })?
         .map_err(|e| device_error(format!("CUDA: cannot free a temporary: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_runtime::{DType, Error as R};
+
+    fn runtime_err(e: Error) -> R {
+        match e {
+            Error::Runtime(r) => r,
+            other => panic!("expected a runtime error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn allocation_checks_sizes_before_asking_the_driver() {
+        let e = runtime_err(alloc_tensor(0, &[2, -1], DType::F32, 0, true).unwrap_err());
+        assert!(
+            matches!(&e, R::Shape(m) if m.contains("dim 1 is negative")),
+            "{e}"
+        );
+        let e = runtime_err(alloc_tensor(0, &[1 << 40, 1 << 40], DType::F32, 0, true).unwrap_err());
+        assert!(
+            matches!(&e, R::Memory(m) if m.contains("over rivet's limit")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_same_stream_needs_no_ordering_and_no_driver() {
+        // 0 and 1 are both the legacy default stream.
+        // SAFETY: no stream is touched when the two are the same.
+        unsafe {
+            order(0, 0, rivet_runtime::stream::LEGACY).unwrap();
+            order(3, 77, 77).unwrap();
+        }
+    }
+
+    #[test]
+    fn without_a_driver_every_entry_point_says_what_is_missing() {
+        if driver_present() {
+            return; // this machine has a driver: the no-driver path cannot be shown here
+        }
+        let missing = |e: Error| {
+            let r = runtime_err(e);
+            assert!(
+                matches!(&r, R::Device(m) if m.contains("libcuda.so.1") && m.contains("cannot be loaded")),
+                "{r}"
+            );
+        };
+        missing(alloc_tensor(0, &[2, 3], DType::F32, 0, true).unwrap_err());
+        missing(alloc_tensor(1, &[0], DType::F64, 5, false).unwrap_err());
+        missing(context(0).map(|_| ()).unwrap_err());
+        missing(device_count().unwrap_err());
+        missing(pointer_device(0x1000, "x").unwrap_err());
+        // SAFETY: refused before any stream is touched.
+        missing(unsafe { order(0, 1, 2) }.unwrap_err());
     }
 }
