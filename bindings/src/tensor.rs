@@ -43,6 +43,35 @@ impl PyTensor {
         Some(self.stream.load(Ordering::Acquire)).filter(|&s| s != NO_STREAM)
     }
 
+    /// The array API's producer side for a CUDA tensor: the consumer's `stream` (None: the
+    /// legacy default stream; -1: no ordering asked; 0 taken as the legacy default stream)
+    /// waits for the stream of rivet's last work on the tensor (an event, no sync).
+    fn order_for_consumer(&self, stream: Option<&Bound<'_, PyAny>>) -> Result<(), Error> {
+        let Device::Cuda(o) = self.tensor.device() else {
+            return Ok(());
+        };
+        let consumer = match stream {
+            None => Some(streams::LEGACY),
+            Some(s) if s.is_none() => Some(streams::LEGACY),
+            Some(s) => match s.extract::<i64>() {
+                Ok(-1) => None,
+                Ok(v) if v >= 0 && !s.is_instance_of::<pyo3::types::PyBool>() => Some(v as u64),
+                _ => {
+                    return Err(Error::DLPack(format!(
+                        "__dlpack__: argument 'stream' must be None, -1 or a CUDA stream handle (an int >= 0) for a tensor on {}, got {s}",
+                        self.tensor.device()
+                    )))
+                }
+            },
+        };
+        if let (Some(c), Some(r)) = (consumer, self.stream()) {
+            // SAFETY: `r` is a stream rivet used for this tensor, `c` the consumer's.
+            unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, r, c) }
+                .map_err(Error::from)?;
+        }
+        Ok(())
+    }
+
     /// Records that a call queued work on this (CUDA) tensor on `stream`.
     pub fn set_stream(&self, stream: u64) {
         if matches!(self.tensor.device(), Device::Cuda(_)) {
@@ -136,38 +165,6 @@ impl PyTensor {
                 .py_err(py);
             }
         }
-        if let Device::Cuda(o) = t.device() {
-            // The array API: None is the legacy default stream, -1 asks for no ordering,
-            // anything else is the consumer's stream (0 taken as the legacy one too).
-            let consumer = match &stream {
-                None => Some(streams::LEGACY),
-                Some(s) if s.is_none() => Some(streams::LEGACY),
-                Some(s) => match s.extract::<i64>() {
-                    Ok(-1) => None,
-                    Ok(v) if v >= 0 && !s.is_instance_of::<pyo3::types::PyBool>() => Some(v as u64),
-                    _ => {
-                        return Err(Error::DLPack(format!(
-                            "__dlpack__: argument 'stream' must be None, -1 or a CUDA stream handle (an int >= 0) for a tensor on {}, got {s}",
-                            t.device()
-                        )))
-                        .py_err(py)
-                    }
-                },
-            };
-            if copy == Some(true) {
-                return Err(Error::Device(format!(
-                    "__dlpack__: copy=True is not supported for a tensor on {} (rivet does not copy device memory); export it without copy",
-                    t.device()
-                )))
-                .py_err(py);
-            }
-            if let (Some(c), Some(r)) = (consumer, self.stream()) {
-                // SAFETY: `r` is a stream rivet used for this tensor, `c` the consumer's.
-                unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, r, c) }
-                    .map_err(Error::from)
-                    .py_err(py)?;
-            }
-        }
         if let Some((ty, id)) = dl_device {
             let d = t.device().to_dlpack();
             if (ty as u32, id) != (d.device_type, d.device_id) {
@@ -178,6 +175,17 @@ impl PyTensor {
                 .py_err(py);
             }
         }
+        if !t.device().is_host() {
+            // Checked before anything is ordered, as every refusal above.
+            if copy == Some(true) {
+                return Err(Error::Device(format!(
+                    "__dlpack__: copy=True is not supported for a tensor on {} (rivet does not copy device memory); export it without copy",
+                    t.device()
+                )))
+                .py_err(py);
+            }
+            self.order_for_consumer(stream.as_ref()).py_err(py)?;
+        }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
         if copy == Some(true) {
             let c = t.copy_compact().py_err(py)?;
@@ -187,8 +195,16 @@ impl PyTensor {
     }
 
     /// A legacy capsule even when read-only, for `to_jax_func` only: JAX asks for legacy
-    /// capsules and never writes through them.
-    fn _dlpack_for_immutable_consumer(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    /// capsules and never writes through them. `stream` as in `__dlpack__`.
+    #[pyo3(signature = (stream=None))]
+    fn _dlpack_for_immutable_consumer(
+        &self,
+        py: Python<'_>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        if !self.tensor.device().is_host() {
+            self.order_for_consumer(stream.as_ref()).py_err(py)?;
+        }
         capsule::export_for_immutable_consumer(py, &self.tensor)
     }
 
