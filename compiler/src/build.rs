@@ -551,3 +551,75 @@ fn call(
     }
     Ok(Value::Null)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_runtime::{DType, Device};
+
+    /// A view claiming 4 float32 on `device` at a fake address (never dereferenced).
+    fn on(device: Device) -> Value {
+        // SAFETY: the view is only inspected (device, shape), never read or written.
+        let t = unsafe {
+            Tensor::from_raw_parts(
+                (),
+                0x1000 as *mut u8,
+                0,
+                [4i64][..].into(),
+                [1i64][..].into(),
+                DType::F32,
+                device,
+                false,
+            )
+        }
+        .unwrap();
+        Value::Tensor(t)
+    }
+
+    fn sig() -> Signature {
+        let t = || {
+            ParamKind::Tensor(TensorSpec {
+                device: DeviceSpec::Any,
+                ..Default::default()
+            })
+        };
+        Signature::new(vec![
+            Param::new("A", t()),
+            Param::new("k", ParamKind::Int),
+            Param::new("C", t()),
+        ])
+    }
+
+    #[test]
+    fn cuda_calls_need_one_cuda_device_and_name_the_arguments() {
+        let ok = [on(Device::Cuda(1)), Value::Int(3), on(Device::Cuda(1))];
+        check_devices("f", &sig(), &ok).unwrap();
+        for (args, want) in [
+            (
+                [on(Device::Cuda(0)), Value::Int(3), on(Device::Cuda(1))],
+                "f: tensors on different devices: argument 0 ('A') is on cuda:0 but argument 2 ('C') is on cuda:1",
+            ),
+            (
+                [on(Device::Cpu), Value::Int(3), on(Device::Cuda(0))],
+                "argument 0 ('A') is on cpu but argument 2 ('C') is on cuda:0",
+            ),
+            (
+                [on(Device::Cpu), Value::Int(3), on(Device::Cpu)],
+                "f: built for 'cuda', called with tensors on cpu (argument 0 ('A') and every other tensor)",
+            ),
+            (
+                [on(Device::CudaHost), Value::Int(3), on(Device::CudaHost)],
+                "called with tensors on cuda_host",
+            ),
+        ] {
+            let e = check_devices("f", &sig(), &args).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, Error::Runtime(rivet_runtime::Error::Device(_))) && msg.contains(want),
+                "{msg}"
+            );
+        }
+        // No tensor at all: nothing to check (the signature check reports what is missing).
+        check_devices("f", &sig(), &[Value::Int(1)]).unwrap();
+    }
+}

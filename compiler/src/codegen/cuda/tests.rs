@@ -1057,7 +1057,10 @@ fn cuda_launch_without_a_driver_or_device_is_a_device_error() {
     }
     // An output on the device needs the driver: the error names what is missing.
     let e = k.alloc_output(&[4], F, &ctx).err().unwrap().to_string();
-    assert!(e.contains("libcuda.so.1") && e.contains("cannot be loaded"), "{e}");
+    assert!(
+        e.contains("libcuda.so.1") && e.contains("cannot be loaded"),
+        "{e}"
+    );
     let e = super::driver::device_count().unwrap_err().to_string();
     assert!(e.contains("libcuda"), "{e}");
     // SAFETY: with no driver the launch fails before any memory is touched.
@@ -1919,7 +1922,8 @@ fn cuda_build_and_call_through_the_public_api() {
     let e = f.call(&[rivet_runtime::Value::Tensor(x)]).unwrap_err();
     assert!(
         matches!(e, rivet_runtime::Error::Device(_))
-            && e.to_string().contains("built for 'cuda', called with tensors on cpu"),
+            && e.to_string()
+                .contains("built for 'cuda', called with tensors on cpu"),
         "{e}"
     );
     // Without bound loops there is no kernel: the error says what to do.
