@@ -194,11 +194,8 @@ fn check_no_grad(obj: &Bound<'_, PyAny>) -> Result<()> {
 
 /// Imports any tensor-like object (rivet tensor, exchange-API type, capsule, `__dlpack__`,
 /// `__cuda_array_interface__`). Returns `Ok(None)` when the object is not tensor-like at all.
-pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
-    try_tensor_in(obj, None)
-}
-
-/// `try_tensor` for an argument of a call whose streams `sync` tracks.
+/// `sync`: the streams of the call (or `from_dlpack`) the tensor is for; `None` for values
+/// outside one (a callback's return value), whose CUDA producers are not asked for a stream.
 pub fn try_tensor_in(
     obj: &Bound<'_, PyAny>,
     mut sync: Option<&mut CallStreams>,

@@ -171,8 +171,9 @@ pub fn import_cai(obj: &Bound<'_, PyAny>, sync: Option<&mut CallStreams>) -> Res
     if let (Some(p), false) = (desc.stream, empty) {
         match sync {
             Some(s) => s.join(ordinal, p, true)?,
-            // No call yet (rivet.from_dlpack): later calls without a stream run on the
-            // legacy default stream, so that one waits.
+            // No call (an import outside `from_dlpack` and calls, e.g. a callback's return
+            // value): later calls without a stream run on the legacy default stream, so that
+            // one waits.
             // SAFETY: the producer's stream is its promise; LEGACY is always valid.
             None => unsafe { driver::order(ordinal, p, stream::LEGACY) }.map_err(Error::from)?,
         }

@@ -263,8 +263,15 @@ fn array_typestr(t: &Tensor) -> Result<&'static str, Error> {
 #[pyfunction]
 pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTensor>> {
     let ctx = "from_dlpack: argument 0 ('obj'): ";
-    match convert::try_tensor(obj).map_err(|e| e.context(ctx)).py_err(py)? {
-        Some(t) => Py::new(py, PyTensor::new(t)),
+    // As a call would: a CUDA producer is asked for its data on rivet's stream (the legacy
+    // default one) or tells its own (torch's current stream), which the view remembers, so
+    // later calls on it are ordered after the producer's work.
+    let mut sync = crate::cuda::CallStreams::new(None);
+    match convert::try_tensor_in(obj, Some(&mut sync))
+        .map_err(|e| e.context(ctx))
+        .py_err(py)?
+    {
+        Some(t) => Py::new(py, PyTensor::on_stream(t, sync.stream)),
         None => Err(rivet_runtime::Error::Argument(format!(
             "from_dlpack: argument 0 ('obj') has type {}; expected a rivet.Tensor, an object with __dlpack__ or a DLPack capsule",
             obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_default()

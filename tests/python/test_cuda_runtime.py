@@ -341,6 +341,71 @@ def test_dlpack_export_of_a_cuda_tensor_without_rivet_work_needs_no_driver():
     assert p.deleted == 1
 
 
+class CudaProducer:
+    """A ``__dlpack__`` producer on cuda:0 that records the ``stream`` it is asked for."""
+
+    def __init__(self, takes_max_version=True):
+        self.streams = []
+        self.takes_max_version = takes_max_version
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kw):
+        if "max_version" in kw and not self.takes_max_version:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        self.streams.append(stream)
+        return CudaCapsule((4,)).capsule
+
+
+@pytest.mark.parametrize("takes_max_version", [True, False], ids=["versioned", "pre-1.0"])
+def test_the_generic_path_gives_cuda_producers_the_call_stream(takes_max_version):
+    echo = rivet.get_global_func("testing.echo")  # takes anything: no device rule, no launch
+    p = CudaProducer(takes_max_version)
+    t = echo(p)
+    assert t.device == "cuda:0" and p.streams == [1]  # the legacy default stream
+    t2 = echo(p, stream=77)
+    assert p.streams == [1, 77]
+    t3 = rivet.from_dlpack(p)
+    assert p.streams == [1, 77, 1]
+    # A CPU producer that is not numpy is asked for its device, and gets no stream.
+    class CpuProducer:
+        def __init__(self):
+            self.a = np.arange(3.0)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kw):
+            assert kw.get("stream") is None, kw
+            return self.a.__dlpack__()
+
+    assert echo(CpuProducer()).numpy().tolist() == [0.0, 1.0, 2.0]
+    # The views remember the stream the call ran on: exporting on that stream (or asking for
+    # no ordering) needs nothing from the driver.
+    for stream in (77, -1):
+        rivet.from_dlpack(t2.__dlpack__(stream=stream, max_version=(1, 0)))
+    for stream in (1, 0, None):
+        rivet.from_dlpack(t.__dlpack__(stream=stream, max_version=(1, 0)))
+        rivet.from_dlpack(t3.__dlpack__(stream=stream, max_version=(1, 0)))
+    if NO_DRIVER:
+        # Another consumer stream must wait for stream 77: that needs the driver.
+        with pytest.raises(rivet.DeviceError, match="libcuda"):
+            t2.__dlpack__(stream=5)
+
+
+def test_a_producer_whose_device_query_fails_is_a_dlpack_error():
+    class Broken:
+        def __dlpack_device__(self):
+            raise RuntimeError("no device today")
+
+        def __dlpack__(self, **kw):
+            raise AssertionError("not reached")
+
+    with pytest.raises(rivet.DLPackError, match="could not export it through DLPack: RuntimeError: no device today"):
+        rivet.get_global_func("testing.echo")(Broken())
+
+
 def test_cpu_tensors_still_refuse_a_stream():
     t = rivet.zeros((2,))
     with pytest.raises(rivet.DLPackError, match="'stream' must be None for a tensor on cpu"):
