@@ -262,7 +262,8 @@ pub fn try_tensor_in(
                 .call_method0(pyo3::intern!(py, "__dlpack_device__"))
                 .and_then(|d| d.extract())
                 .map_err(|e| producer_error(obj, Some(e)))?;
-            (dev.0 == dlpack_rs::ffi::DLDeviceType::kDLCUDA as i64).then(|| s.for_producer())
+            (dev.0 == dlpack_rs::ffi::DLDeviceType::kDLCUDA as i64 && dev.1 >= 0)
+                .then(|| s.for_producer(dev.1 as usize))
         }
         _ => None,
     };

@@ -2,7 +2,7 @@
 //! of one call, and `__cuda_array_interface__` imports. The driver work itself is in
 //! `rivet_compiler::codegen::cuda::driver` (no panic, a `DeviceError` without a driver).
 //!
-//! The stream of a call (README "Streams"): an explicit `stream=` wins; otherwise the first
+//! The stream of a call (docs/cuda.md, "CUDA: streams and memory"): an explicit `stream=` wins; otherwise the first
 //! CUDA argument that can say which stream its producer works on picks it (torch's
 //! `current_work_stream` through the exchange API, a rivet tensor's stream, a v3
 //! `__cuda_array_interface__` stream), so a call on torch tensors runs on torch's current
@@ -63,8 +63,10 @@ pub fn parse_stream(obj: Option<&Bound<'_, PyAny>>, what: &str) -> Result<Option
 pub struct CallStreams {
     /// The call's stream, once known.
     pub stream: Option<u64>,
-    /// Producers' streams on other devices' or other streams, to order after the call:
-    /// (ordinal, stream).
+    /// The device of the first CUDA tensor seen: tensors on others are left unordered (the
+    /// call refuses mixed devices with a `DeviceError` naming them, after the conversion).
+    device: Option<usize>,
+    /// Producers' streams other than the call's, to order after it: (ordinal, stream).
     after: SmallVec<[(usize, u64); 2]>,
 }
 
@@ -72,6 +74,7 @@ impl CallStreams {
     pub fn new(explicit: Option<u64>) -> CallStreams {
         CallStreams {
             stream: explicit,
+            device: None,
             after: SmallVec::new(),
         }
     }
@@ -79,6 +82,9 @@ impl CallStreams {
     /// The producer of a tensor on `cuda:ordinal` works on `producer`: the call must see
     /// that work. `back`: the producer's later work must see the call's writes too.
     pub fn join(&mut self, ordinal: usize, producer: u64, back: bool) -> Result<()> {
+        if *self.device.get_or_insert(ordinal) != ordinal {
+            return Ok(());
+        }
         match self.stream {
             None => self.stream = Some(producer),
             Some(s) if stream::same_stream(s, producer) => {}
@@ -94,9 +100,13 @@ impl CallStreams {
         Ok(())
     }
 
-    /// The stream to give producers' `__dlpack__(stream=...)`: the call's (fixing it to the
-    /// legacy default stream when nothing chose one yet).
-    pub fn for_producer(&mut self) -> u64 {
+    /// The stream to give a producer's `__dlpack__(stream=...)` for a tensor on
+    /// `cuda:ordinal`: the call's (fixing it to the legacy default stream when nothing chose
+    /// one yet); a tensor on another device than the call's gets the legacy default stream.
+    pub fn for_producer(&mut self, ordinal: usize) -> u64 {
+        if *self.device.get_or_insert(ordinal) != ordinal {
+            return stream::LEGACY;
+        }
         *self.stream.get_or_insert(stream::LEGACY)
     }
 

@@ -199,6 +199,13 @@ def test_crafted_cuda_capsules_import_with_their_device_and_refuse_host_access()
     assert p.deleted == 1
 
 
+def test_a_negative_cuda_ordinal_is_refused_and_the_capsule_released():
+    p = CudaCapsule((2,), device_id=-1)
+    with pytest.raises(rivet.DLPackError, match="CUDA device -1: a device ordinal is >= 0"):
+        rivet.from_dlpack(p.capsule)
+    assert p.deleted == 1
+
+
 def test_mixed_devices_name_the_arguments_and_their_devices(add):
     x0, y0, z1 = cuda_tensor((4,)), cuda_tensor((4,), offset_elems=8), cuda_tensor((4,), 1, 16)
     with pytest.raises(rivet.DeviceError) as e:
