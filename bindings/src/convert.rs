@@ -3,7 +3,9 @@
 //! Tensor import order (first match wins): a `rivet.Tensor`; a type offering
 //! `__dlpack_c_exchange_api__` (torch >= 2.11: no Python call, no capsule); a raw capsule;
 //! `__dlpack__(max_version=(1, 0))`, then `__dlpack__()` for producers that reject the
-//! keyword. What we learn about a type (its exchange API, whether it is a JAX array, which
+//! keyword; `__cuda_array_interface__` (v2 / v3). Inside a function call, CUDA producers
+//! are ordered with the call's stream (`cuda::CallStreams`): `__dlpack__` gets
+//! `stream=` (after a `__dlpack_device__()` query, skipped for numpy, which is CPU-only). What we learn about a type (its exchange API, whether it is a JAX array, which
 //! must be read-only) is cached per type, per thread, so the hot path is a pointer compare.
 //!
 //! Invariants: the type cache holds at most `TYPE_CACHE_CAP` entries per thread (programs
@@ -13,7 +15,8 @@
 //! own `__dlpack__` refuses it (the exchange fast path skips that check, so we make it).
 
 use crate::capsule;
-use crate::errors::from_pyerr;
+use crate::cuda::{self, CallStreams};
+use crate::errors::{from_pyerr, IntoPyResult};
 use crate::function::PyFunction;
 use crate::tensor::PyTensor;
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor};
@@ -37,6 +40,11 @@ struct TypeInfo {
     /// An exchange-API type with a `requires_grad` attribute (torch.Tensor and subclasses):
     /// checked on every import through the fast path.
     grad: bool,
+    /// Has `__dlpack_device__` and may live on a GPU (not numpy): asked before `__dlpack__`
+    /// inside a call, so a CUDA producer gets the call's stream.
+    may_be_gpu: bool,
+    /// Has `__cuda_array_interface__` (used when there is no `__dlpack__`).
+    has_cai: bool,
 }
 
 /// `("max_version",)` and `(1, 0)`, built once for the vectorcall below.
@@ -146,12 +154,21 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
     let has_dlpack = ty
         .hasattr(pyo3::intern!(ty.py(), "__dlpack__"))
         .unwrap_or(false);
+    let may_be_gpu = module != "numpy"
+        && ty
+            .hasattr(pyo3::intern!(ty.py(), "__dlpack_device__"))
+            .unwrap_or(false);
+    let has_cai = ty
+        .hasattr(pyo3::intern!(ty.py(), "__cuda_array_interface__"))
+        .unwrap_or(false);
     let info = TypeInfo {
         ptr,
         api,
         read_only,
         has_dlpack,
         grad,
+        may_be_gpu,
+        has_cai,
     };
     let evicted = TYPES.with(|c| c.borrow_mut().insert(info, ty.clone().unbind()));
     drop(evicted); // outside the borrow, under the GIL
@@ -175,11 +192,22 @@ fn check_no_grad(obj: &Bound<'_, PyAny>) -> Result<()> {
     Ok(())
 }
 
-/// Imports any tensor-like object (rivet tensor, exchange-API type, capsule, `__dlpack__`).
-/// Returns `Ok(None)` when the object is not tensor-like at all.
-pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
+/// Imports any tensor-like object (rivet tensor, exchange-API type, capsule, `__dlpack__`,
+/// `__cuda_array_interface__`). Returns `Ok(None)` when the object is not tensor-like at all.
+/// `sync`: the streams of the call (or `from_dlpack`) the tensor is for; `None` for values
+/// outside one (a callback's return value), whose CUDA producers are not asked for a stream.
+pub fn try_tensor_in(
+    obj: &Bound<'_, PyAny>,
+    mut sync: Option<&mut CallStreams>,
+) -> Result<Option<Tensor>> {
     if let Ok(t) = obj.cast::<PyTensor>() {
-        return Ok(Some(t.get().tensor.clone()));
+        let t = t.get();
+        if let (Some(s), rivet_runtime::Device::Cuda(o), Some(r)) =
+            (sync.as_deref_mut(), t.tensor.device(), t.stream())
+        {
+            s.join(o as usize, r, false)?;
+        }
+        return Ok(Some(t.tensor.clone()));
     }
     if capsule::is_capsule(obj) {
         return capsule::consume(obj, false).map(Some);
@@ -202,6 +230,7 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
             // SAFETY: the call succeeded, so `dl` is filled; its data lives as long as `obj`,
             // which `owner` keeps alive; shape/strides are copied before we return.
             let t = unsafe { dlpack::view_of(dl.assume_init_ref(), owner, info.read_only) }?;
+            join_work_stream(obj, api, &t, sync)?;
             return Ok(Some(t));
         }
         let f = api
@@ -215,20 +244,55 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
         }
         // SAFETY: `out` is a fresh owning managed tensor.
         let t = unsafe { dlpack::import_versioned(out) }?;
+        join_work_stream(obj, api, &t, sync)?;
         return Ok(Some(if info.read_only { t.to_read_only() } else { t }));
     }
     if !info.has_dlpack {
+        if info.has_cai {
+            return cuda::import_cai(obj, sync).map(Some);
+        }
         return Ok(None);
     }
     let py = obj.py();
     let method = pyo3::intern!(py, "__dlpack__");
-    let cap = match dlpack_call_versioned(obj) {
-        Ok(c) => c,
-        // Producers predating DLPack 1.0 do not take `max_version`.
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => obj
-            .call_method0(method)
-            .map_err(|e| producer_error(obj, Some(e)))?,
-        Err(e) => return Err(producer_error(obj, Some(e))),
+    // Inside a call, a producer on a CUDA device is asked for its data on the call's stream.
+    let stream = match sync {
+        Some(s) if info.may_be_gpu => {
+            let dev: (i64, i64) = obj
+                .call_method0(pyo3::intern!(py, "__dlpack_device__"))
+                .and_then(|d| d.extract())
+                .map_err(|e| producer_error(obj, Some(e)))?;
+            (dev.0 == dlpack_rs::ffi::DLDeviceType::kDLCUDA as i64 && dev.1 >= 0)
+                .then(|| s.for_producer(dev.1 as usize))
+        }
+        _ => None,
+    };
+    let cap = match stream {
+        Some(st) => {
+            let kw = pyo3::types::PyDict::new(py);
+            let with_version = kw
+                .set_item("stream", st)
+                .and_then(|()| kw.set_item("max_version", (1, 0)))
+                .and_then(|()| obj.call_method(method, (), Some(&kw)));
+            match with_version {
+                Ok(c) => c,
+                Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+                    let kw = pyo3::types::PyDict::new(py);
+                    kw.set_item("stream", st)
+                        .and_then(|()| obj.call_method(method, (), Some(&kw)))
+                        .map_err(|e| producer_error(obj, Some(e)))?
+                }
+                Err(e) => return Err(producer_error(obj, Some(e))),
+            }
+        }
+        None => match dlpack_call_versioned(obj) {
+            Ok(c) => c,
+            // Producers predating DLPack 1.0 do not take `max_version`.
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => obj
+                .call_method0(method)
+                .map_err(|e| producer_error(obj, Some(e)))?,
+            Err(e) => return Err(producer_error(obj, Some(e))),
+        },
     };
     if !capsule::is_capsule(&cap) {
         return Err(Error::DLPack(format!(
@@ -244,6 +308,29 @@ pub fn try_tensor(obj: &Bound<'_, PyAny>) -> Result<Option<Tensor>> {
         )));
     }
     capsule::consume(&cap, info.read_only).map(Some)
+}
+
+/// A CUDA tensor imported through the exchange API (which does no synchronisation): the
+/// call joins the producer's current work stream (`current_work_stream`), per the DLPack
+/// guidance for kernel libraries: with no explicit stream, the call runs on it.
+fn join_work_stream(
+    obj: &Bound<'_, PyAny>,
+    api: &DLPackExchangeAPI,
+    t: &Tensor,
+    sync: Option<&mut CallStreams>,
+) -> Result<()> {
+    let (Some(sync), rivet_runtime::Device::Cuda(o), Some(cws)) =
+        (sync, t.device(), api.current_work_stream)
+    else {
+        return Ok(());
+    };
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the producer's function, called with the GIL held as the API requires.
+    let rc = unsafe { cws(dlpack_rs::ffi::DLDeviceType::kDLCUDA, o, &mut out) };
+    if rc != 0 {
+        return Err(producer_error(obj, PyErr::take(obj.py())));
+    }
+    sync.join(o as usize, out as u64, true)
 }
 
 /// A producer that failed to export: a DLPack error quoting the first line of its message
@@ -283,6 +370,16 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 
 /// Converts one call argument. `func` and `arg` word the error.
 pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, arg: ArgName<'_>) -> Result<Value> {
+    to_value_in(obj, func, arg, None)
+}
+
+/// `to_value` for an argument of a call whose streams `sync` tracks.
+pub fn to_value_in(
+    obj: &Bound<'_, PyAny>,
+    func: &str,
+    arg: ArgName<'_>,
+    sync: Option<&mut CallStreams>,
+) -> Result<Value> {
     // Exact checks first: the cheapest tests for the commonest scalars.
     if obj.is_exact_instance_of::<PyFloat>() {
         return Ok(Value::Float(
@@ -299,7 +396,7 @@ pub fn to_value(obj: &Bound<'_, PyAny>, func: &str, arg: ArgName<'_>) -> Result<
             ))
         });
     }
-    if let Some(t) = try_tensor(obj).map_err(|e| e.context(&format!("{func}: {arg}: ")))? {
+    if let Some(t) = try_tensor_in(obj, sync).map_err(|e| e.context(&format!("{func}: {arg}: ")))? {
         return Ok(Value::Tensor(t));
     }
     if obj.is_none() {
@@ -360,6 +457,12 @@ pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
 
 /// Converts a result back to Python.
 pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    from_value_on(py, v, None)
+}
+
+/// Converts a call's result back to Python; CUDA tensors remember `stream`, where the call
+/// queued its work on them (their exports make consumers wait for it).
+pub fn from_value_on(py: Python<'_>, v: &Value, stream: Option<u64>) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::Null => py.None(),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
@@ -369,12 +472,12 @@ pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
         Value::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         Value::DType(d) => PyString::new(py, d.name()).into_any().unbind(),
         Value::Device(d) => PyString::new(py, &d.to_string()).into_any().unbind(),
-        Value::Tensor(t) => Py::new(py, PyTensor { tensor: t.clone() })?.into_any(),
+        Value::Tensor(t) => Py::new(py, PyTensor::on_stream(t.clone(), stream))?.into_any(),
         Value::Function(f) => Py::new(py, PyFunction::new(f.clone()))?.into_any(),
         Value::List(items) => {
             let objs = items
                 .iter()
-                .map(|v| from_value(py, v))
+                .map(|v| from_value_on(py, v, stream))
                 .collect::<PyResult<Vec<_>>>()?;
             PyTuple::new(py, objs)?.into_any().unbind()
         }
@@ -383,14 +486,35 @@ pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
 
 /// A tensor result as the type of `framework` (e.g. torch.Tensor): through the type's
 /// exchange API when it has one, else `from_dlpack(rivet_tensor)`.
+///
+/// CUDA results: the exchange API does no synchronisation, so when the framework's current
+/// stream is not the call's `stream`, it is made to wait for it (an event); `from_dlpack`
+/// consumers pass their stream to `__dlpack__`, which does the same.
 pub fn tensor_as(
     py: Python<'_>,
     t: &Tensor,
     ty: &Bound<'_, PyType>,
     from_dlpack: &Bound<'_, PyAny>,
+    stream: Option<u64>,
 ) -> PyResult<Py<PyAny>> {
     if let Some(api) = type_info_of(ty).api {
         if let Some(to_py) = api.managed_tensor_to_py_object_no_sync {
+            if let (rivet_runtime::Device::Cuda(o), Some(s), Some(cws)) =
+                (t.device(), stream, api.current_work_stream)
+            {
+                let mut out: *mut c_void = std::ptr::null_mut();
+                // SAFETY: the framework's function, called with the GIL held.
+                let rc = unsafe { cws(dlpack_rs::ffi::DLDeviceType::kDLCUDA, o, &mut out) };
+                if rc != 0 {
+                    return Err(PyErr::take(py).unwrap_or_else(|| {
+                        PyTypeError::new_err("DLPack exchange: current_work_stream failed")
+                    }));
+                }
+                // SAFETY: `s` is the call's stream, `out` the framework's current stream.
+                unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, s, out as u64) }
+                    .map_err(rivet_runtime::Error::from)
+                    .py_err(py)?;
+            }
             let m = dlpack::export_versioned(t);
             let mut out: *mut c_void = std::ptr::null_mut();
             // SAFETY: `m` is a fresh export whose ownership the call takes (also on failure,
@@ -404,6 +528,6 @@ pub fn tensor_as(
             return Ok(unsafe { Bound::from_owned_ptr(py, out as *mut ffi::PyObject) }.unbind());
         }
     }
-    let rt = Py::new(py, PyTensor { tensor: t.clone() })?;
+    let rt = Py::new(py, PyTensor::on_stream(t.clone(), stream))?;
     from_dlpack.call1((rt,)).map(|o| o.unbind())
 }

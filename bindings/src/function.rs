@@ -4,8 +4,10 @@
 //! Wrappers made by `convert_func` / `to_*_func` carry a framework type: arguments of that
 //! type go through its `to_dlpack` function, tensor results come back as that type.
 
-use crate::convert::{self, tensor_as, to_value, wrap_callable};
+use crate::convert::{self, tensor_as, to_value_in, wrap_callable};
+use crate::cuda::{parse_stream, CallStreams};
 use crate::errors::IntoPyResult;
+use crate::tensor::PyTensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 use rivet_runtime::{registry, ArgName, Function, Value};
@@ -34,7 +36,12 @@ impl PyFunction {
         }
     }
 
-    fn convert_arg(&self, obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Value> {
+    fn convert_arg(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        index: usize,
+        sync: &mut CallStreams,
+    ) -> PyResult<Value> {
         let py = obj.py();
         let name = self
             .func
@@ -50,13 +57,18 @@ impl PyFunction {
         {
             if obj.is_instance(ty.bind(py))? {
                 let cap = to_dlpack.bind(py).call1((obj,))?;
-                return to_value(&cap, self.func.name(), arg).py_err(py);
+                return to_value_in(&cap, self.func.name(), arg, Some(sync)).py_err(py);
             }
         }
-        to_value(obj, self.func.name(), arg).py_err(py)
+        to_value_in(obj, self.func.name(), arg, Some(sync)).py_err(py)
     }
 
-    fn convert_result(&self, py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    fn convert_result(
+        &self,
+        py: Python<'_>,
+        v: &Value,
+        stream: Option<u64>,
+    ) -> PyResult<Py<PyAny>> {
         if let (
             Value::Tensor(t),
             Some(Framework {
@@ -66,27 +78,53 @@ impl PyFunction {
             }),
         ) = (v, &self.framework)
         {
-            return tensor_as(py, t, ty.bind(py), from.bind(py));
+            return tensor_as(py, t, ty.bind(py), from.bind(py), stream);
         }
-        convert::from_value(py, v)
+        convert::from_value_on(py, v, stream)
     }
 }
 
 #[pymethods]
 impl PyFunction {
-    #[pyo3(signature = (*args))]
-    fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Py<PyAny>> {
+    /// `f(*args, stream=None)`: `stream` (an int CUstream handle, a torch.cuda.Stream, a
+    /// cupy.cuda.Stream, anything with `.cuda_stream` / `.ptr`) is the CUDA stream the call
+    /// runs on; without it the call picks one (`cuda::CallStreams`). CPU functions ignore it.
+    #[pyo3(signature = (*args, stream=None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let explicit = parse_stream(
+            stream.as_ref(),
+            &format!("{}: argument 'stream'", self.func.name()),
+        )
+        .py_err(py)?;
+        let mut sync = CallStreams::new(explicit);
         let mut values: SmallVec<[Value; 8]> = SmallVec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {
-            values.push(self.convert_arg(&a, i)?);
+            values.push(self.convert_arg(&a, i, &mut sync)?);
         }
         let func = &self.func;
         // Native bodies release the GIL themselves around real work (`host::without_host_lock`),
         // as numpy does: for tiny calls the release would cost as much as the work.
-        let result = func.call(&values).py_err(py)?;
+        let result = rivet_runtime::stream::with_call_stream(sync.stream, || func.call(&values));
+        // Producers on other streams wait for the call's work, whether it succeeded or not
+        // (a failed call may have queued some). A failure here is reported after the call's.
+        let ordered = sync.finish();
+        let result = result.py_err(py)?;
+        ordered.py_err(py)?;
+        if let Some(s) = sync.stream {
+            for a in args.iter() {
+                if let Ok(t) = a.cast::<PyTensor>() {
+                    t.get().set_stream(s);
+                }
+            }
+        }
         // Drop the argument views (and so run producers' deleters) before converting back.
         drop(values);
-        self.convert_result(py, &result)
+        self.convert_result(py, &result, sync.stream)
     }
 
     #[getter]

@@ -4,6 +4,7 @@
 
 mod capsule;
 mod convert;
+mod cuda;
 mod errors;
 mod function;
 mod kernels;
@@ -39,6 +40,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<function::PyFunction>()?;
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::zeros, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor::empty, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(function::_register, m)?)?;
     m.add_function(wrap_pyfunction!(function::get_global_func, m)?)?;
     m.add_function(wrap_pyfunction!(function::list_global_funcs, m)?)?;
@@ -63,6 +66,25 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn num_threads() -> usize {
     rivet_runtime::parallel::num_threads()
+}
+
+/// `rivet.cuda_device_count()`: the number of CUDA devices rivet can launch on; raises
+/// `rivet.DeviceError` saying why when there are none usable (no driver library, no device).
+#[pyfunction]
+fn cuda_device_count(py: Python<'_>) -> PyResult<usize> {
+    use crate::errors::IntoPyResult;
+    rivet_compiler::codegen::cuda::driver::device_count()
+        .map_err(rivet_runtime::Error::from)
+        .and_then(|n| {
+            if n == 0 {
+                Err(rivet_runtime::Error::Device(
+                    "CUDA is not available: the driver reports no CUDA device".into(),
+                ))
+            } else {
+                Ok(n)
+            }
+        })
+        .py_err(py)
 }
 
 #[pyfunction]

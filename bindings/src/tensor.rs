@@ -1,15 +1,83 @@
 //! `rivet.Tensor`: a Python handle on a runtime `Tensor` view.
+//!
+//! A CUDA tensor remembers the stream rivet last queued work on it on (its allocation, the
+//! call that wrote it): `__dlpack__(stream=...)` makes the consumer's stream wait for that
+//! stream (an event, never a synchronisation), as the array API asks of producers.
 
 use crate::capsule;
 use crate::convert;
 use crate::errors::IntoPyResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use rivet_runtime::{DType, Device, Error, Tensor};
+use rivet_runtime::{stream as streams, DType, Device, Error, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[pyclass(name = "Tensor", module = "rivet", frozen)]
 pub struct PyTensor {
     pub tensor: Tensor,
+    /// The stream of rivet's last work on a CUDA tensor; `NO_STREAM`: none.
+    stream: AtomicU64,
+}
+
+const NO_STREAM: u64 = u64::MAX;
+
+impl PyTensor {
+    pub fn new(tensor: Tensor) -> PyTensor {
+        PyTensor::on_stream(tensor, None)
+    }
+
+    /// A handle on a tensor rivet queued work on `stream` for (CUDA tensors only).
+    pub fn on_stream(tensor: Tensor, stream: Option<u64>) -> PyTensor {
+        let s = match (tensor.device(), stream) {
+            (Device::Cuda(_), Some(s)) => s,
+            _ => NO_STREAM,
+        };
+        PyTensor {
+            tensor,
+            stream: AtomicU64::new(s),
+        }
+    }
+
+    /// The stream of rivet's last work on this tensor.
+    pub fn stream(&self) -> Option<u64> {
+        Some(self.stream.load(Ordering::Acquire)).filter(|&s| s != NO_STREAM)
+    }
+
+    /// The array API's producer side for a CUDA tensor: the consumer's `stream` (None: the
+    /// legacy default stream; -1: no ordering asked; 0 taken as the legacy default stream)
+    /// waits for the stream of rivet's last work on the tensor (an event, no sync).
+    fn order_for_consumer(&self, stream: Option<&Bound<'_, PyAny>>) -> Result<(), Error> {
+        let Device::Cuda(o) = self.tensor.device() else {
+            return Ok(());
+        };
+        let consumer = match stream {
+            None => Some(streams::LEGACY),
+            Some(s) if s.is_none() => Some(streams::LEGACY),
+            Some(s) => match s.extract::<i64>() {
+                Ok(-1) => None,
+                Ok(v) if v >= 0 && !s.is_instance_of::<pyo3::types::PyBool>() => Some(v as u64),
+                _ => {
+                    return Err(Error::DLPack(format!(
+                        "__dlpack__: argument 'stream' must be None, -1 or a CUDA stream handle (an int >= 0) for a tensor on {}, got {s}",
+                        self.tensor.device()
+                    )))
+                }
+            },
+        };
+        if let (Some(c), Some(r)) = (consumer, self.stream()) {
+            // SAFETY: `r` is a stream rivet used for this tensor, `c` the consumer's.
+            unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, r, c) }
+                .map_err(Error::from)?;
+        }
+        Ok(())
+    }
+
+    /// Records that a call queued work on this (CUDA) tensor on `stream`.
+    pub fn set_stream(&self, stream: u64) {
+        if matches!(self.tensor.device(), Device::Cuda(_)) {
+            self.stream.store(stream, Ordering::Release);
+        }
+    }
 }
 
 #[pymethods]
@@ -107,6 +175,17 @@ impl PyTensor {
                 .py_err(py);
             }
         }
+        if !t.device().is_host() {
+            // Checked before anything is ordered, as every refusal above.
+            if copy == Some(true) {
+                return Err(Error::Device(format!(
+                    "__dlpack__: copy=True is not supported for a tensor on {} (rivet does not copy device memory); export it without copy",
+                    t.device()
+                )))
+                .py_err(py);
+            }
+            self.order_for_consumer(stream.as_ref()).py_err(py)?;
+        }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
         if copy == Some(true) {
             let c = t.copy_compact().py_err(py)?;
@@ -116,8 +195,16 @@ impl PyTensor {
     }
 
     /// A legacy capsule even when read-only, for `to_jax_func` only: JAX asks for legacy
-    /// capsules and never writes through them.
-    fn _dlpack_for_immutable_consumer(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    /// capsules and never writes through them. `stream` as in `__dlpack__`.
+    #[pyo3(signature = (stream=None))]
+    fn _dlpack_for_immutable_consumer(
+        &self,
+        py: Python<'_>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        if !self.tensor.device().is_host() {
+            self.order_for_consumer(stream.as_ref()).py_err(py)?;
+        }
         capsule::export_for_immutable_consumer(py, &self.tensor)
     }
 
@@ -176,8 +263,15 @@ fn array_typestr(t: &Tensor) -> Result<&'static str, Error> {
 #[pyfunction]
 pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTensor>> {
     let ctx = "from_dlpack: argument 0 ('obj'): ";
-    match convert::try_tensor(obj).map_err(|e| e.context(ctx)).py_err(py)? {
-        Some(t) => Py::new(py, PyTensor { tensor: t }),
+    // As a call would: a CUDA producer is asked for its data on rivet's stream (the legacy
+    // default one) or tells its own (torch's current stream), which the view remembers, so
+    // later calls on it are ordered after the producer's work.
+    let mut sync = crate::cuda::CallStreams::new(None);
+    match convert::try_tensor_in(obj, Some(&mut sync))
+        .map_err(|e| e.context(ctx))
+        .py_err(py)?
+    {
+        Some(t) => Py::new(py, PyTensor::on_stream(t, sync.stream)),
         None => Err(rivet_runtime::Error::Argument(format!(
             "from_dlpack: argument 0 ('obj') has type {}; expected a rivet.Tensor, an object with __dlpack__ or a DLPack capsule",
             obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_default()
@@ -186,20 +280,79 @@ pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTens
     }
 }
 
-/// `rivet.zeros(shape, dtype="float32")`: a new zero-filled CPU tensor in rivet's own memory.
-/// A size over `rivet.MAX_ALLOC_BYTES`, an overflowing one or a refused allocation raises
-/// `rivet.MemoryError`.
+/// `rivet.zeros(shape, dtype="float32", device="cpu", stream=None)`: a new zero-filled tensor
+/// in rivet's own memory. A size over `rivet.MAX_ALLOC_BYTES`, an overflowing one or a
+/// refused allocation raises `rivet.MemoryError`. On a CUDA device the memory comes from the
+/// device's pool, allocated and zeroed stream-ordered on `stream` (default: the legacy
+/// default stream); without a driver it is a `DeviceError` saying what is missing.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype="float32", device="cpu"))]
-pub fn zeros(py: Python<'_>, shape: Vec<i64>, dtype: &str, device: &str) -> PyResult<Py<PyTensor>> {
+#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None))]
+pub fn zeros(
+    py: Python<'_>,
+    shape: Vec<i64>,
+    dtype: &str,
+    device: &str,
+    stream: Option<Bound<'_, PyAny>>,
+) -> PyResult<Py<PyTensor>> {
+    new_tensor(py, "rivet.zeros", shape, dtype, device, stream, true)
+}
+
+/// `rivet.empty(shape, dtype="float32", device="cpu", stream=None)`: as `zeros`, without the
+/// fill on a CUDA device (rivet's CPU memory is always zeroed).
+#[pyfunction]
+#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None))]
+pub fn empty(
+    py: Python<'_>,
+    shape: Vec<i64>,
+    dtype: &str,
+    device: &str,
+    stream: Option<Bound<'_, PyAny>>,
+) -> PyResult<Py<PyTensor>> {
+    new_tensor(py, "rivet.empty", shape, dtype, device, stream, false)
+}
+
+fn new_tensor(
+    py: Python<'_>,
+    what: &str,
+    shape: Vec<i64>,
+    dtype: &str,
+    device: &str,
+    stream: Option<Bound<'_, PyAny>>,
+    zero: bool,
+) -> PyResult<Py<PyTensor>> {
     let dtype: DType = dtype.parse().py_err(py)?;
-    let device: Device = device.parse().py_err(py)?;
-    if device != Device::Cpu {
-        return Err(rivet_runtime::Error::Device(format!(
-            "rivet.zeros: cannot allocate on {device}; only 'cpu' is available"
+    let device: Device = device
+        .parse()
+        .map_err(|e: Error| e.context(&format!("{what}: argument 'device': ")))
+        .py_err(py)?;
+    let stream = crate::cuda::parse_stream(stream.as_ref(), &format!("{what}: argument 'stream'"))
+        .py_err(py)?;
+    match device {
+        Device::Cpu => {
+            if stream.is_some() {
+                return Err(Error::Argument(format!(
+                    "{what}: argument 'stream' must be None for device 'cpu'"
+                )))
+                .py_err(py);
+            }
+            let t = Tensor::zeros(&shape, dtype).py_err(py)?;
+            Py::new(py, PyTensor::new(t))
+        }
+        Device::Cuda(o) => {
+            let s = stream.unwrap_or(streams::LEGACY);
+            let t = py
+                .detach(|| {
+                    rivet_compiler::codegen::cuda::driver::alloc_tensor(
+                        o as usize, &shape, dtype, s, zero,
+                    )
+                })
+                .map_err(|e| Error::from(e).context(&format!("{what}: ")))
+                .py_err(py)?;
+            Py::new(py, PyTensor::on_stream(t, Some(s)))
+        }
+        other => Err(Error::Device(format!(
+            "{what}: cannot allocate on {other}; expected 'cpu', 'cuda' or 'cuda:N'"
         )))
-        .py_err(py);
+        .py_err(py),
     }
-    let t = Tensor::zeros(&shape, dtype).py_err(py)?;
-    Py::new(py, PyTensor { tensor: t })
 }

@@ -25,7 +25,7 @@ use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind, ToTarget};
 use crate::te::Tensor as TeTensor;
 use rivet_runtime::{
-    ArgName, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
+    ArgName, DeviceSpec, Dim, Function, Param, ParamKind, Signature, Tensor, TensorSpec, Value,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -265,8 +265,14 @@ fn dim_name(v: &Var, func: &PrimFunc) -> String {
     }
 }
 
-/// The typed signature of a compiled function.
+/// The typed signature of a compiled function, for a CPU target (tensors in host memory).
 pub fn signature(func: &PrimFunc) -> Signature {
+    signature_on(func, DeviceSpec::Host)
+}
+
+/// The typed signature with `device` for every tensor: `Any` for CUDA functions, whose
+/// device rule (one CUDA device for all tensors) [`check_devices`] applies.
+fn signature_on(func: &PrimFunc, device: DeviceSpec) -> Signature {
     let params = func
         .params
         .iter()
@@ -287,7 +293,7 @@ pub fn signature(func: &PrimFunc) -> Signature {
                 ParamKind::Tensor(TensorSpec {
                     dtypes: vec![b.dtype],
                     shape: Some(shape),
-                    device: None,
+                    device,
                     output,
                 }),
             )
@@ -302,7 +308,11 @@ fn shape_error(msg: String) -> Error {
 
 /// The packed function of a compiled function.
 pub fn make_function(c: Arc<Compiled>) -> Function {
-    let sig = signature(&c.func);
+    let device = match c.target.kind {
+        TargetKind::Cuda => DeviceSpec::Any,
+        _ => DeviceSpec::Host,
+    };
+    let sig = signature_on(&c.func, device);
     let inputs_sig = Signature::new(
         sig.params
             .iter()
@@ -317,6 +327,41 @@ pub fn make_function(c: Arc<Compiled>) -> Function {
     })
 }
 
+/// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed
+/// devices (cpu with cuda, cuda:0 with cuda:1) name the first argument on each of two
+/// devices; all on the CPU says the function was built for CUDA. Runs before the signature
+/// check, so a device mistake is reported as such and not as the first argument's shape.
+fn check_devices(name: &str, sig: &Signature, args: &[Value]) -> Result<()> {
+    let device_error = |m: String| Error::Runtime(rivet_runtime::Error::Device(m));
+    let arg = |i: usize| ArgName {
+        index: i,
+        name: sig.params.get(i).map(|p| p.name.as_str()),
+    };
+    let mut first: Option<(usize, rivet_runtime::Device)> = None;
+    for (i, v) in args.iter().enumerate() {
+        let Some(t) = v.as_tensor() else { continue };
+        match first {
+            None => first = Some((i, t.device())),
+            Some((j, d)) if d != t.device() => {
+                return Err(device_error(format!(
+                    "{name}: tensors on different devices: {} is on {d} but {} is on {}; all tensors of a call must be on one CUDA device (rivet does not copy between devices)",
+                    arg(j),
+                    arg(i),
+                    t.device()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    match first {
+        Some((i, d)) if !matches!(d, rivet_runtime::Device::Cuda(_)) => Err(device_error(format!(
+            "{name}: built for 'cuda', called with tensors on {d} ({} and every other tensor); pass CUDA tensors (or build for 'cpu')",
+            arg(i)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn call(
     c: &Compiled,
     name: &str,
@@ -328,6 +373,9 @@ fn call(
     let n_out = f.params.len() - inputs_sig.params.len();
     let allocate =
         args.len() == inputs_sig.params.len() && n_out > 0 && args.len() != f.params.len();
+    if c.target.kind == TargetKind::Cuda {
+        check_devices(name, if allocate { inputs_sig } else { sig }, args)?;
+    }
     if allocate {
         inputs_sig.check(name, args)?;
     } else {
@@ -369,15 +417,16 @@ fn call(
             ))));
         }
     }
-    // The launch context: the arguments' device (the signature admits only devices this
-    // backend runs on) and their size, for the backend's policy.
+    // The launch context: the arguments' device (one device, checked above for CUDA; the
+    // signature admits only host memory for the CPU backends), the stream the caller chose
+    // (`rivet_runtime::stream`), and the call's size, for the backend's policy.
     let ctx = LaunchContext {
         device: slots
             .iter()
             .flatten()
             .next()
             .map_or(rivet_runtime::Device::Cpu, |t| t.device()),
-        stream: None,
+        stream: rivet_runtime::stream::call_stream(),
         work: 0,
     };
     // Dims given by expressions, and the allocation of missing outputs.
@@ -512,4 +561,76 @@ fn call(
         return Ok(Value::List(outs.into_iter().map(Value::Tensor).collect()));
     }
     Ok(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rivet_runtime::{DType, Device};
+
+    /// A view claiming 4 float32 on `device` at a fake address (never dereferenced).
+    fn on(device: Device) -> Value {
+        // SAFETY: the view is only inspected (device, shape), never read or written.
+        let t = unsafe {
+            Tensor::from_raw_parts(
+                (),
+                0x1000 as *mut u8,
+                0,
+                [4i64][..].into(),
+                [1i64][..].into(),
+                DType::F32,
+                device,
+                false,
+            )
+        }
+        .unwrap();
+        Value::Tensor(t)
+    }
+
+    fn sig() -> Signature {
+        let t = || {
+            ParamKind::Tensor(TensorSpec {
+                device: DeviceSpec::Any,
+                ..Default::default()
+            })
+        };
+        Signature::new(vec![
+            Param::new("A", t()),
+            Param::new("k", ParamKind::Int),
+            Param::new("C", t()),
+        ])
+    }
+
+    #[test]
+    fn cuda_calls_need_one_cuda_device_and_name_the_arguments() {
+        let ok = [on(Device::Cuda(1)), Value::Int(3), on(Device::Cuda(1))];
+        check_devices("f", &sig(), &ok).unwrap();
+        for (args, want) in [
+            (
+                [on(Device::Cuda(0)), Value::Int(3), on(Device::Cuda(1))],
+                "f: tensors on different devices: argument 0 ('A') is on cuda:0 but argument 2 ('C') is on cuda:1",
+            ),
+            (
+                [on(Device::Cpu), Value::Int(3), on(Device::Cuda(0))],
+                "argument 0 ('A') is on cpu but argument 2 ('C') is on cuda:0",
+            ),
+            (
+                [on(Device::Cpu), Value::Int(3), on(Device::Cpu)],
+                "f: built for 'cuda', called with tensors on cpu (argument 0 ('A') and every other tensor)",
+            ),
+            (
+                [on(Device::CudaHost), Value::Int(3), on(Device::CudaHost)],
+                "called with tensors on cuda_host",
+            ),
+        ] {
+            let e = check_devices("f", &sig(), &args).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, Error::Runtime(rivet_runtime::Error::Device(_))) && msg.contains(want),
+                "{msg}"
+            );
+        }
+        // No tensor at all: nothing to check (the signature check reports what is missing).
+        check_devices("f", &sig(), &[Value::Int(1)]).unwrap();
+    }
 }

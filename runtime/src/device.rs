@@ -36,7 +36,11 @@ impl Device {
     pub fn from_dlpack(d: DLDevice) -> Result<Device> {
         match d.device_type {
             DLDeviceType::kDLCPU => Ok(Device::Cpu),
-            DLDeviceType::kDLCUDA => Ok(Device::Cuda(d.device_id)),
+            DLDeviceType::kDLCUDA if d.device_id >= 0 => Ok(Device::Cuda(d.device_id)),
+            DLDeviceType::kDLCUDA => Err(Error::DLPack(format!(
+                "DLPack tensor on CUDA device {}: a device ordinal is >= 0",
+                d.device_id
+            ))),
             DLDeviceType::kDLCUDAHost => Ok(Device::CudaHost),
             other => Err(Error::Device(format!(
                 "unsupported DLPack device type {other} (device id {}); rivet supports cpu (1), cuda (2) and cuda_host (3)",
@@ -98,6 +102,11 @@ mod tests {
             assert_eq!(d.to_string().parse::<Device>().unwrap(), d);
         }
         assert!("cuda:-1".parse::<Device>().is_err());
+        let neg = DLDevice {
+            device_type: DLDeviceType::kDLCUDA,
+            device_id: -1,
+        };
+        assert!(matches!(Device::from_dlpack(neg), Err(Error::DLPack(_))));
         assert!("tpu".parse::<Device>().is_err());
     }
 }

@@ -114,14 +114,27 @@ pub enum Dim {
     Any,
 }
 
+/// Where a tensor parameter's memory may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// Any memory CPU code can read (cpu, cuda_host): native CPU functions.
+    #[default]
+    Host,
+    /// Exactly this device.
+    Exactly(Device),
+    /// Any device: the function checks devices itself (the compiler's call path for CUDA
+    /// functions, which also requires all tensors on one device).
+    Any,
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TensorSpec {
     /// Accepted dtypes; empty means any.
     pub dtypes: Vec<DType>,
     /// Declared shape (its length is the rank); `None` means any rank.
     pub shape: Option<Vec<Dim>>,
-    /// Required device; `None` means any host-readable device.
-    pub device: Option<Device>,
+    /// Where the tensor may live.
+    pub device: DeviceSpec,
     /// The function writes this tensor: it must be writable and free of self-overlap.
     pub output: bool,
 }
@@ -257,13 +270,13 @@ impl Signature {
                         )));
                     }
                     match spec.device {
-                        Some(d) if d != t.device() => {
+                        DeviceSpec::Exactly(d) if d != t.device() => {
                             return Err(Error::Device(format!(
                                 "{func}: {arg} expected a tensor on {d}, got one on {}",
                                 t.device()
                             )))
                         }
-                        None if !t.device().is_host() => {
+                        DeviceSpec::Host if !t.device().is_host() => {
                             return Err(Error::Device(format!(
                                 "{func}: {arg} expected a CPU tensor, got one on {}",
                                 t.device()
@@ -324,7 +337,7 @@ mod tests {
             ParamKind::Tensor(TensorSpec {
                 dtypes: vec![DType::F32],
                 shape: Some(dims.iter().map(|d| Dim::Var(d.to_string())).collect()),
-                device: None,
+                device: DeviceSpec::Host,
                 output,
             })
         };

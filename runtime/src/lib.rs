@@ -7,6 +7,7 @@
 //! when the last view drops.
 
 pub mod alloc;
+pub mod cai;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
@@ -16,6 +17,7 @@ pub mod host;
 pub mod layout;
 pub mod parallel;
 pub mod registry;
+pub mod stream;
 pub mod tensor;
 pub mod testing;
 pub mod value;
@@ -24,6 +26,6 @@ pub use alloc::MAX_ALLOC_BYTES;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{ArgName, Error, ForeignError, Result};
-pub use function::{Dim, Function, Param, ParamKind, Signature, TensorSpec};
+pub use function::{DeviceSpec, Dim, Function, Param, ParamKind, Signature, TensorSpec};
 pub use tensor::{Element, Tensor};
 pub use value::Value;

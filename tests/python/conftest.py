@@ -83,15 +83,20 @@ def gpu_present():
         return False
 
 
-# rivet's CUDA launch (compiler/src/codegen/cuda/driver.rs) has not run on a GPU yet and the
-# Python package exposes no way to ask whether it can: set this to True, or replace it with
-# rivet's own probe once there is one, when the launch path is there.
-RIVET_CUDA_LAUNCH = False
+def rivet_cuda_launch():
+    """Whether rivet itself can use a CUDA device here (its own probe: the driver library
+    loads and reports a device; `rivet.cuda_device_count()` raises DeviceError otherwise)."""
+    try:
+        import rivet
+
+        return rivet.cuda_device_count() > 0
+    except Exception:
+        return False
 
 
 def cuda_usable():
     """Whether rivet can run kernels on a CUDA device here: a GPU and rivet's launch path."""
-    return RIVET_CUDA_LAUNCH and gpu_present()
+    return gpu_present() and rivet_cuda_launch()
 
 
 def _needs_gpu(param):
@@ -117,7 +122,7 @@ def pytest_runtest_setup(item):
         why = (
             "no CUDA GPU on this machine"
             if not gpu_present()
-            else "a GPU is present but rivet's CUDA launch is not there yet (conftest.RIVET_CUDA_LAUNCH)"
+            else "a GPU is present but rivet cannot use it (rivet.cuda_device_count() raised)"
         )
         pytest.skip(why)
 

@@ -79,7 +79,8 @@ class _ImmutableExport:
         self._t = t
 
     def __dlpack__(self, stream=None, **kwargs):
-        return self._t._dlpack_for_immutable_consumer()
+        # JAX passes its stream for GPU arrays: it waits for rivet's work (an event).
+        return self._t._dlpack_for_immutable_consumer(stream)
 
     def __dlpack_device__(self):
         return self._t.__dlpack_device__()

@@ -16,7 +16,7 @@
 //! checked against its full key and checksum is used instead of compiling; anything else is
 //! compiled again and overwritten; a cache that cannot be used never fails a build.
 //!
-//! Not yet: output allocation on the device, checked mode, host code beyond a sequence of launches and global temporaries (CPU parallel
+//! Not yet: checked mode, host code beyond a sequence of launches and global temporaries (CPU parallel
 //! loops, host loops, host conditions), 32-bit index arithmetic, vectorized loads.
 
 pub mod cache;
@@ -355,11 +355,20 @@ impl Kernel for CudaKernel {
         unsafe { self.run_host(&f.body, &mut env, &mut temps, frame, &loaded, stream) }
     }
 
-    fn alloc_output(&self, _shape: &[i64], _dtype: DType, _: &LaunchContext) -> Result<Tensor> {
-        Err(driver::device_error(format!(
-            "{}: allocating outputs on a CUDA device is not supported yet; pass every output tensor",
-            self.func.name
-        )))
+    /// A zeroed output on the call's device, allocated stream-ordered on the launch stream
+    /// (`driver::alloc_tensor`: no device-wide synchronisation; freed by the reaper once the
+    /// device is done with the work queued before its last owner dropped).
+    fn alloc_output(&self, shape: &[i64], dtype: DType, ctx: &LaunchContext) -> Result<Tensor> {
+        let ordinal = match ctx.device {
+            Device::Cuda(o) if o >= 0 => o as usize,
+            other => {
+                return Err(driver::device_error(format!(
+                    "{}: built for 'cuda', called with tensors on {other}; pass CUDA tensors (or build for 'cpu')",
+                    self.func.name
+                )))
+            }
+        };
+        driver::alloc_tensor(ordinal, shape, dtype, ctx.stream.unwrap_or(0), true)
     }
 
     fn source(&self) -> String {
