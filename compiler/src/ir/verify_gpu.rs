@@ -790,4 +790,93 @@ mod tests {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
     }
+
+    #[test]
+    fn cross_thread_reductions_are_collectives_over_thread_x() {
+        let k = k();
+        let acc = scoped(7, Scope::Local, Expr::int(1));
+        let red = |tag| Stmt::AllReduce {
+            op: crate::ir::ReduceOp::Sum,
+            tag,
+            value: Expr::load(acc.id, vec![Expr::int(0)], DType::F32),
+            dst: acc.id,
+        };
+        let ok = kernel(
+            &k,
+            vec![acc.clone()],
+            48,
+            alloc(&acc, red(ThreadTag::ThreadX)),
+        );
+        crate::ir::verify::verify(&ok, false).unwrap();
+        assert!(uses_gpu(&ok));
+        expect(
+            &kernel(
+                &k,
+                vec![acc.clone()],
+                48,
+                alloc(&acc, red(ThreadTag::ThreadY)),
+            ),
+            "runs over threadIdx.x",
+        );
+        let under_if = Stmt::If {
+            cond: Expr::var(&k.tx).lt(&Expr::int(32)),
+            then: Box::new(red(ThreadTag::ThreadX)),
+            otherwise: None,
+        };
+        expect(
+            &kernel(&k, vec![acc.clone()], 48, alloc(&acc, under_if)),
+            "every thread of a block reaches a cross-thread reduction",
+        );
+        let mut outside = ok.clone();
+        outside.body = alloc(&acc, red(ThreadTag::ThreadX));
+        expect(&outside, "stands inside a kernel");
+        // Several rows of threads (threadIdx.y): the x extent is a power of two.
+        let ty = Var::new("ty");
+        let rows = |x: i64| {
+            kernel(
+                &k,
+                vec![acc.clone()],
+                x,
+                bound(
+                    &ty,
+                    0,
+                    Expr::int(4),
+                    ThreadTag::ThreadY,
+                    alloc(&acc, red(ThreadTag::ThreadX)),
+                ),
+            )
+        };
+        crate::ir::verify::verify(&rows(64), false).unwrap();
+        expect(&rows(48), "power-of-two threadIdx.x extent");
+        // The destination: a live one-element local of the value's dtype.
+        let big = scoped(8, Scope::Local, Expr::int(2));
+        let mut f = kernel(&k, vec![acc.clone(), big.clone()], 48, Stmt::Seq(vec![]));
+        f.body = bound(
+            &k.bx,
+            0,
+            Expr::var(&k.n),
+            ThreadTag::BlockX,
+            bound(
+                &k.tx,
+                0,
+                Expr::int(48),
+                ThreadTag::ThreadX,
+                alloc(
+                    &big,
+                    Stmt::AllReduce {
+                        op: crate::ir::ReduceOp::Max,
+                        tag: ThreadTag::ThreadX,
+                        value: Expr::constant(1.0, DType::F32),
+                        dst: big.id,
+                    },
+                ),
+            ),
+        );
+        expect(&f, "one-element local-scope buffer");
+        let text = ok.to_string();
+        assert!(
+            text.contains("S[0] = allreduce sum over threadIdx.x of S[0]"),
+            "{text}"
+        );
+    }
 }
