@@ -305,3 +305,12 @@ def test_binding_a_reduction_loop_to_y_or_a_non_power_of_two_next_to_y_is_refuse
     s, args = row_reduction(te.sum, threads=48, rows_per_block=2)
     with pytest.raises(rivet.CompileError, match="48 threads.*power-of-two threadIdx.x extent"):
         build(s, args)
+
+
+def test_the_cpu_backend_refuses_a_cross_thread_reduction():
+    s, args = row_reduction(te.sum, threads=64)
+    with pytest.raises(rivet.CompileError, match="target 'cpu' cannot run it"):
+        build(s, args, target="cpu")
+    # The interpreter prints the collective in the lowered IR.
+    ir = rivet.build(s, args, target="interp", name="f").get_source("ir")
+    assert "R.acc[0] = allreduce sum over threadIdx.x of R.acc[0]" in ir, ir

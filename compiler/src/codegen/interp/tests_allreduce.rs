@@ -395,7 +395,7 @@ fn bad_bindings_of_reduction_loops_are_compile_errors() {
         .map(|l| l.func)
     };
     refused(
-        lowered(&s2).err().expect("refused"),
+        lowered(&s2).expect_err("refused"),
         "the data-parallel loop 'j' is inside a serial reduction loop",
     );
     // With j outside the serial reduction loop it is fine: one allreduce per j.
