@@ -256,7 +256,13 @@ impl Ctx<'_> {
                     .iter()
                     .position(|l| l.reduce && !matches!(l.kind, ForKind::Thread(_)))
                     .unwrap_or(stage.leaves.len());
-                Some((tx, op, acc, first, dp_guards))
+                Some(Cross {
+                    tx,
+                    op,
+                    acc,
+                    first,
+                    guards: dp_guards,
+                })
             }
             _ => None,
         };
@@ -266,10 +272,10 @@ impl Ctx<'_> {
                 indices: idx.clone(),
                 value: body_ir,
             },
-            (Some(op), Some((_, _, acc, _, _))) => {
-                let a = Expr::load(*acc, vec![Expr::int(0)], t.dtype());
+            (Some(op), Some(c)) => {
+                let a = Expr::load(c.acc, vec![Expr::int(0)], t.dtype());
                 Stmt::Store {
-                    buf: *acc,
+                    buf: c.acc,
                     indices: vec![Expr::int(0)],
                     value: combine(op, a, body_ir)?,
                 }
@@ -301,10 +307,8 @@ impl Ctx<'_> {
         for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
             // Outside the serial reduction loops of a cross-thread reduction: the accumulator,
             // the combination across threads and the store of the element.
-            if let Some((tx, op, acc, first, dp_guards)) = &cross {
-                if pos + 1 == *first {
-                    inner = cross_thread(inner, (*op, *acc, t.dtype()), tx, (buf, &idx), dp_guards);
-                }
+            if let Some(c) = cross.as_ref().filter(|c| pos + 1 == c.first) {
+                inner = cross_thread(inner, c, t.dtype(), (buf, &idx));
             }
             // Constant extents are folded (unroll needs a constant); symbolic ones keep their
             // form (the bounds proof recognises fused products).
@@ -670,20 +674,29 @@ impl Ctx<'_> {
     }
 }
 
+/// How a stage's cross-thread reduction is lowered.
+struct Cross {
+    /// The variable of the reduction loop bound to `threadIdx.x`.
+    tx: Var,
+    op: ReduceOp,
+    /// The per-thread accumulator (a one-element `local`).
+    acc: BufId,
+    /// Position of the first serial reduction loop among the stage's leaves (the number of
+    /// leaves when there is none): the accumulator lives just outside it.
+    first: usize,
+    /// The guards of the data-parallel loops' splits (those of the final store).
+    guards: Vec<Expr>,
+}
+
 /// The statements around the serial reduction loops `update` of a cross-thread reduction:
-/// allocate the accumulator `acc`, start it at the identity of `op`, run `update`, combine
-/// across the threads of `threadIdx.x` (`tx`), and store the element `out[idx]` from the
-/// thread `tx == 0` where the data-parallel `guards` hold.
-fn cross_thread(
-    update: Stmt,
-    (op, acc, dtype): (ReduceOp, BufId, DType),
-    tx: &Var,
-    (out, idx): (BufId, &[Expr]),
-    guards: &[Expr],
-) -> Stmt {
+/// allocate the accumulator, start it at the identity, run `update`, combine across the
+/// threads of `threadIdx.x`, and store the element `out[idx]` from the thread `tx == 0`
+/// where the data-parallel guards hold.
+fn cross_thread(update: Stmt, c: &Cross, dtype: DType, (out, idx): (BufId, &[Expr])) -> Stmt {
+    let (op, acc) = (c.op, c.acc);
     let zero = || vec![Expr::int(0)];
-    let first = Expr::cmp(crate::ir::CmpOp::Eq, Expr::var(tx), Expr::int(0)).expect("int64");
-    let cond = guards.iter().cloned().fold(first, |a, b| {
+    let first = Expr::cmp(crate::ir::CmpOp::Eq, Expr::var(&c.tx), Expr::int(0)).expect("int64");
+    let cond = c.guards.iter().cloned().fold(first, |a, b| {
         Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools")
     });
     Stmt::Allocate {
