@@ -127,7 +127,7 @@ fn bytes_of(dt: DType, v: Value) -> Vec<u8> {
 /// accumulator is stored), then `allreduce_group` over the threads.
 fn reference(op: ReduceOp, dt: DType, row: &[Value], threads: usize) -> Value {
     let comb = |a: Value, b: Value| -> Value {
-        let r = match (a, b) {
+        match (a, b) {
             (Value::F32(x), Value::F32(y)) => Value::F32(match op {
                 ReduceOp::Sum => x + y,
                 ReduceOp::Prod => x * y,
@@ -154,8 +154,7 @@ fn reference(op: ReduceOp, dt: DType, row: &[Value], threads: usize) -> Value {
                 })
             }
             other => panic!("{other:?}"),
-        };
-        r
+        }
     };
     let ident = value_of(
         dt,
