@@ -345,11 +345,15 @@ impl Stage {
     }
 
     /// Binds loop `v` to a GPU launch dimension (TVM's `bind`): its iterations become the
-    /// blocks or threads of a kernel. Refused here: a launch dimension bound twice in one
-    /// stage, and a reduction loop (its iterations accumulate into one element: a
-    /// cross-thread reduction, not supported yet). Where bound loops may stand in the nest
-    /// (outermost, blocks before threads), their extents (constant threads, at most 1024 per
-    /// block) and what a GPU stage may hold are checked when the stage is lowered.
+    /// blocks or threads of a kernel. A reduction loop bound to `threadIdx.x` makes a
+    /// cross-thread reduction (TVM's allreduce): each thread accumulates a partial result over
+    /// the stage's serial reduction loops, then the block's threads combine them
+    /// (`Stmt::AllReduce`) and one thread writes the element. Refused here: a launch
+    /// dimension bound twice in one stage, a reduction loop bound to a block index (blocks
+    /// cannot combine their partial results) or to `threadIdx.y` / `z`. Where bound loops may
+    /// stand in the nest (outermost, blocks before threads), their extents (constant threads,
+    /// at most 1024 per block) and what a GPU stage may hold are checked when the stage is
+    /// lowered.
     pub fn bind(&mut self, v: &Var, tag: ThreadTag) -> Result<()> {
         let p = self.leaf_pos(v, "bind")?;
         if let Some(other) = self
@@ -364,9 +368,16 @@ impl Stage {
                 other.var.name
             ));
         }
-        if self.leaves[p].reduce {
+        if self.leaves[p].reduce && tag.is_block() {
             return err(self, format!(
-                "cannot bind the reduction loop '{}' to {}: its iterations accumulate into the same element (cross-thread reductions are not supported yet); bind the data-parallel loops",
+                "cannot bind the reduction loop '{}' to {}: its iterations accumulate into the same element and blocks cannot combine their partial results (no synchronisation between the blocks of a launch); a cross-thread reduction runs within a block: split it and bind the inner loop to threadIdx.x, and bind the data-parallel loops to blocks",
+                v.name,
+                tag.name()
+            ));
+        }
+        if self.leaves[p].reduce && tag != ThreadTag::ThreadX {
+            return err(self, format!(
+                "cannot bind the reduction loop '{}' to {}: a cross-thread reduction runs over threadIdx.x (a warp is made of consecutive threadIdx.x); bind it to threadIdx.x",
                 v.name,
                 tag.name()
             ));

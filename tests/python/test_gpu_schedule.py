@@ -215,3 +215,102 @@ def test_more_than_1024_threads_per_block_is_refused():
     s[Y].bind(Y.op.axis[1], "threadIdx.x")
     with pytest.raises(rivet.CompileError, match="blocks of 4096 threads; a block has at most 1024"):
         build(s, [X, Y])
+
+
+# ---- cross-thread reductions: a reduction loop bound to threadIdx.x ----------------------------
+
+
+def row_reduction(op, dtype="float32", threads=256, rows_per_block=None):
+    """R[i] = op over k of A[i, k], the reduction split by `threads` with the inner loop on
+    threadIdx.x (each thread reduces its share, the block combines the partials), rows on
+    blockIdx.x, or `rows_per_block` of them on threadIdx.y."""
+    n, kk = te.var("n"), te.var("k")
+    A = te.placeholder((n, kk), dtype, name="A")
+    k = te.reduce_axis((0, kk), name="k")
+    R = te.compute((n,), lambda i: op(A[i, k], axis=k), name="R")
+    s = rivet.create_schedule(R)
+    (i,) = R.op.axis
+    ko, ki = s[R].split(k, factor=threads)
+    if rows_per_block is None:
+        s[R].reorder(i, ki, ko)
+        s[R].bind(i, "blockIdx.x")
+    else:
+        io, ii = s[R].split(i, factor=rows_per_block)
+        s[R].reorder(io, ii, ki, ko)
+        s[R].bind(io, "blockIdx.x")
+        s[R].bind(ii, "threadIdx.y")
+    s[R].bind(ki, "threadIdx.x")
+    return s, [A, R]
+
+
+@pytest.mark.parametrize("cols", [1, 7, 31, 32, 33, 256, 1000])
+@pytest.mark.parametrize("threads", [32, 33, 256])
+def test_row_sum_max_min_across_threads(rng, cols, threads, gpu_target):
+    rows = 3
+    a = random_array(rng, (rows, cols))
+    for op, ref in [(te.sum, np.sum), (te.max, np.max), (te.min, np.min)]:
+        s, args = row_reduction(op, threads=threads)
+        f = build(s, args, gpu_target)
+        r = np.full(rows, np.nan, np.float32)
+        f(a, r)
+        if op is te.sum:
+            # A tree over the threads' partial sums: another order than numpy's pairwise sum.
+            assert_matches(r, a.sum(axis=1), op="reduction", against="numpy", k=cols, terms=np.abs(a).sum(axis=1))
+        else:
+            np.testing.assert_array_equal(r, ref(a, axis=1))
+
+
+def test_reduction_across_threads_with_several_rows_per_block(rng, gpu_target):
+    # 4 rows of 8 threads per block (threadIdx.y), 10 rows: the last block is ragged.
+    for threads, per_block in [(8, 4), (64, 4), (1, 16)]:
+        s, args = row_reduction(te.max, threads=threads, rows_per_block=per_block)
+        f = build(s, args, gpu_target)
+        a = random_array(rng, (10, 77))
+        r = np.full(10, np.nan, np.float32)
+        f(a, r)
+        np.testing.assert_array_equal(r, a.max(axis=1))
+
+
+def test_integer_sums_across_threads_wrap_like_numpy(rng, gpu_target):
+    s, args = row_reduction(te.sum, dtype="int32", threads=128)
+    f = build(s, args, gpu_target)
+    a = rng.integers(-(2**31), 2**31, size=(5, 999), dtype=np.int32)
+    r = np.zeros(5, np.int32)
+    f(a, r)
+    np.testing.assert_array_equal(r, a.sum(axis=1, dtype=np.int32))
+
+
+def test_float64_and_float16_sums_across_threads(rng, gpu_target):
+    for dtype, k in [("float64", 300), ("float16", 40)]:
+        s, args = row_reduction(te.sum, dtype=dtype, threads=64)
+        f = build(s, args, gpu_target)
+        a = random_array(rng, (4, k), dtype)
+        r = np.full(4, np.nan, dtype)
+        f(a, r)
+        # float16 accumulates in float16 (rounded at every update, as the unscheduled program).
+        assert_matches(r, a.astype(np.float64).sum(axis=1), op="reduction", against="numpy", k=k, terms=np.abs(a.astype(np.float64)).sum(axis=1))
+
+
+def test_binding_a_reduction_loop_to_y_or_a_non_power_of_two_next_to_y_is_refused():
+    n, kk = te.var("n"), te.var("k")
+    A = te.placeholder((n, kk), "float32", name="A")
+    k = te.reduce_axis((0, kk), name="k")
+    R = te.compute((n,), lambda i: te.sum(A[i, k], axis=k), name="R")
+    s = rivet.create_schedule(R)
+    ko, ki = s[R].split(k, factor=32)
+    with pytest.raises(rivet.CompileError, match="reduction loop 'k.inner' to threadIdx.y: a cross-thread reduction runs over threadIdx.x"):
+        s[R].bind(ki, "threadIdx.y")
+    with pytest.raises(rivet.CompileError, match="reduction loop 'k.outer' to blockIdx.x.*blocks cannot combine"):
+        s[R].bind(ko, "blockIdx.x")
+    s, args = row_reduction(te.sum, threads=48, rows_per_block=2)
+    with pytest.raises(rivet.CompileError, match="48 threads.*power-of-two threadIdx.x extent"):
+        build(s, args)
+
+
+def test_the_cpu_backend_refuses_a_cross_thread_reduction():
+    s, args = row_reduction(te.sum, threads=64)
+    with pytest.raises(rivet.CompileError, match="target 'cpu' cannot run it"):
+        build(s, args, target="cpu")
+    # The interpreter prints the collective in the lowered IR.
+    ir = rivet.build(s, args, target="interp", name="f").get_source("ir")
+    assert "R.acc[0] = allreduce sum over threadIdx.x of R.acc[0]" in ir, ir

@@ -2073,6 +2073,10 @@ proptest! {
 /// A GPU schedule: the first data axis split by `f0` (outer to blockIdx.x, inner to
 /// threadIdx.x), the second (when `two_d`) by `f1` (blockIdx.y / threadIdx.y); other loops
 /// serial inside; intermediate stages inlined where they can be, else bound the same way.
+/// With `cross`, a stage with a reduction is a cross-thread reduction: its first reduction
+/// axis split by that many threads (a power of two when the block has several rows of
+/// threads, halved until the block fits in 1024), the inner part on threadIdx.x and the data
+/// axes' inner parts on threadIdx.y / z.
 #[derive(Clone, Debug)]
 struct GpuS {
     f0: i64,
@@ -2081,6 +2085,7 @@ struct GpuS {
     inline_producers: bool,
     /// The default GPU schedule (`apply_default_gpu`) instead of the above.
     default: bool,
+    cross: Option<i64>,
 }
 
 fn gpu_s() -> impl Strategy<Value = GpuS> {
@@ -2090,13 +2095,24 @@ fn gpu_s() -> impl Strategy<Value = GpuS> {
         any::<bool>(),
         any::<bool>(),
         prop::sample::select(vec![false, false, true]),
+        prop::sample::select(vec![
+            None,
+            Some(1i64),
+            Some(2),
+            Some(3),
+            Some(8),
+            Some(32),
+            Some(33),
+            Some(64),
+        ]),
     )
-        .prop_map(|(f0, f1, two_d, inline_producers, default)| GpuS {
+        .prop_map(|(f0, f1, two_d, inline_producers, default, cross)| GpuS {
             f0,
             f1,
             two_d,
             inline_producers,
             default,
+            cross,
         })
 }
 
@@ -2106,14 +2122,40 @@ fn bind_stage(s: &mut Schedule, t: &Te, g: &GpuS) {
     if axes.is_empty() {
         return;
     }
+    let reduce = t.reduce_axis();
+    let cross = g
+        .cross
+        .filter(|_| !reduce.is_empty() && reduce[0].extent.as_int() != Some(0));
+    let two_d = g.two_d && axes.len() >= 2;
+    let (ty, tz) = if cross.is_some() {
+        (ThreadTag::ThreadY, ThreadTag::ThreadZ)
+    } else {
+        (ThreadTag::ThreadX, ThreadTag::ThreadY)
+    };
     let st = s.stage(t).unwrap();
     let (o0, i0) = st.split(&axes[0].var, Some(Expr::int(g.f0)), None).unwrap();
     let mut blocks = vec![(o0, ThreadTag::BlockX)];
-    let mut threads = vec![(i0, ThreadTag::ThreadX)];
-    if g.two_d && axes.len() >= 2 {
+    let mut threads = vec![(i0, ty)];
+    if two_d {
         let (o1, i1) = st.split(&axes[1].var, Some(Expr::int(g.f1)), None).unwrap();
         blocks.push((o1, ThreadTag::BlockY));
-        threads.push((i1, ThreadTag::ThreadY));
+        threads.push((i1, tz));
+    }
+    if let Some(mut x) = cross {
+        let groups = g.f0 * if two_d { g.f1 } else { 1 };
+        if groups > 1 && x.count_ones() != 1 {
+            x = (x as u64).next_power_of_two() as i64;
+        }
+        // A constant axis shorter than the split clamps the thread count to its extent: keep
+        // that a power of two too.
+        if let (true, Some(k)) = (groups > 1, reduce[0].extent.as_int()) {
+            x = x.min(1 << (63 - k.leading_zeros()));
+        }
+        while x > 1 && groups * x > 1024 {
+            x /= 2;
+        }
+        let (_, ri) = st.split(&reduce[0].var, Some(Expr::int(x)), None).unwrap();
+        threads.push((ri, ThreadTag::ThreadX));
     }
     let bound: Vec<Var> = blocks
         .iter()

@@ -515,3 +515,119 @@ fn profile_loading_sequential_nests() {
     lap("cranelift", &mut t);
     drop(k);
 }
+
+/// `R[i] = sum_k A[i, k]` over a static [5, 300] `A`, a cross-thread reduction: the
+/// reduction split by 64, the inner loop on threadIdx.x, rows on blockIdx.x; for `interp`.
+fn rowsum_module() -> Module {
+    let a = placeholder(&[Expr::int(5), Expr::int(300)], DType::F32, "A").unwrap();
+    let k = te::reduce_axis(Expr::int(0), Expr::int(300), "k").unwrap();
+    let a2 = a.clone();
+    let r = compute(
+        &[Expr::int(5)],
+        |i| ok(te::sum(a2.idx(&[i[0].clone(), te::ax(&k)]), &[k.clone()])),
+        "R",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[r.clone()]).unwrap();
+    let st = s.stage(&r).unwrap();
+    let i = r.axis()[0].var.clone();
+    let (ko, ki) = st.split(&k.var, Some(Expr::int(64)), None).unwrap();
+    st.reorder(&[i.clone(), ki.clone(), ko]).unwrap();
+    st.bind(&i, rivet_compiler::ir::ThreadTag::BlockX).unwrap();
+    st.bind(&ki, rivet_compiler::ir::ThreadTag::ThreadX)
+        .unwrap();
+    build(&s, &[a, r], "interp", "rowsum").unwrap()
+}
+
+/// Loads `bytes` and runs `rowsum`: `Ok(result)` or the load error's message (a CompileError
+/// naming the file).
+fn load_rowsum(bytes: &[u8]) -> std::result::Result<Vec<f32>, String> {
+    let m = match Module::from_bytes(bytes, "rows.rivet") {
+        Ok(m) => m,
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.starts_with("cannot load rivet module rows.rivet: "),
+                "{msg}"
+            );
+            assert!(!msg.contains("internal compiler error"), "{msg}");
+            assert!(matches!(
+                rivet_runtime::Error::from(e),
+                rivet_runtime::Error::Compile(_)
+            ));
+            return Err(msg);
+        }
+    };
+    let av = data(5 * 300, 3);
+    let ta = Tensor::from_slice(&av, &[5, 300]).unwrap();
+    let out = m.get_function("rowsum").unwrap().call(&[Value::Tensor(ta)]);
+    Ok(out.unwrap().as_tensor().unwrap().to_vec::<f32>().unwrap())
+}
+
+#[test]
+fn cross_thread_reductions_round_trip_and_hostile_edits_are_refused() {
+    let bytes = rowsum_module().to_bytes().unwrap();
+    let json = payload(&bytes);
+    let av = data(5 * 300, 3);
+    // Small integers: exact in any order.
+    let want: Vec<f32> = av.chunks(300).map(|r| r.iter().sum()).collect();
+    assert_eq!(load_rowsum(&bytes), Ok(want));
+    let at = json
+        .find("\"AllReduce\"")
+        .expect("the saved nest holds the allreduce");
+    let edits: [(&str, &str, &str); 4] = [
+        (
+            "\"tag\":\"ThreadX\"",
+            "\"tag\":\"ThreadY\"",
+            "runs over threadIdx.x",
+        ),
+        (
+            "\"tag\":\"ThreadX\"",
+            "\"tag\":\"BlockX\"",
+            "runs over threadIdx.x",
+        ),
+        ("\"AllReduce\"", "\"AllReduc\"", "unknown variant"),
+        ("\"op\":\"Sum\"", "\"op\":\"Mean\"", "unknown variant"),
+    ];
+    for (from, to, why) in edits {
+        let edited = replace_nth(&json, at, from, to, 0).unwrap();
+        let e = load_rowsum(&with_payload(&bytes, &edited))
+            .expect_err(&format!("{from} -> {to} loaded"));
+        assert!(e.contains(why), "{from} -> {to}: {e}");
+    }
+    // The destination retargeted to the output parameter (id 1), or to a missing buffer.
+    let dst = json[at..].find("\"dst\":").unwrap() + at + "\"dst\":".len();
+    let end = dst + json[dst..].find(|c: char| !c.is_ascii_digit()).unwrap();
+    for (id, why) in [
+        ("1", "one-element local-scope buffer"),
+        ("77", "unknown buffer"),
+    ] {
+        let edited = format!("{}{id}{}", &json[..dst], &json[end..]);
+        let e = load_rowsum(&with_payload(&bytes, &edited)).unwrap_err();
+        assert!(e.contains(why), "dst {id}: {e}");
+    }
+    // The reduction's thread loop made serial: the allreduce is outside its tag's loop.
+    let edited = json.replacen("{\"Thread\":\"ThreadX\"}", "\"Serial\"", 1);
+    assert_ne!(edited, json);
+    let e = load_rowsum(&with_payload(&bytes, &edited)).unwrap_err();
+    assert!(
+        e.contains("inside the loop bound to its thread index"),
+        "{e}"
+    );
+    // The allreduce under a condition only some threads take.
+    let close = json[at..].find("\"dst\":").unwrap() + at;
+    let close = close + json[close..].find('}').unwrap() + 1;
+    let stmt_start = json[..at].rfind('{').unwrap();
+    let stmt = &json[stmt_start..=close];
+    let cond = "{\"If\":{\"cond\":{\"dtype\":\"bool\",\"kind\":{\"Const\":{\"Int\":1}}},\"then\":";
+    let edited = format!(
+        "{}{cond}{stmt},\"otherwise\":null}}}}{}",
+        &json[..stmt_start],
+        &json[close + 1..]
+    );
+    let e = load_rowsum(&with_payload(&bytes, &edited)).unwrap_err();
+    assert!(
+        e.contains("every thread of a block reaches a cross-thread reduction"),
+        "{e}"
+    );
+}

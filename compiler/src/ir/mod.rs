@@ -1,6 +1,10 @@
 //! The loop IR: typed expressions (shared with the DSL), statements, functions, and the
 //! tools every pass and backend uses: printer, verifier, exact evaluation of index expressions
 //! (`checked`). The interpreter that runs whole functions is a backend: `codegen::interp`.
+//!
+//! GPU constructs: loops bound to launch dimensions, storage scopes, `Barrier`, and the one
+//! collective, the cross-thread reduction `Stmt::AllReduce` (its meaning and fixed combination
+//! order in `stmt`'s header); where each may stand is `verify_gpu`'s.
 
 pub mod checked;
 pub mod expr;

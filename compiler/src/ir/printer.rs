@@ -205,6 +205,21 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
             indent(out, depth);
             out.push_str("barrier\n");
         }
+        Stmt::AllReduce {
+            op,
+            tag,
+            value,
+            dst,
+        } => {
+            indent(out, depth);
+            let _ = writeln!(
+                out,
+                "{}[0] = allreduce {} over {} of {value}",
+                buf_name(dst.0),
+                red(*op),
+                tag.name()
+            );
+        }
         Stmt::Launch { kernel } => {
             indent(out, depth);
             let k = KERNELS.with(|k| k.borrow().get(*kernel).cloned());

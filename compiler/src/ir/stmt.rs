@@ -8,10 +8,20 @@
 //!   time), a stride in a buffer's `strides`, a `For` or `Let` variable in scope;
 //! - after `flatten`, every `Load`/`Store` has exactly one index (an element offset computed
 //!   with the buffer's stride variables), and no te-only node (`Read`, `Reduce`) remains;
-//! - GPU constructs (thread-bound loops, `Barrier`, `shared`/`local` scopes) form kernels
-//!   as `ir::verify_gpu` describes.
+//! - GPU constructs (thread-bound loops, `Barrier`, `AllReduce`, `shared`/`local` scopes)
+//!   form kernels as `ir::verify_gpu` describes.
+//!
+//! The cross-thread reduction (`AllReduce`) is the one collective statement: every thread of
+//! the block evaluates `value`, the values of the threads that differ only in their
+//! `threadIdx.x` (a *group*: the threads with equal `threadIdx.y`, `threadIdx.z`) are combined
+//! with `op`, and each thread of the group receives the result in element 0 of `dst`, its own
+//! one-element `local` buffer. The order of the combination is fixed (the interpreter and
+//! the CUDA backend use the same one, so they agree bit for bit): within each run of 32
+//! consecutive threads of a group (a warp's share) a tree of `shfl_down` steps, then the same
+//! tree over the runs' partial results; `codegen::interp::gpu::allreduce_group` is the
+//! reference. It is not a barrier: it orders no other memory access.
 
-use super::expr::{BufId, Expr, Var};
+use super::expr::{BufId, Expr, ReduceOp, Var};
 use rivet_runtime::DType;
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +144,16 @@ pub enum Stmt {
     /// to shared and global memory before it are visible to all after it (`__syncthreads`).
     /// Reached by all threads of a block or by none (`ir::verify_gpu`).
     Barrier,
+    /// GPU: `dst[0] = op-reduction of value over the threads of the group along tag` (module
+    /// header). `tag` is `threadIdx.x` (`ir::verify_gpu`); `dst` is a `local` buffer of one
+    /// element of `value`'s dtype. Reached by all threads of a block or by none, like a
+    /// barrier, and only inside the loop bound to `tag`.
+    AllReduce {
+        op: ReduceOp,
+        tag: ThreadTag,
+        value: Expr,
+        dst: BufId,
+    },
     /// Runs `func.kernels[kernel]` here: a body outlined by the host/device split
     /// (`lower::split`), with the buffers and variables it captures (only in split
     /// functions, never in saved ones).
@@ -291,6 +311,17 @@ impl Stmt {
             },
             Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),
             Stmt::Barrier => Stmt::Barrier,
+            Stmt::AllReduce {
+                op,
+                tag,
+                value,
+                dst,
+            } => Stmt::AllReduce {
+                op: *op,
+                tag: *tag,
+                value: fe(value),
+                dst: *dst,
+            },
             Stmt::Launch { kernel } => Stmt::Launch { kernel: *kernel },
         };
         fs(s)
@@ -312,7 +343,7 @@ impl Stmt {
                 }
             }
             Stmt::Seq(v) => v.iter().for_each(|s| s.visit(f)),
-            Stmt::Store { .. } | Stmt::Barrier | Stmt::Launch { .. } => {}
+            Stmt::Store { .. } | Stmt::Barrier | Stmt::AllReduce { .. } | Stmt::Launch { .. } => {}
         }
     }
 
@@ -328,7 +359,7 @@ impl Stmt {
                 f(value)
             }
             Stmt::If { cond, .. } => f(cond),
-            Stmt::Let { value, .. } => f(value),
+            Stmt::Let { value, .. } | Stmt::AllReduce { value, .. } => f(value),
             Stmt::Allocate { .. } | Stmt::Seq(_) | Stmt::Barrier | Stmt::Launch { .. } => {}
         });
     }

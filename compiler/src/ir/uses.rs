@@ -42,6 +42,10 @@ pub fn uses(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut BT
         }
         Stmt::If { cond, .. } => on_expr(cond, bufs, vars),
         Stmt::Let { value, .. } => on_expr(value, bufs, vars),
+        Stmt::AllReduce { value, dst, .. } => {
+            bufs.insert(*dst);
+            on_expr(value, bufs, vars);
+        }
         Stmt::Allocate { buf, .. } => {
             bufs.insert(*buf);
         }

@@ -36,8 +36,10 @@
 //!   O(MAX_FUNC_NODES) whatever the input (a DAG sharing subtrees is never walked
 //!   exponentially).
 //! - `func.checks` conditions are bool and use only dims and parameter stride variables.
-//! - GPU constructs (thread-bound loops, barriers, storage scopes): the rules of
-//!   `verify_gpu`, run after these.
+//! - a cross-thread reduction (`AllReduce`) combines a non-bool value into a live
+//!   one-element buffer of kind `Local`, scope `Local` and the value's dtype (shape all 1s).
+//! - GPU constructs (thread-bound loops, barriers, cross-thread reductions, storage scopes):
+//!   the rules of `verify_gpu`, run after these.
 //!
 //! Functions loaded from a file go through the same rules; the loader reports a violation as
 //! the file's fault (`CompileError`), not as an internal error.
@@ -45,7 +47,7 @@
 use super::expr::{BinOp, BufId, Const, Expr, ExprKind, UnOp};
 use super::limits::{MAX_FUNC_NODES, MAX_IR_DEPTH, MAX_STMT_DEPTH};
 use super::printer::stmt_to_string;
-use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Stmt};
+use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
 use crate::error::{Error, Result};
 use rivet_runtime::DType;
 use std::cell::Cell;
@@ -744,6 +746,56 @@ impl<'a> Verifier<'a> {
             }
             // Where barriers may stand is a rule of `verify_gpu`.
             Stmt::Barrier => Ok(()),
+            // Where it may stand is a rule of `verify_gpu`; its operands are checked here.
+            Stmt::AllReduce { value, dst, .. } => {
+                self.expr(value, "allreduce value")?;
+                let dt = value.dtype();
+                if dt == DType::Bool {
+                    return Err(self.fail(
+                        "a cross-thread reduction combines numbers",
+                        format!("allreduce of the bool value `{value}`"),
+                    ));
+                }
+                let Some(b) = self.bufs.get(dst).copied() else {
+                    return Err(self.fail(
+                        "unknown buffer",
+                        format!(
+                            "allreduce into buffer id {} which the function does not declare",
+                            dst.0
+                        ),
+                    ));
+                };
+                let one = b.shape.iter().all(|e| e.as_int() == Some(1));
+                if b.kind != BufKind::Local || b.scope != Scope::Local || !one {
+                    let shape: Vec<String> = b.shape.iter().map(|e| e.to_string()).collect();
+                    return Err(self.fail(
+                        "a cross-thread reduction writes a one-element local-scope buffer",
+                        format!(
+                            "allreduce into `{}` ({:?}, scope {:?}, shape ({}))",
+                            b.name,
+                            b.kind,
+                            b.scope,
+                            shape.join(", ")
+                        ),
+                    ));
+                }
+                if !self.live.contains(dst) {
+                    return Err(self.fail(
+                        "local buffer used outside its Allocate",
+                        format!("allreduce into `{}`", b.name),
+                    ));
+                }
+                if b.dtype != dt {
+                    return Err(self.fail(
+                        "allreduce dtype must equal buffer dtype",
+                        format!(
+                            "allreduce typed {dt} into `{}` which is {}",
+                            b.name, b.dtype
+                        ),
+                    ));
+                }
+                Ok(())
+            }
             Stmt::Launch { kernel } => {
                 let Some(k) = self.func.kernels.get(*kernel) else {
                     return Err(self.fail(

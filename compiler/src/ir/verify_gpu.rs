@@ -18,6 +18,13 @@
 //! - a `Barrier` stands inside a kernel, and every thread of the block reaches it: it is not
 //!   under an `If` of the kernel, nor in a loop whose bounds differ between threads (they use
 //!   a thread index, a `Let` or loop variable derived from one, or a load);
+//! - a cross-thread reduction (`AllReduce`) is a collective: it stands inside a kernel, inside
+//!   the loop bound to its tag, which is `threadIdx.x` (its groups are runs of consecutive
+//!   threads, which is what warps are made of), and, like a barrier, every thread of the block
+//!   reaches it. When the block also has `threadIdx.y` / `threadIdx.z` threads (several
+//!   groups), the `threadIdx.x` extent is a power of two, so that no warp holds part of a group
+//!   and part of another unless it holds both whole (the CUDA lowering's shuffles rely on
+//!   it);
 //! - scopes: parameters are `Global`; `Shared` and `Local` buffers are locals of constant,
 //!   non-negative shape (compact, strides known at compile time). `Shared` buffers are
 //!   allocated in a block body outside every thread loop (one copy per block); a `Global`
@@ -38,6 +45,7 @@ pub fn uses_gpu(func: &PrimFunc) -> bool {
         gpu |= matches!(
             s,
             Stmt::Barrier
+                | Stmt::AllReduce { .. }
                 | Stmt::For {
                     kind: ForKind::Thread(_),
                     ..
@@ -120,6 +128,8 @@ struct Kernel {
     thread_extents: HashMap<ThreadTag, i64>,
     /// Variables bound inside the kernel.
     inner: HashSet<u32>,
+    /// Whether it holds a cross-thread reduction.
+    allreduce: bool,
 }
 
 struct Walker<'a> {
@@ -231,6 +241,36 @@ impl Walker<'_> {
                     self.stmt(&k.body, cx)
                 }
             }
+            Stmt::AllReduce { tag, dst, .. } => {
+                let name = self.scopes.get(&dst.0).map_or("?", |(_, n)| *n);
+                match self.kernel.as_mut() {
+                    None => set(
+                        &mut self.fail,
+                        "a cross-thread reduction stands inside a kernel",
+                        format!("allreduce into `{name}` outside any loop bound to a block or thread index"),
+                    ),
+                    Some(_) if *tag != ThreadTag::ThreadX => set(
+                        &mut self.fail,
+                        "a cross-thread reduction runs over threadIdx.x",
+                        format!("allreduce into `{name}` over {}", tag.name()),
+                    ),
+                    Some(_) if !cx.threads.contains(tag) => set(
+                        &mut self.fail,
+                        "a cross-thread reduction stands inside the loop bound to its thread index",
+                        format!("allreduce into `{name}` over {} outside such a loop", tag.name()),
+                    ),
+                    Some(k) => {
+                        k.allreduce = true;
+                        if let Some(d) = &cx.divergent {
+                            set(
+                                &mut self.fail,
+                                "every thread of a block reaches a cross-thread reduction",
+                                format!("allreduce into `{name}` under `{d}`, which threads may take differently"),
+                            );
+                        }
+                    }
+                }
+            }
             Stmt::Barrier => {
                 if self.kernel.is_none() {
                     set(
@@ -281,6 +321,7 @@ impl Walker<'_> {
                         blocks: Vec::new(),
                         thread_extents: HashMap::new(),
                         inner: HashSet::new(),
+                        allreduce: false,
                     });
                 }
                 let k = self.kernel.as_mut().expect("set above");
@@ -373,6 +414,19 @@ impl Walker<'_> {
                             "a block has at most 1024 threads",
                             format!(
                                 "the kernel at loop `{}` has blocks of {threads} threads",
+                                var.name
+                            ),
+                        );
+                    }
+                    let ext = |t| k.thread_extents.get(&t).copied().unwrap_or(1);
+                    let x = ext(ThreadTag::ThreadX);
+                    let groups = ext(ThreadTag::ThreadY) * ext(ThreadTag::ThreadZ);
+                    if k.allreduce && groups > 1 && x.count_ones() != 1 {
+                        set(
+                            &mut self.fail,
+                            "a cross-thread reduction in a block with threadIdx.y or threadIdx.z threads has a power-of-two threadIdx.x extent",
+                            format!(
+                                "the kernel at loop `{}` reduces over {x} threads in each of {groups} groups",
                                 var.name
                             ),
                         );
@@ -735,5 +789,94 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn cross_thread_reductions_are_collectives_over_thread_x() {
+        let k = k();
+        let acc = scoped(7, Scope::Local, Expr::int(1));
+        let red = |tag| Stmt::AllReduce {
+            op: crate::ir::ReduceOp::Sum,
+            tag,
+            value: Expr::load(acc.id, vec![Expr::int(0)], DType::F32),
+            dst: acc.id,
+        };
+        let ok = kernel(
+            &k,
+            vec![acc.clone()],
+            48,
+            alloc(&acc, red(ThreadTag::ThreadX)),
+        );
+        crate::ir::verify::verify(&ok, false).unwrap();
+        assert!(uses_gpu(&ok));
+        expect(
+            &kernel(
+                &k,
+                vec![acc.clone()],
+                48,
+                alloc(&acc, red(ThreadTag::ThreadY)),
+            ),
+            "runs over threadIdx.x",
+        );
+        let under_if = Stmt::If {
+            cond: Expr::var(&k.tx).lt(&Expr::int(32)),
+            then: Box::new(red(ThreadTag::ThreadX)),
+            otherwise: None,
+        };
+        expect(
+            &kernel(&k, vec![acc.clone()], 48, alloc(&acc, under_if)),
+            "every thread of a block reaches a cross-thread reduction",
+        );
+        let mut outside = ok.clone();
+        outside.body = alloc(&acc, red(ThreadTag::ThreadX));
+        expect(&outside, "stands inside a kernel");
+        // Several rows of threads (threadIdx.y): the x extent is a power of two.
+        let ty = Var::new("ty");
+        let rows = |x: i64| {
+            kernel(
+                &k,
+                vec![acc.clone()],
+                x,
+                bound(
+                    &ty,
+                    0,
+                    Expr::int(4),
+                    ThreadTag::ThreadY,
+                    alloc(&acc, red(ThreadTag::ThreadX)),
+                ),
+            )
+        };
+        crate::ir::verify::verify(&rows(64), false).unwrap();
+        expect(&rows(48), "power-of-two threadIdx.x extent");
+        // The destination: a live one-element local of the value's dtype.
+        let big = scoped(8, Scope::Local, Expr::int(2));
+        let mut f = kernel(&k, vec![acc.clone(), big.clone()], 48, Stmt::Seq(vec![]));
+        f.body = bound(
+            &k.bx,
+            0,
+            Expr::var(&k.n),
+            ThreadTag::BlockX,
+            bound(
+                &k.tx,
+                0,
+                Expr::int(48),
+                ThreadTag::ThreadX,
+                alloc(
+                    &big,
+                    Stmt::AllReduce {
+                        op: crate::ir::ReduceOp::Max,
+                        tag: ThreadTag::ThreadX,
+                        value: Expr::constant(1.0, DType::F32),
+                        dst: big.id,
+                    },
+                ),
+            ),
+        );
+        expect(&f, "one-element local-scope buffer");
+        let text = ok.to_string();
+        assert!(
+            text.contains("S[0] = allreduce sum over threadIdx.x of S[0]"),
+            "{text}"
+        );
     }
 }

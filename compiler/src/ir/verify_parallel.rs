@@ -203,6 +203,9 @@ impl<'a> Body<'a> {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.collect(s)),
             // Loaded functions are never split (files hold the IR before the split).
             Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
+            // Only inside a kernel, which no parallel loop holds (`verify_gpu` refuses it
+            // there); its loads are still accesses of the loop body.
+            Stmt::AllReduce { value, .. } => self.loads(value),
             Stmt::Store {
                 buf,
                 indices,

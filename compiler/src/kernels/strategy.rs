@@ -6,21 +6,32 @@
 //!   parallel; intermediate stages stay serial at root.
 //! - GPU: every stage is a kernel of its own. A contraction tiles its last two data axes by
 //!   `TILE` x `TILE` (one block per tile, one thread per output, leading batch axes on
-//!   blockIdx.z), the reduction serial in each thread. Every other stage fuses its data axes
-//!   and splits them by `THREADS` (blockIdx.x, threadIdx.x), reductions serial per thread.
-//!   Shared-memory tiles and block reductions need `cache_read` and cross-thread
-//!   reductions (not there yet): these schedules are correct first, fast later (issue 12).
+//!   blockIdx.z), the reduction serial in each thread. Every other reduction stage (softmax's
+//!   max and sum, layer_norm's moments, sum / max over an axis) is a block reduction
+//!   (`block_reduce`): one block per output element, its reduction split across up to
+//!   `REDUCE_THREADS` threads and combined across them (warp shuffles, then shared memory);
+//!   reductions of fewer than `MIN_BLOCK_REDUCE` terms (known at build time) stay serial per
+//!   thread. Every other stage fuses its data axes and splits them by `THREADS` (blockIdx.x,
+//!   threadIdx.x). Shared-memory tiles need `cache_read` (not there yet): these schedules are
+//!   correct first, fast later (issue 12).
 
 use super::defs::{Def, Pattern};
 use crate::error::Result;
 use crate::ir::expr::{Expr, Var};
 use crate::ir::stmt::ThreadTag;
+use crate::lower::simplify::simplify;
 use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind};
 use crate::te::Tensor;
 
 /// Threads per block of a flat (fused, split) GPU stage.
 const THREADS: i64 = 256;
+/// Threads per block of a block reduction (8 warps: enough loads in flight per row, and
+/// rows stay many blocks).
+const REDUCE_THREADS: i64 = 256;
+/// A reduction of fewer terms than this (a constant extent) is left serial in one thread per
+/// output: a block of threads would mostly idle.
+const MIN_BLOCK_REDUCE: i64 = 64;
 /// Side of a contraction's output tile on the GPU (TILE * TILE threads per block).
 const TILE: i64 = 16;
 
@@ -89,6 +100,9 @@ pub fn schedule(def: &Def, strategy: Strategy) -> Result<Schedule> {
 /// Fuses the data axes of `t`, splits them by `THREADS` and binds blocks and threads; its
 /// reduction loops stay serial inside each thread. A 0-d stage is left to the host.
 fn flat(s: &mut Schedule, t: &Tensor) -> Result<()> {
+    if !t.reduce_axis().is_empty() && block_reduce(s, t)? {
+        return Ok(());
+    }
     let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
     let Some(first) = axes.first() else {
         return Ok(());
@@ -264,4 +278,42 @@ pub fn default_gpu_schedule(outputs: &[Tensor]) -> Result<Schedule> {
     let mut s = Schedule::new(outputs)?;
     apply_default_gpu(&mut s)?;
     Ok(s)
+/// A block reduction: the data axes of `t` fused on blockIdx.x (one block per output element;
+/// none for a 0-d output: one block), its reduction axes fused and split by the thread count,
+/// the inner part bound to threadIdx.x (a cross-thread reduction: each thread sums its share
+/// serially, the block combines the partials). The thread count is `REDUCE_THREADS`, or the
+/// extent when it is a smaller constant (no idle thread, no guard). `false` (nothing done)
+/// for a reduction of fewer than `MIN_BLOCK_REDUCE` terms known at build time.
+fn block_reduce(s: &mut Schedule, t: &Tensor) -> Result<bool> {
+    let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
+    let raxes: Vec<Var> = t.reduce_axis().iter().map(|a| a.var.clone()).collect();
+    let terms = t.reduce_axis().iter().try_fold(1i64, |acc, a| {
+        acc.checked_mul(simplify(&a.extent).as_int()?)
+    });
+    let threads = match terms {
+        Some(n) if n < MIN_BLOCK_REDUCE => return Ok(false),
+        Some(n) => n.min(REDUCE_THREADS),
+        None => REDUCE_THREADS,
+    };
+    let st = s.stage(t)?;
+    let mut rows = None;
+    for a in &axes {
+        rows = Some(match rows {
+            None => a.clone(),
+            Some(r) => st.fuse(&r, a)?,
+        });
+    }
+    let mut r = raxes[0].clone();
+    for a in &raxes[1..] {
+        r = st.fuse(&r, a)?;
+    }
+    let (ro, ri) = st.split(&r, Some(Expr::int(threads)), None)?;
+    let mut order: Vec<Var> = rows.iter().cloned().collect();
+    order.extend([ri.clone(), ro]);
+    st.reorder(&order)?;
+    if let Some(b) = &rows {
+        st.bind(b, ThreadTag::BlockX)?;
+    }
+    st.bind(&ri, ThreadTag::ThreadX)?;
+    Ok(true)
 }

@@ -383,6 +383,9 @@ impl Prover<'_> {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
             // The split runs after the proof; barriers touch no memory.
             Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
+            // Its destination is element 0 of a one-element local buffer (`verify_gpu`); what
+            // the value reads is proved as any expression's loads.
+            Stmt::AllReduce { value, .. } => self.exprs(value, env),
         }
     }
 }

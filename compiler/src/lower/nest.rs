@@ -10,7 +10,14 @@
 //! - reductions as an init nest (identity) then the update nest `C = C op body`: always
 //!   correct whatever the loop order (a reduction loop may sit outside data-parallel loops);
 //! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
-//!   iterations reads (interval analysis), its stores guarded by the producer's extent.
+//!   iterations reads (interval analysis), its stores guarded by the producer's extent;
+//! - a stage whose reduction loop is bound to `threadIdx.x` (a cross-thread reduction) has no
+//!   init nest: inside its bound loops and its serial data-parallel loops, each thread
+//!   allocates a one-element `local` accumulator (`<stage>.acc`), starts it at the identity,
+//!   accumulates its share over the serial reduction loops (every split guard on the update),
+//!   then `AllReduce` combines the group's partials into it and the thread of
+//!   `threadIdx.x == 0` stores the element (under the data-parallel guards only: every thread
+//!   reaches the `AllReduce`, which is collective).
 
 use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
@@ -27,6 +34,8 @@ struct Ctx<'a> {
     buffers: Vec<Buffer>,
     buf_of: HashMap<u32, BufId>,
     inlined: HashSet<u32>,
+    /// The accumulator of each stage with a cross-thread reduction, by tensor id.
+    acc_of: HashMap<u32, BufId>,
 }
 
 fn cerr<T>(msg: String) -> Result<T> {
@@ -160,7 +169,7 @@ impl Ctx<'_> {
         }
         // Leaf extents, through the relations in order (the rule Python reports too).
         let ext = crate::schedule::loop_extents(&stage.relations, ext);
-        let gpu = self.gpu_stage(stage, &ext)?;
+        let (gpu, cross) = self.gpu_stage(stage, &ext)?;
         let mut guards: Vec<Expr> = Vec::new();
         // Values of every var in terms of the leaves, walking the relations backwards.
         let mut val: HashMap<Var, Expr> = stage
@@ -226,13 +235,52 @@ impl Ctx<'_> {
             }
         });
         let body_ir = self.to_ir(&body_sub)?;
-        let store = match reduce_op {
-            None => Stmt::Store {
+        // A cross-thread reduction: the accumulator, its first serial reduction loop (`first`),
+        // and the guards of the final store (those of data-parallel loops only).
+        let cross = match (cross, reduce_op) {
+            (Some(tx), Some(op)) => {
+                let acc = self.acc_of[&t.id()];
+                let reduce_leaves: Vec<&Var> = stage
+                    .leaves
+                    .iter()
+                    .filter(|l| l.reduce)
+                    .map(|l| &l.var)
+                    .collect();
+                let dp_guards: Vec<Expr> = guards
+                    .iter()
+                    .filter(|g| !reduce_leaves.iter().any(|v| g.uses(v)))
+                    .cloned()
+                    .collect();
+                let first = stage
+                    .leaves
+                    .iter()
+                    .position(|l| l.reduce && !matches!(l.kind, ForKind::Thread(_)))
+                    .unwrap_or(stage.leaves.len());
+                Some(Cross {
+                    tx,
+                    op,
+                    acc,
+                    first,
+                    guards: dp_guards,
+                })
+            }
+            _ => None,
+        };
+        let store = match (reduce_op, &cross) {
+            (None, _) => Stmt::Store {
                 buf,
                 indices: idx.clone(),
                 value: body_ir,
             },
-            Some(op) => {
+            (Some(op), Some(c)) => {
+                let a = Expr::load(c.acc, vec![Expr::int(0)], t.dtype());
+                Stmt::Store {
+                    buf: c.acc,
+                    indices: vec![Expr::int(0)],
+                    value: combine(op, a, body_ir)?,
+                }
+            }
+            (Some(op), None) => {
                 let acc = Expr::load(buf, idx.clone(), t.dtype());
                 Stmt::Store {
                     buf,
@@ -257,6 +305,11 @@ impl Ctx<'_> {
         // Loops, innermost first; producers attached at a leaf go at the top of its body.
         let n = stage.leaves.len();
         for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
+            // Outside the serial reduction loops of a cross-thread reduction: the accumulator,
+            // the combination across threads and the store of the element.
+            if let Some(c) = cross.as_ref().filter(|c| pos + 1 == c.first) {
+                inner = cross_thread(inner, c, t.dtype(), (buf, &idx));
+            }
             // Constant extents are folded (unroll needs a constant); symbolic ones keep their
             // form (the bounds proof recognises fused products).
             let e = match simplify(&ext[&leaf.var]) {
@@ -308,8 +361,9 @@ impl Ctx<'_> {
                 body: Box::new(inner),
             };
         }
-        // Reductions start from the identity over the region, in a nest of their own.
-        if let Some(op) = reduce_op {
+        // Reductions start from the identity over the region, in a nest of their own (a
+        // cross-thread one starts each accumulator at it instead).
+        if let (Some(op), None) = (reduce_op, &cross) {
             let vars: Vec<Var> = axis
                 .iter()
                 .map(|a| Var::new(&format!("{}.init", a.var.name)))
@@ -357,12 +411,16 @@ impl Ctx<'_> {
         Ok(inner)
     }
 
-    /// Whether `stage` is bound to a GPU, after checking the rules of bound stages: bound
-    /// loops outermost (blocks, then threads), thread extents constant with at most 1024
-    /// threads per block, no parallel loop, and no `compute_at` into or of the stage (that
-    /// needs buffers in shared or local memory: `cache_read` / `cache_write`, not supported
-    /// yet).
-    fn gpu_stage(&self, stage: &Stage, ext: &HashMap<Var, Expr>) -> Result<bool> {
+    /// Whether `stage` is bound to a GPU, and the variable of its reduction loop bound to
+    /// `threadIdx.x` if it has one (a cross-thread reduction), after checking the rules of
+    /// bound stages: bound loops outermost (blocks, then threads), thread extents constant
+    /// with at most 1024 threads per block, no parallel loop, and no `compute_at` into or of
+    /// the stage (that needs buffers in shared or local memory: `cache_read` /
+    /// `cache_write`, not supported yet). A cross-thread reduction also needs its serial
+    /// data-parallel loops outside its serial reduction loops (one accumulator per thread),
+    /// and a power-of-two `threadIdx.x` extent when the block has `threadIdx.y` / `z`
+    /// threads (`ir::verify_gpu`).
+    fn gpu_stage(&self, stage: &Stage, ext: &HashMap<Var, Expr>) -> Result<(bool, Option<Var>)> {
         let name = stage.tensor.name();
         let bound: Vec<(usize, ThreadTag)> = stage
             .leaves
@@ -374,7 +432,7 @@ impl Ctx<'_> {
             })
             .collect();
         if bound.is_empty() {
-            return Ok(false);
+            return Ok((false, None));
         }
         let fail = |msg: String| cerr(format!("schedule of '{name}': {msg}"));
         for (k, (p, t)) in bound.iter().enumerate() {
@@ -396,6 +454,7 @@ impl Ctx<'_> {
             }
         }
         let mut threads: i64 = 1;
+        let mut dims = [1i64; 3];
         for (p, t) in &bound {
             let v = &stage.leaves[*p].var;
             let e = simplify(&ext[v]);
@@ -403,7 +462,10 @@ impl Ctx<'_> {
                 continue;
             }
             match e.as_int() {
-                Some(n) if (1..=1024).contains(&n) => threads = threads.saturating_mul(n),
+                Some(n) if (1..=1024).contains(&n) => {
+                    threads = threads.saturating_mul(n);
+                    dims[t.axis()] = n;
+                }
                 Some(n) => {
                     return fail(format!(
                         "loop '{}' bound to {} has {n} iterations; a thread dimension has 1 to 1024 (split it by a constant factor first)",
@@ -445,7 +507,37 @@ impl Ctx<'_> {
                 p.tensor.name()
             ));
         }
-        Ok(true)
+        let cross = stage
+            .leaves
+            .iter()
+            .find(|l| l.reduce && matches!(l.kind, ForKind::Thread(_)));
+        let Some(cross) = cross else {
+            return Ok((true, None));
+        };
+        if dims[1] * dims[2] > 1 && dims[0].count_ones() != 1 {
+            return fail(format!(
+                "the reduction loop '{}' bound to threadIdx.x has {} threads, and the block has {} threadIdx.y/z threads: a cross-thread reduction in a block with several rows of threads needs a power-of-two threadIdx.x extent (split by 32, 64, 128, ...)",
+                cross.var.name,
+                dims[0],
+                dims[1] * dims[2]
+            ));
+        }
+        let serial = |l: &&crate::schedule::Leaf| !matches!(l.kind, ForKind::Thread(_));
+        if let Some(r) = stage.leaves.iter().filter(serial).position(|l| l.reduce) {
+            if let Some(d) = stage
+                .leaves
+                .iter()
+                .filter(serial)
+                .skip(r)
+                .find(|l| !l.reduce)
+            {
+                return fail(format!(
+                    "the data-parallel loop '{}' is inside a serial reduction loop of a stage whose reduction loop '{}' is bound to threadIdx.x: each thread keeps one partial result, so reorder its serial data-parallel loops outside its serial reduction loops",
+                    d.var.name, cross.var.name
+                ));
+            }
+        }
+        Ok((true, Some(cross.var.clone())))
     }
 
     /// Nests of the stages attached at loop `var` of `consumer`, over the regions that
@@ -579,6 +671,59 @@ impl Ctx<'_> {
             out.push(self.emit(st, Some(region))?);
         }
         Ok(out)
+    }
+}
+
+/// How a stage's cross-thread reduction is lowered.
+struct Cross {
+    /// The variable of the reduction loop bound to `threadIdx.x`.
+    tx: Var,
+    op: ReduceOp,
+    /// The per-thread accumulator (a one-element `local`).
+    acc: BufId,
+    /// Position of the first serial reduction loop among the stage's leaves (the number of
+    /// leaves when there is none): the accumulator lives just outside it.
+    first: usize,
+    /// The guards of the data-parallel loops' splits (those of the final store).
+    guards: Vec<Expr>,
+}
+
+/// The statements around the serial reduction loops `update` of a cross-thread reduction:
+/// allocate the accumulator, start it at the identity, run `update`, combine across the
+/// threads of `threadIdx.x`, and store the element `out[idx]` from the thread `tx == 0`
+/// where the data-parallel guards hold.
+fn cross_thread(update: Stmt, c: &Cross, dtype: DType, (out, idx): (BufId, &[Expr])) -> Stmt {
+    let (op, acc) = (c.op, c.acc);
+    let zero = || vec![Expr::int(0)];
+    let first = Expr::cmp(crate::ir::CmpOp::Eq, Expr::var(&c.tx), Expr::int(0)).expect("int64");
+    let cond = c.guards.iter().cloned().fold(first, |a, b| {
+        Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools")
+    });
+    Stmt::Allocate {
+        buf: acc,
+        body: Box::new(Stmt::Seq(vec![
+            Stmt::Store {
+                buf: acc,
+                indices: zero(),
+                value: identity(op, dtype),
+            },
+            update,
+            Stmt::AllReduce {
+                op,
+                tag: ThreadTag::ThreadX,
+                value: Expr::load(acc, zero(), dtype),
+                dst: acc,
+            },
+            Stmt::If {
+                cond,
+                then: Box::new(Stmt::Store {
+                    buf: out,
+                    indices: idx.to_vec(),
+                    value: Expr::load(acc, zero(), dtype),
+                }),
+                otherwise: None,
+            },
+        ])),
     }
 }
 
@@ -815,11 +960,35 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             locals.push(add(&st.tensor, BufKind::Local, &mut buffers));
         }
     }
+    // One accumulator per stage with a cross-thread reduction (a `local` of one element).
+    let mut acc_of = HashMap::new();
+    for st in &sched.stages {
+        let cross = st
+            .leaves
+            .iter()
+            .any(|l| l.reduce && matches!(l.kind, ForKind::Thread(_)));
+        if cross && st.attach != Attach::Inline {
+            let id = BufId(next);
+            next += 1;
+            let name = format!("{}.acc", st.tensor.name());
+            buffers.push(Buffer {
+                id,
+                strides: vec![Var::new(&format!("{name}.s0"))],
+                name,
+                dtype: st.tensor.dtype(),
+                shape: vec![Expr::int(1)],
+                kind: BufKind::Local,
+                scope: Scope::Local,
+            });
+            acc_of.insert(st.tensor.id(), id);
+        }
+    }
     let ctx = Ctx {
         sched,
         buffers,
         buf_of,
         inlined,
+        acc_of,
     };
     // compute_at targets must be the only consumer.
     for st in &sched.stages {

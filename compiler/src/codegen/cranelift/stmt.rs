@@ -45,6 +45,10 @@ impl FnGen<'_, '_> {
                 "a barrier reached the CPU backend (GPU functions are refused before codegen)"
                     .into(),
             )),
+            Stmt::AllReduce { .. } => Err(Error::Internal(
+                "a cross-thread reduction reached the CPU backend (GPU functions are refused before codegen)"
+                    .into(),
+            )),
             Stmt::Store {
                 buf,
                 indices,

@@ -17,6 +17,11 @@
 //! - float -> int casts saturate, NaN -> 0 (Rust's `as`), through float64 as the interpreter.
 //! - float `min` / `max` propagate NaN; float `//` and `%` are `floor(a / b)` and
 //!   `a - floor(a / b) * b` with each operation rounded (no contraction into an FMA).
+//! - `rivet_allreduce_x`, the cross-thread reduction (`Stmt::AllReduce`): warp shuffles
+//!   within each warp's share of a group, then shared memory across the warps, combining in
+//!   exactly the order of `codegen::interp::gpu::allreduce_group`. It needs the warp
+//!   intrinsics (`__shfl_down_sync`, `__shfl_sync`), so it exists only under NVRTC or where
+//!   the includer emulates them (`RIVET_WARP_EMULATION`, the host tests).
 
 /// The prelude: typedefs and `rivet_*` helpers.
 pub const PRELUDE: &str = r#"// ---- rivet prelude: the interpreter's scalar semantics (codegen/interp, codegen/math) ----
@@ -216,5 +221,70 @@ RIVET_FN unsigned long long rivet_f2u64(double x) {
   if (x >= 18446744073709551616.0) return 18446744073709551615ull;
   return (unsigned long long)x;
 }
+
+/* ---- cross-thread reduction over threadIdx.x (ir::Stmt::AllReduce) ---- */
+#if defined(RIVET_DEVICE) || defined(RIVET_WARP_EMULATION)
+/* The shuffles move 32- and 64-bit values: narrower integers travel as int / unsigned. */
+#define RIVET_SHFL(T, W)                                                                    \
+  RIVET_FN T rivet_shfl_down(unsigned m, T v, int d) { return (T)__shfl_down_sync(m, (W)v, d); } \
+  RIVET_FN T rivet_shfl(unsigned m, T v, int l) { return (T)__shfl_sync(m, (W)v, l); }
+RIVET_SHFL(signed char, int)
+RIVET_SHFL(short, int)
+RIVET_SHFL(int, int)
+RIVET_SHFL(unsigned char, unsigned int)
+RIVET_SHFL(unsigned short, unsigned int)
+RIVET_SHFL(unsigned int, unsigned int)
+RIVET_SHFL(long long, long long)
+RIVET_SHFL(unsigned long long, unsigned long long)
+RIVET_SHFL(float, float)
+RIVET_SHFL(double, double)
+#undef RIVET_SHFL
+/* The shfl_down tree of codegen::interp::gpu (shuffle_tree) over the `len` values of lanes
+   `m = 0..len` of a run: for each offset from the largest power of two below `width` down to
+   1, lane m takes op(own, lane m + off) when m + off < len. */
+template <typename T, typename F>
+RIVET_FN T rivet_shfl_tree(T v, F op, unsigned mask, int m, int len, int width) {
+  int off = 0;
+  for (int p = 1; p < width; p *= 2) off = p;
+  for (; off > 0; off /= 2) {
+    T o = rivet_shfl_down(mask, v, off);
+    if (m + off < len) v = op(v, o);
+  }
+  return v;
+}
+/* Called by every thread of the block with its value `v`; returns the `op`-combination of
+   the values of its group (the threads of equal threadIdx.y and threadIdx.z), the same in
+   every thread of the group, in the order of codegen::interp::gpu::allreduce_group: each
+   warp's share of the group (a run of up to 32 consecutive threadIdx.x) by shuffles, then,
+   when the group spans several warps, the runs' results through `scratch` (shared memory,
+   ceil(nx / 32) elements per group) by the group's first warp, broadcast back through
+   `scratch` between barriers. nx, ny: blockDim.x, blockDim.y; nthreads: the block's size.
+   With several groups nx is a power of two (ir::verify_gpu), so a warp holds whole groups
+   (nx <= 32) or a 32-thread share of one. Masks name exactly the warp's threads. */
+template <typename T, typename F>
+RIVET_FN T rivet_allreduce_x(T v, F op, T* scratch, int nx, int ny, int nthreads) {
+  const int x = (int)threadIdx.x;
+  const int tid = x + nx * ((int)threadIdx.y + ny * (int)threadIdx.z);
+  const int left = nthreads - (tid & ~31);
+  const unsigned mask = left >= 32 ? 0xffffffffu : ((1u << left) - 1u);
+  const int m = x & 31;
+  const int len = nx - (x & ~31) < 32 ? nx - (x & ~31) : 32;
+  v = rivet_shfl_tree(v, op, mask, m, len, nx < 32 ? nx : 32);
+  const int runs = (nx + 31) / 32;
+  if (runs == 1) return rivet_shfl(mask, v, (tid & 31) - m);
+  T* mine = scratch + (tid / nx) * runs;
+  if (m == 0) mine[x / 32] = v;
+  __syncthreads();
+  if (x < 32) { /* the group's first warp: 32 threads, all present */
+    if (m < runs) v = mine[m];
+    v = rivet_shfl_tree(v, op, 0xffffffffu, m, runs, runs);
+    if (m == 0) mine[0] = v;
+  }
+  __syncthreads();
+  v = mine[0];
+  __syncthreads(); /* before `scratch` is written again */
+  return v;
+}
+#endif
 // ---- end of the rivet prelude ----
 "#;

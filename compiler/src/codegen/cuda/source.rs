@@ -19,6 +19,10 @@
 //!   allocated (zeroed) by the host part around the launches that use them and passed as
 //!   plain pointers;
 //! - `Barrier` is `__syncthreads()`;
+//! - `AllReduce` (cross-thread reduction over threadIdx.x) is a call of the prelude's
+//!   `rivet_allreduce_x`: `__shfl_down_sync` trees within warps, then a `__shared__` scratch
+//!   (one element per warp share of a group) and `__syncthreads` across warps, in the
+//!   interpreter's order (`codegen::interp::gpu::allreduce_group`);
 //! - index arithmetic (the int64 nodes of load/store indices, loop bounds, `let` values and
 //!   the operands of int64 comparisons that read no memory) is plain 64-bit signed arithmetic
 //!   (and floor division of a provably non-negative index by a positive constant is C's `/`): the bounds proof (`lower::bounds`) obliges each of
@@ -35,7 +39,7 @@
 use super::prelude::PRELUDE;
 use crate::codegen::interp::{eval_expr, Value};
 use crate::error::{Error, Result};
-use crate::ir::expr::{BinOp, BufId, CmpOp, Expr, ExprKind, LogicOp, UnOp, Var};
+use crate::ir::expr::{BinOp, BufId, CmpOp, Expr, ExprKind, LogicOp, ReduceOp, UnOp, Var};
 use crate::ir::stmt::{BufKind, DeviceKind, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -123,6 +127,9 @@ pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
                 ),
             )),
             Stmt::Barrier => Err(Error::Internal("barrier outside a kernel".into())),
+            Stmt::AllReduce { .. } => Err(Error::Internal(
+                "cross-thread reduction outside a kernel".into(),
+            )),
         }
     }
     if !func.kernels.iter().any(|k| k.kind == DeviceKind::Gpu) {
@@ -332,6 +339,8 @@ struct KernelGen<'a> {
     out: String,
     indent: usize,
     shared_bytes: u64,
+    /// The kernel's block size (x, y, z): cross-thread reductions size their scratch by it.
+    block: [u32; 3],
 }
 
 impl<'a> KernelGen<'a> {
@@ -345,6 +354,7 @@ impl<'a> KernelGen<'a> {
             out: String::new(),
             indent: 1,
             shared_bytes: 0,
+            block: [1, 1, 1],
         }
     }
 
@@ -484,6 +494,7 @@ impl<'a> KernelGen<'a> {
             )));
         }
         let threads: u64 = block.iter().map(|&n| n as u64).product();
+        self.block = block;
         let _ = writeln!(src);
         let _ = writeln!(
             src,
@@ -593,13 +604,7 @@ impl<'a> KernelGen<'a> {
                 let name = self.buf(*buf)?;
                 let idx = self.offset(indices)?;
                 let v = self.expr(value, false)?;
-                let stored = match dt {
-                    DType::F16 => format!("rivet_f32_to_f16({v})"),
-                    DType::BF16 => format!("rivet_f32_to_bf16({v})"),
-                    DType::Bool => format!("(unsigned char)({v})"),
-                    _ => v,
-                };
-                self.line(&format!("{name}[{idx}] = {stored};"));
+                self.line(&format!("{name}[{idx}] = {};", stored(dt, v)));
                 Ok(())
             }
             Stmt::If {
@@ -711,11 +716,73 @@ impl<'a> KernelGen<'a> {
                 self.line("__syncthreads();");
                 Ok(())
             }
+            Stmt::AllReduce {
+                op,
+                tag,
+                value,
+                dst,
+            } => self.allreduce(*op, *tag, value, *dst),
             Stmt::Launch { .. } => Err(Error::Internal(format!(
                 "CUDA codegen, function `{}`: a launch inside a kernel",
                 self.func.name
             ))),
         }
+    }
+
+    /// A cross-thread reduction: `rivet_allreduce_x` of the prelude (warp shuffles, then shared
+    /// memory across warps), with the combination as a lambda of the operator's usual text
+    /// and a `__shared__` scratch of one element per warp share of each group when a group
+    /// spans several warps. The verifier guarantees the tag is threadIdx.x, that every thread
+    /// of the block gets here, and a power-of-two x extent when there are several groups.
+    fn allreduce(&mut self, op: ReduceOp, tag: ThreadTag, value: &Expr, dst: BufId) -> Result<()> {
+        if tag != ThreadTag::ThreadX {
+            return Err(Error::Internal(format!(
+                "CUDA codegen, function `{}`: cross-thread reduction over {}",
+                self.func.name,
+                tag.name()
+            )));
+        }
+        let dt = value.dtype();
+        let ty = value_type(dt);
+        let [nx, ny, nz] = self.block;
+        let runs = nx.div_ceil(32) as u64;
+        let groups = ny as u64 * nz as u64;
+        let bop = match op {
+            ReduceOp::Sum => BinOp::Add,
+            ReduceOp::Prod => BinOp::Mul,
+            ReduceOp::Max => BinOp::Max,
+            ReduceOp::Min => BinOp::Min,
+        };
+        let combine = binary(bop, dt, "rivet_a", "rivet_b", false);
+        let v = self.expr(value, false)?;
+        let name = self.buf(dst)?;
+        let what = format!("{op:?}").to_lowercase();
+        self.line(&format!(
+            "{{ // allreduce {what} over threadIdx.x: {nx} threads in each of {groups} groups"
+        ));
+        self.indent += 1;
+        let scratch = if runs > 1 {
+            let s = self.unique(&format!("{name}_red"));
+            // Shared values are held as the register type (float16 as float).
+            let bytes = match dt {
+                DType::F16 | DType::BF16 => 4,
+                other => other.size() as u64,
+            };
+            self.shared_bytes += runs * groups * bytes;
+            self.line(&format!("__shared__ {ty} {s}[{}];", runs * groups));
+            s
+        } else {
+            format!("({ty}*)0")
+        };
+        let r = format!(
+            "rivet_allreduce_x<{ty}>({v}, []({ty} rivet_a, {ty} rivet_b) -> {ty} {{ return {}; }}, {scratch}, {nx}, {ny}, {})",
+            strip_parens(&combine),
+            nx as u64 * groups
+        );
+        self.line(&format!("{name}[0] = {};", stored(dt, r)));
+        self.indent -= 1;
+        self.line("}");
+        Ok(())
     }
 
     /// The element offset of a flattened access.
@@ -833,6 +900,16 @@ impl<'a> KernelGen<'a> {
                 )))
             }
         })
+    }
+}
+
+/// The C text storing value text `v` of dtype `dt` into an element.
+fn stored(dt: DType, v: String) -> String {
+    match dt {
+        DType::F16 => format!("rivet_f32_to_f16({v})"),
+        DType::BF16 => format!("rivet_f32_to_bf16({v})"),
+        DType::Bool => format!("(unsigned char)({v})"),
+        _ => v,
     }
 }
 

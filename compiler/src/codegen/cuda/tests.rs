@@ -1116,10 +1116,48 @@ struct rivet_dim3 { unsigned x, y, z; };
 static thread_local rivet_dim3 threadIdx, blockIdx;
 static pthread_barrier_t rivet_bar;
 #define __syncthreads() pthread_barrier_wait(&rivet_bar)
+/* Warps: the block's threads in linear order (x fastest), 32 per warp, the last one partial.
+   A shuffle is an exchange through one slot per thread between two barriers of the warp; it
+   checks that the mask names exactly the warp's threads, and a lane the mask leaves out
+   (absent: undefined on a GPU) reads as 0xA5 bytes. */
+#define RIVET_WARP_EMULATION 1
+static pthread_barrier_t rivet_warp_bar[32];
+static unsigned rivet_warp_size[32];
+static unsigned long long rivet_warp_slot[1024];
+static thread_local unsigned rivet_tid;
+template <typename T> static T rivet_warp_exchange(unsigned mask, T v, int src) {
+  const unsigned w = rivet_tid / 32, n = rivet_warp_size[w];
+  const unsigned full = n >= 32 ? 0xffffffffu : ((1u << n) - 1u);
+  if (mask != full) {
+    fprintf(stderr, "shuffle mask %#x, the warp's threads are %#x\n", mask, full);
+    exit(3);
+  }
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  rivet_warp_slot[rivet_tid] = bits;
+  pthread_barrier_wait(&rivet_warp_bar[w]);
+  T r;
+  if (src >= 0 && src < 32 && ((mask >> src) & 1u)) memcpy(&r, &rivet_warp_slot[w * 32 + src], sizeof(T));
+  else memset(&r, 0xA5, sizeof(T));
+  pthread_barrier_wait(&rivet_warp_bar[w]);
+  return r;
+}
+template <typename T> static T __shfl_down_sync(unsigned mask, T v, int d) {
+  const int lane = (int)(rivet_tid & 31);
+  return rivet_warp_exchange(mask, v, lane + d < 32 ? lane + d : lane);
+}
+template <typename T> static T __shfl_sync(unsigned mask, T v, int l) {
+  return rivet_warp_exchange(mask, v, l);
+}
 template <typename F>
 static void rivet_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                          unsigned bz, F body) {
-  pthread_barrier_init(&rivet_bar, 0, bx * by * bz);
+  const unsigned n = bx * by * bz;
+  pthread_barrier_init(&rivet_bar, 0, n);
+  for (unsigned w = 0; w * 32 < n; ++w) {
+    rivet_warp_size[w] = n - w * 32 < 32 ? n - w * 32 : 32;
+    pthread_barrier_init(&rivet_warp_bar[w], 0, rivet_warp_size[w]);
+  }
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
       for (unsigned x = 0; x < gx; ++x) {
@@ -1130,10 +1168,12 @@ static void rivet_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, uns
               ts.emplace_back([=] {
                 blockIdx = rivet_dim3{x, y, z};
                 threadIdx = rivet_dim3{tx, ty, tz};
+                rivet_tid = tx + bx * (ty + by * tz);
                 body();
               });
         for (auto& t : ts) t.join();
       }
+  for (unsigned w = 0; w * 32 < n; ++w) pthread_barrier_destroy(&rivet_warp_bar[w]);
   pthread_barrier_destroy(&rivet_bar);
 }
 static unsigned char* rivet_read(FILE* f, size_t n) {
@@ -1949,4 +1989,154 @@ fn cuda_build_and_call_through_the_public_api() {
         src.contains("__global__") && src.contains("blockIdx.x") && src.contains("threadIdx.x"),
         "{src}"
     );
+}
+
+// ---- cross-thread reductions (Stmt::AllReduce) ---------------------------------------------
+
+/// `R[i] = op over k of A[i, k]` (`A: [n, k]`), the reduction split by `threads` and bound to
+/// threadIdx.x, rows on blockIdx.x (with `rows_per_block`: split, the inner part on
+/// threadIdx.y), lowered for CUDA.
+fn allreduce_rows(
+    op: crate::ir::ReduceOp,
+    dt: DType,
+    threads: i64,
+    rows_per_block: Option<i64>,
+) -> PrimFunc {
+    use crate::te::{self, ax};
+    let (n, k) = (te::var("n"), te::var("k"));
+    let a = te::placeholder(&[n.clone(), k.clone()], dt, "A").unwrap();
+    let r = te::reduce_axis(int(0), k, "r").unwrap();
+    let a1 = a.clone();
+    let out = te::compute(
+        &[n],
+        |i| {
+            te::ok(te::reduce(
+                op,
+                a1.idx(&[i[0].clone(), ax(&r)]),
+                std::slice::from_ref(&r),
+            ))
+        },
+        "R",
+    )
+    .unwrap();
+    let mut s = crate::schedule::Schedule::new(std::slice::from_ref(&out)).unwrap();
+    let st = s.stage(&out).unwrap();
+    let i = out.axis()[0].var.clone();
+    let (ko, ki) = st.split(&r.var, Some(int(threads)), None).unwrap();
+    match rows_per_block {
+        None => {
+            st.reorder(&[i.clone(), ki.clone(), ko]).unwrap();
+            st.bind(&i, ThreadTag::BlockX).unwrap();
+        }
+        Some(y) => {
+            let (io, ii) = st.split(&i, Some(int(y)), None).unwrap();
+            st.reorder(&[io.clone(), ii.clone(), ki.clone(), ko])
+                .unwrap();
+            st.bind(&io, ThreadTag::BlockX).unwrap();
+            st.bind(&ii, ThreadTag::ThreadY).unwrap();
+        }
+    }
+    st.bind(&ki, ThreadTag::ThreadX).unwrap();
+    let args = [a, out];
+    let mut f = crate::lower::lower(
+        crate::lower::Source::Schedule {
+            sched: &s,
+            args: &args,
+            name: "rows",
+        },
+        &Target::cuda(Some(SM80)),
+        crate::lower::Options::default(),
+    )
+    .unwrap()
+    .func;
+    f.name = format!(
+        "rows_{}_{dt}_{threads}x{}",
+        format!("{op:?}").to_lowercase(),
+        rows_per_block.unwrap_or(1)
+    );
+    f
+}
+
+/// The cross-thread reductions of the tests: every dtype a reduction takes (sums), max / min /
+/// prod, thread counts below, at and above a warp, not powers of two, 1024, and several
+/// groups per block.
+fn allreduce_kernels() -> Vec<(PrimFunc, i64, i64)> {
+    use crate::ir::ReduceOp::{Max, Min, Prod, Sum};
+    let mut out = Vec::new();
+    for (k, dt) in ALL.iter().skip(1).enumerate() {
+        let threads = [256, 33, 64, 7, 96, 32][k % 6];
+        out.push((allreduce_rows(Sum, *dt, threads, None), 3, 1000));
+    }
+    for (op, dt, threads, y, rows, cols) in [
+        (Max, DType::F32, 256, None, 3, 1000),
+        (Min, DType::F16, 1000, None, 2, 1000),
+        (Max, DType::I8, 31, None, 3, 100),
+        (Min, DType::U64, 1024, None, 2, 1500),
+        (Prod, DType::F64, 32, None, 3, 40),
+        (Prod, DType::I32, 33, None, 3, 70),
+        (Sum, DType::F32, 8, Some(4), 10, 77),
+        (Sum, DType::F32, 64, Some(4), 10, 200),
+        (Max, DType::BF16, 2, Some(16), 33, 9),
+        (Sum, DType::F32, 1, None, 4, 5),
+    ] {
+        out.push((allreduce_rows(op, dt, threads, y), rows, cols));
+    }
+    out
+}
+
+#[test]
+fn cuda_allreduce_golden_and_launch_shape() {
+    let f = allreduce_rows(crate::ir::ReduceOp::Sum, F, 256, None);
+    let g = super::source::generate(&f, "target sm_80").unwrap();
+    golden("allreduce_rows", &golden_text(&g.source));
+    assert_eq!(g.kernels.len(), 1, "no init kernel");
+    let k = &g.kernels[0];
+    // 256 threads: 8 warps, one float of scratch each.
+    assert_eq!((k.block, k.shared_bytes), ([256, 1, 1], 32));
+    assert!(
+        g.source.contains("rivet_allreduce_x<float>("),
+        "{}",
+        g.source
+    );
+    // One warp's worth of threads needs no shared memory; 4 groups of 64 need 2 floats each.
+    let g = super::source::generate(&allreduce_rows(crate::ir::ReduceOp::Max, F, 32, None), "")
+        .unwrap();
+    assert_eq!(g.kernels[0].shared_bytes, 0);
+    assert!(g.source.contains("(float*)0"), "{}", g.source);
+    let g = super::source::generate(
+        &allreduce_rows(crate::ir::ReduceOp::Sum, F, 64, Some(4)),
+        "",
+    )
+    .unwrap();
+    assert_eq!(
+        (g.kernels[0].block, g.kernels[0].shared_bytes),
+        ([64, 4, 1], 32)
+    );
+}
+
+#[test]
+fn cuda_allreduce_kernels_compile_for_sm80_and_sm90_without_warnings() {
+    let Some(nv) = test_nvrtc() else { return };
+    for (f, _, _) in allreduce_kernels() {
+        let k = compiles_cleanly(&nv, &f);
+        // The shuffles are real warp instructions.
+        assert!(k.ptx().unwrap().contains("shfl.sync"), "{}", f.name);
+    }
+}
+
+#[test]
+fn cuda_allreduce_agrees_with_the_interpreter_under_host_emulation() {
+    let cases: Vec<HostCase> = allreduce_kernels()
+        .into_iter()
+        .enumerate()
+        .map(|(s, (f, rows, cols))| {
+            host_case(
+                f,
+                &[rows, cols],
+                &[vec![rows, cols], vec![rows]],
+                500 + s as u64,
+            )
+        })
+        .collect();
+    run_on_host(&cases);
 }

@@ -16,10 +16,16 @@
 //!   by one block and read or written by another (blocks are unordered). Reporting them is
 //!   what makes this a test oracle for GPU schedules: a missing barrier shows here as an
 //!   error, not as a result that happens to be right because the interpreter is serial.
+//! - A cross-thread reduction (`Stmt::AllReduce`) is reached by all threads of the block
+//!   (else an error, as for a barrier): each evaluates its value, each group (the threads of
+//!   equal `threadIdx.y`, `threadIdx.z`) is combined in the order of `allreduce_group` (the
+//!   order the CUDA backend's warp shuffles use: bit-exact with it), and every thread of the
+//!   group gets the result in its own copy of the `local` destination. It is not a barrier:
+//!   the phase does not change.
 
-use super::{IdMap, Machine};
+use super::{IdMap, Machine, Value};
 use crate::error::{Error, Result};
-use crate::ir::expr::{Expr, Var};
+use crate::ir::expr::{BinOp, Expr, ReduceOp, Var};
 use crate::ir::stmt::{ForKind, Scope, Stmt};
 use std::collections::HashMap;
 
@@ -40,6 +46,8 @@ struct Access {
 pub(super) struct Block {
     /// Each thread's (x, y, z) index.
     coords: Vec<[i64; 3]>,
+    /// The block's extent in x (threads of one `AllReduce` group are consecutive).
+    dim_x: usize,
     /// Each thread's bindings made inside the kernel.
     envs: Vec<IdMap<i64>>,
     /// `local`-scope buffers alive now: buffer position -> one zeroed copy per thread.
@@ -117,6 +125,7 @@ impl Machine<'_> {
         let all: Vec<usize> = (0..coords.len()).collect();
         let blocks: i64 = grid.iter().map(|(_, n)| (*n).max(0)).product();
         let mut state = Box::new(Block {
+            dim_x: dims[0] as usize,
             envs: vec![IdMap::default(); coords.len()],
             coords,
             locals: Vec::new(),
@@ -329,6 +338,52 @@ impl Machine<'_> {
                 Ok(())
             }
             Stmt::Launch { .. } => Err(self.err("a launch inside a kernel")),
+            Stmt::AllReduce {
+                op,
+                tag,
+                value,
+                dst,
+            } => {
+                let (n, b, x) = {
+                    let g = self.block();
+                    (g.coords.len(), g.block, g.dim_x)
+                };
+                if active.len() != n {
+                    return Err(self.err(format!(
+                        "cross-thread reduction reached by {} of the {n} threads of block {b}: threads diverged",
+                        active.len()
+                    )));
+                }
+                if tag.axis() != 0 || tag.is_block() {
+                    return Err(self.err(format!(
+                        "cross-thread reduction over {}: only threadIdx.x is supported",
+                        tag.name()
+                    )));
+                }
+                let dt = value.dtype();
+                let mut values = Vec::with_capacity(n);
+                for &t in active {
+                    values.push(self.as_thread(t, |m| m.eval(value))?);
+                }
+                let bop = match op {
+                    ReduceOp::Sum => BinOp::Add,
+                    ReduceOp::Prod => BinOp::Mul,
+                    ReduceOp::Max => BinOp::Max,
+                    ReduceOp::Min => BinOp::Min,
+                };
+                // Threads are in x-fastest order (`run_kernel`): a group is `x` consecutive ones.
+                let pos = self.buf_pos(dst.0)?;
+                for (g, group) in values.chunks(x.max(1)).enumerate() {
+                    let r = allreduce_group(group, |a, b| super::binary(bop, dt, a, b))
+                        .ok_or_else(|| {
+                            self.err(format!("cross-thread {op:?} of {dt} values in `{value}`"))
+                        })?;
+                    for &t in &active[g * x..g * x + group.len()] {
+                        self.as_thread(t, |m| m.store_first(pos, r))?;
+                    }
+                }
+                Ok(())
+            }
             Stmt::Barrier => {
                 let g = self.block();
                 let (n, b) = (g.coords.len(), g.block);
@@ -342,6 +397,25 @@ impl Machine<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// Writes `v` to element 0 of local buffer `pos` (the current thread's copy).
+    fn store_first(&mut self, pos: usize, v: Value) -> Result<()> {
+        let b = &self.bufs[pos];
+        if !b.live || b.lo > 0 || b.hi < 0 {
+            return Err(self.err(format!(
+                "cross-thread reduction into `{}`, which has no element 0 here",
+                b.name
+            )));
+        }
+        // SAFETY: element 0 is within the live buffer's span (checked above).
+        if !unsafe { super::write_elem(b.ptr, b.dtype, v) } {
+            return Err(self.err(format!(
+                "cross-thread reduction stores {v:?} into `{}` which is {}",
+                b.name, b.dtype
+            )));
+        }
+        Ok(())
     }
 
     /// Records an access of the current thread to element `off` of buffer `pos`, and fails
@@ -406,5 +480,54 @@ impl Machine<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Largest power of two below `n` (0 for `n <= 1`): the first `shfl_down` offset of a tree
+/// over `n` values.
+pub(crate) fn first_offset(n: usize) -> usize {
+    if n <= 1 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - (n - 1).leading_zeros())
+    }
+}
+
+/// The `shfl_down` tree over at most 32 values: for each offset from `first_offset(len)` down
+/// to 1, every element `j` with `j + off < len` becomes `combine(v[j], v[j + off])`, all at
+/// once (each reads the others' values from before the step). The result is element 0.
+fn shuffle_tree(
+    mut v: Vec<Value>,
+    combine: &impl Fn(Value, Value) -> Option<Value>,
+) -> Option<Value> {
+    let mut off = first_offset(v.len());
+    while off > 0 {
+        // Ascending: v[j + off] is read before this step writes it.
+        for j in 0..v.len() - off {
+            v[j] = combine(v[j], v[j + off])?;
+        }
+        off /= 2;
+    }
+    v.first().copied()
+}
+
+/// The order in which a cross-thread reduction combines the values of one group of threads
+/// (in `threadIdx.x` order): the reference for the CUDA backend's `rivet_allreduce_x`
+/// (prelude), which does exactly this with warp shuffles. Each run of 32 consecutive values
+/// (a warp's share of the group) is reduced by `shuffle_tree`; when there are several runs,
+/// their results are reduced by the same tree (in CUDA: through shared memory, by the first
+/// warp). `None` for an empty group or when `combine` fails.
+pub(crate) fn allreduce_group(
+    values: &[Value],
+    combine: impl Fn(Value, Value) -> Option<Value>,
+) -> Option<Value> {
+    let partials: Vec<Value> = values
+        .chunks(32)
+        .map(|run| shuffle_tree(run.to_vec(), &combine))
+        .collect::<Option<_>>()?;
+    if partials.len() == 1 {
+        Some(partials[0])
+    } else {
+        shuffle_tree(partials, &combine)
     }
 }

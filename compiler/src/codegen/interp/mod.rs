@@ -54,6 +54,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 mod gpu;
 #[cfg(test)]
+mod tests_allreduce;
+#[cfg(test)]
 mod tests_gpu;
 
 // ---- the backend ---------------------------------------------------------------------------
@@ -613,6 +615,7 @@ impl<'a> Machine<'a> {
                 unsafe { self.run_kernel(s) }
             }
             Stmt::Barrier => Err(self.err("barrier outside a kernel")),
+            Stmt::AllReduce { .. } => Err(self.err("a cross-thread reduction outside a kernel")),
             // An outlined body runs in place (its captures are the variables bound here).
             Stmt::Launch { kernel } => {
                 let kernels = self.kernels;

@@ -1,0 +1,35 @@
+// rivet: CUDA C for function `rows_sum_float32_256x1` (target sm_80); generated, do not edit.
+// <the rivet prelude: codegen/cuda/prelude.rs>
+
+// kernel 0 of `rows_sum_float32_256x1` (`rows_kernel0`): reads A; writes R; block 256x1x1
+extern "C" __global__ void __launch_bounds__(256) rows_kernel0(
+    const float* __restrict__ A,
+    float* R,
+    long long n,
+    long long k,
+    long long A_s0,
+    long long A_s1,
+    long long R_s0) {
+  { // i bound to blockIdx.x
+    const long long i = (long long)blockIdx.x;
+    { // r.inner bound to threadIdx.x
+      const long long r_inner = (long long)threadIdx.x;
+      {
+        float R_acc[1] = {}; // stage R.acc: local [1]
+        R_acc[0LL] = 0.0f;
+        for (long long r_outer = 0; r_outer < (rivet_floordiv_i64((k - 1LL), 256LL) + 1LL); ++r_outer) {
+          if (((r_outer * 256LL) + r_inner) < k) {
+            R_acc[0LL] = (R_acc[0LL] + A[(i * A_s0) + (((r_outer * 256LL) + r_inner) * A_s1)]);
+          }
+        }
+        { // allreduce sum over threadIdx.x: 256 threads in each of 1 groups
+          __shared__ float R_acc_red[8];
+          R_acc[0] = rivet_allreduce_x<float>(R_acc[0LL], [](float rivet_a, float rivet_b) -> float { return rivet_a + rivet_b; }, R_acc_red, 256, 1, 256);
+        }
+        if (r_inner == 0LL) {
+          R[i * R_s0] = R_acc[0LL];
+        }
+      }
+    }
+  }
+}
