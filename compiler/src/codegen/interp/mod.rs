@@ -54,6 +54,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 mod gpu;
 #[cfg(test)]
+mod tests_cache;
+#[cfg(test)]
 mod tests_gpu;
 
 // ---- the backend ---------------------------------------------------------------------------
