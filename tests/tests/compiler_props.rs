@@ -2981,7 +2981,9 @@ fn run_cache_case(g: &CacheS, seed: u64) -> Result<(), TestCaseError> {
         }
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as u64).collect::<Vec<u64>>();
-    for target in rivet_tests::gpu_schedule_backends() {
+    let targets = rivet_tests::gpu_schedule_backends();
+    prop_assert!(!targets.is_empty(), "no backend runs GPU schedules");
+    for target in targets {
         let module = build(&s, &args, &target, "f").map_err(|e| {
             fail(format!(
                 "{target}: cached GEMM schedule refused ({g:?}): {e}"
@@ -3004,7 +3006,8 @@ fn run_cache_case(g: &CacheS, seed: u64) -> Result<(), TestCaseError> {
         let got = c.to_vec::<f32>().unwrap();
         for (e, (&gv, (&w, &mg))) in got.iter().zip(want.iter().zip(&mag)).enumerate() {
             let tol = 1e-6 * (k as f64 + 2.0) * (mg + 1e-6);
-            if !((gv as f64 - w).abs() <= tol) {
+            let ok = (gv as f64 - w).abs() <= tol; // false for NaN too
+            if !ok {
                 return Err(fail(format!(
                     "{target}: C element {e} = {gv}, want {w} ({g:?})\n{ir}"
                 )));

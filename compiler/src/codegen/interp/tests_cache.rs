@@ -178,7 +178,10 @@ fn without_its_barriers_the_gemm_is_a_race() {
             other => other,
         });
     }
-    let e = run_mm(&f, 20, 40, 20, 3).err().expect("a race").to_string();
+    let Err(e) = run_mm(&f, 20, 40, 20, 3) else {
+        panic!("no race reported")
+    };
+    let e = e.to_string();
     assert!(e.contains("data race") && e.contains(".shared"), "{e}");
     // Only the barrier before the next iteration's loads missing: a write-after-read race.
     let mut g = library_matmul();
@@ -197,7 +200,10 @@ fn without_its_barriers_the_gemm_is_a_race() {
             other => other,
         });
     }
-    let e = run_mm(&g, 20, 40, 20, 3).err().expect("a race").to_string();
+    let Err(e) = run_mm(&g, 20, 40, 20, 3) else {
+        panic!("no race reported")
+    };
+    let e = e.to_string();
     assert!(
         e.contains("data race") && e.contains("write after another access"),
         "{e}"
