@@ -129,7 +129,24 @@ fn tiles(s: &mut Schedule, t: &Tensor) -> Result<()> {
 pub fn gpu_gemm(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
     let n = axes.len();
-    let ins = crate::te::tensor::inputs(&s.current(t));
+    let def = s.current(t);
+    // Inputs read at one place only: a tensor read twice (`A @ A`) would need a tile holding
+    // the union of both regions, not a constant shape; it is read from global memory.
+    let mut reads: Vec<(u32, usize)> = Vec::new();
+    if let Some(body) = def.body() {
+        body.visit(&mut |e| {
+            if let crate::ir::expr::ExprKind::Read { tensor, .. } = e.kind() {
+                match reads.iter_mut().find(|(id, _)| *id == tensor.id()) {
+                    Some((_, n)) => *n += 1,
+                    None => reads.push((tensor.id(), 1)),
+                }
+            }
+        });
+    }
+    let ins: Vec<Tensor> = crate::te::tensor::inputs(&def)
+        .into_iter()
+        .filter(|x| reads.iter().any(|&(id, n)| id == x.id() && n == 1))
+        .collect();
     let local = s.cache_write(t, "local")?;
     let mut shared = Vec::new();
     for x in &ins {

@@ -495,3 +495,42 @@ fn cache_misuse_is_a_compile_error() {
         "{e}"
     );
 }
+
+/// `gpu_gemm` on a product of a tensor with itself (`A @ A`): the tensor read twice stays in
+/// global memory (a shared tile of both regions has no constant shape), the result is right.
+#[test]
+fn gpu_gemm_recipe_on_a_square_of_one_tensor() {
+    let n = te::var("n");
+    let a = te::placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
+    let r = te::reduce_axis(Expr::int(0), n.clone(), "r").unwrap();
+    let a2 = a.clone();
+    let c = te::compute(
+        &[n.clone(), n],
+        move |i| {
+            te::ok(te::sum(
+                a2.idx(&[i[0].clone(), ax(&r)]) * a2.idx(&[ax(&r), i[1].clone()]),
+                std::slice::from_ref(&r),
+            ))
+        },
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
+    crate::kernels::strategy::gpu_gemm(&mut s, &c).unwrap();
+    let f = lowered(&s, &[a, c], "sq").unwrap();
+    assert!(!f
+        .buffers
+        .iter()
+        .any(|b| b.scope == crate::ir::stmt::Scope::Shared));
+    let m = 70i64;
+    let mut r = Rng(5);
+    let mut x: Vec<f32> = (0..m * m).map(|_| r.f32()).collect();
+    let mut y = vec![f32::NAN; (m * m) as usize];
+    let frame = CallFrame {
+        ptrs: vec![x.as_mut_ptr().cast(), y.as_mut_ptr().cast()],
+        ints: vec![m, m, 1, m, 1],
+    };
+    // SAFETY: compact m x m buffers, strides in `ints`.
+    unsafe { super::run(&f, &frame) }.unwrap();
+    check_mm(&x, &x, &y, m, m, m);
+}
