@@ -1598,6 +1598,67 @@ fn libm_columns(_nv: usize) -> Vec<usize> {
     vec![pow, u, u + 1, u + 4, u + 5, u + 8]
 }
 
+// ---- schedules with memory caches (cache_read / cache_write) -------------------------------
+
+/// The hand-written cache schedules of the interpreter's tests, lowered for CUDA.
+fn cache_schedules() -> Vec<(PrimFunc, bool)> {
+    use crate::codegen::interp::tests_cache as tc;
+    [
+        (tc::one_output_per_thread_schedule(), true),
+        (tc::partial_binding_schedule(), false),
+        (tc::local_cache_read_schedule(), true),
+    ]
+    .into_iter()
+    .map(|((s, args), symbolic)| {
+        let f = crate::lower::lower(
+            crate::lower::Source::Schedule {
+                sched: &s,
+                args: &args,
+                name: "mm",
+            },
+            &Target::cuda(Some(SM80)),
+            crate::lower::Options::default(),
+        )
+        .unwrap()
+        .func;
+        (f, symbolic)
+    })
+    .collect()
+}
+
+#[test]
+fn cuda_cache_schedules_compile_and_agree_with_the_interpreter_under_host_emulation() {
+    let nv = test_nvrtc();
+    let mut cases = Vec::new();
+    for (k, (f, symbolic)) in cache_schedules().into_iter().enumerate() {
+        if let Some(nv) = &nv {
+            compiles_cleanly(nv, &f);
+        }
+        let (m, kk, n) = if symbolic { (23, 30, 41) } else { (12, 10, 12) };
+        let dims: Vec<i64> = if symbolic { vec![m, kk, n] } else { vec![] };
+        let mut c = host_case(
+            f,
+            &dims,
+            &[vec![m, kk], vec![kk, n], vec![m, n]],
+            40 + k as u64,
+        );
+        // Finite inputs (NaN-heavy products say little about the schedule).
+        for b in c.bufs.iter_mut().take(2) {
+            for ch in b.chunks_mut(4) {
+                let x = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+                let y = if x.is_finite() {
+                    x.clamp(-10.0, 10.0)
+                } else {
+                    1.0
+                };
+                ch.copy_from_slice(&y.to_le_bytes());
+            }
+        }
+        cases.push(c);
+    }
+    run_on_host(&cases);
+}
+
 // ---- the kernel library (rivet.kernels) with its GPU schedules --------------------------
 
 /// Every library kernel, GPU-scheduled and lowered for CUDA (several dtypes and shapes).

@@ -54,7 +54,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 mod gpu;
 #[cfg(test)]
-mod tests_cache;
+pub(crate) mod tests_cache;
 #[cfg(test)]
 mod tests_gpu;
 

@@ -236,8 +236,7 @@ fn dims() -> (Expr, Expr, Expr) {
 /// TVM's simplest shared-memory schedule, written by hand: one output per thread, 8x8
 /// blocks, A and B tiles of 8 along k copied by the block's threads (one element each),
 /// `cache_read` attached at the k-tile loop of the output stage itself.
-#[test]
-fn hand_written_cache_read_schedule_one_output_per_thread() {
+pub(crate) fn one_output_per_thread_schedule() -> (Schedule, Vec<Tensor>) {
     let (m, k, n) = dims();
     let (a, b, c) = mm_program(m, k, n);
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
@@ -270,7 +269,13 @@ fn hand_written_cache_read_schedule_one_output_per_thread() {
         xs.bind(&v[0], ThreadTag::ThreadY).unwrap();
         xs.bind(&v[1], ThreadTag::ThreadX).unwrap();
     }
-    let f = lowered(&s, &[a, b, c], "mm").unwrap();
+    (s, vec![a, b, c])
+}
+
+#[test]
+fn hand_written_cache_read_schedule_one_output_per_thread() {
+    let (s, args) = one_output_per_thread_schedule();
+    let f = lowered(&s, &args, "mm").unwrap();
     for (mm, kk, nn) in [(1, 1, 1), (9, 17, 5), (16, 8, 24), (23, 30, 41)] {
         let (x, y, z) = run_mm(&f, mm, kk, nn, 11).unwrap();
         check_mm(&x, &y, &z, mm, kk, nn);
@@ -281,8 +286,7 @@ fn hand_written_cache_read_schedule_one_output_per_thread() {
 /// program in shared memory, loaded once per block by thread loops of its own), a thread
 /// dimension it does not bind (only threadIdx.y == 0 loads), and a loop of the cache smaller
 /// than the block (guarded).
-#[test]
-fn shared_cache_at_the_block_loop_with_partial_binding() {
+pub(crate) fn partial_binding_schedule() -> (Schedule, Vec<Tensor>) {
     let (a, b, c) = mm_program(Expr::int(12), Expr::int(10), Expr::int(12));
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
     let aa = s
@@ -301,14 +305,19 @@ fn shared_cache_at_the_block_loop_with_partial_binding() {
     let v: Vec<_> = aa.axis().iter().map(|a| a.var.clone()).collect();
     let (_, kx) = xs.split(&v[1], Some(Expr::int(3)), None).unwrap();
     xs.bind(&kx, ThreadTag::ThreadX).unwrap();
-    let f = lowered(&s, &[a, b, c], "mm").unwrap();
+    (s, vec![a, b, c])
+}
+
+#[test]
+fn shared_cache_at_the_block_loop_with_partial_binding() {
+    let (s, args) = partial_binding_schedule();
+    let f = lowered(&s, &args, "mm").unwrap();
     let (x, y, z) = run_mm(&f, 12, 10, 12, 5).unwrap();
     check_mm(&x, &y, &z, 12, 10, 12);
 }
 
 /// `cache_read` into a per-thread local copy (no binding), at a reduction-tile loop.
-#[test]
-fn local_cache_read_per_thread() {
+pub(crate) fn local_cache_read_schedule() -> (Schedule, Vec<Tensor>) {
     let (m, k, n) = dims();
     let (a, b, c) = mm_program(m, k, n);
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
@@ -323,7 +332,13 @@ fn local_cache_read_per_thread() {
     st.bind(&bx, ThreadTag::BlockX).unwrap();
     st.bind(&tx, ThreadTag::ThreadX).unwrap();
     s.compute_at(&bl, &c, &ko).unwrap();
-    let f = lowered(&s, &[a, b, c], "mm").unwrap();
+    (s, vec![a, b, c])
+}
+
+#[test]
+fn local_cache_read_per_thread() {
+    let (s, args) = local_cache_read_schedule();
+    let f = lowered(&s, &args, "mm").unwrap();
     let text = f.to_string();
     assert!(!text.contains("barrier"), "{text}");
     for (mm, kk, nn) in [(3, 9, 17), (5, 4, 8)] {
