@@ -267,10 +267,16 @@ def tiled_gemm_schedule(tile=64, threads=16, ktile=16):
     return s, [A, B, C]
 
 
-@pytest.fixture(scope="module")
-def tiled_gemm():
-    s, args = tiled_gemm_schedule()
-    return rivet.build(s, args, target="interp", name="mm")
+_TILED_GEMM = {}
+
+
+@pytest.fixture
+def tiled_gemm(gpu_target):
+    """The tiled GEMM built once per backend that runs GPU schedules."""
+    if gpu_target not in _TILED_GEMM:
+        s, args = tiled_gemm_schedule()
+        _TILED_GEMM[gpu_target] = rivet.build(s, args, target=gpu_target, name="mm")
+    return _TILED_GEMM[gpu_target]
 
 
 @pytest.mark.parametrize("size", SIZES)
