@@ -10,7 +10,16 @@
 //! - reductions as an init nest (identity) then the update nest `C = C op body`: always
 //!   correct whatever the loop order (a reduction loop may sit outside data-parallel loops);
 //! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
-//!   iterations reads (interval analysis), its stores guarded by the producer's extent.
+//!   iterations reads (interval analysis), its stores guarded by the producer's extent;
+//! - GPU memory caches (`Stage::scope` shared / local, from `cache_read` / `cache_write`): only
+//!   inside a kernel (attached at or below the innermost block loop of a GPU stage), in a
+//!   compact buffer of the region's constant shape, stores and the consumer's loads indexed
+//!   relative to the region's first element. A shared cache's region is the union over the
+//!   block's threads, its buffer allocated in the block body; a local one is allocated around
+//!   the loop it is attached to. A cache's loops bound to `threadIdx.*` are the block's thread
+//!   indices (the enclosing thread loop's variable, or a thread loop of the block's extent),
+//!   guarded where shorter than the block; block dimensions a shared cache does not bind are
+//!   left to thread 0. Barriers come later (`lower::sync`).
 
 use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
@@ -611,11 +620,12 @@ impl Ctx<'_> {
         }
     }
 
-    /// Whether `stage` is bound to a GPU, after checking the rules of bound stages: bound
-    /// loops outermost (blocks, then threads), thread extents constant with at most 1024
-    /// threads per block, no parallel loop, and no `compute_at` into or of the stage (that
-    /// needs buffers in shared or local memory: `cache_read` / `cache_write`, not supported
-    /// yet).
+    /// Whether `stage` is the root of a kernel (bound to a GPU at root), after checking the
+    /// rules of bound stages: bound loops outermost (blocks, then threads), thread extents
+    /// constant with at most 1024 threads per block, no parallel loop, computed at root. A
+    /// cache stage inside a kernel (`kc`) is not a root: it may not be parallel, bind blocks,
+    /// or (local) bind threads; `emit` checks its thread loops against the block. A cache
+    /// outside every kernel is refused (shared and local memory exist only in kernels).
     fn gpu_stage(&self, stage: &Stage, ext: &HashMap<Var, Expr>, kc: Option<&Kc>) -> Result<bool> {
         let name = stage.tensor.name();
         let scope_name = if stage.scope == Scope::Shared {
