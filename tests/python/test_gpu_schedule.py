@@ -176,7 +176,7 @@ def test_binding_a_reduction_axis_or_an_unknown_tag_is_refused():
     assert repr(te.thread_axis("blockIdx.y")) == "te.thread_axis('blockIdx.y')"
 
 
-def test_compute_at_into_a_gpu_stage_is_refused_until_scopes_exist():
+def test_compute_at_of_a_global_stage_into_a_gpu_stage_is_refused():
     n = te.var("n")
     A = te.placeholder((n,), "float32", name="A")
     P = te.compute((n,), lambda i: A[i] + 1.0, name="P")
@@ -186,7 +186,7 @@ def test_compute_at_into_a_gpu_stage_is_refused_until_scopes_exist():
     s[C].bind(bx, "blockIdx.x")
     s[C].bind(tx, "threadIdx.x")
     s[P].compute_at(s[C], tx)
-    with pytest.raises(rivet.CompileError, match="cache_read / cache_write"):
+    with pytest.raises(rivet.CompileError, match="shared or local memory.*cache_read / s.cache_write"):
         build(s, [A, C])
 
 
@@ -314,3 +314,203 @@ def test_the_cpu_backend_refuses_a_cross_thread_reduction():
     # The interpreter prints the collective in the lowered IR.
     ir = rivet.build(s, args, target="interp", name="f").get_source("ir")
     assert "R.acc[0] = allreduce sum over threadIdx.x of R.acc[0]" in ir, ir
+# ---- memory caches: cache_read / cache_write, barriers, the shared-memory tiled GEMM -------
+
+
+def matmul_program(dtype="float32"):
+    m, k_, n = te.var("m"), te.var("k"), te.var("n")
+    A = te.placeholder((m, k_), dtype, name="A")
+    B = te.placeholder((k_, n), dtype, name="B")
+    k = te.reduce_axis((0, k_), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return A, B, C, k
+
+
+def tiled_gemm_schedule(tile=64, threads=16, ktile=16):
+    """TVM's shared-memory GEMM schedule, written with the Python API: a tile x tile output
+    block per CUDA block, threads x threads threads each computing a square of outputs in a
+    local cache, A and B tiles of ktile along k staged through shared memory by all threads."""
+    A, B, C, k = matmul_program()
+    s = rivet.create_schedule(C)
+    CL = s.cache_write(C, "local")
+    AA = s.cache_read(A, "shared", [CL])
+    BB = s.cache_read(B, "shared", CL)
+    i, j = C.op.axis
+    by, yi = s[C].split(i, factor=tile)
+    bx, xi = s[C].split(j, factor=tile)
+    ty, yr = s[C].split(yi, factor=tile // threads)
+    tx, xr = s[C].split(xi, factor=tile // threads)
+    s[C].reorder(by, bx, ty, tx, yr, xr)
+    s[C].bind(by, "blockIdx.y")
+    s[C].bind(bx, "blockIdx.x")
+    s[C].bind(ty, "threadIdx.y")
+    s[C].bind(tx, "threadIdx.x")
+    s[CL].compute_at(s[C], tx)
+    ko, ki = s[CL].split(k, factor=ktile)
+    ci, cj = CL.op.axis
+    s[CL].reorder(ko, ki, ci, cj)
+    s[CL].unroll(ki)
+    s[CL].unroll(ci)
+    s[CL].unroll(cj)
+    for X in (AA, BB):
+        s[X].compute_at(s[CL], ko)
+        fused = s[X].fuse(*X.op.axis)
+        _, t = s[X].split(fused, factor=threads * threads)
+        y, x = s[X].split(t, factor=threads)
+        s[X].bind(y, "threadIdx.y")
+        s[X].bind(x, "threadIdx.x")
+    assert s[AA].scope == "shared" and s[CL].scope == "local" and s[C].scope == "global"
+    assert s[CL].leaf_kinds == ["serial", "unrolled", "unrolled", "unrolled"]
+    return s, [A, B, C]
+
+
+_TILED_GEMM = {}
+
+
+@pytest.fixture
+def tiled_gemm(gpu_target):
+    """The tiled GEMM built once per backend that runs GPU schedules."""
+    if gpu_target not in _TILED_GEMM:
+        s, args = tiled_gemm_schedule()
+        _TILED_GEMM[gpu_target] = rivet.build(s, args, target=gpu_target, name="mm")
+    return _TILED_GEMM[gpu_target]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_shared_memory_tiled_gemm_from_python_on_ragged_sizes(rng, tiled_gemm, size):
+    # One big dim at a time: the interpreter runs every thread of every block.
+    for mm, kk, nn in {(size, 9, 5), (5, size, 3), (3, 4, size)}:
+        a, b = random_array(rng, (mm, kk)), random_array(rng, (kk, nn))
+        c = np.full((mm, nn), np.nan, np.float32)
+        tiled_gemm["mm"](a, b, c)
+        assert_matches(c, a @ b, op="contraction", against="numpy", k=kk, terms=abs_mm(a, b))
+
+
+def test_shared_memory_tiled_gemm_against_torch_on_views(rng, tiled_gemm):
+    torch = pytest.importorskip("torch")
+    a = torch.from_numpy(random_array(rng, (130, 70)))
+    b = torch.from_numpy(random_array(rng, (22, 70))).t()  # a transposed view, strides (1, 70)
+    c = torch.full((130, 22), float("nan"))
+    tiled_gemm["mm"](a, b, c)
+    assert_matches(c.numpy(), (a @ b).numpy(), op="contraction", against="torch", k=70, terms=abs_mm(a, b))
+
+
+def test_the_tiled_gemm_has_its_barriers_shared_tiles_and_unrolled_loops(tiled_gemm):
+    ir = tiled_gemm.get_source("ir")
+    assert ir.count("barrier") == 2, ir
+    assert "A.shared: float32[64, 16] shared" in ir and "B.shared: float32[16, 64] shared" in ir
+    assert "C.local: float32[4, 4] local" in ir
+    assert "unrolled for" in ir
+
+
+def test_library_matmul_gpu_schedule_runs_in_the_interpreter(rng):
+    mm = rivet.kernels.matmul("float32", target="interp", schedule="gpu")
+    for shape in [(1, 1, 1), (65, 33, 70), (7, 100, 56)]:
+        m_, k_, n_ = shape
+        a, b = random_array(rng, (m_, k_)), random_array(rng, (k_, n_))
+        c = np.full((m_, n_), np.nan, np.float32)
+        mm(a, b, c)
+        assert_matches(c, a @ b, op="contraction", against="numpy", k=k_, terms=abs_mm(a, b))
+
+
+def _block_gemm(bind_loads=True):
+    A, B, C, k = matmul_program()
+    s = rivet.create_schedule(C)
+    AA = s.cache_read(A, "shared", [C])
+    i, j = C.op.axis
+    by, bx, ty, tx = s[C].tile(i, j, 8, 8)
+    s[C].bind(by, "blockIdx.y")
+    s[C].bind(bx, "blockIdx.x")
+    s[C].bind(ty, "threadIdx.y")
+    s[C].bind(tx, "threadIdx.x")
+    ko, ki = s[C].split(k, factor=8)
+    s[C].reorder(by, bx, ty, tx, ko, ki)
+    s[AA].compute_at(s[C], ko)
+    if bind_loads:
+        s[AA].bind(AA.op.axis[0], "threadIdx.y")
+        s[AA].bind(AA.op.axis[1], "threadIdx.x")
+    return s, [A, B, C]
+
+
+@pytest.mark.parametrize("bind_loads", [True, False])
+def test_cache_read_at_the_k_tile_loop_of_the_output_stage(rng, bind_loads):
+    # Unbound, only thread (0, 0) of each block copies the tile (slow but right).
+    s, args = _block_gemm(bind_loads)
+    f = build(s, args)
+    for mm, kk, nn in [(1, 1, 1), (9, 17, 23), (16, 8, 8)]:
+        a, b = random_array(rng, (mm, kk)), random_array(rng, (kk, nn))
+        c = np.full((mm, nn), np.nan, np.float32)
+        f(a, b, c)
+        assert_matches(c, a @ b, op="contraction", against="numpy", k=kk, terms=abs_mm(a, b))
+
+
+def test_local_cache_write_accumulates_per_thread(rng):
+    A, B, C, k = matmul_program("float64")
+    s = rivet.create_schedule(C)
+    CL = s.cache_write(C, "local")
+    bx, tx = s[C].split(C.op.axis[0], factor=32)
+    s[C].bind(bx, "blockIdx.x")
+    s[C].bind(tx, "threadIdx.x")
+    jo, ji = s[C].split(C.op.axis[1], factor=4)
+    s[CL].compute_at(s[C], jo)
+    f = build(s, [A, B, C])
+    a, b = random_array(rng, (40, 13), "float64"), random_array(rng, (13, 10), "float64")
+    c = np.full((40, 10), np.nan)
+    f(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12)
+
+
+def test_cache_errors_name_what_is_wrong():
+    A, B, C, k = matmul_program()
+    s = rivet.create_schedule(C)
+    with pytest.raises(rivet.CompileError, match="scope must be 'shared' or 'local', got 'texture'"):
+        s.cache_read(A, "texture", [C])
+    with pytest.raises(rivet.CompileError, match="scope must be 'local', got 'shared'"):
+        s.cache_write(C, "shared")
+    with pytest.raises(rivet.CompileError, match="cache_write of 'A': it is a placeholder"):
+        s.cache_write(A, "local")
+    with pytest.raises(rivet.CompileError, match="reader 'A' is not a stage"):
+        s.cache_read(B, "shared", [A])
+    with pytest.raises(rivet.CompileError, match="at least one"):
+        s.cache_read(B, "shared", [])
+    with pytest.raises(Exception, match="scope"):
+        s.cache_read(A, 3, [C])
+    with pytest.raises(Exception, match="readers"):
+        s.cache_read(A, "shared", [3])
+    D = te.compute((A.shape[0],), lambda i: A[i, 0] + 1.0, name="D")
+    s2 = rivet.create_schedule([C, D])
+    with pytest.raises(rivet.CompileError, match="reader 'D' does not read 'B'"):
+        s2.cache_read(B, "shared", [D])
+    s3 = rivet.create_schedule(C)
+    s3[C].split(C.op.axis[0], factor=4)
+    with pytest.raises(rivet.CompileError, match="before the stage is scheduled"):
+        s3.cache_write(C, "local")
+    # A cache never attached inside a kernel: refused at build, not a verifier error.
+    s4 = rivet.create_schedule(C)
+    s4.cache_read(A, "shared", [C])
+    with pytest.raises(rivet.CompileError, match="must be compute_at inside a loop of a stage bound to a GPU"):
+        build(s4, [A, B, C])
+    # A shared region that is not a constant (the whole symbolic k at the block loop).
+    s5, args = _block_gemm()
+    AA = [st for st in s5.stages if st.scope == "shared"][0]
+    C5 = args[2]
+    bx = s5[C5].leaf_iter_vars[1]
+    AA.compute_at(s5[C5], bx)
+    with pytest.raises(rivet.CompileError, match="not a constant"):
+        build(s5, args)
+
+
+def test_unroll_inside_a_kernel(rng):
+    A, B, C = elementwise()
+    s = rivet.create_schedule(C)
+    bx, rest = s[C].split(C.op.axis[0], factor=64)
+    tx, u = s[C].split(rest, factor=4)
+    s[C].bind(bx, "blockIdx.x")
+    s[C].bind(tx, "threadIdx.x")
+    s[C].unroll(u)
+    f = build(s, [A, B, C])
+    for n in [1, 63, 130]:
+        a, b = random_array(rng, (n,)), random_array(rng, (n,))
+        c = np.full(n, np.nan, np.float32)
+        f(a, b, c)
+        np.testing.assert_array_equal(c, a * np.float32(2.0) + b)

@@ -2911,3 +2911,208 @@ fn bug_split_of_a_reordered_fused_producer_computed_at_a_split_fused_loop_is_ref
     st.split(&ji, Some(Expr::int(1)), None).unwrap();
     assert_schedule_computes_the_same(&c, &[a, c.clone()], &s, &[&[1, 3], &[1, 3]]);
 }
+
+// ---- GPU memory caches: random cache_read / cache_write schedules of a matmul ---------------
+
+/// A random shared-memory / register tiling of `C = A @ B` (TVM's GEMM schedule family).
+#[derive(Clone, Debug)]
+struct CacheS {
+    tile_m: i64,
+    tile_n: i64,
+    /// Outputs per thread along each side.
+    per: i64,
+    k_tile: i64,
+    /// Accumulate in a local cache (`cache_write`) computed at the thread loop.
+    write_local: bool,
+    /// A through shared memory.
+    a_shared: bool,
+    /// B: 0 not cached, 1 shared, 2 local (per thread).
+    b_cache: u8,
+    /// Shared loads spread over the block's threads (else thread 0 loads).
+    bind_loads: bool,
+    shape: (i64, i64, i64),
+}
+
+fn cache_s() -> impl Strategy<Value = CacheS> {
+    (
+        (select(vec![2i64, 4, 8, 16]), select(vec![2i64, 4, 8, 16])),
+        select(vec![1i64, 2]),
+        select(vec![1i64, 3, 4, 8]),
+        (any::<bool>(), any::<bool>(), 0u8..3, any::<bool>()),
+        (1i64..40, 1i64..30, 1i64..40),
+    )
+        .prop_map(
+            |(
+                (tile_m, tile_n),
+                per,
+                k_tile,
+                (write_local, a_shared, b_cache, bind_loads),
+                shape,
+            )| CacheS {
+                tile_m,
+                tile_n,
+                per,
+                k_tile,
+                write_local,
+                a_shared,
+                b_cache,
+                bind_loads,
+                shape,
+            },
+        )
+}
+
+fn cached_matmul_schedule(g: &CacheS) -> (Schedule, Vec<Te>) {
+    use rivet_compiler::ir::ThreadTag;
+    let (m, k, n) = (te::var("m"), te::var("k"), te::var("n"));
+    let a = te::placeholder(&[m.clone(), k.clone()], DType::F32, "A").unwrap();
+    let b = te::placeholder(&[k.clone(), n.clone()], DType::F32, "B").unwrap();
+    let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
+    let (a2, b2, r2) = (a.clone(), b.clone(), r.clone());
+    let c = te::compute(
+        &[m, n],
+        move |i| {
+            ok(te::sum(
+                a2.idx(&[i[0].clone(), te::ax(&r2)]) * b2.idx(&[te::ax(&r2), i[1].clone()]),
+                std::slice::from_ref(&r2),
+            ))
+        },
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
+    let cl = g.write_local.then(|| s.cache_write(&c, "local").unwrap());
+    let comp = cl.clone().unwrap_or_else(|| c.clone());
+    let aa = g.a_shared.then(|| {
+        s.cache_read(&a, "shared", std::slice::from_ref(&comp))
+            .unwrap()
+    });
+    let bb = match g.b_cache {
+        1 => Some((
+            s.cache_read(&b, "shared", std::slice::from_ref(&comp))
+                .unwrap(),
+            true,
+        )),
+        2 => Some((
+            s.cache_read(&b, "local", std::slice::from_ref(&comp))
+                .unwrap(),
+            false,
+        )),
+        _ => None,
+    };
+    let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+    let st = s.stage(&c).unwrap();
+    let (by, yi) = st.split(&i, Some(Expr::int(g.tile_m)), None).unwrap();
+    let (bx, xi) = st.split(&j, Some(Expr::int(g.tile_n)), None).unwrap();
+    let (ty, yr) = st.split(&yi, Some(Expr::int(g.per)), None).unwrap();
+    let (tx, xr) = st.split(&xi, Some(Expr::int(g.per)), None).unwrap();
+    let mut order = vec![by.clone(), bx.clone(), ty.clone(), tx.clone()];
+    let at = if g.write_local {
+        order.extend([yr, xr]);
+        st.reorder(&order).unwrap();
+        None
+    } else {
+        let (ko, ki) = st.split(&r.var, Some(Expr::int(g.k_tile)), None).unwrap();
+        order.extend([ko.clone(), ki, yr, xr]);
+        st.reorder(&order).unwrap();
+        Some(ko)
+    };
+    st.bind(&by, ThreadTag::BlockY).unwrap();
+    st.bind(&bx, ThreadTag::BlockX).unwrap();
+    st.bind(&ty, ThreadTag::ThreadY).unwrap();
+    st.bind(&tx, ThreadTag::ThreadX).unwrap();
+    let ko = match (&cl, at) {
+        (Some(cl), _) => {
+            s.compute_at(cl, &c, &tx).unwrap();
+            let ls = s.stage(cl).unwrap();
+            let (ko, ki) = ls.split(&r.var, Some(Expr::int(g.k_tile)), None).unwrap();
+            let d: Vec<Var> = cl.axis().iter().map(|a| a.var.clone()).collect();
+            ls.reorder(&[ko.clone(), ki.clone(), d[0].clone(), d[1].clone()])
+                .unwrap();
+            ls.unroll(&ki).unwrap();
+            ko
+        }
+        (None, Some(ko)) => ko,
+        _ => unreachable!(),
+    };
+    let (threads_y, threads_x) = (g.tile_m / g.per, g.tile_n / g.per);
+    let caches: Vec<(Te, bool)> = aa.into_iter().map(|x| (x, true)).chain(bb).collect();
+    for (x, shared) in &caches {
+        s.compute_at(x, &comp, &ko).unwrap();
+        if *shared && g.bind_loads {
+            let xs = s.stage(x).unwrap();
+            let v: Vec<Var> = x.axis().iter().map(|a| a.var.clone()).collect();
+            let f = xs.fuse(&v[0], &v[1]).unwrap();
+            let (_, t) = xs
+                .split(&f, Some(Expr::int(threads_x * threads_y)), None)
+                .unwrap();
+            let (y, xx) = xs.split(&t, Some(Expr::int(threads_x)), None).unwrap();
+            xs.bind(&y, ThreadTag::ThreadY).unwrap();
+            xs.bind(&xx, ThreadTag::ThreadX).unwrap();
+        }
+    }
+    (s, vec![a, b, c])
+}
+
+fn run_cache_case(g: &CacheS, seed: u64) -> Result<(), TestCaseError> {
+    let (s, args) = cached_matmul_schedule(g);
+    let (m, k, n) = g.shape;
+    let mut rng = Rng(seed | 1);
+    let mut draw = |len: i64| -> Vec<f32> { (0..len).map(|_| r_small(&mut rng)).collect() };
+    let (av, bv) = (draw(m * k), draw(k * n));
+    let mut want = vec![0.0f64; (m * n) as usize];
+    let mut mag = vec![0.0f64; (m * n) as usize];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                let t = av[(i * k + p) as usize] as f64 * bv[(p * n + j) as usize] as f64;
+                want[(i * n + j) as usize] += t;
+                mag[(i * n + j) as usize] += t.abs();
+            }
+        }
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as u64).collect::<Vec<u64>>();
+    let targets = rivet_tests::gpu_schedule_backends();
+    prop_assert!(!targets.is_empty(), "no backend runs GPU schedules");
+    for target in targets {
+        let module = build(&s, &args, &target, "f").map_err(|e| {
+            fail(format!(
+                "{target}: cached GEMM schedule refused ({g:?}): {e}"
+            ))
+        })?;
+        let ir = module.get_source("ir").unwrap();
+        let shared = g.a_shared || g.b_cache == 1;
+        if shared != ir.contains("barrier") {
+            return Err(fail(format!("barriers iff shared caches ({g:?}):\n{ir}")));
+        }
+        let a = tensor_from_bits(&bits(&av), &[m, k], Ty::F32);
+        let b = tensor_from_bits(&bits(&bv), &[k, n], Ty::F32);
+        let c = tensor_from_bits(&bits(&vec![f32::NAN; (m * n) as usize]), &[m, n], Ty::F32);
+        let vals = [a, b, c.clone()].map(Value::Tensor);
+        module.get_function("f").unwrap().call(&vals).map_err(|e| {
+            fail(format!(
+                "{target}: cached GEMM call failed ({g:?}): {e}\n{ir}"
+            ))
+        })?;
+        let got = c.to_vec::<f32>().unwrap();
+        for (e, (&gv, (&w, &mg))) in got.iter().zip(want.iter().zip(&mag)).enumerate() {
+            let tol = 1e-6 * (k as f64 + 2.0) * (mg + 1e-6);
+            let ok = (gv as f64 - w).abs() <= tol; // false for NaN too
+            if !ok {
+                return Err(fail(format!(
+                    "{target}: C element {e} = {gv}, want {w} ({g:?})\n{ir}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(40))]
+
+    #[test]
+    fn gpu_schedules_with_memory_caches(g in cache_s(), seed in any::<u64>()) {
+        run_cache_case(&g, seed)?;
+    }
+}

@@ -1,16 +1,17 @@
 //! `rivet.Schedule` and `rivet.Stage` (`s[C]`): the schedule primitives (split, fuse,
-//! reorder, tile, annotations, compute_inline, compute_at) and the loops they report
-//! (`leaf_iter_vars`, with their extents).
+//! reorder, tile, annotations, compute_inline, compute_at; GPU memory caches `cache_read` /
+//! `cache_write` on the schedule) and the loops they report (`leaf_iter_vars`, with their
+//! extents).
 
-use super::compile_err;
 use super::itervar::{axis_var, new_itervar, PyIterVar};
 use super::operand::index_arg;
 use super::tensor::{tensor_arg, tensors_arg, PyTeTensor, PyTensorOp};
+use super::{arg_err, compile_err};
 use crate::errors::CompileResult;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rivet_compiler::ir::expr::{Expr, IterVar, Var};
-use rivet_compiler::ir::stmt::{ForKind, ThreadTag};
+use rivet_compiler::ir::stmt::{ForKind, Scope, ThreadTag};
 use rivet_compiler::schedule::{Attach, Schedule, Stage};
 use rivet_compiler::te::Tensor;
 
@@ -71,10 +72,58 @@ impl PySchedule {
             })
             .collect()
     }
+    /// TVM's `cache_read`: a new stage copying `tensor` into a `"shared"` or `"local"` buffer,
+    /// read by `readers` (a tensor or a list of them) instead of `tensor`. Returns the cache
+    /// tensor (schedule it with `s[cache]`: compute_at inside a GPU stage, bind its loops).
+    fn cache_read(
+        &mut self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        scope: &Bound<'_, PyAny>,
+        readers: &Bound<'_, PyAny>,
+    ) -> PyResult<PyTeTensor> {
+        let t = tensor_arg(tensor, "cache_read: argument 0 ('tensor')")?;
+        let scope = scope_arg(py, scope, "cache_read")?;
+        let readers = tensors_arg(readers, "cache_read: argument 2 ('readers')")?;
+        Ok(PyTeTensor {
+            t: self.sched.cache_read(&t, &scope, &readers).cpy(py)?,
+        })
+    }
+
+    /// TVM's `cache_write`: `tensor`'s computation moves to a new `"local"` stage (per-thread
+    /// accumulators), and `tensor` becomes a copy of it. Returns the cache tensor.
+    fn cache_write(
+        &mut self,
+        py: Python<'_>,
+        tensor: &Bound<'_, PyAny>,
+        scope: &Bound<'_, PyAny>,
+    ) -> PyResult<PyTeTensor> {
+        let t = tensor_arg(tensor, "cache_write: argument 0 ('tensor')")?;
+        let scope = scope_arg(py, scope, "cache_write")?;
+        Ok(PyTeTensor {
+            t: self.sched.cache_write(&t, &scope).cpy(py)?,
+        })
+    }
+
     fn __repr__(&self) -> String {
         let names: Vec<&str> = self.sched.stages.iter().map(|s| s.tensor.name()).collect();
         format!("rivet.Schedule(stages=[{}])", names.join(", "))
     }
+}
+
+/// A storage scope argument: a str (checked by the schedule).
+fn scope_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    obj.extract::<String>().map_err(|_| {
+        arg_err(
+            py,
+            format!(
+                "{what}: argument 1 ('scope') must be a str ('shared' or 'local'), got {}",
+                obj.repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "?".into())
+            ),
+        )
+    })
 }
 
 /// The IterVar of loop `v` of a stage, with the extent lowering gives that loop
@@ -138,9 +187,25 @@ impl PyStage {
 
 #[pymethods]
 impl PyStage {
+    /// The stage's current definition (after `cache_write`, the copy out of the cache).
     #[getter]
-    fn op(&self) -> PyTensorOp {
-        PyTensorOp { t: self.t.clone() }
+    fn op(&self, py: Python<'_>) -> PyTensorOp {
+        let s = self.sched.bind(py).borrow();
+        PyTensorOp {
+            t: s.sched.current(&self.t),
+        }
+    }
+
+    /// Where the stage's buffer lives: "global", or "shared" / "local" for caches.
+    #[getter]
+    fn scope(&self, py: Python<'_>) -> PyResult<&'static str> {
+        let s = self.sched.bind(py).borrow();
+        let i = s.sched.stage_index(&self.t).cpy(py)?;
+        Ok(match s.sched.stages[i].scope {
+            Scope::Global => "global",
+            Scope::Shared => "shared",
+            Scope::Local => "local",
+        })
     }
 
     /// The current loops, outermost first.

@@ -4,16 +4,17 @@
 //! - CPU: contractions run rows, then the reduction, then columns (the inner loop streams
 //!   along rows of B and C), rows parallel; every other output has its outermost loop
 //!   parallel; intermediate stages stay serial at root.
-//! - GPU: every stage is a kernel of its own. A contraction tiles its last two data axes by
-//!   `TILE` x `TILE` (one block per tile, one thread per output, leading batch axes on
-//!   blockIdx.z), the reduction serial in each thread. Every other reduction stage (softmax's
-//!   max and sum, layer_norm's moments, sum / max over an axis) is a block reduction
-//!   (`block_reduce`): one block per output element, its reduction split across up to
-//!   `REDUCE_THREADS` threads and combined across them (warp shuffles, then shared memory);
+//! - GPU: every stage is a kernel of its own. A contraction is the shared-memory tiled GEMM
+//!   of `gpu_gemm` (64x64 outputs per block of 16x16 threads, 4x4 per thread in registers,
+//!   16-deep reduction tiles of the inputs in shared memory). Every other reduction stage
+//!   (softmax's max and sum, layer_norm's moments, sum / max over an axis) is a block
+//!   reduction (`block_reduce`): one block per output element, its reduction split across up
+//!   to `REDUCE_THREADS` threads and combined across them (warp shuffles, then shared memory);
 //!   reductions of fewer than `MIN_BLOCK_REDUCE` terms (known at build time) stay serial per
 //!   thread. Every other stage fuses its data axes and splits them by `THREADS` (blockIdx.x,
-//!   threadIdx.x). Shared-memory tiles need `cache_read` (not there yet): these schedules are
-//!   correct first, fast later (issue 12).
+//!   threadIdx.x).
+//! - Default GPU schedule (`apply_default_gpu`, for programs the user did not bind): the
+//!   above per stage after inlining injective intermediates.
 
 use super::defs::{Def, Pattern};
 use crate::error::Result;
@@ -32,8 +33,13 @@ const REDUCE_THREADS: i64 = 256;
 /// A reduction of fewer terms than this (a constant extent) is left serial in one thread per
 /// output: a block of threads would mostly idle.
 const MIN_BLOCK_REDUCE: i64 = 64;
-/// Side of a contraction's output tile on the GPU (TILE * TILE threads per block).
-const TILE: i64 = 16;
+/// Side of a contraction's output tile on the GPU: one block per BLOCK x BLOCK outputs.
+const BLOCK: i64 = 64;
+/// Threads per side of a contraction's block (THREAD_SIDE^2 threads), each computing
+/// (BLOCK / THREAD_SIDE)^2 outputs in registers.
+const THREAD_SIDE: i64 = 16;
+/// Reduction steps per shared-memory tile of a contraction.
+const K_TILE: i64 = 16;
 
 /// Which family of schedules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -117,13 +123,52 @@ fn flat(s: &mut Schedule, t: &Tensor) -> Result<()> {
     st.bind(&tx, ThreadTag::ThreadX)
 }
 
-/// One block per `TILE` x `TILE` tile of the last two data axes, one thread per output.
+/// A contraction's GPU schedule: the shared-memory tiled GEMM of `gpu_gemm`. A stage that
+/// is not one (fewer than two data axes, or not a single reduction) gets the flat schedule.
 fn tiles(s: &mut Schedule, t: &Tensor) -> Result<()> {
-    let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
-    let n = axes.len();
-    if n < 2 {
+    if t.axis().len() < 2 || t.reduce_axis().len() != 1 {
         return flat(s, t);
     }
+    gpu_gemm(s, t)
+}
+
+/// The shared-memory tiled GEMM schedule of a matmul-like stage `t` (data axes
+/// `[batch..., i, j]`, one reduction axis), reusable by any GPU schedule:
+/// - one block per `BLOCK` x `BLOCK` tile of `(i, j)` (leading batch axes fused on
+///   blockIdx.z), `THREAD_SIDE` x `THREAD_SIDE` threads, each computing a
+///   `BLOCK / THREAD_SIDE` square of outputs in registers (`cache_write(t, "local")`,
+///   computed at the thread loop, its loops unrolled);
+/// - the reduction tiled by `K_TILE`; per tile, every tensor the contraction reads is copied
+///   into shared memory by all threads of the block (`cache_read(.., "shared")` computed at
+///   the tile loop, its loops fused and split over the block's threads);
+/// - barriers come from the lowering (`lower::sync`); ragged edges are guarded.
+pub fn gpu_gemm(s: &mut Schedule, t: &Tensor) -> Result<()> {
+    let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
+    let n = axes.len();
+    let def = s.current(t);
+    // Inputs read at one place only: a tensor read twice (`A @ A`) would need a tile holding
+    // the union of both regions, not a constant shape; it is read from global memory.
+    let mut reads: Vec<(u32, usize)> = Vec::new();
+    if let Some(body) = def.body() {
+        body.visit(&mut |e| {
+            if let crate::ir::expr::ExprKind::Read { tensor, .. } = e.kind() {
+                match reads.iter_mut().find(|(id, _)| *id == tensor.id()) {
+                    Some((_, n)) => *n += 1,
+                    None => reads.push((tensor.id(), 1)),
+                }
+            }
+        });
+    }
+    let ins: Vec<Tensor> = crate::te::tensor::inputs(&def)
+        .into_iter()
+        .filter(|x| reads.iter().any(|&(id, n)| id == x.id() && n == 1))
+        .collect();
+    let local = s.cache_write(t, "local")?;
+    let mut shared = Vec::new();
+    for x in &ins {
+        shared.push(s.cache_read(x, "shared", std::slice::from_ref(&local))?);
+    }
+    // The output stage: the grid, the block's threads, each thread's square of outputs.
     let st = s.stage(t)?;
     let mut batch: Option<Var> = None;
     for a in &axes[..n - 2] {
@@ -132,19 +177,63 @@ fn tiles(s: &mut Schedule, t: &Tensor) -> Result<()> {
             Some(b) => st.fuse(&b, a)?,
         });
     }
-    let (io, ii) = st.split(&axes[n - 2], Some(Expr::int(TILE)), None)?;
-    let (jo, ji) = st.split(&axes[n - 1], Some(Expr::int(TILE)), None)?;
+    let per_thread = BLOCK / THREAD_SIDE;
+    let (by, yi) = st.split(&axes[n - 2], Some(Expr::int(BLOCK)), None)?;
+    let (bx, xi) = st.split(&axes[n - 1], Some(Expr::int(BLOCK)), None)?;
+    let (ty, yr) = st.split(&yi, Some(Expr::int(per_thread)), None)?;
+    let (tx, xr) = st.split(&xi, Some(Expr::int(per_thread)), None)?;
     let mut order: Vec<Var> = batch.iter().cloned().collect();
-    order.extend([io.clone(), jo.clone(), ii.clone(), ji.clone()]);
-    order.extend(st.leaves.iter().filter(|l| l.reduce).map(|l| l.var.clone()));
+    order.extend([by.clone(), bx.clone(), ty.clone(), tx.clone(), yr, xr]);
     st.reorder(&order)?;
     if let Some(b) = &batch {
         st.bind(b, ThreadTag::BlockZ)?;
     }
-    st.bind(&io, ThreadTag::BlockY)?;
-    st.bind(&jo, ThreadTag::BlockX)?;
-    st.bind(&ii, ThreadTag::ThreadY)?;
-    st.bind(&ji, ThreadTag::ThreadX)
+    st.bind(&by, ThreadTag::BlockY)?;
+    st.bind(&bx, ThreadTag::BlockX)?;
+    st.bind(&ty, ThreadTag::ThreadY)?;
+    st.bind(&tx, ThreadTag::ThreadX)?;
+    // The block's size as lowering will see it (constant shapes smaller than a tile shrink it).
+    let ext = st.extents();
+    let side = |v: &Var| ext.get(v).and_then(|e| e.as_int()).unwrap_or(THREAD_SIDE);
+    let (threads_y, threads_x) = (side(&ty), side(&tx));
+    // The accumulators: computed per thread, the reduction tiled, the tile loop outermost.
+    s.compute_at(&local, t, &tx)?;
+    let lst = s.stage(&local)?;
+    let red = lst
+        .leaves
+        .iter()
+        .find(|l| l.reduce)
+        .map(|l| l.var.clone())
+        .expect("one reduction axis");
+    let data: Vec<Var> = lst
+        .leaves
+        .iter()
+        .filter(|l| !l.reduce)
+        .map(|l| l.var.clone())
+        .collect();
+    let (ko, ki) = lst.split(&red, Some(Expr::int(K_TILE)), None)?;
+    let mut order = vec![ko.clone(), ki.clone()];
+    order.extend(data.iter().cloned());
+    lst.reorder(&order)?;
+    lst.unroll(&ki)?;
+    for v in &data[data.len() - 2..] {
+        lst.unroll(v)?;
+    }
+    // The shared tiles: all threads of the block copy one tile per reduction step.
+    for x in &shared {
+        s.compute_at(x, &local, &ko)?;
+        let xs = s.stage(x)?;
+        let vars: Vec<Var> = xs.leaves.iter().map(|l| l.var.clone()).collect();
+        let mut fused = vars[0].clone();
+        for v in &vars[1..] {
+            fused = xs.fuse(&fused, v)?;
+        }
+        let (_, within) = xs.split(&fused, Some(Expr::int(threads_x * threads_y)), None)?;
+        let (sy, sx) = xs.split(&within, Some(Expr::int(threads_x)), None)?;
+        xs.bind(&sy, ThreadTag::ThreadY)?;
+        xs.bind(&sx, ThreadTag::ThreadX)?;
+    }
+    Ok(())
 }
 
 /// Whether `t` is matmul-like: a sum, over axes of its own, of a product of two tensor
@@ -278,6 +367,8 @@ pub fn default_gpu_schedule(outputs: &[Tensor]) -> Result<Schedule> {
     let mut s = Schedule::new(outputs)?;
     apply_default_gpu(&mut s)?;
     Ok(s)
+}
+
 /// A block reduction: the data axes of `t` fused on blockIdx.x (one block per output element;
 /// none for a 0-d output: one block), its reduction axes fused and split by the thread count,
 /// the inner part bound to threadIdx.x (a cross-thread reduction: each thread sums its share

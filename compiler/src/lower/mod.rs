@@ -8,6 +8,7 @@ pub mod interval;
 pub mod nest;
 pub mod simplify;
 pub mod split;
+pub mod sync;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
@@ -98,6 +99,8 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     //    Every target runs the same passes; backends differ in how they run a `Launch`.
     let _ = target;
     split::split(&mut f);
+    // 6. Barriers in GPU kernels where shared memory is written and read by different threads.
+    sync::insert_barriers(&mut f);
     after(&f, 5, "split", !opts.checked)?;
     Ok(Lowered { nest, func: f })
 }

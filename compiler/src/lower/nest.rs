@@ -18,6 +18,15 @@
 //!   then `AllReduce` combines the group's partials into it and the thread of
 //!   `threadIdx.x == 0` stores the element (under the data-parallel guards only: every thread
 //!   reaches the `AllReduce`, which is collective).
+//! - GPU memory caches (`Stage::scope` shared / local, from `cache_read` / `cache_write`): only
+//!   inside a kernel (attached at or below the innermost block loop of a GPU stage), in a
+//!   compact buffer of the region's constant shape, stores and the consumer's loads indexed
+//!   relative to the region's first element. A shared cache's region is the union over the
+//!   block's threads, its buffer allocated in the block body; a local one is allocated around
+//!   the loop it is attached to. A cache's loops bound to `threadIdx.*` are the block's thread
+//!   indices (the enclosing thread loop's variable, or a thread loop of the block's extent),
+//!   guarded where shorter than the block; block dimensions a shared cache does not bind are
+//!   left to thread 0. Barriers come later (`lower::sync`).
 
 use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
@@ -25,17 +34,65 @@ use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
 use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::schedule::{Attach, Relation, Schedule, Stage, SMALL_SPLIT};
-use crate::te::tensor::{inputs, post_order, top_reduce, Tensor};
+use crate::te::tensor::{inputs, top_reduce, Tensor};
 use rivet_runtime::DType;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 struct Ctx<'a> {
     sched: &'a Schedule,
-    buffers: Vec<Buffer>,
+    /// Cache stages' buffers get their (constant) shape when their region is known.
+    buffers: RefCell<Vec<Buffer>>,
     buf_of: HashMap<u32, BufId>,
     inlined: HashSet<u32>,
     /// The accumulator of each stage with a cross-thread reduction, by tensor id.
     acc_of: HashMap<u32, BufId>,
+    /// Shared buffers of cache stages emitted inside the GPU stage being emitted, allocated
+    /// by it in its block body (the body of its innermost block loop).
+    pending_shared: RefCell<Vec<BufId>>,
+}
+
+/// Largest shared cache buffer (CUDA's static shared memory per block; the CUDA backend
+/// checks the sum against the target).
+const MAX_SHARED_BYTES: i64 = 48 * 1024;
+/// Largest local cache buffer per thread (registers or the stack; the interpreter keeps one
+/// copy per thread of the block).
+const MAX_LOCAL_BYTES: i64 = 16 * 1024;
+
+/// Where a stage's loop stands, for the stages attached to it.
+#[derive(Clone)]
+enum Place {
+    /// Host code (no GPU stage around).
+    Host,
+    /// Between the block loops of a GPU stage (above its block body): nothing may be attached.
+    Grid { loop_name: String },
+    /// Inside a kernel's block body.
+    Kernel(Kc),
+}
+
+/// What a stage attached inside a kernel needs to know about it.
+#[derive(Clone)]
+struct Kc {
+    /// Name of the GPU stage whose kernel this is.
+    root: String,
+    /// Extent of each thread dimension of the block.
+    block: Vec<(ThreadTag, i64)>,
+    /// Thread loops enclosing the point of attachment, per tag.
+    enclosing: Vec<(ThreadTag, Var)>,
+    /// Ranges of the loops enclosing the point of attachment.
+    ranges: Env,
+}
+
+impl Kc {
+    fn dim(&self, tag: ThreadTag) -> Option<i64> {
+        self.block.iter().find(|(t, _)| *t == tag).map(|(_, n)| *n)
+    }
+    fn thread_var(&self, tag: ThreadTag) -> Option<&Var> {
+        self.enclosing
+            .iter()
+            .find(|(t, _)| *t == tag)
+            .map(|(_, v)| v)
+    }
 }
 
 fn cerr<T>(msg: String) -> Result<T> {
@@ -90,7 +147,7 @@ impl Ctx<'_> {
         let mut failure = None;
         let out = e.rewrite(&mut |n| match n.kind() {
             ExprKind::Read { tensor, indices } => {
-                let tensor = &Tensor::of(tensor);
+                let tensor = &self.sched.current(&Tensor::of(tensor));
                 if self.inlined.contains(&tensor.id()) {
                     let body = tensor.body().expect("inlined stages are computes");
                     let axis = tensor.axis();
@@ -141,7 +198,13 @@ impl Ctx<'_> {
 
     /// The loop nest of one stage. `region`: per data-parallel dim, (first index, extent) to
     /// compute (None: the whole tensor).
-    fn emit(&self, stage: &Stage, region: Option<Vec<(Expr, Expr)>>) -> Result<Stmt> {
+    /// `place`: where the stage is attached (`Place::Host` for root stages).
+    fn emit(
+        &self,
+        stage: &Stage,
+        region: Option<Vec<(Expr, Expr)>>,
+        place: &Place,
+    ) -> Result<Stmt> {
         let t = &stage.tensor;
         let name = t.name();
         let buf = self.buf_of[&t.id()];
@@ -169,8 +232,70 @@ impl Ctx<'_> {
         }
         // Leaf extents, through the relations in order (the rule Python reports too).
         let ext = crate::schedule::loop_extents(&stage.relations, ext);
-        let (gpu, cross) = self.gpu_stage(stage, &ext)?;
+        let kc = match place {
+            Place::Kernel(kc) => Some(kc),
+            _ => None,
+        };
+        let (gpu, cross) = self.gpu_stage(stage, &ext, kc)?;
+        // A cache stage's buffer holds only its region: indices relative to its first element.
+        let compact = stage.scope != Scope::Global;
         let mut guards: Vec<Expr> = Vec::new();
+        // Inside a kernel, a cache stage's loops bound to a thread index are that index: the
+        // enclosing thread loop's variable (substituted at the end), or a thread loop of the
+        // block's extent; iterations past the loop's own extent are guarded off.
+        let mut subst: HashMap<Var, Var> = HashMap::new();
+        let mut unbound: Vec<(ThreadTag, i64)> = Vec::new();
+        if let Some(kc) = kc {
+            for leaf in &stage.leaves {
+                let ForKind::Thread(tag) = leaf.kind else {
+                    continue;
+                };
+                let e = simplify(&ext[&leaf.var]);
+                let Some(dim) = kc.dim(tag) else {
+                    return cerr(format!(
+                        "schedule of '{name}': loop '{}' is bound to {}, but the block of '{}' (the kernel it is attached in) has no {} loop; bind its loops to the block's thread dimensions",
+                        leaf.var.name, tag.name(), kc.root, tag.name()
+                    ));
+                };
+                match e.as_int() {
+                    Some(n) if (1..=dim).contains(&n) => {
+                        let v = match kc.thread_var(tag) {
+                            Some(u) => {
+                                subst.insert(leaf.var.clone(), u.clone());
+                                u.clone()
+                            }
+                            None => leaf.var.clone(),
+                        };
+                        if n < dim {
+                            guards.push(Expr::var(&v).lt(&Expr::int(n)));
+                        }
+                    }
+                    _ => {
+                        return cerr(format!(
+                            "schedule of '{name}': loop '{}' bound to {} has extent {e}; inside the kernel of '{}' it must be a constant from 1 to the block's {dim} threads in that dimension",
+                            leaf.var.name, tag.name(), kc.root
+                        ))
+                    }
+                }
+            }
+            if stage.scope == Scope::Shared {
+                // Dimensions of the block the stage does not bind: only thread 0 of each
+                // works, or its threads would all write the same elements (a race).
+                for &(tag, dim) in &kc.block {
+                    let binds = stage.leaves.iter().any(|l| l.kind == ForKind::Thread(tag));
+                    if binds || dim == 1 {
+                        continue;
+                    }
+                    match kc.thread_var(tag) {
+                        Some(u) => guards.push(
+                            Expr::cmp(crate::ir::CmpOp::Eq, Expr::var(u), Expr::int(0))
+                                .expect("int64"),
+                        ),
+                        None => unbound.push((tag, dim)),
+                    }
+                }
+            }
+        }
         // Values of every var in terms of the leaves, walking the relations backwards.
         let mut val: HashMap<Var, Expr> = stage
             .leaves
@@ -212,6 +337,11 @@ impl Ctx<'_> {
         }
         let root_value = |v: &Var| base[v].add(&val[v]);
         let idx: Vec<Expr> = axis.iter().map(|a| root_value(&a.var)).collect();
+        let sidx: Vec<Expr> = if compact {
+            axis.iter().map(|a| val[&a.var].clone()).collect()
+        } else {
+            idx.clone()
+        };
         // A region (compute_at) may reach past the tensor's edges: those elements are skipped.
         let in_tensor = |idx: &[Expr]| -> Vec<Expr> {
             idx.iter()
@@ -269,7 +399,7 @@ impl Ctx<'_> {
         let store = match (reduce_op, &cross) {
             (None, _) => Stmt::Store {
                 buf,
-                indices: idx.clone(),
+                indices: sidx.clone(),
                 value: body_ir,
             },
             (Some(op), Some(c)) => {
@@ -281,10 +411,10 @@ impl Ctx<'_> {
                 }
             }
             (Some(op), None) => {
-                let acc = Expr::load(buf, idx.clone(), t.dtype());
+                let acc = Expr::load(buf, sidx.clone(), t.dtype());
                 Stmt::Store {
                     buf,
-                    indices: idx.clone(),
+                    indices: sidx.clone(),
                     value: combine(op, acc, body_ir)?,
                 }
             }
@@ -304,6 +434,14 @@ impl Ctx<'_> {
         };
         // Loops, innermost first; producers attached at a leaf go at the top of its body.
         let n = stage.leaves.len();
+        let last_block = if gpu {
+            stage
+                .leaves
+                .iter()
+                .rposition(|l| matches!(l.kind, ForKind::Thread(t) if t.is_block()))
+        } else {
+            None
+        };
         for (pos, leaf) in stage.leaves.iter().enumerate().rev() {
             // Outside the serial reduction loops of a cross-thread reduction: the accumulator,
             // the combination across threads and the store of the element.
@@ -347,20 +485,80 @@ impl Ctx<'_> {
                     },
                 );
             }
-            let attached = self.attached_at(stage, &leaf.var, &inner, &outer)?;
+            let child = self.place_inside(stage, pos, gpu, last_block, &ext, &outer, place);
+            let (attached, locals) =
+                self.attached_at(stage, &leaf.var, &mut inner, &outer, &child)?;
             if !attached.is_empty() {
                 let mut v = attached;
                 v.push(inner);
                 inner = Stmt::Seq(v);
             }
+            for b in locals.into_iter().rev() {
+                inner = Stmt::Allocate {
+                    buf: b,
+                    body: Box::new(inner),
+                };
+            }
+            if Some(pos) == last_block {
+                // The block body: shared buffers of the cache stages inside, one per block.
+                for b in self.pending_shared.borrow_mut().drain(..).rev() {
+                    inner = Stmt::Allocate {
+                        buf: b,
+                        body: Box::new(inner),
+                    };
+                }
+            }
+            if subst.contains_key(&leaf.var) {
+                continue; // the enclosing thread loop's index: no loop of its own
+            }
+            let (extent, kind) = match (leaf.kind, kc) {
+                // A thread loop of a cache stage spans the whole block dimension (every loop
+                // of one tag in a kernel has the block's extent); the guard above trims it.
+                (ForKind::Thread(tag), Some(kc)) => {
+                    (Expr::int(kc.dim(tag).expect("checked above")), leaf.kind)
+                }
+                _ => (e, leaf.kind),
+            };
             inner = Stmt::For {
                 var: leaf.var.clone(),
                 min: Expr::int(0),
-                extent: e,
-                kind: leaf.kind,
+                extent,
+                kind,
                 body: Box::new(inner),
             };
         }
+        if gpu && last_block.is_none() && !self.pending_shared.borrow().is_empty() {
+            return cerr(format!(
+                "schedule of '{name}': a shared-memory cache stage is attached inside it, but it has no loop bound to blockIdx (shared memory is allocated per block): bind its outer loops to blocks"
+            ));
+        }
+        let rename = |s: Stmt| -> Stmt {
+            if subst.is_empty() {
+                return s;
+            }
+            s.rewrite(
+                &mut |e| e.substitute(&|v| subst.get(v).map(Expr::var)),
+                &mut |s| s,
+            )
+        };
+        let wrap_unbound = |mut s: Stmt| -> Stmt {
+            for (tag, dim) in &unbound {
+                let d = Var::new(&format!("{}.only0", tag.name()));
+                s = Stmt::For {
+                    var: d.clone(),
+                    min: Expr::int(0),
+                    extent: Expr::int(*dim),
+                    kind: ForKind::Thread(*tag),
+                    body: Box::new(Stmt::If {
+                        cond: Expr::cmp(crate::ir::CmpOp::Eq, Expr::var(&d), Expr::int(0))
+                            .expect("int64"),
+                        then: Box::new(s),
+                        otherwise: None,
+                    }),
+                };
+            }
+            s
+        };
         // Reductions start from the identity over the region, in a nest of their own (a
         // cross-thread one starts each accumulator at it instead).
         if let (Some(op), None) = (reduce_op, &cross) {
@@ -373,9 +571,14 @@ impl Ctx<'_> {
                 .zip(&vars)
                 .map(|((lo, _), v)| lo.add(&Expr::var(v)))
                 .collect();
+            let init_idx = if compact {
+                vars.iter().map(Expr::var).collect()
+            } else {
+                ridx.clone()
+            };
             let mut init = Stmt::Store {
                 buf,
-                indices: ridx.clone(),
+                indices: init_idx,
                 value: identity(op, t.dtype()),
             };
             if partial {
@@ -406,22 +609,123 @@ impl Ctx<'_> {
                     body: Box::new(init),
                 };
             }
-            return Ok(Stmt::Seq(vec![init, inner]));
+            return Ok(wrap_unbound(rename(Stmt::Seq(vec![init, inner]))));
         }
-        Ok(inner)
+        Ok(wrap_unbound(rename(inner)))
     }
 
-    /// Whether `stage` is bound to a GPU, and the variable of its reduction loop bound to
-    /// `threadIdx.x` if it has one (a cross-thread reduction), after checking the rules of
-    /// bound stages: bound loops outermost (blocks, then threads), thread extents constant
-    /// with at most 1024 threads per block, no parallel loop, and no `compute_at` into or of
-    /// the stage (that needs buffers in shared or local memory: `cache_read` /
-    /// `cache_write`, not supported yet). A cross-thread reduction also needs its serial
-    /// data-parallel loops outside its serial reduction loops (one accumulator per thread),
-    /// and a power-of-two `threadIdx.x` extent when the block has `threadIdx.y` / `z`
-    /// threads (`ir::verify_gpu`).
-    fn gpu_stage(&self, stage: &Stage, ext: &HashMap<Var, Expr>) -> Result<(bool, Option<Var>)> {
+    /// Where the stages attached at loop `pos` of `stage` stand.
+    #[allow(clippy::too_many_arguments)]
+    fn place_inside(
+        &self,
+        stage: &Stage,
+        pos: usize,
+        gpu: bool,
+        last_block: Option<usize>,
+        ext: &HashMap<Var, Expr>,
+        outer: &Env,
+        place: &Place,
+    ) -> Place {
+        let threads_to = |kc: &mut Kc| {
+            for l in &stage.leaves[..=pos] {
+                if let ForKind::Thread(tag) = l.kind {
+                    if !tag.is_block() && kc.thread_var(tag).is_none() {
+                        kc.enclosing.push((tag, l.var.clone()));
+                    }
+                }
+            }
+            for (v, iv) in &outer.vars {
+                kc.ranges.vars.insert(v.clone(), iv.clone());
+            }
+        };
+        match place {
+            Place::Kernel(kc) => {
+                let mut kc = kc.clone();
+                threads_to(&mut kc);
+                Place::Kernel(kc)
+            }
+            Place::Grid { .. } => place.clone(),
+            Place::Host if gpu => {
+                if last_block.is_some_and(|b| pos < b) {
+                    return Place::Grid {
+                        loop_name: stage.leaves[pos].var.name.to_string(),
+                    };
+                }
+                let block = stage
+                    .leaves
+                    .iter()
+                    .filter_map(|l| match l.kind {
+                        ForKind::Thread(t) if !t.is_block() => {
+                            simplify(&ext[&l.var]).as_int().map(|n| (t, n))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let mut kc = Kc {
+                    root: stage.tensor.name().to_string(),
+                    block,
+                    enclosing: Vec::new(),
+                    ranges: Env::default(),
+                };
+                threads_to(&mut kc);
+                Place::Kernel(kc)
+            }
+            Place::Host => Place::Host,
+        }
+    }
+
+    /// Whether `stage` is the root of a kernel (bound to a GPU at root), after checking the
+    /// rules of bound stages: bound loops outermost (blocks, then threads), thread extents
+    /// constant with at most 1024 threads per block, no parallel loop, computed at root. A
+    /// cache stage inside a kernel (`kc`) is not a root: it may not be parallel, bind blocks,
+    /// or (local) bind threads; `emit` checks its thread loops against the block. A cache
+    /// outside every kernel is refused (shared and local memory exist only in kernels).
+    /// Also the variable of its reduction loop bound to `threadIdx.x`, if it has one (a
+    /// cross-thread reduction), which needs its serial data-parallel loops outside its serial
+    /// reduction loops (one accumulator per thread), and a power-of-two `threadIdx.x` extent
+    /// when the block has `threadIdx.y` / `z` threads (`ir::verify_gpu`).
+    fn gpu_stage(
+        &self,
+        stage: &Stage,
+        ext: &HashMap<Var, Expr>,
+        kc: Option<&Kc>,
+    ) -> Result<(bool, Option<Var>)> {
         let name = stage.tensor.name();
+        let scope_name = if stage.scope == Scope::Shared {
+            "shared"
+        } else {
+            "local"
+        };
+        if kc.is_some() {
+            // A cache stage inside a kernel (`attached_at` refused every other stage): its
+            // thread loops are checked against the block by `emit`.
+            if let Some(l) = stage.leaves.iter().find(|l| {
+                l.kind == ForKind::Parallel
+                    || matches!(l.kind, ForKind::Thread(t) if t.is_block() || stage.scope == Scope::Local)
+            }) {
+                let why = match l.kind {
+                    ForKind::Parallel => "parallel loops do not exist inside a kernel".to_string(),
+                    ForKind::Thread(t) if t.is_block() => format!("it is inside a kernel, whose blocks are already bound ({} cannot be bound again)", t.name()),
+                    _ => "a local buffer is private to each thread, so its loops are the thread's own (bind the loops of shared caches)".to_string(),
+                };
+                return cerr(format!(
+                    "schedule of '{name}': loop '{}' cannot be {}: {why}",
+                    l.var.name,
+                    if l.kind == ForKind::Parallel { "parallel".to_string() } else { format!("bound to {}", match l.kind { ForKind::Thread(t) => t.name(), _ => "" }) }
+                ));
+            }
+            return Ok((false, None));
+        }
+        if stage.scope != Scope::Global {
+            return cerr(format!(
+                "schedule of '{name}': a {scope_name} cache stage must be compute_at inside a loop of a stage bound to a GPU, at or below its block loops ({scope_name} memory exists only inside a kernel); {}",
+                match &stage.attach {
+                    Attach::Root => "it is computed at root".to_string(),
+                    Attach::At { consumer, var } => format!("it is computed at loop '{}' of '{}', which is not inside a kernel", var.name, self.stage_of(*consumer).tensor.name()),
+                    Attach::Inline => "it is inlined".to_string(),
+                }
+            ));
+        }
         let bound: Vec<(usize, ThreadTag)> = stage
             .leaves
             .iter()
@@ -495,17 +799,8 @@ impl Ctx<'_> {
         }
         if stage.attach != Attach::Root {
             return fail(
-                "a stage bound to a GPU is computed at root (compute_at of it into another stage is not supported yet)".into(),
+                "a stage bound to a GPU is computed at root, or is a shared cache stage (cache_read) attached inside a kernel; compute_at of it into a loop outside any kernel is not supported".into(),
             );
-        }
-        if let Some(p) = self.sched.stages.iter().find(
-            |s| matches!(&s.attach, Attach::At { consumer, .. } if *consumer == stage.tensor.id()),
-        ) {
-            return fail(format!(
-                "'{}' is computed at a loop of it, which runs on a GPU: that needs a buffer in shared or local memory (cache_read / cache_write, not supported yet); compute '{}' at root or inline it",
-                p.tensor.name(),
-                p.tensor.name()
-            ));
         }
         let cross = stage
             .leaves
@@ -542,14 +837,22 @@ impl Ctx<'_> {
 
     /// Nests of the stages attached at loop `var` of `consumer`, over the regions that
     /// `consumer_body` (the loops inside `var`) reads.
+    ///
+    /// Cache stages (shared / local scope) get a compact buffer of the region's constant
+    /// shape, and the consumer's loads of it are rebased to the region's first element; a
+    /// shared stage's region is the union over the block's threads (the thread indices
+    /// enclosing `var` range over the block), since all threads share one copy. Returns the
+    /// statements and the local buffers to allocate around the loop body.
     fn attached_at(
         &self,
         consumer: &Stage,
         var: &Var,
-        consumer_body: &Stmt,
+        consumer_body: &mut Stmt,
         outer: &Env,
-    ) -> Result<Vec<Stmt>> {
+        place: &Place,
+    ) -> Result<(Vec<Stmt>, Vec<BufId>)> {
         let mut out = Vec::new();
+        let mut locals = Vec::new();
         for st in &self.sched.stages {
             let Attach::At {
                 consumer: cid,
@@ -562,9 +865,56 @@ impl Ctx<'_> {
                 continue;
             }
             let pbuf = self.buf_of[&st.tensor.id()];
+            let compact = st.scope != Scope::Global;
+            let in_kernel = match place {
+                Place::Grid { loop_name } => {
+                    return cerr(format!(
+                        "schedule of '{}': it is computed at block loop '{loop_name}' of '{}', above its innermost block loop; attach it at the innermost block loop or inside the block",
+                        st.tensor.name(),
+                        consumer.tensor.name()
+                    ));
+                }
+                Place::Kernel(kc) => Some(kc),
+                Place::Host => None,
+            };
+            if compact && in_kernel.is_none() {
+                return cerr(format!(
+                    "schedule of '{}': a {} cache stage must be compute_at inside a loop of a stage bound to a GPU, at or below its block loops; it is computed at loop '{}' of '{}', which is not inside a kernel",
+                    st.tensor.name(),
+                    if st.scope == Scope::Shared { "shared" } else { "local" },
+                    var.name,
+                    consumer.tensor.name()
+                ));
+            }
+            if in_kernel.is_some() && !compact {
+                return cerr(format!(
+                    "schedule of '{}': it is computed at loop '{}' of '{}', which runs on a GPU: inside a kernel a stage needs a buffer in shared or local memory (s.cache_read / s.cache_write); compute '{}' at root or inline it",
+                    st.tensor.name(),
+                    var.name,
+                    consumer.tensor.name(),
+                    st.tensor.name()
+                ));
+            }
+            let consumer_body_ro: &Stmt = consumer_body;
             // Ranges of the loops inside `var` (they vary within one iteration of it).
             let mut env = Env::default();
-            consumer_body.visit(&mut |s| {
+            let mut relaxed: Vec<Var> = Vec::new();
+            if let (Some(kc), Scope::Shared) = (in_kernel, st.scope) {
+                for (tag, u) in &kc.enclosing {
+                    let dim = kc
+                        .dim(*tag)
+                        .expect("enclosing thread loops are the block's");
+                    env.vars.insert(
+                        u.clone(),
+                        Interval {
+                            lo: Expr::int(0),
+                            hi: Expr::int(dim - 1),
+                        },
+                    );
+                    relaxed.push(u.clone());
+                }
+            }
+            consumer_body_ro.visit(&mut |s| {
                 if let Stmt::For {
                     var, min, extent, ..
                 } = s
@@ -584,7 +934,7 @@ impl Ctx<'_> {
             let mut acc: Vec<Option<Interval>> = vec![None; ndim];
             let mut unknown = false;
             let mut found = false;
-            consumer_body.visit_exprs(&mut |e| {
+            consumer_body_ro.visit_exprs(&mut |e| {
                 e.visit(&mut |n| {
                     if let ExprKind::Load { buf, indices } = n.kind() {
                         if *buf == pbuf {
@@ -620,6 +970,36 @@ impl Ctx<'_> {
                         "that loop does not read it; attach it to a loop of a stage that reads it"
                     }
                 ));
+            }
+            if compact {
+                let region =
+                    self.cache_region(st, consumer, var, acc, outer, in_kernel, &relaxed)?;
+                let lo: Vec<Expr> = region.iter().map(|(lo, _)| lo.clone()).collect();
+                // The consumer reads the region's copy: indices relative to its first element.
+                *consumer_body = consumer_body.rewrite(
+                    &mut |e| {
+                        e.rewrite(&mut |n| match n.kind() {
+                            ExprKind::Load { buf, indices } if *buf == pbuf => Some(Expr::load(
+                                pbuf,
+                                indices
+                                    .iter()
+                                    .zip(&lo)
+                                    .map(|(i, l)| simplify(&i.sub(l)))
+                                    .collect(),
+                                n.dtype(),
+                            )),
+                            _ => None,
+                        })
+                    },
+                    &mut |s| s,
+                );
+                out.push(self.emit(st, Some(region), place)?);
+                if st.scope == Scope::Local {
+                    locals.push(pbuf);
+                } else {
+                    self.pending_shared.borrow_mut().push(pbuf);
+                }
+                continue;
             }
             let region = acc
                 .into_iter()
@@ -668,9 +1048,91 @@ impl Ctx<'_> {
                     }
                 })
                 .collect();
-            out.push(self.emit(st, Some(region))?);
+            out.push(self.emit(st, Some(region), place)?);
         }
-        Ok(out)
+        Ok((out, locals))
+    }
+
+    /// The region of cache stage `st` attached at `var` of `consumer`: per dim (first index,
+    /// constant extent); sets its buffer's shape. `acc`: the interval each dim is read over.
+    #[allow(clippy::too_many_arguments)]
+    fn cache_region(
+        &self,
+        st: &Stage,
+        consumer: &Stage,
+        var: &Var,
+        acc: Vec<Option<Interval>>,
+        outer: &Env,
+        kc: Option<&Kc>,
+        relaxed: &[Var],
+    ) -> Result<Vec<(Expr, Expr)>> {
+        let name = st.tensor.name();
+        let mut env = outer.clone();
+        if let Some(kc) = kc {
+            for (v, iv) in &kc.ranges.vars {
+                env.vars.entry(v.clone()).or_insert_with(|| iv.clone());
+            }
+        }
+        let mut region = Vec::new();
+        let mut elems: i64 = 1;
+        for (d, iv) in acc.into_iter().enumerate() {
+            let iv = iv.expect("found");
+            let mut uses_relaxed = None;
+            iv.lo.visit(&mut |n| {
+                if let Some(v) = n.as_var() {
+                    if relaxed.contains(v) {
+                        uses_relaxed.get_or_insert(v.clone());
+                    }
+                }
+            });
+            if let Some(v) = uses_relaxed {
+                return cerr(format!(
+                    "schedule of '{name}': the region of dim {d} that the block reads at loop '{}' of '{}' starts at {}, which depends on thread index '{}': a shared cache needs one region for the whole block",
+                    var.name, consumer.tensor.name(), iv.lo, v.name
+                ));
+            }
+            let extent = simplify(&iv.hi.sub(&iv.lo).add(&Expr::int(1)));
+            let c = match extent.as_int() {
+                Some(c) => Some(c),
+                None => interval(&extent, &env)
+                    .map(|i| simplify(&i.hi))
+                    .and_then(|h| h.as_int()),
+            };
+            let Some(c) = c else {
+                return cerr(format!(
+                    "schedule of '{name}': at loop '{}' of '{}' it would hold {extent} elements in dim {d}, not a constant: a {} cache has a constant shape (attach it at a loop whose iteration reads a constant-size region, e.g. split the loops inside by constant factors)",
+                    var.name,
+                    consumer.tensor.name(),
+                    if st.scope == Scope::Shared { "shared" } else { "local" }
+                ));
+            };
+            let c = c.max(0);
+            elems = elems.saturating_mul(c);
+            region.push((iv.lo.clone(), Expr::int(c)));
+        }
+        let bytes = elems.saturating_mul(st.tensor.dtype().size() as i64);
+        let (limit, what) = if st.scope == Scope::Shared {
+            (MAX_SHARED_BYTES, "shared memory per block")
+        } else {
+            (MAX_LOCAL_BYTES, "local memory per thread")
+        };
+        if bytes > limit {
+            return cerr(format!(
+                "schedule of '{name}': at loop '{}' of '{}' its region is {} elements ({bytes} bytes); a cache may use at most {limit} bytes of {what}: attach it at a deeper loop or tile smaller",
+                var.name,
+                consumer.tensor.name(),
+                elems
+            ));
+        }
+        let pbuf = self.buf_of[&st.tensor.id()];
+        let mut bufs = self.buffers.borrow_mut();
+        let b = bufs
+            .iter_mut()
+            .find(|b| b.id == pbuf)
+            .expect("every stage has a buffer");
+        b.shape = region.iter().map(|(_, e)| e.clone()).collect();
+        b.scope = st.scope;
+        Ok(region)
     }
 }
 
@@ -833,7 +1295,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
-    let all = post_order(&sched.outputs);
+    let all = sched.post_order();
     for t in &all {
         if t.is_placeholder() && !args.contains(t) {
             return cerr(format!(
@@ -957,7 +1419,11 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     let mut locals = Vec::new();
     for st in &sched.stages {
         if st.attach != Attach::Inline && !args.contains(&st.tensor) {
-            locals.push(add(&st.tensor, BufKind::Local, &mut buffers));
+            let id = add(&st.tensor, BufKind::Local, &mut buffers);
+            // Cache stages' buffers are allocated where they are attached (`emit`).
+            if st.scope == Scope::Global {
+                locals.push(id);
+            }
         }
     }
     // One accumulator per stage with a cross-thread reduction (a `local` of one element).
@@ -985,10 +1451,11 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     }
     let ctx = Ctx {
         sched,
-        buffers,
+        buffers: RefCell::new(buffers),
         buf_of,
         inlined,
         acc_of,
+        pending_shared: RefCell::new(Vec::new()),
     };
     // compute_at targets must be the only consumer.
     for st in &sched.stages {
@@ -1012,7 +1479,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     let mut body = Vec::new();
     for st in &sched.stages {
         if st.attach == Attach::Root {
-            body.push(ctx.emit(st, None)?);
+            body.push(ctx.emit(st, None, &Place::Host)?);
         }
     }
     let mut stmt = Stmt::seq(body);
@@ -1025,7 +1492,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     Ok(PrimFunc {
         name: name.to_string(),
         params,
-        buffers: ctx.buffers,
+        buffers: ctx.buffers.into_inner(),
         dims,
         checks: vec![],
         body: stmt,
@@ -1035,7 +1502,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
 
 /// True when `consumer` reads `producer` directly or through inlined stages.
 fn reads_through_inlined(ctx: &Ctx, consumer: &Tensor, producer: &Tensor) -> bool {
-    inputs(consumer).iter().any(|i| {
+    inputs(&ctx.sched.current(consumer)).iter().any(|i| {
         i == producer || (ctx.inlined.contains(&i.id()) && reads_through_inlined(ctx, i, producer))
     })
 }

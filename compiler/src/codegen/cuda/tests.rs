@@ -407,6 +407,26 @@ fn statements() -> PrimFunc {
     prepare(func("statements", vec![a, c, d, s, l], vec![], body))
 }
 
+/// The library's GPU matmul as the schedule makes it (`kernels::strategy::gpu_gemm`: 64x64
+/// tiles of 16x16 threads, 4x4 outputs per thread in a local cache, A and B staged through
+/// shared memory, barriers from `lower::sync`), lowered for CUDA.
+fn gemm_shared_tiled() -> PrimFunc {
+    use crate::kernels::strategy::{schedule, Strategy};
+    let d = crate::kernels::defs::matmul(F).unwrap();
+    let s = schedule(&d, Strategy::Gpu).unwrap();
+    crate::lower::lower(
+        crate::lower::Source::Schedule {
+            sched: &s,
+            args: &d.args,
+            name: "gemm",
+        },
+        &Target::cuda(Some(SM80)),
+        crate::lower::Options::default(),
+    )
+    .unwrap()
+    .func
+}
+
 /// The canonical kernels, by golden name.
 fn canonical() -> Vec<(&'static str, PrimFunc)> {
     vec![
@@ -415,6 +435,7 @@ fn canonical() -> Vec<(&'static str, PrimFunc)> {
         ("tiled_matmul_shared_local", tiled_matmul()),
         ("block_tree_reduction", block_tree_reduction()),
         ("every_statement_kind", statements()),
+        ("gemm_shared_tiled", gemm_shared_tiled()),
     ]
 }
 
@@ -721,6 +742,8 @@ fn cuda_launch_shapes_of_canonical_kernels() {
             ([8, 8, 1], vec![true, true, false], 512),
             ([128, 1, 1], vec![true, false, false], 512),
             ([32, 1, 1], vec![true, false, false], 64),
+            // 64x16 + 16x64 floats of shared tiles.
+            ([16, 16, 1], vec![true, true, false], 8192),
         ]
     );
 }
@@ -1579,13 +1602,23 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
         ),
         host_case(block_tree_reduction(), &[], &[vec![5, 256], vec![5]], 4),
         host_case(statements(), &[], &[vec![64], vec![64], vec![64, 4]], 5),
+        // Ragged in every dim against the 64x64 tiles and 16-deep k tiles: 2x2 blocks.
+        host_case(
+            gemm_shared_tiled(),
+            &[70, 33, 65],
+            &[vec![70, 33], vec![33, 65], vec![70, 65]],
+            7,
+        ),
     ];
     // A strided input: A's elements 3 apart (the frame's stride, not a copy).
     let mut strided = host_case(double(), &[300], &[vec![900], vec![300]], 6);
     strided.ints = vec![300, 3, 1];
     cases.push(strided);
     // Matmul inputs with NaNs and infinities give NaN-heavy results; keep them finite.
-    for c in cases.iter_mut().skip(2).take(1) {
+    for c in cases
+        .iter_mut()
+        .filter(|c| c.func.name == "mm" || c.func.name == "gemm")
+    {
         for b in c.bufs.iter_mut().take(2) {
             for ch in b.chunks_mut(4) {
                 let x = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
@@ -1628,6 +1661,67 @@ fn libm_columns(nv: usize) -> Vec<usize> {
     // The sigmoids of the constants, last.
     cols.extend(nv - constants(F).len()..nv);
     cols
+}
+
+// ---- schedules with memory caches (cache_read / cache_write) -------------------------------
+
+/// The hand-written cache schedules of the interpreter's tests, lowered for CUDA.
+fn cache_schedules() -> Vec<(PrimFunc, bool)> {
+    use crate::codegen::interp::tests_cache as tc;
+    [
+        (tc::one_output_per_thread_schedule(), true),
+        (tc::partial_binding_schedule(), false),
+        (tc::local_cache_read_schedule(), true),
+    ]
+    .into_iter()
+    .map(|((s, args), symbolic)| {
+        let f = crate::lower::lower(
+            crate::lower::Source::Schedule {
+                sched: &s,
+                args: &args,
+                name: "mm",
+            },
+            &Target::cuda(Some(SM80)),
+            crate::lower::Options::default(),
+        )
+        .unwrap()
+        .func;
+        (f, symbolic)
+    })
+    .collect()
+}
+
+#[test]
+fn cuda_cache_schedules_compile_and_agree_with_the_interpreter_under_host_emulation() {
+    let nv = test_nvrtc();
+    let mut cases = Vec::new();
+    for (k, (f, symbolic)) in cache_schedules().into_iter().enumerate() {
+        if let Some(nv) = &nv {
+            compiles_cleanly(nv, &f);
+        }
+        let (m, kk, n) = if symbolic { (23, 30, 41) } else { (12, 10, 12) };
+        let dims: Vec<i64> = if symbolic { vec![m, kk, n] } else { vec![] };
+        let mut c = host_case(
+            f,
+            &dims,
+            &[vec![m, kk], vec![kk, n], vec![m, n]],
+            40 + k as u64,
+        );
+        // Finite inputs (NaN-heavy products say little about the schedule).
+        for b in c.bufs.iter_mut().take(2) {
+            for ch in b.chunks_mut(4) {
+                let x = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+                let y = if x.is_finite() {
+                    x.clamp(-10.0, 10.0)
+                } else {
+                    1.0
+                };
+                ch.copy_from_slice(&y.to_le_bytes());
+            }
+        }
+        cases.push(c);
+    }
+    run_on_host(&cases);
 }
 
 // ---- the kernel library (rivet.kernels) with its GPU schedules --------------------------

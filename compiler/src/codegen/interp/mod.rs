@@ -56,6 +56,8 @@ mod gpu;
 #[cfg(test)]
 mod tests_allreduce;
 #[cfg(test)]
+pub(crate) mod tests_cache;
+#[cfg(test)]
 mod tests_gpu;
 
 // ---- the backend ---------------------------------------------------------------------------
