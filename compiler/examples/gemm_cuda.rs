@@ -1,6 +1,7 @@
-//! The user's workflow for the GPU, Rust half: define `C = A @ B` with the Rust DSL, give it a
-//! GPU schedule (one 16 x 16 block of threads per 16 x 16 tile of C), build it for
-//! `target="cuda"` and save the module. `compiler/examples/use_gemm_cuda.py` loads it from
+//! The user's workflow for the GPU, Rust half: define `C = A @ B` with the Rust DSL, build it
+//! for `target="cuda"` with no schedule (the default GPU schedule gives it the shared-memory
+//! tiled GEMM: 64 x 64 outputs per block of 16 x 16 threads, 4 x 4 per thread, k tiles in
+//! shared memory; `kernels::strategy`) and save the module. `compiler/examples/use_gemm_cuda.py` loads it from
 //! Python and runs it on torch CUDA tensors against `torch.mm`, or, on a machine without a
 //! GPU, runs the same IR on the interpreter against numpy.
 //!
@@ -11,14 +12,10 @@
 //!
 //! Run: `RIVET_NVRTC_PATH=.../nvidia/cu13/lib cargo run --release -p rivet-compiler --example gemm_cuda -- gemm_cuda.rivet`
 
-use rivet_compiler::ir::stmt::ThreadTag;
 use rivet_compiler::ir::Expr;
 use rivet_compiler::te::{self, ax, compute, ok, placeholder};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::DType;
-
-/// Side of a block's tile of C: TILE x TILE threads, one output each.
-const TILE: i64 = 16;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
@@ -47,25 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // a thread per output of the tile (threadIdx.y, threadIdx.x); each thread runs the whole
     // reduction serially, in order, so its result is the interpreter's bit for bit. Ragged
     // edges (m or n not a multiple of TILE) are guarded by the generated code.
-    let mut s = Schedule::new(&[c.clone()])?;
-    let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
-    let st = s.stage(&c)?;
-    let (io, ii) = st.split(&i, Some(Expr::int(TILE)), None)?;
-    let (jo, ji) = st.split(&j, Some(Expr::int(TILE)), None)?;
-    st.reorder(&[
-        io.clone(),
-        jo.clone(),
-        ii.clone(),
-        ji.clone(),
-        r.var.clone(),
-    ])?;
-    st.bind(&io, ThreadTag::BlockY)?;
-    st.bind(&jo, ThreadTag::BlockX)?;
-    st.bind(&ii, ThreadTag::ThreadY)?;
-    st.bind(&ji, ThreadTag::ThreadX)?;
+    // No binding: `build` for "cuda" applies the default GPU schedule.
+    let s = Schedule::new(&[c.clone()])?;
 
-    // "cuda" names no architecture: the module runs on any supported GPU (compiled for the
-    // device's own at the first launch). Built for sm_80 and sm_90 here to show both.
     let args = [a, b, c];
     let module = build(&s, &args, "cuda", "mm")?;
     module.save(&path)?;

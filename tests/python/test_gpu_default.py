@@ -81,6 +81,22 @@ def test_matmul_is_tiled(rng, shape, gpu_target):
     assert_matches(c, want, op="contraction", against="numpy", k=kk, terms=abs_mm(a, b))
 
 
+@pytest.mark.parametrize("n", SIZES + [70000])
+def test_a_reduction_to_a_scalar_is_one_block(rng, n, gpu_target):
+    N = te.var("n")
+    A = te.placeholder((N,), "float32", name="A")
+    k = te.reduce_axis((0, N), name="k")
+    S = te.compute((), lambda: te.sum(A[k], axis=k), name="S")
+    s = te.default_gpu_schedule(S)
+    assert tags(s, S) == ["threadIdx.x"]  # no data axis: a single block
+    f = rivet.build(s, [A, S], target=gpu_target, name="f")["f"]
+    a = random_array(rng, (n,))
+    out = np.full((), np.nan, np.float32)
+    f(a, out)
+    assert_matches(out, a.astype(np.float64).sum(), op="reduction", against="numpy", k=n, terms=np.abs(a.astype(np.float64)).sum())
+    assert "__global__" in rivet.build(rivet.create_schedule(S), [A, S], target="cuda").get_source("cuda")
+
+
 def test_strided_views_in_and_out(rng, gpu_target):
     X, _, _, Y = chain()
     f = rivet.build(te.default_gpu_schedule(Y), [X, Y], target=gpu_target, name="f")["f"]
