@@ -13,6 +13,7 @@
 //! (`limits::COMPILE_STACK`), so the recursion of the passes over deep (but within-limit)
 //! expressions never reaches the end of a caller's small stack.
 
+use crate::call_plan::CallPlan;
 use crate::codegen::{CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::checked::{eval_checked, EvalError};
@@ -71,7 +72,7 @@ pub struct Module {
 /// The value of a shape or check expression at call time: constants and bare dims directly
 /// (the common case, on every call), anything else with the interpreter's semantics, so there
 /// is one definition of what an expression means.
-fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<Result<i64, String>> {
+pub(crate) fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<Result<i64, String>> {
     if let Some(v) = e.as_int() {
         return Ok(Ok(v));
     }
@@ -186,7 +187,7 @@ fn temporaries(f: &PrimFunc) -> Result<Vec<(String, Vec<Expr>, usize)>> {
 
 /// A temporary of `shape` (negative extents count as 0, as the backends allocate them) of
 /// `size`-byte elements is at most `MAX_ALLOC_BYTES`.
-fn temp_fits(func: &str, buf: &str, shape: &[i64], size: usize) -> Result<()> {
+pub(crate) fn temp_fits(func: &str, buf: &str, shape: &[i64], size: usize) -> Result<()> {
     let mut bytes: u128 = size as u128;
     for &d in shape {
         bytes = bytes.saturating_mul(d.max(0) as u128);
@@ -308,6 +309,17 @@ fn shape_error(msg: String) -> Error {
 
 /// The packed function of a compiled function.
 pub fn make_function(c: Arc<Compiled>) -> Function {
+    make_function_with(c, true)
+}
+
+/// `make_function` without the fast path (`call_plan`): every call takes the full path. For
+/// the tests that check the fast path accepts exactly what the full path accepts.
+#[doc(hidden)]
+pub fn make_function_full_path(c: Arc<Compiled>) -> Function {
+    make_function_with(c, false)
+}
+
+fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
     let device = match c.target.kind {
         TargetKind::Cuda => DeviceSpec::Any,
         _ => DeviceSpec::Host,
@@ -322,7 +334,21 @@ pub fn make_function(c: Arc<Compiled>) -> Function {
     );
     let name = c.func.name.clone();
     let body_sig = sig.clone();
+    let plan = if fast { CallPlan::new(&c) } else { None };
     Function::with_described_signature(name.clone(), sig, move |args| {
+        // Well-formed calls take the precomputed fast path; everything else (including every
+        // error) the full one, which words the errors (`call_plan`'s header).
+        if let Some(fast) = plan.as_ref().and_then(|p| p.accept(&c, args)) {
+            let ctx = LaunchContext {
+                device: fast.device,
+                stream: rivet_runtime::stream::call_stream(),
+                work: fast.work,
+            };
+            // SAFETY: the plan made every check of the full path (module header of
+            // `call_plan`) on these arguments.
+            unsafe { c.kernel.launch(&fast.frame, &ctx) }.map_err(rivet_runtime::Error::from)?;
+            return Ok(Value::Null);
+        }
         call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
     })
 }
@@ -542,7 +568,9 @@ fn call(
         ints,
     };
     let ctx = LaunchContext {
-        work: tensors.iter().map(|t| t.numel()).sum(),
+        work: tensors
+            .iter()
+            .fold(0i64, |w, t| w.saturating_add(t.numel())),
         ..ctx
     };
     // SAFETY: the frame describes the argument tensors, checked above against the signature,

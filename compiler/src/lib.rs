@@ -6,6 +6,7 @@
 //! `ir::PrimFunc` -> a backend (`codegen`) -> a packed function with a typed signature.
 
 pub mod build;
+pub mod call_plan;
 pub mod codegen;
 pub mod error;
 pub mod ir;

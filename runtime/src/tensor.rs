@@ -28,6 +28,9 @@ pub struct Tensor(Arc<View<dyn Keepalive>>);
 /// The view's description; the owner sits after it, unsized, in the same allocation.
 struct View<K: ?Sized + Keepalive> {
     m: Meta,
+    /// `m`'s validated extent, computed once by `check_view`: the call path reads it on every
+    /// call (overlap rule, work size), so it is not re-derived from the shape each time.
+    ext: layout::Extent,
     /// Never read: it exists to be dropped (running a deleter, freeing memory) last.
     _owner: K,
 }
@@ -50,8 +53,12 @@ unsafe impl Send for Meta {}
 unsafe impl Sync for Meta {}
 
 impl Tensor {
-    fn new<K: Keepalive + 'static>(m: Meta, owner: K) -> Tensor {
-        Tensor(Arc::new(View { m, _owner: owner }))
+    fn new<K: Keepalive + 'static>(m: Meta, ext: layout::Extent, owner: K) -> Tensor {
+        Tensor(Arc::new(View {
+            m,
+            ext,
+            _owner: owner,
+        }))
     }
 }
 
@@ -130,8 +137,8 @@ impl Tensor {
             device: Device::Cpu,
             read_only: false,
         };
-        check_view(&m, Origin::Rivet)?;
-        Ok(Tensor::new(m, alloc))
+        let ext = check_view(&m, Origin::Rivet)?;
+        Ok(Tensor::new(m, ext, alloc))
     }
 
     /// A compact CPU tensor holding a copy of `values`.
@@ -178,8 +185,8 @@ impl Tensor {
             device,
             read_only,
         };
-        check_view(&m, Origin::Foreign)?;
-        Ok(Tensor::new(m, owner))
+        let ext = check_view(&m, Origin::Foreign)?;
+        Ok(Tensor::new(m, ext, owner))
     }
 
     pub fn shape(&self) -> &[i64] {
@@ -202,7 +209,7 @@ impl Tensor {
     }
     pub fn numel(&self) -> i64 {
         // Validated to fit in i64 by every constructor.
-        self.0.m.shape.iter().product()
+        self.0.ext.numel
     }
     pub fn is_compact(&self) -> bool {
         layout::is_compact(&self.0.m.shape, &self.0.m.strides)
@@ -234,8 +241,7 @@ impl Tensor {
 
     /// The validated element count and byte extent around the first element.
     pub fn extent(&self) -> layout::Extent {
-        layout::validate(&self.0.m.shape, &self.0.m.strides, self.0.m.dtype.size())
-            .expect("validated by every constructor")
+        self.0.ext
     }
 
     /// Strides in bytes (numpy's unit), exact: validated to fit in i64.
@@ -244,12 +250,13 @@ impl Tensor {
         self.0.m.strides.iter().map(|s| s * size).collect()
     }
 
-    /// A new view: this one's fields, changed by `edit`; it keeps this view (and so the
-    /// memory's owner) alive.
+    /// A new view: this one's fields, changed by `edit` (which must keep the layout: the
+    /// extent is reused); it keeps this view (and so the memory's owner) alive.
     fn with(&self, edit: impl FnOnce(&mut Meta)) -> Tensor {
         let mut m = self.0.m.clone();
         edit(&mut m);
-        Tensor::new(m, self.clone())
+        debug_assert!(m.shape == self.0.m.shape && m.strides == self.0.m.strides);
+        Tensor::new(m, self.0.ext, self.clone())
     }
 
     /// The same memory, marked read-only (writers through this view are refused).
@@ -303,8 +310,8 @@ impl Tensor {
         } else {
             m.byte_offset = byte_offset as u64;
         }
-        check_view(&m, Origin::Rivet)?;
-        Ok(Tensor::new(m, self.clone()))
+        let ext = check_view(&m, Origin::Rivet)?;
+        Ok(Tensor::new(m, ext, self.clone()))
     }
 
     /// Checks that the tensor may be written as `arg`: writable and free of self-overlap.
