@@ -99,7 +99,10 @@ fuzz: venv build
 	  --seconds $$(( $(FUZZ_SECONDS) * 9 / 10 )) $(FUZZ_ARGS)
 	RIVET_HYPOTHESIS_PROFILE=large RIVET_CHECKED=1 $(VPY) -m pytest -q tests/python/test_fuzz_hypothesis.py
 
+# TVM (apache-tvm, about 100 MB) only for the benchmarks: it is the peer they compare with.
 bench: venv build
+	$(VPY) -c 'import tvm' 2>/dev/null || $(VPY) -m pip install apache-tvm \
+	  || echo "warning: could not install apache-tvm: the TVM cases are skipped"
 	$(VPY) benches/call_overhead.py
 
 # A cp312 wheel for a lent GPU machine (Python 3.12 there, no Rust), in target/gpu-wheel: carry

@@ -56,6 +56,8 @@ CASES = [
     ("rivet_add_symbolic", "rivet compiled add, symbolic (n,), 3 torch", "rivet"),
     ("rivet_add_checked", "rivet compiled add, symbolic + per-call bounds checks, 3 torch", "rivet"),
     ("tvmffi_nop_noargs", "tvm-ffi testing.nop()", "tvm_ffi"),
+    ("tvm_add_static", "TVM compiled add (tvm.compile), static (4,), 3 torch", "tvm"),
+    ("tvm_add_symbolic", "TVM compiled add (tvm.compile), symbolic (n,), 3 torch", "tvm"),
 ]
 REFERENCE = "tvmffi_nop_torch3"
 LABELS = {key: label for key, label, _ in CASES}
@@ -162,6 +164,25 @@ def build_case(key):
             raise AssertionError(f"compiled add: {z.tolist()} != {(x + y).tolist()}")
         return (lambda: f(x, y, z)), f"z == x + y, in place; {checks} per-call checks"
 
+    if key.startswith("tvm_add_"):
+        # The same kernel built by TVM (apache-tvm; `make bench` installs it): its generated
+        # code checks the arguments itself, behind tvm-ffi's packed call.
+        import torch
+        import tvm
+        from tvm import te as tte
+
+        n = tte.var("n") if key.endswith("symbolic") else 4
+        A = tte.placeholder((n,), "float32", name="A")
+        B = tte.placeholder((n,), "float32", name="B")
+        C = tte.compute((n,), lambda i: A[i] + B[i], name="C")
+        prim = tte.create_prim_func([A, B, C]).with_attr("global_symbol", "add")
+        f = tvm.compile(prim, target="llvm")["add"]
+        x, y, z = _torch3()
+        f(x, y, z)
+        if not torch.equal(z, x + y):
+            raise AssertionError(f"TVM add: {z.tolist()} != {(x + y).tolist()}")
+        return (lambda: f(x, y, z)), "z == x + y, in place"
+
     lib, _, rest = key.partition("_nop_")
     if lib == "rivet":
         f = rivet.get_global_func("testing.nop")
@@ -249,6 +270,7 @@ def environment():
         "jax": _version("jax"),
         "jaxlib": _version("jaxlib"),
         "tvm_ffi": _version("apache-tvm-ffi"),
+        "tvm": _version("apache-tvm"),
         "rivet": _version("rivet"),
         "rivet_extension": so,
         "rivet_extension_mtime": so_mtime,
@@ -364,8 +386,11 @@ def main():
     print(f"# each case in its own process, {' '.join(f'{k}={v}' for k, v in CHILD_ENV.items() if k.endswith('THREADS'))}; "
           f"N={a.number} calls x R={a.repeat} repeats", flush=True)
 
-    have_tvm = subprocess.run([sys.executable, "-c", "import tvm_ffi"], capture_output=True,
+    def importable(mod):
+        return subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True,
                               env=dict(os.environ, **CHILD_ENV)).returncode == 0
+
+    have = {"tvm_ffi": importable("tvm_ffi"), "tvm": importable("tvm")}
     wanted = a.cases.split(",") if a.cases else [k for k, _, _ in CASES]
     unknown = set(wanted) - set(LABELS)
     if unknown:
@@ -376,7 +401,7 @@ def main():
     for key, label, needs in CASES:
         if key not in wanted:
             continue
-        if needs == "tvm_ffi" and not have_tvm:
+        if needs in have and not have[needs]:
             results[key] = {"case": key, "skipped": "not installed"}
         else:
             results[key] = run_case(key, a.number, a.repeat, a.timeout)
