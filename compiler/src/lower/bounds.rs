@@ -24,6 +24,7 @@ use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::checked::{always_in_i64, eval_checked};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
+use crate::ir::intrin::{check_call, model};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
 use rivet_runtime::DType;
@@ -386,6 +387,20 @@ impl Prover<'_> {
             // Its destination is element 0 of a one-element local buffer (`verify_gpu`); what
             // the value reads is proved as any expression's loads.
             Stmt::AllReduce { value, .. } => self.exprs(value, env),
+            // The declared computation has exactly the accesses the intrinsic may make (every
+            // element of every region): proving it proves the opaque call (`ir::intrin`).
+            Stmt::Call {
+                intrin,
+                regions,
+                scalars,
+            } => {
+                check_call(self.func, *intrin, regions, scalars, false).map_err(Error::Compile)?;
+                for e in scalars {
+                    self.exprs(e, env)?;
+                }
+                let m = model(self.func, *intrin, regions, false);
+                self.stmt(&m, env)
+            }
         }
     }
 }
