@@ -24,7 +24,7 @@ use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::checked::{always_in_i64, eval_checked};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
-use crate::ir::intrin::{check_call, model};
+use crate::ir::intrin::{check_call, model, Intrin, Region};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
 use rivet_runtime::DType;
@@ -304,6 +304,23 @@ impl Prover<'_> {
         }
     }
 
+    /// Out of line, so that `stmt`, which recurses per nesting level, keeps a small frame.
+    #[inline(never)]
+    fn call(
+        &mut self,
+        intrin: Intrin,
+        regions: &[Region],
+        scalars: &[Expr],
+        env: &Env,
+    ) -> Result<()> {
+        check_call(self.func, intrin, regions, scalars, false).map_err(Error::Compile)?;
+        for e in scalars {
+            self.exprs(e, env)?;
+        }
+        let m = model(self.func, intrin, regions, false);
+        self.stmt(&m, env)
+    }
+
     fn stmt(&mut self, s: &Stmt, env: &Env) -> Result<()> {
         match s {
             Stmt::For {
@@ -393,14 +410,7 @@ impl Prover<'_> {
                 intrin,
                 regions,
                 scalars,
-            } => {
-                check_call(self.func, *intrin, regions, scalars, false).map_err(Error::Compile)?;
-                for e in scalars {
-                    self.exprs(e, env)?;
-                }
-                let m = model(self.func, *intrin, regions, false);
-                self.stmt(&m, env)
-            }
+            } => self.call(*intrin, regions, scalars, env),
         }
     }
 }
