@@ -8,8 +8,10 @@
 //! C[i, j]           = Cp[i / MR, j / NR, i % MR, j % NR]
 //! ```
 //!
-//! Schedule: `Cp`'s loops `jo` (parallel), `io`, then the tile `ii, ji, p`, tensorized at
-//! `ii` onto `gemm_update` (the AVX-512 kernel's 12x32 tile: a 6x16 AVX2 kernel covers it in
+//! Schedule: `Cp`'s loops `jo` (parallel), `po` (KC-deep slices of the products), `io`, then
+//! the tile `ii, ji, pi`, tensorized at `ii` onto `gemm_update` (per call a 32 x KC slice of
+//! B, 32 KiB at KC = 256, stays in L1 while the A panels stream by; K is padded with zeros
+//! to a multiple of KC, which adds exact zeros) (the AVX-512 kernel's 12x32 tile: a 6x16 AVX2 kernel covers it in
 //! four calls, the portable loop anywhere). Padding the panels to whole tiles keeps the tile
 //! loops free of guards (which tensorize refuses), so any M, N, K work. `a_t` / `b_t` take A
 //! as `(K, M)` / B as `(N, K)` (transposed operands); any strides work, as everywhere.
@@ -24,6 +26,8 @@ use rivet_runtime::DType;
 /// The register tile (rows, columns) of the tensorized GEMM.
 pub const MR: i64 = 12;
 pub const NR: i64 = 32;
+/// Depth of the product slices one micro-kernel call runs (the cache block of B).
+pub const KC: i64 = 256;
 
 /// The tensors `[A, B, C]` (call order) and the schedule of `C = A @ B` for `(m, k) x (k, n)`.
 pub fn gemm(
@@ -34,6 +38,8 @@ pub fn gemm(
 ) -> Result<(Vec<Tensor>, Schedule)> {
     let int = Expr::int;
     let (mo, no) = ((m + MR - 1) / MR, (n + NR - 1) / NR);
+    let kc = KC.min(k.max(1));
+    let kp = (k + kc - 1) / kc * kc;
     let a_shape = if a_t {
         [int(k), int(m)]
     } else {
@@ -47,8 +53,9 @@ pub fn gemm(
     let a = placeholder(&a_shape, dtype, "A")?;
     let b = placeholder(&b_shape, dtype, "B")?;
     let zero = te::constant(0.0, dtype);
+    let inside = |a: &Expr, b: &Expr| ok(te::all(a.clone(), b.clone()));
     let ap = compute(
-        &[int(mo), int(k), int(MR)],
+        &[int(mo), int(kp), int(MR)],
         |x| {
             let i = x[0].mul(&int(MR)).add(&x[2]);
             let v = if a_t {
@@ -56,12 +63,13 @@ pub fn gemm(
             } else {
                 a.idx(&[i.clone(), x[1].clone()])
             };
-            ok(te::if_then_else(i.lt(&int(m)), v, zero.clone()))
+            let ok_ = inside(&i.lt(&int(m)), &x[1].lt(&int(k)));
+            ok(te::if_then_else(ok_, v, zero.clone()))
         },
         "A.packed",
     )?;
     let bp = compute(
-        &[int(no), int(k), int(NR)],
+        &[int(no), int(kp), int(NR)],
         |x| {
             let j = x[0].mul(&int(NR)).add(&x[2]);
             let v = if b_t {
@@ -69,11 +77,12 @@ pub fn gemm(
             } else {
                 b.idx(&[x[1].clone(), j.clone()])
             };
-            ok(te::if_then_else(j.lt(&int(n)), v, zero.clone()))
+            let ok_ = inside(&j.lt(&int(n)), &x[1].lt(&int(k)));
+            ok(te::if_then_else(ok_, v, zero.clone()))
         },
         "B.packed",
     )?;
-    let p = te::reduce_axis(int(0), int(k), "p")?;
+    let p = te::reduce_axis(int(0), int(kp), "p")?;
     let cp = compute(
         &[int(mo), int(no), int(MR), int(NR)],
         |x| {
@@ -101,7 +110,8 @@ pub fn gemm(
     let v = |t: &Tensor, d: usize| t.axis()[d].var.clone();
     {
         let st = s.stage(&cp)?;
-        st.reorder(&[v(&cp, 1), v(&cp, 0), v(&cp, 2), v(&cp, 3), p.var.clone()])?;
+        let (po, pi) = st.split(&p.var, Some(int(kc)), None)?;
+        st.reorder(&[v(&cp, 1), po, v(&cp, 0), v(&cp, 2), v(&cp, 3), pi])?;
         st.parallel(&v(&cp, 1))?;
         st.tensorize(&v(&cp, 2), Intrin::GemmUpdate)?;
     }
