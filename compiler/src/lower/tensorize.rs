@@ -132,7 +132,7 @@ fn decompose(
     let mut base = Vec::new();
     for (d, e) in idx.iter().enumerate() {
         let used: Vec<usize> = (0..vars.len()).filter(|&k| e.uses(vars[k])).collect();
-        let b = simplify(&e.substitute(&|v| vars.iter().any(|x| *x == v).then(|| Expr::int(0))));
+        let b = simplify(&e.substitute(&|v| vars.contains(&v).then(|| Expr::int(0))));
         match used.as_slice() {
             [] => walks.push(None),
             [k] => {

@@ -676,12 +676,12 @@ impl<'a> Machine<'a> {
                 for i in 0..m.max(0) {
                     for j in 0..n.max(0) {
                         let pc = at(self, cp, c0 + i * cs[0] + j * cs[1]);
-                        // SAFETY (all accesses below): inside the regions checked above.
+                        // SAFETY: inside the C region checked above.
                         let mut acc = unsafe { read_elem(pc, dt) };
                         for p in 0..k.max(0) {
                             let pa = at(self, ap, a0 + p * as_[0] + i * as_[1]);
                             let pb = at(self, bp, b0 + p * bs[0] + j * bs[1]);
-                            // SAFETY: see above.
+                            // SAFETY: inside the A and B regions checked above.
                             let (x, y) = unsafe { (read_elem(pa, dt), read_elem(pb, dt)) };
                             acc = match (x, y, acc) {
                                 (Value::F32(x), Value::F32(y), Value::F32(c)) => {
@@ -693,7 +693,7 @@ impl<'a> Machine<'a> {
                                 _ => return Err(self.err(format!("gemm_update of {dt}"))),
                             };
                         }
-                        // SAFETY: see above.
+                        // SAFETY: inside the C region checked above.
                         unsafe { write_elem(pc, dt, acc) };
                     }
                 }
