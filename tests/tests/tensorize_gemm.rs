@@ -51,6 +51,7 @@ fn operand(v: &[f32], rows: i64, cols: i64, strided: bool) -> Tensor {
         .unwrap()
 }
 
+#[derive(Debug, Clone)]
 struct Case {
     m: i64,
     n: i64,
@@ -304,4 +305,85 @@ fn tensorize_refuses_what_is_not_the_intrinsic() {
     // A split that does not divide leaves a guard in the tile.
     let e = msg(tiled(&|x, y| x * y, DType::F32, (20, 64), 0));
     assert!(e.contains("a condition"), "{e}");
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Random shapes (hostile sizes: 1, around the tile, around KC), layouts and operand
+    /// views: cpu == interp bit for bit, and float64 maths within the bound. Under
+    /// `RIVET_MICROKERNEL` (the child runs of `every_variant_runs_the_properties`) this covers
+    /// each variant.
+    fn case() -> impl Strategy<Value = Case> {
+        let dim = prop_oneof![
+            Just(1i64),
+            Just(11),
+            Just(12),
+            Just(13),
+            Just(31),
+            Just(32),
+            Just(33),
+            1i64..50
+        ];
+        let depth = prop_oneof![Just(1i64), Just(255), Just(256), Just(257), 1i64..40];
+        (
+            dim.clone(),
+            dim,
+            depth,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(m, n, k, a_t, b_t, strided)| Case {
+                m,
+                n,
+                k,
+                a_t,
+                b_t,
+                strided,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(24)
+        ))]
+        #[test]
+        fn tensorized_gemm_equals_the_interpreter(c in case()) {
+            let (want, _, _) = run(&c, &Target::interp());
+            let (got, a, b) = run(&c, &Target::cpu());
+            prop_assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
+            check_reference(&c, &got, &a, &b, &(0..c.m).collect::<Vec<_>>());
+        }
+    }
+}
+
+/// Runs the property above once per micro-kernel variant this CPU has, each forced with
+/// `RIVET_MICROKERNEL` in a child process (the choice is made once per process).
+#[test]
+fn every_variant_runs_the_properties() {
+    use rivet_compiler::codegen::microkernel::Variant;
+    if std::env::var("RIVET_MICROKERNEL").is_ok() {
+        return; // a child: the property itself runs
+    }
+    for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "props::tensorized_gemm_equals_the_interpreter",
+                "--test-threads=1",
+            ])
+            .env("RIVET_MICROKERNEL", v.name())
+            .env("PROPTEST_CASES", "8")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{}: {text}{}",
+            v.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
