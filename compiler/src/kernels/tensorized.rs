@@ -4,11 +4,16 @@
 //! ```text
 //! Ap[io, p, ii]     = A[io*MR + ii, p]      (0 past M)     A packed in MR-tall panels
 //! Bp[jo, p, ji]     = B[p, jo*NR + ji]      (0 past N)     B packed in NR-wide panels
-//! Cp[io, jo, ii, ji] = sum_p Ap[io, p, ii] * Bp[jo, p, ji] one tile per (io, jo)
-//! C[i, j]           = Cp[i / MR, j / NR, i % MR, j % NR]
+//! Cp[i, j]          = sum_p Ap[i / MR, p, i % MR] * Bp[j / NR, p, j % NR]   (padded)
+//! C[i, j]           = Cp[i, j]
 //! ```
 //!
-//! Schedule: `Cp`'s loops `jo` (parallel), `po` (KC-deep slices of the products), `io`, then
+//! When M and N are multiples of the tile, `Cp` is `C` itself (no padded copy); the packing
+//! conditions are only there for the dims that need padding. `i` and `j` are split by the
+//! tile, so the packed reads are `Ap[io, p, ii]` once `lower::tensorize` folds the tile
+//! divisions.
+//!
+//! Schedule: `Cp`'s loops `io, ii, jo, ji` (the splits of i and j), ordered `jo` (parallel), `po` (KC-deep slices of the products), `io`, then
 //! the tile `ii, ji, pi`, tensorized at `ii` onto `gemm_update` (per call a 32 x KC slice of
 //! B, 32 KiB at KC = 256, stays in L1 while the A panels stream by; K is padded with zeros
 //! to a multiple of KC, which adds exact zeros) (the AVX-512 kernel's 12x32 tile: a 6x16 AVX2 kernel covers it in
@@ -53,7 +58,25 @@ pub fn gemm(
     let a = placeholder(&a_shape, dtype, "A")?;
     let b = placeholder(&b_shape, dtype, "B")?;
     let zero = te::constant(0.0, dtype);
-    let inside = |a: &Expr, b: &Expr| ok(te::all(a.clone(), b.clone()));
+    // The condition of a packed element: only the bounds that padding can cross.
+    let inside = |x: &Expr, xn: i64, tile: i64, p: &Expr| {
+        let mut c: Option<Expr> = None;
+        if xn % tile != 0 {
+            c = Some(x.lt(&int(xn)));
+        }
+        if k != kp {
+            let pk = p.lt(&int(k));
+            c = Some(match c {
+                Some(c) => ok(te::all(c, pk)),
+                None => pk,
+            });
+        }
+        c
+    };
+    let padded = |c: Option<Expr>, v: Expr| match c {
+        Some(c) => ok(te::if_then_else(c, v, zero.clone())),
+        None => v,
+    };
     let ap = compute(
         &[int(mo), int(kp), int(MR)],
         |x| {
@@ -63,8 +86,7 @@ pub fn gemm(
             } else {
                 a.idx(&[i.clone(), x[1].clone()])
             };
-            let ok_ = inside(&i.lt(&int(m)), &x[1].lt(&int(k)));
-            ok(te::if_then_else(ok_, v, zero.clone()))
+            padded(inside(&i, m, MR, &x[1]), v)
         },
         "A.packed",
     )?;
@@ -77,46 +99,47 @@ pub fn gemm(
             } else {
                 b.idx(&[x[1].clone(), j.clone()])
             };
-            let ok_ = inside(&j.lt(&int(n)), &x[1].lt(&int(k)));
-            ok(te::if_then_else(ok_, v, zero.clone()))
+            padded(inside(&j, n, NR, &x[1]), v)
         },
         "B.packed",
     )?;
     let p = te::reduce_axis(int(0), int(kp), "p")?;
+    let aligned = m % MR == 0 && n % NR == 0;
     let cp = compute(
-        &[int(mo), int(no), int(MR), int(NR)],
+        &[int(mo * MR), int(no * NR)],
         |x| {
             ok(te::sum(
-                ap.idx(&[x[0].clone(), ax(&p), x[2].clone()])
-                    * bp.idx(&[x[1].clone(), ax(&p), x[3].clone()]),
+                ap.idx(&[x[0].floordiv(&int(MR)), ax(&p), x[0].floormod(&int(MR))])
+                    * bp.idx(&[x[1].floordiv(&int(NR)), ax(&p), x[1].floormod(&int(NR))]),
                 std::slice::from_ref(&p),
             ))
         },
-        "C.tiles",
+        if aligned { "C" } else { "C.padded" },
     )?;
-    let c = compute(
-        &[int(m), int(n)],
-        |x| {
-            cp.idx(&[
-                x[0].floordiv(&int(MR)),
-                x[1].floordiv(&int(NR)),
-                x[0].floormod(&int(MR)),
-                x[1].floormod(&int(NR)),
-            ])
-        },
-        "C",
-    )?;
+    let c = if aligned {
+        cp.clone()
+    } else {
+        compute(
+            &[int(m), int(n)],
+            |x| cp.idx(&[x[0].clone(), x[1].clone()]),
+            "C",
+        )?
+    };
     let mut s = Schedule::new(std::slice::from_ref(&c))?;
     let v = |t: &Tensor, d: usize| t.axis()[d].var.clone();
     {
         let st = s.stage(&cp)?;
+        let (io, ii) = st.split(&v(&cp, 0), Some(int(MR)), None)?;
+        let (jo, ji) = st.split(&v(&cp, 1), Some(int(NR)), None)?;
         let (po, pi) = st.split(&p.var, Some(int(kc)), None)?;
-        st.reorder(&[v(&cp, 1), po, v(&cp, 0), v(&cp, 2), v(&cp, 3), pi])?;
-        st.parallel(&v(&cp, 1))?;
-        st.tensorize(&v(&cp, 2), Intrin::GemmUpdate)?;
+        st.reorder(&[jo.clone(), po, io, ii.clone(), ji, pi])?;
+        st.parallel(&jo)?;
+        st.tensorize(&ii, Intrin::GemmUpdate)?;
+    }
+    if !aligned {
+        s.stage(&c)?.parallel(&v(&c, 0))?;
     }
     s.stage(&ap)?.parallel(&v(&ap, 0))?;
     s.stage(&bp)?.parallel(&v(&bp, 0))?;
-    s.stage(&c)?.parallel(&v(&c, 0))?;
     Ok((vec![a, b, c], s))
 }

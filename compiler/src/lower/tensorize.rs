@@ -17,10 +17,15 @@
 //! products in ascending `p`, the order the intrinsic uses. The only change in results is the
 //! fused multiply-add (one rounding instead of two; docs/cpu.md).
 //!
+//! Indices of the form `(K*e + c + v) // K` and `% K`, where `v` is a loop of the nest with
+//! extent at most `K - c` (`0 <= c`) and `e` is integer (every other coefficient a multiple of
+//! `K`), are first folded to `e + 0` and `c + v`: exact for those ranges, and what a tiled
+//! index (`A[i // MR, p, i % MR]` with `i = io*MR + ii`) needs to be recognised.
+//!
 //! The loop found is the one (of the marked variable) whose nest updates its stage's tensor:
 //! a reduction's init nest reuses the data-parallel loop variables and is left alone.
 
-use super::simplify::simplify;
+use super::simplify::{linear, simplify, Linear};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, Var};
 use crate::ir::intrin::{check_call, Intrin, Region, RegionAxis};
@@ -171,13 +176,56 @@ fn match_nest(func: &PrimFunc, s: &Stmt, intrin: Intrin) -> std::result::Result<
     }
 }
 
+/// Folds `(K*e + c + v) // K` to `e` and `(K*e + c + v) % K` to `c + v` where `v` is one of
+/// the nest's loops (`ranges`: variable and constant extent) with `0 <= c` and `c + extent <=
+/// K`, and every other term's coefficient a multiple of K (module header). Exact under those
+/// ranges; anything else is left as it is.
+fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
+    e.rewrite(&mut |n| {
+        let ExprKind::Binary(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, k) = n.kind() else {
+            return None;
+        };
+        let k = k.as_int().filter(|k| *k > 0)?;
+        let l = linear(a)?;
+        let mut v = None;
+        let mut rest = Vec::new();
+        for (t, c) in &l.terms {
+            let ext = ranges
+                .iter()
+                .find(|(x, _)| t.as_var() == Some(*x))
+                .and_then(|(_, e)| *e);
+            match (ext, c) {
+                (Some(ext), 1) if v.is_none() => v = Some((t.clone(), ext)),
+                _ if c % k == 0 => rest.push((t.clone(), c / k)),
+                _ => return None,
+            }
+        }
+        let (t, ext) = v?;
+        let c = l.constant;
+        if c < 0 || c.checked_add(ext)? > k {
+            return None;
+        }
+        Some(if *op == BinOp::FloorDiv {
+            Linear {
+                terms: rest,
+                constant: 0,
+            }
+            .to_expr()
+        } else {
+            t.add(&Expr::int(c))
+        })
+    })
+}
+
 fn match_gemm(func: &PrimFunc, s: &Stmt) -> std::result::Result<Stmt, String> {
     let (loops, inner) = peel(s);
+    let ranges: Vec<(&Var, Option<i64>)> = loops.iter().map(|l| (l.0, l.2.as_int())).collect();
+    let folded = inner.rewrite(&mut |e| fold_tiles(e, &ranges), &mut |s| s);
     let Stmt::Store {
         buf: c,
         indices: cidx,
         value,
-    } = inner
+    } = &folded
     else {
         return Err(format!("the nest holds {}", what(inner)));
     };
