@@ -34,18 +34,29 @@ def gemm(m, n, k, a_t=False, b_t=False):
     Bp = te.compute((no, kp, NR), lambda jo, p, ji: te.if_then_else(
         te.all(jo * NR + ji < n, p < k), b_at(p, jo * NR + ji), te.const(0.0, "float32")), name="Bp")
     p = te.reduce_axis((0, kp), name="p")
-    Cp = te.compute((mo, no, MR, NR),
-                    lambda io, jo, ii, ji: te.sum(Ap[io, p, ii] * Bp[jo, p, ji], axis=p), name="Cp")
-    C = te.compute((m, n), lambda i, j: Cp[i // MR, j // NR, i % MR, j % NR], name="C")
+    # The reduction over the padded shape, indexed through the tile: once its loops are split
+    # by the tile, tensorize folds i // MR, i % MR into the panel's (io, ii).
+    aligned = m % MR == 0 and n % NR == 0
+    Cp = te.compute((mo * MR, no * NR), lambda i, j: te.sum(
+        Ap[i // MR, p, i % MR] * Bp[j // NR, p, j % NR], axis=p), name="C" if aligned else "Cp")
+    C = Cp if aligned else te.compute((m, n), lambda i, j: Cp[i, j], name="C")
     s = rivet.create_schedule(C)
-    io, jo, ii, ji = Cp.op.axis
+    i, j = Cp.op.axis
+    io, ii = s[Cp].split(i, factor=MR)
+    jo, ji = s[Cp].split(j, factor=NR)
     po, pi = s[Cp].split(p, factor=kc)
     s[Cp].reorder(jo, po, io, ii, ji, pi)
     s[Cp].parallel(jo)
     s[Cp].tensorize(ii, "gemm_update")
     s[Ap].parallel(Ap.op.axis[0])
-    s[Bp].parallel(Bp.op.axis[0])
-    s[C].parallel(C.op.axis[0])
+    if b_t:
+        s[Bp].parallel(Bp.op.axis[0])
+    else:                                   # read B row by row
+        jo_, p_, ji_ = Bp.op.axis
+        s[Bp].reorder(p_, jo_, ji_)
+        s[Bp].parallel(p_)
+    if not aligned:
+        s[C].parallel(C.op.axis[0])
     return rivet.build(s, [A, B, C], target="cpu", name="gemm")["gemm"]
 
 

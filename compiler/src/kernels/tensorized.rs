@@ -140,6 +140,14 @@ pub fn gemm(
         s.stage(&c)?.parallel(&v(&c, 0))?;
     }
     s.stage(&ap)?.parallel(&v(&ap, 0))?;
-    s.stage(&bp)?.parallel(&v(&bp, 0))?;
+    // Pack loops in the order that reads the source row by row: B[p, j] (row-major) is read
+    // along j for each p; a transposed B like A, along the panel's rows.
+    if b_t {
+        s.stage(&bp)?.parallel(&v(&bp, 0))?;
+    } else {
+        let st = s.stage(&bp)?;
+        st.reorder(&[v(&bp, 1), v(&bp, 0), v(&bp, 2)])?;
+        st.parallel(&v(&bp, 1))?;
+    }
     Ok((vec![a, b, c], s))
 }
