@@ -386,3 +386,35 @@ fn match_gemm(func: &PrimFunc, s: &Stmt) -> std::result::Result<Stmt, String> {
         scalars: vec![],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_divisions_fold_only_inside_their_ranges() {
+        let (io, ii) = (Var::new("io"), Var::new("ii"));
+        let i = Expr::var(&io).mul(&Expr::int(12)).add(&Expr::var(&ii));
+        let k12 = Expr::int(12);
+        let fold = |e: &Expr, ext: i64| simplify(&fold_tiles(e, &[(&ii, Some(ext))]));
+        // ii in [0, 12): exact.
+        assert_eq!(fold(&i.floordiv(&k12), 12), Expr::var(&io));
+        assert_eq!(fold(&i.floormod(&k12), 12), Expr::var(&ii));
+        // ii in [0, 13) can carry into the quotient: left alone.
+        let e = i.floordiv(&k12);
+        assert_eq!(fold(&e, 13), simplify(&e));
+        // An offset that, with the range, reaches K: left alone; one that does not: folded.
+        let shifted = i.add(&Expr::int(1));
+        assert_eq!(
+            fold(&shifted.floordiv(&k12), 12),
+            simplify(&shifted.floordiv(&k12))
+        );
+        assert_eq!(
+            fold(&shifted.floormod(&k12), 11),
+            simplify(&Expr::var(&ii).add(&Expr::int(1)))
+        );
+        // A coefficient that is not a multiple of K: left alone.
+        let odd = Expr::var(&io).mul(&Expr::int(5)).add(&Expr::var(&ii));
+        assert_eq!(fold(&odd.floordiv(&k12), 12), simplify(&odd.floordiv(&k12)));
+    }
+}
