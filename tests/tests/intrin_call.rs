@@ -308,3 +308,47 @@ fn a_call_survives_the_module_file_and_cuda_refuses_it() {
         assert!(e.contains("CPU-only") || e.contains("checked mode"), "{e}");
     }
 }
+
+/// A module file whose call was edited to reach past C (CRC recomputed, so only the proof
+/// stands between it and memory outside the tensor): refused at load, naming the tensor.
+#[test]
+fn a_saved_call_edited_past_its_tensor_is_refused_at_load() {
+    const HEADER: usize = 24;
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in data {
+            crc ^= b as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    let f = gemm_func(12, 32, 5, [12, 32], [0, 0]);
+    let m = rivet_compiler::Module {
+        funcs: vec![Arc::new(compile_loaded(f, &Target::cpu()).unwrap())],
+    };
+    let bytes = m.to_bytes().unwrap();
+    let json = String::from_utf8(bytes[HEADER..].to_vec()).unwrap();
+    let at = json.find("\"regions\"").expect("a call in the file");
+    let first = at + json[at..].find("\"Int\":0").expect("C's base");
+    let edited = format!("{}\"Int\":1{}", &json[..first], &json[first + 7..]);
+    let mut out = bytes[..HEADER].to_vec();
+    out[12..20].copy_from_slice(&(edited.len() as u64).to_le_bytes());
+    out[20..24].copy_from_slice(&crc32(edited.as_bytes()).to_le_bytes());
+    out.extend_from_slice(edited.as_bytes());
+    let e = match rivet_compiler::Module::from_bytes(&out, "edited") {
+        Ok(_) => panic!("an out-of-bounds call was loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("tensor 'C' dim 0") && e.contains("out of bounds"),
+        "{e}"
+    );
+    // The unedited file loads and runs.
+    assert!(rivet_compiler::Module::from_bytes(&bytes, "orig").is_ok());
+}
