@@ -432,3 +432,78 @@ fn float64_tensorized_gemm_equals_the_interpreter() {
         }
     }
 }
+
+/// A saved tensorized GEMM loads again: the verifier's race check of its parallel loop sees
+/// the call's declared writes (disjoint column panels), the proof covers its regions, and the
+/// loaded function computes the same bits.
+#[test]
+fn a_saved_tensorized_gemm_loads_and_computes_the_same() {
+    let (m, n, k) = (40i64, 70i64, 19i64);
+    let (args, s) = gemm((m, n, k), DType::F32, false, false).unwrap();
+    let module = build(&s, &args, &Target::cpu(), "g").unwrap();
+    let back = rivet_compiler::Module::from_bytes(&module.to_bytes().unwrap(), "saved").unwrap();
+    assert!(back
+        .get_source("nest")
+        .unwrap()
+        .contains("call gemm_update"));
+    let av = data((m * k) as usize, 8);
+    let bv = data((k * n) as usize, 9);
+    let call = |f: Function| {
+        f.call(&[
+            Value::Tensor(Tensor::from_slice(&av, &[m, k]).unwrap()),
+            Value::Tensor(Tensor::from_slice(&bv, &[k, n]).unwrap()),
+        ])
+        .unwrap()
+        .as_tensor()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+    };
+    let x = call(module.get_function("g").unwrap());
+    let y = call(back.get_function("g").unwrap());
+    assert!(x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// A saved tensorized GEMM whose product-slice loop was edited to run in parallel (CRC
+/// fixed): its iterations would all write the same C tiles through the call, and the race
+/// check (which sees the call's declared writes) refuses the file.
+#[test]
+fn a_saved_call_in_a_racing_parallel_loop_is_refused() {
+    const HEADER: usize = 24;
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in data {
+            crc ^= b as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+    let (args, s) = gemm((24, 64, 600), DType::F32, false, false).unwrap();
+    let bytes = build(&s, &args, &Target::cpu(), "g")
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let json = String::from_utf8(bytes[HEADER..].to_vec()).unwrap();
+    let at = json.find("\"name\":\"p.outer\"").expect("the slice loop");
+    let kind = at + json[at..].find("\"kind\":\"Serial\"").expect("its kind");
+    let edited = format!(
+        "{}\"kind\":\"Parallel\"{}",
+        &json[..kind],
+        &json[kind + "\"kind\":\"Serial\"".len()..]
+    );
+    let mut out = bytes[..HEADER].to_vec();
+    out[12..20].copy_from_slice(&(edited.len() as u64).to_le_bytes());
+    out[20..24].copy_from_slice(&crc32(edited.as_bytes()).to_le_bytes());
+    out.extend_from_slice(edited.as_bytes());
+    let e = match rivet_compiler::Module::from_bytes(&out, "edited") {
+        Ok(_) => panic!("a racing parallel loop around a call was loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("parallel") && e.contains("disjoint"), "{e}");
+}
