@@ -25,6 +25,9 @@
 //! - `Avx2`: 6x16 (12 ymm accumulators, two B vectors, one broadcast: 15 of 16 ymm);
 //! - `Portable`: the generic scalar loop (`f32::mul_add`), on every architecture.
 //!
+//! f64: AVX-512 has a 12x16 kernel (24 zmm accumulators of 8 doubles); the other variants run
+//! the generic loop.
+//!
 //! Selection: once per process, the widest variant the CPU has (`is_x86_feature_detected!`),
 //! unless `RIVET_MICROKERNEL=avx512|avx2|portable` forces one; forcing a variant the CPU
 //! lacks is an error naming the variant and the missing features (reported when a kernel
@@ -109,10 +112,14 @@ impl Variant {
         }
     }
 
-    /// The `extern "C"` entry for an f64 tile update (the generic loop for every variant:
-    /// f64 GEMM is not this target; the loop is the same fused sequence).
+    /// The `extern "C"` entry for an f64 tile update: AVX-512's 12x16 kernel, the generic
+    /// loop for the other variants (the same fused sequence either way).
     pub fn entry_f64(self) -> GemmF64Entry {
-        portable::gemm_f64_entry
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Variant::Avx512 => x86::gemm_f64_avx512,
+            _ => portable::gemm_f64_entry,
+        }
     }
 }
 

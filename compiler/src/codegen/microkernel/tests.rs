@@ -206,3 +206,52 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn f64_entries_match_the_definition() {
+    for v in supported() {
+        for &(mr, nr) in &[(12usize, 16usize), (24, 32), (12, 32), (5, 7)] {
+            for k in [1usize, 3, 17, 97] {
+                let mut rng = Rng((mr * 131 + nr * 7 + k) as u64);
+                let a: Vec<f64> = rng.vec(k * mr).iter().map(|&x| x as f64 / 3.0).collect();
+                let b: Vec<f64> = rng.vec(k * nr).iter().map(|&x| x as f64 / 7.0).collect();
+                // C as a transposed tile inside a larger buffer, and compact.
+                for (c_rs, c_cs) in [(nr as i64 + 3, 1i64), (1, mr as i64 + 1)] {
+                    let len = 4 + (mr + 1) * (nr + 3) + 8;
+                    let init: Vec<f64> = rng.vec(len).iter().map(|&x| x as f64).collect();
+                    let mut c = init.clone();
+                    // SAFETY: the tile and panels lie inside the vectors (sizes above).
+                    unsafe {
+                        v.entry_f64()(
+                            mr as i64,
+                            nr as i64,
+                            k as i64,
+                            c.as_mut_ptr().add(4),
+                            c_rs,
+                            c_cs,
+                            a.as_ptr(),
+                            mr as i64,
+                            1,
+                            b.as_ptr(),
+                            nr as i64,
+                            1,
+                        )
+                    };
+                    let mut want = init.clone();
+                    for i in 0..mr {
+                        for j in 0..nr {
+                            let ci = 4 + i * c_rs as usize + j * c_cs as usize;
+                            for p in 0..k {
+                                want[ci] = a[p * mr + i].mul_add(b[p * nr + j], want[ci]);
+                            }
+                        }
+                    }
+                    assert!(
+                        c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{v:?} f64 {mr}x{nr} k={k} strides ({c_rs}, {c_cs})"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@
 //! so results are bit-identical to it. Only entered after `Variant::supported` (selection
 //! refuses a variant the CPU lacks).
 
-use super::portable::gemm_generic;
+use super::portable::{gemm_generic, Fma};
 use std::arch::x86_64::*;
 
 /// Cuts the tile update into `tm x tn` kernel calls when the panels are packed (unit stride
@@ -19,19 +19,19 @@ use std::arch::x86_64::*;
 /// As `gemm_generic`; `kernel` must be runnable on this CPU and, given
 /// `(k, a, a_ks, b, b_ks, c, c_rs)`, update the `tm x tn` tile with unit column stride.
 #[allow(clippy::too_many_arguments)]
-unsafe fn drive(
+unsafe fn drive<T: Fma + Default>(
     (tm, tn): (i64, i64),
-    kernel: &mut dyn FnMut(usize, *const f32, isize, *const f32, isize, *mut f32, isize),
+    kernel: &mut dyn FnMut(usize, *const T, isize, *const T, isize, *mut T, isize),
     mr: i64,
     nr: i64,
     k: i64,
-    c: *mut f32,
+    c: *mut T,
     c_rs: i64,
     c_cs: i64,
-    a: *const f32,
+    a: *const T,
     a_ks: i64,
     a_ms: i64,
-    b: *const f32,
+    b: *const T,
     b_ks: i64,
     b_ns: i64,
 ) {
@@ -42,7 +42,7 @@ unsafe fn drive(
         return;
     }
     let ku = k.max(0) as usize;
-    let mut tmp = [0f32; 12 * 32];
+    let mut tmp = [T::default(); 12 * 32];
     for i0 in (0..mr).step_by(tm as usize) {
         for j0 in (0..nr).step_by(tn as usize) {
             // SAFETY: sub-tiles of the tile the caller vouches for.
@@ -247,6 +247,93 @@ pub(super) unsafe extern "C" fn gemm_f32_avx2(
     unsafe {
         drive(
             (6, 16),
+            &mut kern,
+            mr,
+            nr,
+            k,
+            c,
+            c_rs,
+            c_cs,
+            a,
+            a_ks,
+            a_ms,
+            b,
+            b_ks,
+            b_ns,
+        )
+    }
+}
+
+/// The AVX-512F f64 12x16 kernel (as `k12x32`, with 8-wide double vectors).
+///
+/// # Safety
+/// The CPU has AVX-512F; the 12x16 C tile and the `k` rows of both panels are valid.
+#[target_feature(enable = "avx512f")]
+unsafe fn k12x16_f64(
+    k: usize,
+    a: *const f64,
+    a_ks: isize,
+    b: *const f64,
+    b_ks: isize,
+    c: *mut f64,
+    c_rs: isize,
+) {
+    // SAFETY: every pointer below stays inside the tile and panels the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm512_setzero_pd(); 2]; 12];
+        for (i, row) in acc.iter_mut().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            row[0] = _mm512_loadu_pd(cp);
+            row[1] = _mm512_loadu_pd(cp.add(8));
+        }
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..k {
+            let b0 = _mm512_loadu_pd(bp);
+            let b1 = _mm512_loadu_pd(bp.add(8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_pd(*ap.add(i));
+                row[0] = _mm512_fmadd_pd(av, b0, row[0]);
+                row[1] = _mm512_fmadd_pd(av, b1, row[1]);
+            }
+            ap = ap.offset(a_ks);
+            bp = bp.offset(b_ks);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            _mm512_storeu_pd(cp, row[0]);
+            _mm512_storeu_pd(cp.add(8), row[1]);
+        }
+    }
+}
+
+/// The AVX-512 variant's f64 entry (see `GemmF64Entry`).
+///
+/// # Safety
+/// As `gemm_generic`, and the CPU has AVX-512F (`Variant::Avx512.supported()`).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn gemm_f64_avx512(
+    mr: i64,
+    nr: i64,
+    k: i64,
+    c: *mut f64,
+    c_rs: i64,
+    c_cs: i64,
+    a: *const f64,
+    a_ks: i64,
+    a_ms: i64,
+    b: *const f64,
+    b_ks: i64,
+    b_ns: i64,
+) {
+    let mut kern = |k, a, a_ks, b, b_ks, c, c_rs| {
+        // SAFETY: `drive` passes kernel tiles inside the caller's regions; the CPU has
+        // AVX-512F (entry contract).
+        unsafe { k12x16_f64(k, a, a_ks, b, b_ks, c, c_rs) }
+    };
+    // SAFETY: forwarded contract.
+    unsafe {
+        drive(
+            (12, 16),
             &mut kern,
             mr,
             nr,
