@@ -24,6 +24,7 @@
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, Var};
 use crate::ir::expr::{ExprKind, IterVar};
+use crate::ir::intrin::Intrin;
 use crate::ir::stmt::{ForKind, Scope, ThreadTag};
 use crate::lower::interval::smin;
 use crate::lower::simplify::simplify;
@@ -152,6 +153,9 @@ pub struct Stage {
     /// Where its buffer lives: `Global` for every stage but the caches (`cache_read` /
     /// `cache_write`), whose compact buffers hold only the region they are attached for.
     pub scope: Scope,
+    /// Loops whose nest (the loop and everything inside it) becomes an intrinsic call
+    /// (`tensorize`; matched and replaced by `lower::tensorize`).
+    pub tensorize: Vec<(Var, Intrin)>,
 }
 
 #[derive(Clone, Debug)]
@@ -198,6 +202,7 @@ impl Stage {
             relations: Vec::new(),
             attach: Attach::Root,
             scope: Scope::Global,
+            tensorize: Vec::new(),
         }
     }
 
@@ -345,6 +350,30 @@ impl Stage {
             ));
         }
         self.leaves[p].kind = kind;
+        Ok(())
+    }
+
+    /// TVM's `tensorize`: the nest under loop `v` (the loop and the loops inside it) is
+    /// replaced by a call of `intrin` when lowering finds that it computes exactly the
+    /// intrinsic's declared computation (`ir::intrin`, `lower::tensorize`); a nest that does
+    /// not (another expression, dtype, a guard, an extra loop or statement) is a
+    /// `CompileError` naming the difference, never a silent fallback. The intrinsic fuses
+    /// each multiply-add (docs/cpu.md).
+    pub fn tensorize(&mut self, v: &Var, intrin: Intrin) -> Result<()> {
+        let p = self.leaf_pos(v, "tensorize")?;
+        if !matches!(
+            self.leaves[p].kind,
+            ForKind::Serial | ForKind::Unrolled | ForKind::Vectorized
+        ) {
+            return err(self, format!(
+                "cannot tensorize '{}': it is {:?} (an intrinsic call runs on the thread that reaches it; annotate an outer loop instead)",
+                v.name, self.leaves[p].kind
+            ));
+        }
+        if self.tensorize.iter().any(|(w, _)| w == v) {
+            return err(self, format!("'{}' is tensorized twice", v.name));
+        }
+        self.tensorize.push((v.clone(), intrin));
         Ok(())
     }
 

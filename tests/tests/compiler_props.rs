@@ -2205,7 +2205,7 @@ fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), Te
     }
     // One case in four is also compiled by NVRTC for sm_80 and sm_90 (issue 7: every kernel
     // of the test suite compiles; NVRTC costs ~50 ms per case, so not every case).
-    if seed % 4 == 0 {
+    if seed.is_multiple_of(4) {
         nvrtc_compiles(p, g)?;
     }
     Ok(())

@@ -376,6 +376,21 @@ impl PyStage {
         self.with(py, |st| st.bind(&v, tag))
     }
 
+    /// TVM's `tensorize`: the loop nest under `axis` becomes a call of `intrin` (a CPU
+    /// micro-kernel; today "gemm_update", the MRxNR multiply-accumulate over packed panels)
+    /// when it computes exactly the intrinsic's declared computation; otherwise the build
+    /// raises `CompileError` naming the difference.
+    fn tensorize(&self, py: Python<'_>, axis: &Bound<'_, PyAny>, intrin: &str) -> PyResult<()> {
+        let v = axis_var(axis, "tensorize: argument 0")?;
+        let Some(i) = rivet_compiler::ir::Intrin::parse(intrin) else {
+            return Err(compile_err(
+                py,
+                format!("tensorize: argument 1 ('intrin') must be \"gemm_update\", got {intrin:?}"),
+            ));
+        };
+        self.with(py, |st| st.tensorize(&v, i))
+    }
+
     /// Substitutes this stage into its consumers (no buffer, no loops of its own).
     fn compute_inline(&self, py: Python<'_>) -> PyResult<()> {
         let mut s = self.sched.bind(py).borrow_mut();

@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod host;
 pub mod interp;
 pub mod math;
+pub mod microkernel;
 
 use crate::error::Result;
 use crate::ir::{PrimFunc, Var};

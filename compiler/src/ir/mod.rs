@@ -8,6 +8,7 @@
 
 pub mod checked;
 pub mod expr;
+pub mod intrin;
 pub mod limits;
 pub mod printer;
 pub mod stmt;
@@ -19,6 +20,7 @@ pub mod verify_gpu;
 pub mod verify_parallel;
 
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
+pub use intrin::{Intrin, Region, RegionAxis};
 pub use stmt::{
     BufKind, Buffer, Check, DeviceFunc, DeviceKind, ForKind, PrimFunc, Scope, Stmt, ThreadTag,
 };

@@ -220,6 +220,33 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
                 tag.name()
             );
         }
+        Stmt::Call {
+            intrin,
+            regions,
+            scalars,
+        } => {
+            indent(out, depth);
+            let rs: Vec<String> = regions
+                .iter()
+                .map(|r| {
+                    let base: Vec<String> = r.base.iter().map(|e| e.to_string()).collect();
+                    let axes: Vec<String> = r
+                        .axes
+                        .iter()
+                        .map(|a| format!("dim{}:{}", a.dim, a.extent))
+                        .collect();
+                    format!(
+                        "{}{}[{}; {}]",
+                        if r.write { "out " } else { "" },
+                        buf_name(r.buf.0),
+                        base.join(", "),
+                        axes.join(", ")
+                    )
+                })
+                .chain(scalars.iter().map(|e| e.to_string()))
+                .collect();
+            let _ = writeln!(out, "call {}({})", intrin.name(), rs.join(", "));
+        }
         Stmt::Launch { kernel } => {
             indent(out, depth);
             let k = KERNELS.with(|k| k.borrow().get(*kernel).cloned());

@@ -22,6 +22,7 @@
 //! reference. It is not a barrier: it orders no other memory access.
 
 use super::expr::{BufId, Expr, ReduceOp, Var};
+use super::intrin::{Intrin, Region};
 use rivet_runtime::DType;
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +160,14 @@ pub enum Stmt {
     /// functions, never in saved ones).
     Launch {
         kernel: usize,
+    },
+    /// An intrinsic (a micro-kernel) applied to buffer regions it reads and writes, and
+    /// scalar arguments (`ir::intrin`: the regions' meaning, the intrinsics' signatures and
+    /// declared computations, which the bounds proof and the verifiers check).
+    Call {
+        intrin: Intrin,
+        regions: Vec<Region>,
+        scalars: Vec<Expr>,
     },
 }
 
@@ -323,6 +332,15 @@ impl Stmt {
                 dst: *dst,
             },
             Stmt::Launch { kernel } => Stmt::Launch { kernel: *kernel },
+            Stmt::Call {
+                intrin,
+                regions,
+                scalars,
+            } => Stmt::Call {
+                intrin: *intrin,
+                regions: regions.iter().map(|r| r.map(&mut *fe)).collect(),
+                scalars: scalars.iter().map(&mut *fe).collect(),
+            },
         };
         fs(s)
     }
@@ -343,7 +361,11 @@ impl Stmt {
                 }
             }
             Stmt::Seq(v) => v.iter().for_each(|s| s.visit(f)),
-            Stmt::Store { .. } | Stmt::Barrier | Stmt::AllReduce { .. } | Stmt::Launch { .. } => {}
+            Stmt::Store { .. }
+            | Stmt::Barrier
+            | Stmt::AllReduce { .. }
+            | Stmt::Launch { .. }
+            | Stmt::Call { .. } => {}
         }
     }
 
@@ -360,6 +382,12 @@ impl Stmt {
             }
             Stmt::If { cond, .. } => f(cond),
             Stmt::Let { value, .. } | Stmt::AllReduce { value, .. } => f(value),
+            Stmt::Call {
+                regions, scalars, ..
+            } => {
+                regions.iter().flat_map(|r| r.exprs()).for_each(&mut *f);
+                scalars.iter().for_each(&mut *f)
+            }
             Stmt::Allocate { .. } | Stmt::Seq(_) | Stmt::Barrier | Stmt::Launch { .. } => {}
         });
     }

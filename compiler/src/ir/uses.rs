@@ -55,6 +55,15 @@ pub fn uses(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut BT
                 vars.extend(k.vars.iter().map(|v| v.id));
             }
         }
+        Stmt::Call {
+            regions, scalars, ..
+        } => {
+            for r in regions {
+                bufs.insert(r.buf);
+                r.exprs().for_each(|e| on_expr(e, bufs, vars));
+            }
+            scalars.iter().for_each(|e| on_expr(e, bufs, vars));
+        }
         Stmt::Seq(_) | Stmt::Barrier => {}
     });
     // Shapes and strides of every buffer touched (the shapes of locals are what `Allocate`

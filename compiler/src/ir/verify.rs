@@ -45,6 +45,7 @@
 //! the file's fault (`CompileError`), not as an internal error.
 
 use super::expr::{BinOp, BufId, Const, Expr, ExprKind, UnOp};
+use super::intrin::{check_call, Intrin, Region};
 use super::limits::{MAX_FUNC_NODES, MAX_IR_DEPTH, MAX_STMT_DEPTH};
 use super::printer::stmt_to_string;
 use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
@@ -616,6 +617,34 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
+    #[inline(never)]
+    fn call(&self, intrin: Intrin, regions: &[Region], scalars: &[Expr]) -> Result<()> {
+        let what = format!("call of `{}`", intrin.name());
+        for r in regions {
+            for e in r.exprs() {
+                self.int_expr(e, &format!("region of {what}"))?;
+            }
+            let Some(b) = self.bufs.get(&r.buf).copied() else {
+                return Err(self.fail(
+                    "unknown buffer",
+                    format!("{what}: region of buffer id {}", r.buf.0),
+                ));
+            };
+            self.access(r.buf, r.base.len(), b.dtype, &what)?;
+            if r.write && b.kind == (BufKind::Param { output: false }) {
+                return Err(self.fail(
+                    "stores go only to outputs and locals",
+                    format!("{what} writes input parameter `{}`", b.name),
+                ));
+            }
+        }
+        for e in scalars {
+            self.expr(e, &format!("scalar of {what}"))?;
+        }
+        check_call(self.func, intrin, regions, scalars, self.flattened)
+            .map_err(|m| self.fail("intrinsic call must match its signature", m))
+    }
+
     fn stmt_inner(&mut self, s: &'a Stmt) -> Result<()> {
         match s {
             Stmt::For {
@@ -746,6 +775,13 @@ impl<'a> Verifier<'a> {
             }
             // Where barriers may stand is a rule of `verify_gpu`.
             Stmt::Barrier => Ok(()),
+            // Out of line: this function recurses once per nesting level, so its frame stays
+            // small (`MAX_STMT_DEPTH`).
+            Stmt::Call {
+                intrin,
+                regions,
+                scalars,
+            } => self.call(*intrin, regions, scalars),
             // Where it may stand is a rule of `verify_gpu`; its operands are checked here.
             Stmt::AllReduce { value, dst, .. } => {
                 self.expr(value, "allreduce value")?;

@@ -271,6 +271,15 @@ impl Walker<'_> {
                     }
                 }
             }
+            Stmt::Call { intrin, .. } => {
+                if self.kernel.is_some() {
+                    set(
+                        &mut self.fail,
+                        "intrinsic calls (CPU micro-kernels) stand outside kernels",
+                        format!("call of `{}` inside a GPU kernel", intrin.name()),
+                    );
+                }
+            }
             Stmt::Barrier => {
                 if self.kernel.is_none() {
                     set(

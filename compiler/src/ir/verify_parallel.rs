@@ -27,6 +27,7 @@
 //! Work is bounded: the walk stops after `budget` expression nodes.
 
 use super::expr::{BinOp, BufId, Expr, ExprKind};
+use super::intrin::{check_call, model};
 use super::stmt::{BufKind, PrimFunc, Stmt};
 use crate::lower::simplify::{linear, simplify};
 use std::collections::{HashMap, HashSet};
@@ -55,6 +56,9 @@ struct Body<'a> {
     stored: Vec<BufId>,
     store_count: HashMap<BufId, usize>,
     budget: &'a mut usize,
+    /// The declared computations of the body's intrinsic calls, by the call's address: a
+    /// call is checked as its model (`ir::intrin`), whose accesses are the call's.
+    models: &'a HashMap<*const Stmt, Stmt>,
 }
 
 /// Checks the loop `for v in ..: body`; `budget` is decremented per expression node walked
@@ -65,7 +69,22 @@ pub fn check_loop(
     body: &Stmt,
     budget: &mut usize,
 ) -> std::result::Result<(), Race> {
+    let mut models = HashMap::new();
+    body.visit(&mut |s| {
+        if let Stmt::Call {
+            intrin,
+            regions,
+            scalars,
+        } = s
+        {
+            // A malformed call is the verifier's to report; model only well-formed ones.
+            if check_call(func, *intrin, regions, scalars, false).is_ok() {
+                models.insert(s as *const Stmt, model(func, *intrin, regions, false));
+            }
+        }
+    });
     let mut b = Body {
+        models: &models,
         v: v.id,
         inner: HashMap::new(),
         private: HashSet::new(),
@@ -206,6 +225,19 @@ impl<'a> Body<'a> {
             // Only inside a kernel, which no parallel loop holds (`verify_gpu` refuses it
             // there); its loads are still accesses of the loop body.
             Stmt::AllReduce { value, .. } => self.loads(value),
+            Stmt::Call { scalars, .. } => {
+                for e in scalars {
+                    self.loads(e)?;
+                }
+                let models = self.models;
+                match models.get(&(s as *const Stmt)) {
+                    Some(m) => self.collect(m),
+                    None => Err(Race {
+                        buffer: String::new(),
+                        why: "a malformed intrinsic call".into(),
+                    }),
+                }
+            }
             Stmt::Store {
                 buf,
                 indices,

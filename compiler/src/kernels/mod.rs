@@ -20,6 +20,7 @@
 
 pub mod defs;
 pub mod strategy;
+pub mod tensorized;
 
 use crate::build::{build, make_function};
 use crate::error::Result;

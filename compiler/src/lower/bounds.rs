@@ -24,6 +24,7 @@ use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::checked::{always_in_i64, eval_checked};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
+use crate::ir::intrin::{check_call, model, Intrin, Region};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
 use rivet_runtime::DType;
@@ -303,6 +304,23 @@ impl Prover<'_> {
         }
     }
 
+    /// Out of line, so that `stmt`, which recurses per nesting level, keeps a small frame.
+    #[inline(never)]
+    fn call(
+        &mut self,
+        intrin: Intrin,
+        regions: &[Region],
+        scalars: &[Expr],
+        env: &Env,
+    ) -> Result<()> {
+        check_call(self.func, intrin, regions, scalars, false).map_err(Error::Compile)?;
+        for e in scalars {
+            self.exprs(e, env)?;
+        }
+        let m = model(self.func, intrin, regions, false);
+        self.stmt(&m, env)
+    }
+
     fn stmt(&mut self, s: &Stmt, env: &Env) -> Result<()> {
         match s {
             Stmt::For {
@@ -386,6 +404,13 @@ impl Prover<'_> {
             // Its destination is element 0 of a one-element local buffer (`verify_gpu`); what
             // the value reads is proved as any expression's loads.
             Stmt::AllReduce { value, .. } => self.exprs(value, env),
+            // The declared computation has exactly the accesses the intrinsic may make (every
+            // element of every region): proving it proves the opaque call (`ir::intrin`).
+            Stmt::Call {
+                intrin,
+                regions,
+                scalars,
+            } => self.call(*intrin, regions, scalars, env),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Pass: buffer flattening. Every multi-dimensional `Load`/`Store` becomes one element offset
 //! `sum(index_d * stride_d)` over the buffer's stride variables (bound at call time for
 //! parameters, so transposed and sliced views work in place; bound to compact strides by
-//! `Allocate` for locals).
+//! `Allocate` for locals). An intrinsic call's region bases are flattened the same way.
 
 use crate::ir::expr::{Expr, ExprKind};
 use crate::ir::stmt::{PrimFunc, Stmt};
@@ -38,6 +38,23 @@ pub fn flatten(func: &mut PrimFunc) {
             buf,
             indices: vec![offset(&f, buf, &indices)],
             value,
+        },
+        // A region's base element is flattened like an access; its axes keep their dims,
+        // whose stride variables step the region (`ir::intrin`).
+        Stmt::Call {
+            intrin,
+            regions,
+            scalars,
+        } => Stmt::Call {
+            intrin,
+            regions: regions
+                .into_iter()
+                .map(|mut r| {
+                    r.base = vec![offset(&f, r.buf, &r.base)];
+                    r
+                })
+                .collect(),
+            scalars,
         },
         other => other,
     });

@@ -9,6 +9,7 @@ pub mod nest;
 pub mod simplify;
 pub mod split;
 pub mod sync;
+pub mod tensorize;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
@@ -72,7 +73,24 @@ pub struct Lowered {
 pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered> {
     // 1. The loop nest: bound inference, schedule, inlining, compute_at regions.
     let nest = match src {
-        Source::Schedule { sched, args, name } => nest::build_nest(sched, args, name)?,
+        Source::Schedule { sched, args, name } => {
+            let mut nest = nest::build_nest(sched, args, name)?;
+            // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
+            //     a loaded module proves the calls again).
+            let marks: Vec<tensorize::Mark> = sched
+                .stages
+                .iter()
+                .flat_map(|st| {
+                    st.tensorize.iter().map(|(v, i)| tensorize::Mark {
+                        var: v.clone(),
+                        intrin: *i,
+                        stage: st.tensor.name().to_string(),
+                    })
+                })
+                .collect();
+            tensorize::apply(&mut nest, &marks)?;
+            nest
+        }
         Source::Loaded(f) => {
             verify_loaded(&f)?;
             f

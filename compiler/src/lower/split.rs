@@ -94,9 +94,11 @@ fn outline(s: &Stmt, f: &PrimFunc, names: &HashMap<u32, Var>, out: &mut Vec<Devi
             body: rec(body, out),
         },
         Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| outline(s, f, names, out)).collect()),
-        Stmt::Store { .. } | Stmt::Barrier | Stmt::AllReduce { .. } | Stmt::Launch { .. } => {
-            s.clone()
-        }
+        Stmt::Store { .. }
+        | Stmt::Barrier
+        | Stmt::AllReduce { .. }
+        | Stmt::Launch { .. }
+        | Stmt::Call { .. } => s.clone(),
     }
 }
 

@@ -111,7 +111,7 @@ impl FnGen<'_, '_> {
     }
 
     /// The address of element `indices[0]` of `buf`.
-    fn address(&mut self, buf: BufId, indices: &[Expr]) -> Result<(Value, DType)> {
+    pub(super) fn address(&mut self, buf: BufId, indices: &[Expr]) -> Result<(Value, DType)> {
         let dt = self
             .func
             .buffers

@@ -33,10 +33,14 @@
 //!
 //! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
-//! `extern "C"` runtime helpers generated code calls besides `math::symbols()`).
+//! `extern "C"` runtime helpers generated code calls besides `math::symbols()`), `intrin.rs`
+//! (intrinsic calls: a call of the micro-kernel `codegen::microkernel` selected for this
+//! process, through the symbols `rivet_gemm_f32` / `rivet_gemm_f64`, which each kernel's JIT
+//! module binds to the chosen variant's entry when it is built).
 
 mod expr;
 mod helpers;
+mod intrin;
 mod parallel;
 mod stmt;
 #[cfg(test)]
@@ -132,6 +136,9 @@ impl CraneliftBackend {
             jb.symbol(name, addr);
         }
         for (name, addr) in helpers::symbols() {
+            jb.symbol(name, addr);
+        }
+        for (name, addr) in intrin::symbols(func)? {
             jb.symbol(name, addr);
         }
         let module = JITModule::new(jb);

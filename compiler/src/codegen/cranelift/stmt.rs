@@ -54,6 +54,9 @@ impl FnGen<'_, '_> {
                 indices,
                 value,
             } => self.store(*buf, indices, value),
+            Stmt::Call {
+                intrin, regions, ..
+            } => self.call_intrin(*intrin, regions),
             Stmt::Let { var, value, body } => {
                 let x = self.expr(value)?;
                 if self.b.func.dfg.value_type(x) != value_ty(value.dtype()) {
@@ -127,7 +130,7 @@ impl FnGen<'_, '_> {
         }
     }
 
-    fn index_i64(&mut self, v: Value, dt: DType) -> Value {
+    pub(super) fn index_i64(&mut self, v: Value, dt: DType) -> Value {
         let ty = self.b.func.dfg.value_type(v);
         if ty == types::I64 {
             v

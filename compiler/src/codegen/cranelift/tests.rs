@@ -1403,7 +1403,7 @@ fn random_bytes(rng: &mut Rng, dt: DType, n: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * dt.size());
     for _ in 0..n {
         let r = rng.next();
-        if dt.is_float() && r % 4 == 0 {
+        if dt.is_float() && r.is_multiple_of(4) {
             out.extend(cast_bytes(
                 S::F64(specials[(r >> 8) as usize % specials.len()]),
                 DType::F64,
@@ -1412,7 +1412,7 @@ fn random_bytes(rng: &mut Rng, dt: DType, n: usize) -> Vec<u8> {
         } else if dt.is_float() {
             let x = ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 20.0;
             out.extend(cast_bytes(S::F64(x), DType::F64, dt));
-        } else if r % 3 == 0 {
+        } else if r.is_multiple_of(3) {
             out.extend(cast_bytes(
                 S::I(((r >> 8) % 11) as i128 - 5),
                 DType::I64,

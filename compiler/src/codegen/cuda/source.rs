@@ -127,10 +127,21 @@ pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
                 ),
             )),
             Stmt::Barrier => Err(Error::Internal("barrier outside a kernel".into())),
+            Stmt::Call { intrin, .. } => Err(call_refused(*intrin)),
             Stmt::AllReduce { .. } => Err(Error::Internal(
                 "cross-thread reduction outside a kernel".into(),
             )),
         }
+    }
+    // A tensorized function names the reason first: its calls, not a missing binding.
+    let mut call = None;
+    func.visit_all(&mut |s| {
+        if let Stmt::Call { intrin, .. } = s {
+            call.get_or_insert(*intrin);
+        }
+    });
+    if let Some(intrin) = call {
+        return Err(call_refused(intrin));
     }
     if !func.kernels.iter().any(|k| k.kind == DeviceKind::Gpu) {
         return Err(Error::Compile(format!(
@@ -535,6 +546,7 @@ impl<'a> KernelGen<'a> {
     fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
+            Stmt::Call { intrin, .. } => Err(call_refused(*intrin)),
             Stmt::For {
                 var,
                 min,
@@ -1139,4 +1151,12 @@ fn cast(from: DType, to: DType, x: &str) -> String {
         // they are modular in CUDA and since C++20).
         _ => format!("(({}){x})", value_type(to)),
     }
+}
+
+/// Intrinsic calls (`tensorize`) run CPU micro-kernels; CUDA has none yet.
+fn call_refused(intrin: crate::ir::Intrin) -> Error {
+    Error::Compile(format!(
+        "the CUDA backend has no `{}` intrinsic: tensorize onto micro-kernels is CPU-only (build for target \"cpu\", or drop the tensorize)",
+        intrin.name()
+    ))
 }

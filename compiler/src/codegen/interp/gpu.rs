@@ -384,6 +384,10 @@ impl Machine<'_> {
                 }
                 Ok(())
             }
+            Stmt::Call { intrin, .. } => Err(self.err(format!(
+                "a call of `{}` inside a GPU kernel (calls are CPU micro-kernels)",
+                intrin.name()
+            ))),
             Stmt::Barrier => {
                 let g = self.block();
                 let (n, b) = (g.coords.len(), g.block);

@@ -44,6 +44,7 @@
 use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
+use crate::ir::intrin::{gemm_extents, Intrin, Region};
 use crate::ir::stmt::{Buffer, DeviceFunc, ForKind, PrimFunc, Stmt};
 use crate::ir::verify::verify;
 use crate::target::Target;
@@ -604,6 +605,103 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// A region's base element offset and the element strides of its axes, checked: in
+    /// unflattened IR each dim's base and last index against the extent (checked mode: the
+    /// user's `IndexError`), always the first and last element against the buffer's span.
+    fn region(&mut self, r: &Region, extents: &[i64]) -> Result<(usize, i64, Vec<i64>)> {
+        let pos = self.buf_pos(r.buf.0)?;
+        let base = self.offset(pos, &r.base, "intrinsic region")?;
+        let b = &self.bufs[pos];
+        let steps: Vec<i64> = r.axes.iter().map(|a| b.strides[a.dim as usize]).collect();
+        if extents.iter().any(|&e| e <= 0) {
+            return Ok((pos, base, steps));
+        }
+        if !self.flattened {
+            for (a, &e) in r.axes.iter().zip(extents) {
+                let d = a.dim as usize;
+                let first = self.int(&r.base[d])?;
+                let b = &self.bufs[pos];
+                let last = first + (e - 1);
+                if last >= b.shape[d] {
+                    let msg = format!(
+                        "{}: the intrinsic region of tensor '{}' dim {d} reaches index {last}, outside [0, {})",
+                        self.name, b.name, b.shape[d]
+                    );
+                    return Err(if self.checked {
+                        Error::Runtime(rivet_runtime::Error::Index(msg))
+                    } else {
+                        self.err(msg)
+                    });
+                }
+            }
+        }
+        let b = &self.bufs[pos];
+        let (mut lo, mut hi) = (base as i128, base as i128);
+        for (&s, &e) in steps.iter().zip(extents) {
+            let far = s as i128 * (e as i128 - 1);
+            lo += far.min(0);
+            hi += far.max(0);
+        }
+        if lo < b.lo as i128 || hi > b.hi as i128 {
+            return Err(self.err(format!(
+                "intrinsic region of `{}` spans element offsets {lo}..={hi}, outside {}..={}",
+                b.name, b.lo, b.hi
+            )));
+        }
+        Ok((pos, base, steps))
+    }
+
+    /// Runs an intrinsic's reference: its exact definition (`ir::intrin`), the fused
+    /// multiply-adds in the order every micro-kernel uses, so results agree bit for bit.
+    ///
+    /// # Safety
+    /// As `exec`.
+    unsafe fn call(&mut self, intrin: Intrin, regions: &[Region]) -> Result<()> {
+        match intrin {
+            Intrin::GemmUpdate => {
+                if regions.len() != 3 {
+                    return Err(self.err("gemm_update takes 3 regions"));
+                }
+                let (m, n, k) = gemm_extents(regions);
+                let (m, n, k) = (self.int(&m)?, self.int(&n)?, self.int(&k)?);
+                let (cp, c0, cs) = self.region(&regions[0], &[m, n])?;
+                let (ap, a0, as_) = self.region(&regions[1], &[k, m])?;
+                let (bp, b0, bs) = self.region(&regions[2], &[k, n])?;
+                let dt = self.bufs[cp].dtype;
+                let at = |m: &Machine, pos: usize, off: i64| {
+                    let b = &m.bufs[pos];
+                    b.ptr
+                        .wrapping_offset((off as isize).wrapping_mul(b.dtype.size() as isize))
+                };
+                for i in 0..m.max(0) {
+                    for j in 0..n.max(0) {
+                        let pc = at(self, cp, c0 + i * cs[0] + j * cs[1]);
+                        // SAFETY: inside the C region checked above.
+                        let mut acc = unsafe { read_elem(pc, dt) };
+                        for p in 0..k.max(0) {
+                            let pa = at(self, ap, a0 + p * as_[0] + i * as_[1]);
+                            let pb = at(self, bp, b0 + p * bs[0] + j * bs[1]);
+                            // SAFETY: inside the A and B regions checked above.
+                            let (x, y) = unsafe { (read_elem(pa, dt), read_elem(pb, dt)) };
+                            acc = match (x, y, acc) {
+                                (Value::F32(x), Value::F32(y), Value::F32(c)) => {
+                                    Value::F32(x.mul_add(y, c))
+                                }
+                                (Value::F64(x), Value::F64(y), Value::F64(c)) => {
+                                    Value::F64(x.mul_add(y, c))
+                                }
+                                _ => return Err(self.err(format!("gemm_update of {dt}"))),
+                            };
+                        }
+                        // SAFETY: inside the C region checked above.
+                        unsafe { write_elem(pc, dt, acc) };
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// # Safety
     /// Parameter buffers' pointers, shapes and strides in `self.bufs` must be valid.
     unsafe fn exec(&mut self, s: &Stmt) -> Result<()> {
@@ -617,6 +715,12 @@ impl<'a> Machine<'a> {
                 unsafe { self.run_kernel(s) }
             }
             Stmt::Barrier => Err(self.err("barrier outside a kernel")),
+            Stmt::Call {
+                intrin, regions, ..
+            } => {
+                // SAFETY: forwarded; every element is checked against its buffer's span.
+                unsafe { self.call(*intrin, regions) }
+            }
             Stmt::AllReduce { .. } => Err(self.err("a cross-thread reduction outside a kernel")),
             // An outlined body runs in place (its captures are the variables bound here).
             Stmt::Launch { kernel } => {

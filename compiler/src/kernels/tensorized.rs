@@ -1,0 +1,153 @@
+//! The blocked, packed, tensorized f32/f64 GEMM written in the DSL (the schedule of the notes'
+//! blocked GEMM, with its register tile as one `gemm_update` micro-kernel call):
+//!
+//! ```text
+//! Ap[io, p, ii]     = A[io*MR + ii, p]      (0 past M)     A packed in MR-tall panels
+//! Bp[jo, p, ji]     = B[p, jo*NR + ji]      (0 past N)     B packed in NR-wide panels
+//! Cp[i, j]          = sum_p Ap[i / MR, p, i % MR] * Bp[j / NR, p, j % NR]   (padded)
+//! C[i, j]           = Cp[i, j]
+//! ```
+//!
+//! When M and N are multiples of the tile, `Cp` is `C` itself (no padded copy); the packing
+//! conditions are only there for the dims that need padding. `i` and `j` are split by the
+//! tile, so the packed reads are `Ap[io, p, ii]` once `lower::tensorize` folds the tile
+//! divisions.
+//!
+//! Schedule: `Cp`'s loops `io, ii, jo, ji` (the splits of i and j), ordered `jo` (parallel), `po` (KC-deep slices of the products), `io`, then
+//! the tile `ii, ji, pi`, tensorized at `ii` onto `gemm_update` (per call a 32 x KC slice of
+//! B, 32 KiB at KC = 256, stays in L1 while the A panels stream by; K is padded with zeros
+//! to a multiple of KC, which adds exact zeros) (the AVX-512 kernel's 12x32 tile: a 6x16 AVX2 kernel covers it in
+//! four calls, the portable loop anywhere). Padding the panels to whole tiles keeps the tile
+//! loops free of guards (which tensorize refuses), so any M, N, K work. `a_t` / `b_t` take A
+//! as `(K, M)` / B as `(N, K)` (transposed operands); any strides work, as everywhere.
+
+use crate::error::Result;
+use crate::ir::intrin::Intrin;
+use crate::ir::Expr;
+use crate::schedule::Schedule;
+use crate::te::{self, ax, compute, ok, placeholder, Tensor};
+use rivet_runtime::DType;
+
+/// The register tile (rows, columns) of the tensorized GEMM.
+pub const MR: i64 = 12;
+pub const NR: i64 = 32;
+/// Depth of the product slices one micro-kernel call runs (the cache block of B).
+pub const KC: i64 = 256;
+
+/// The tensors `[A, B, C]` (call order) and the schedule of `C = A @ B` for `(m, k) x (k, n)`.
+pub fn gemm(
+    (m, n, k): (i64, i64, i64),
+    dtype: DType,
+    a_t: bool,
+    b_t: bool,
+) -> Result<(Vec<Tensor>, Schedule)> {
+    let int = Expr::int;
+    let (mo, no) = ((m + MR - 1) / MR, (n + NR - 1) / NR);
+    let kc = KC.min(k.max(1));
+    let kp = (k + kc - 1) / kc * kc;
+    let a_shape = if a_t {
+        [int(k), int(m)]
+    } else {
+        [int(m), int(k)]
+    };
+    let b_shape = if b_t {
+        [int(n), int(k)]
+    } else {
+        [int(k), int(n)]
+    };
+    let a = placeholder(&a_shape, dtype, "A")?;
+    let b = placeholder(&b_shape, dtype, "B")?;
+    let zero = te::constant(0.0, dtype);
+    // The condition of a packed element: only the bounds that padding can cross.
+    let inside = |x: &Expr, xn: i64, tile: i64, p: &Expr| {
+        let mut c: Option<Expr> = None;
+        if xn % tile != 0 {
+            c = Some(x.lt(&int(xn)));
+        }
+        if k != kp {
+            let pk = p.lt(&int(k));
+            c = Some(match c {
+                Some(c) => ok(te::all(c, pk)),
+                None => pk,
+            });
+        }
+        c
+    };
+    let padded = |c: Option<Expr>, v: Expr| match c {
+        Some(c) => ok(te::if_then_else(c, v, zero.clone())),
+        None => v,
+    };
+    let ap = compute(
+        &[int(mo), int(kp), int(MR)],
+        |x| {
+            let i = x[0].mul(&int(MR)).add(&x[2]);
+            let v = if a_t {
+                a.idx(&[x[1].clone(), i.clone()])
+            } else {
+                a.idx(&[i.clone(), x[1].clone()])
+            };
+            padded(inside(&i, m, MR, &x[1]), v)
+        },
+        "A.packed",
+    )?;
+    let bp = compute(
+        &[int(no), int(kp), int(NR)],
+        |x| {
+            let j = x[0].mul(&int(NR)).add(&x[2]);
+            let v = if b_t {
+                b.idx(&[j.clone(), x[1].clone()])
+            } else {
+                b.idx(&[x[1].clone(), j.clone()])
+            };
+            padded(inside(&j, n, NR, &x[1]), v)
+        },
+        "B.packed",
+    )?;
+    let p = te::reduce_axis(int(0), int(kp), "p")?;
+    let aligned = m % MR == 0 && n % NR == 0;
+    let cp = compute(
+        &[int(mo * MR), int(no * NR)],
+        |x| {
+            ok(te::sum(
+                ap.idx(&[x[0].floordiv(&int(MR)), ax(&p), x[0].floormod(&int(MR))])
+                    * bp.idx(&[x[1].floordiv(&int(NR)), ax(&p), x[1].floormod(&int(NR))]),
+                std::slice::from_ref(&p),
+            ))
+        },
+        if aligned { "C" } else { "C.padded" },
+    )?;
+    let c = if aligned {
+        cp.clone()
+    } else {
+        compute(
+            &[int(m), int(n)],
+            |x| cp.idx(&[x[0].clone(), x[1].clone()]),
+            "C",
+        )?
+    };
+    let mut s = Schedule::new(std::slice::from_ref(&c))?;
+    let v = |t: &Tensor, d: usize| t.axis()[d].var.clone();
+    {
+        let st = s.stage(&cp)?;
+        let (io, ii) = st.split(&v(&cp, 0), Some(int(MR)), None)?;
+        let (jo, ji) = st.split(&v(&cp, 1), Some(int(NR)), None)?;
+        let (po, pi) = st.split(&p.var, Some(int(kc)), None)?;
+        st.reorder(&[jo.clone(), po, io, ii.clone(), ji, pi])?;
+        st.parallel(&jo)?;
+        st.tensorize(&ii, Intrin::GemmUpdate)?;
+    }
+    if !aligned {
+        s.stage(&c)?.parallel(&v(&c, 0))?;
+    }
+    s.stage(&ap)?.parallel(&v(&ap, 0))?;
+    // Pack loops in the order that reads the source row by row: B[p, j] (row-major) is read
+    // along j for each p; a transposed B like A, along the panel's rows.
+    if b_t {
+        s.stage(&bp)?.parallel(&v(&bp, 0))?;
+    } else {
+        let st = s.stage(&bp)?;
+        st.reorder(&[v(&bp, 1), v(&bp, 0), v(&bp, 2)])?;
+        st.parallel(&v(&bp, 1))?;
+    }
+    Ok((vec![a, b, c], s))
+}

@@ -1,0 +1,420 @@
+//! Pass (right after the loop nest): `tensorize`. For every loop a schedule marked
+//! (`Stage::tensorize`), the nest under it — the loop and everything inside — is replaced by
+//! one intrinsic call (`Stmt::Call`) when it computes exactly the intrinsic's declared
+//! computation (`ir::intrin::model`), and is a `CompileError` naming the difference otherwise.
+//!
+//! `gemm_update` matches a perfect nest of three loops starting at 0 (any order, any
+//! annotation but parallel) around one store `C[..] = C[..] + X[..] * Y[..]` (or `C + Y * X`,
+//! `X * Y + C`) of float32 or float64 where:
+//! - two of the loop variables (`i`, `j`) index C, each alone in one dim with coefficient 1
+//!   (`base + v`, the base free of the three variables); the third (`p`) does not;
+//! - one operand (A) is indexed by `p` and `i` only, the other (B) by `p` and `j` only, in the
+//!   same form; the extents of `i` and `j` are constants (the register tile).
+//!
+//! The call's regions are then C (axes i, j), A (axes p, i), B (axes p, j) with bases at
+//! `i = j = p = 0`: the same elements the nest touches, so the bounds proof that follows
+//! proves the call as it would have proven the nest. Every loop order visits each C element's
+//! products in ascending `p`, the order the intrinsic uses. The only change in results is the
+//! fused multiply-add (one rounding instead of two; docs/cpu.md).
+//!
+//! Indices of the form `(K*e + c + v) // K` and `% K`, where `v` is a loop of the nest with
+//! extent at most `K - c` (`0 <= c`) and `e` is integer (every other coefficient a multiple of
+//! `K`), are first folded to `e + 0` and `c + v`: exact for those ranges, and what a tiled
+//! index (`A[i // MR, p, i % MR]` with `i = io*MR + ii`) needs to be recognised.
+//!
+//! The loop found is the one (of the marked variable) whose nest updates its stage's tensor:
+//! a reduction's init nest reuses the data-parallel loop variables and is left alone.
+
+use super::simplify::{linear, simplify, Linear};
+use crate::error::{Error, Result};
+use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, Var};
+use crate::ir::intrin::{check_call, Intrin, Region, RegionAxis};
+use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
+use rivet_runtime::DType;
+
+/// A marked loop: its variable, the intrinsic, and the stage's name (for messages).
+pub struct Mark {
+    pub var: Var,
+    pub intrin: Intrin,
+    pub stage: String,
+}
+
+/// Replaces every marked nest of `func` by its call (module header).
+pub fn apply(func: &mut PrimFunc, marks: &[Mark]) -> Result<()> {
+    for m in marks {
+        let mut found = 0usize;
+        let mut failure: Option<String> = None;
+        let f = func.clone();
+        let body = func.body.rewrite(&mut |e| e.clone(), &mut |s| match &s {
+            Stmt::For { var, .. } if *var == m.var => match match_nest(&f, &s, m.intrin) {
+                Ok(call) => {
+                    found += 1;
+                    call
+                }
+                Err(why) => {
+                    // Init nests (no load of what they store) are not candidates.
+                    if updates_itself(&s) {
+                        failure.get_or_insert(why);
+                    }
+                    s
+                }
+            },
+            _ => s,
+        });
+        if let Some(why) = failure {
+            return Err(Error::Compile(format!(
+                "tensorize of '{}' at loop '{}' onto `{}`: {why}",
+                m.stage,
+                m.var.name,
+                m.intrin.name()
+            )));
+        }
+        if found == 0 {
+            return Err(Error::Compile(format!(
+                "tensorize of '{}' at loop '{}' onto `{}`: no loop nest of that loop updates the stage (was the loop split or fused after tensorize, or the stage inlined?)",
+                m.stage,
+                m.var.name,
+                m.intrin.name()
+            )));
+        }
+        func.body = body;
+    }
+    Ok(())
+}
+
+/// Whether a store inside `s` reads the buffer it writes (an update, not an init).
+fn updates_itself(s: &Stmt) -> bool {
+    let mut yes = false;
+    s.visit(&mut |st| {
+        if let Stmt::Store { buf, value, .. } = st {
+            value.visit(&mut |n| {
+                if let ExprKind::Load { buf: b, .. } = n.kind() {
+                    yes |= b == buf;
+                }
+            });
+        }
+    });
+    yes
+}
+
+/// The loops of a perfect nest, outermost first, and the statement inside them.
+fn peel(s: &Stmt) -> (Vec<(&Var, &Expr, &Expr, ForKind)>, &Stmt) {
+    let mut loops = Vec::new();
+    let mut cur = s;
+    while let Stmt::For {
+        var,
+        min,
+        extent,
+        kind,
+        body,
+    } = cur
+    {
+        loops.push((var, min, extent, *kind));
+        cur = body;
+    }
+    (loops, cur)
+}
+
+fn what(s: &Stmt) -> &'static str {
+    match s {
+        Stmt::If { .. } => "a condition (a guard: a split whose factor does not divide the extent; pad the tensors to a multiple of the tile)",
+        Stmt::Seq(_) => "several statements",
+        Stmt::Let { .. } => "a let binding",
+        Stmt::Allocate { .. } => "a local allocation",
+        Stmt::Call { .. } => "another intrinsic call",
+        _ => "a statement the intrinsic does not compute",
+    }
+}
+
+/// For each dim of `idx`: which of `vars` it walks (with coefficient 1), or `None`; and the
+/// index with every var at 0 (the region's base).
+fn decompose(
+    idx: &[Expr],
+    vars: &[&Var],
+    name: &str,
+) -> std::result::Result<(Vec<Option<usize>>, Vec<Expr>), String> {
+    let mut walks = Vec::new();
+    let mut base = Vec::new();
+    for (d, e) in idx.iter().enumerate() {
+        let used: Vec<usize> = (0..vars.len()).filter(|&k| e.uses(vars[k])).collect();
+        let b = simplify(&e.substitute(&|v| vars.contains(&v).then(|| Expr::int(0))));
+        match used.as_slice() {
+            [] => walks.push(None),
+            [k] => {
+                let rest = simplify(&e.sub(&b));
+                if rest.as_var() != Some(vars[*k]) {
+                    return Err(format!(
+                        "{name}'s index {e} (dim {d}) is not `base + {}` (the intrinsic walks each dim with step 1)",
+                        vars[*k].name
+                    ));
+                }
+                walks.push(Some(*k));
+            }
+            _ => {
+                return Err(format!(
+                    "{name}'s index {e} (dim {d}) mixes several loop variables of the nest"
+                ))
+            }
+        }
+        base.push(b);
+    }
+    Ok((walks, base))
+}
+
+/// The dim of `walks` walking var `k`, when exactly one does.
+fn dim_of(walks: &[Option<usize>], k: usize) -> Option<u32> {
+    let ds: Vec<usize> = (0..walks.len()).filter(|&d| walks[d] == Some(k)).collect();
+    match ds.as_slice() {
+        [d] => Some(*d as u32),
+        _ => None,
+    }
+}
+
+fn match_nest(func: &PrimFunc, s: &Stmt, intrin: Intrin) -> std::result::Result<Stmt, String> {
+    match intrin {
+        Intrin::GemmUpdate => match_gemm(func, s),
+    }
+}
+
+/// Folds `(K*e + c + v) // K` to `e` and `(K*e + c + v) % K` to `c + v` where `v` is one of
+/// the nest's loops (`ranges`: variable and constant extent) with `0 <= c` and `c + extent <=
+/// K`, and every other term's coefficient a multiple of K (module header). Exact under those
+/// ranges; anything else is left as it is.
+fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
+    e.rewrite(&mut |n| {
+        let ExprKind::Binary(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, k) = n.kind() else {
+            return None;
+        };
+        let k = k.as_int().filter(|k| *k > 0)?;
+        let l = linear(a)?;
+        let mut v = None;
+        let mut rest = Vec::new();
+        for (t, c) in &l.terms {
+            let ext = ranges
+                .iter()
+                .find(|(x, _)| t.as_var() == Some(*x))
+                .and_then(|(_, e)| *e);
+            match (ext, c) {
+                (Some(ext), 1) if v.is_none() => v = Some((t.clone(), ext)),
+                _ if c % k == 0 => rest.push((t.clone(), c / k)),
+                _ => return None,
+            }
+        }
+        let (t, ext) = v?;
+        let c = l.constant;
+        if c < 0 || c.checked_add(ext)? > k {
+            return None;
+        }
+        Some(if *op == BinOp::FloorDiv {
+            Linear {
+                terms: rest,
+                constant: 0,
+            }
+            .to_expr()
+        } else {
+            t.add(&Expr::int(c))
+        })
+    })
+}
+
+fn match_gemm(func: &PrimFunc, s: &Stmt) -> std::result::Result<Stmt, String> {
+    let (loops, inner) = peel(s);
+    let ranges: Vec<(&Var, Option<i64>)> = loops.iter().map(|l| (l.0, l.2.as_int())).collect();
+    let folded = inner.rewrite(&mut |e| fold_tiles(e, &ranges), &mut |s| s);
+    let Stmt::Store {
+        buf: c,
+        indices: cidx,
+        value,
+    } = &folded
+    else {
+        return Err(format!("the nest holds {}", what(inner)));
+    };
+    if loops.len() != 3 {
+        return Err(format!(
+            "the intrinsic computes a nest of 3 loops (i, j over the C tile, p over the products); this one has {}",
+            loops.len()
+        ));
+    }
+    for (v, min, _, kind) in &loops {
+        if min.as_int() != Some(0) {
+            return Err(format!("loop '{}' starts at {min}, not 0", v.name));
+        }
+        if matches!(kind, ForKind::Parallel | ForKind::Thread(_)) {
+            return Err(format!("loop '{}' is {kind:?}", v.name));
+        }
+    }
+    let dt = func.buffer(*c).dtype;
+    if !matches!(dt, DType::F32 | DType::F64) {
+        return Err(format!(
+            "it stores {dt}; the intrinsic computes float32 or float64"
+        ));
+    }
+    // C + X * Y, in either order of the sum and of the product.
+    let parts = |e: &Expr| match e.kind() {
+        ExprKind::Binary(BinOp::Add, a, b) => Some((a.clone(), b.clone())),
+        _ => None,
+    };
+    let load = |e: &Expr| match e.kind() {
+        ExprKind::Load { buf, indices } => Some((*buf, indices.clone())),
+        _ => None,
+    };
+    let (acc, prod) = match parts(value) {
+        Some((a, b)) if load(&a).is_some_and(|(x, i)| x == *c && i == *cidx) => (a, b),
+        Some((a, b)) if load(&b).is_some_and(|(x, i)| x == *c && i == *cidx) => (b, a),
+        _ => {
+            return Err(format!(
+                "its store {} = {value} is not `{0} + a * b` (an accumulation into the element it stores)",
+                func.buffer(*c).name
+            ))
+        }
+    };
+    let _ = acc;
+    let (x, y) = match prod.kind() {
+        ExprKind::Binary(BinOp::Mul, a, b) => match (load(a), load(b)) {
+            (Some(x), Some(y)) => (x, y),
+            _ => {
+                return Err(format!(
+                    "the product {prod} is not of two tensor elements (a cast, a constant or another operation is not the intrinsic's)"
+                ))
+            }
+        },
+        _ => {
+            return Err(format!(
+                "the accumulated value {prod} is not a product `a * b`"
+            ))
+        }
+    };
+    for (b, _) in [&x, &y] {
+        if func.buffer(*b).dtype != dt {
+            return Err(format!(
+                "operand '{}' is {}, C is {dt}",
+                func.buffer(*b).name,
+                func.buffer(*b).dtype
+            ));
+        }
+        if *b == *c {
+            return Err("an operand is the accumulated tensor itself".into());
+        }
+    }
+    let vars: Vec<&Var> = loops.iter().map(|l| l.0).collect();
+    let cname = func.buffer(*c).name.clone();
+    let (cw, cbase) = decompose(cidx, &vars, &cname)?;
+    let in_c: Vec<usize> = (0..3).filter(|&k| dim_of(&cw, k).is_some()).collect();
+    let [c0, c1] = in_c.as_slice() else {
+        return Err(format!(
+            "C ('{cname}') is walked by {} of the nest's loops, not 2 (i and j of the tile)",
+            in_c.len()
+        ));
+    };
+    let p = (0..3).find(|k| !in_c.contains(k)).expect("3 loops");
+    let (xw, xbase) = decompose(&x.1, &vars, &func.buffer(x.0).name)?;
+    let (yw, ybase) = decompose(&y.1, &vars, &func.buffer(y.0).name)?;
+    // A is the operand walked by p and C's first-found var i; B by p and j.
+    let walked = |w: &[Option<usize>], k: usize| dim_of(w, k).is_some();
+    let only = |w: &[Option<usize>], keep: [usize; 2]| w.iter().flatten().all(|k| keep.contains(k));
+    let pick = |i: usize, j: usize| {
+        if walked(&xw, p)
+            && walked(&xw, i)
+            && only(&xw, [p, i])
+            && walked(&yw, p)
+            && walked(&yw, j)
+            && only(&yw, [p, j])
+        {
+            Some(((&x, &xw, &xbase), (&y, &yw, &ybase), i, j))
+        } else if walked(&yw, p)
+            && walked(&yw, i)
+            && only(&yw, [p, i])
+            && walked(&xw, p)
+            && walked(&xw, j)
+            && only(&xw, [p, j])
+        {
+            Some(((&y, &yw, &ybase), (&x, &xw, &xbase), i, j))
+        } else {
+            None
+        }
+    };
+    let Some((a, b, i, j)) = pick(*c0, *c1).or_else(|| pick(*c1, *c0)) else {
+        return Err(format!(
+            "the operands {} and {} are not A[p, i] and B[p, j] for the loops of C's tile ('{}', '{}') and the product loop '{}' (each walked in one dim with step 1, and by no other loop of the nest)",
+            Expr::load(x.0, x.1.clone(), dt),
+            Expr::load(y.0, y.1.clone(), dt),
+            vars[*c0].name,
+            vars[*c1].name,
+            vars[p].name
+        ));
+    };
+    // C's region axes in the order (i, j) of the intrinsic: i is the var A walks.
+    let ext = |k: usize| loops[k].2.clone();
+    for k in [i, j] {
+        if ext(k).as_int().is_none() {
+            return Err(format!(
+                "loop '{}' has extent {}: the tile's extents must be constants",
+                vars[k].name,
+                ext(k)
+            ));
+        }
+    }
+    let ax = |w: &[Option<usize>], k: usize| RegionAxis {
+        dim: dim_of(w, k).expect("checked above"),
+        extent: ext(k),
+    };
+    let regions = vec![
+        Region {
+            buf: *c,
+            base: cbase,
+            axes: vec![ax(&cw, i), ax(&cw, j)],
+            write: true,
+        },
+        Region {
+            buf: (a.0).0,
+            base: a.2.clone(),
+            axes: vec![ax(a.1, p), ax(a.1, i)],
+            write: false,
+        },
+        Region {
+            buf: (b.0).0,
+            base: b.2.clone(),
+            axes: vec![ax(b.1, p), ax(b.1, j)],
+            write: false,
+        },
+    ];
+    check_call(func, Intrin::GemmUpdate, &regions, &[], false)?;
+    let _: BufId = regions[0].buf;
+    Ok(Stmt::Call {
+        intrin: Intrin::GemmUpdate,
+        regions,
+        scalars: vec![],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_divisions_fold_only_inside_their_ranges() {
+        let (io, ii) = (Var::new("io"), Var::new("ii"));
+        let i = Expr::var(&io).mul(&Expr::int(12)).add(&Expr::var(&ii));
+        let k12 = Expr::int(12);
+        let fold = |e: &Expr, ext: i64| simplify(&fold_tiles(e, &[(&ii, Some(ext))]));
+        // ii in [0, 12): exact.
+        assert_eq!(fold(&i.floordiv(&k12), 12), Expr::var(&io));
+        assert_eq!(fold(&i.floormod(&k12), 12), Expr::var(&ii));
+        // ii in [0, 13) can carry into the quotient: left alone.
+        let e = i.floordiv(&k12);
+        assert_eq!(fold(&e, 13), simplify(&e));
+        // An offset that, with the range, reaches K: left alone; one that does not: folded.
+        let shifted = i.add(&Expr::int(1));
+        assert_eq!(
+            fold(&shifted.floordiv(&k12), 12),
+            simplify(&shifted.floordiv(&k12))
+        );
+        assert_eq!(
+            fold(&shifted.floormod(&k12), 11),
+            simplify(&Expr::var(&ii).add(&Expr::int(1)))
+        );
+        // A coefficient that is not a multiple of K: left alone.
+        let odd = Expr::var(&io).mul(&Expr::int(5)).add(&Expr::var(&ii));
+        assert_eq!(fold(&odd.floordiv(&k12), 12), simplify(&odd.floordiv(&k12)));
+    }
+}
