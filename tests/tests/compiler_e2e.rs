@@ -460,3 +460,76 @@ fn compute_at_and_padding_every_backend() {
         }
     }
 }
+
+/// `Options::fma`: the GEMM's `C + A * B` becomes `fma(A, B, C)` in the IR; every backend
+/// computes it with one rounding (`mul_add` per step, in k order), the interpreter included,
+/// and a saved module keeps the contraction.
+#[test]
+fn fma_option_contracts_the_gemm_and_survives_save_and_load() {
+    let SeedGemm { a, b, c, k } = SeedGemm::new();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+    let st = s.stage(&c).unwrap();
+    let (io, ii) = st.split(&i, Some(Expr::int(8)), None).unwrap();
+    st.reorder(&[io.clone(), k.var.clone(), ii, j]).unwrap();
+    st.parallel(&io).unwrap();
+    let n = 37usize;
+    // Values with many significant bits, so one and two roundings differ.
+    let v = |seed: u32| -> Vec<f32> {
+        (0..n * n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) as f32) / 4.0e9 - 0.5)
+            .collect()
+    };
+    let (av, bv) = (v(1), v(2));
+    let mut want = vec![0f32; n * n];
+    for r in 0..n {
+        for col in 0..n {
+            let mut acc = 0f32;
+            for q in 0..n {
+                acc = av[r * n + q].mul_add(bv[q * n + col], acc);
+            }
+            want[r * n + col] = acc;
+        }
+    }
+    assert_ne!(
+        want,
+        naive_mm(&av, &bv, n, n, n),
+        "the data should tell fused from unfused"
+    );
+    let dir = std::env::temp_dir().join(format!("rivet-fma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for target in backends() {
+        let opts = rivet_compiler::build::Options {
+            fma: true,
+            ..Default::default()
+        };
+        let m = rivet_compiler::build::build_with(
+            &s,
+            &[a.clone(), b.clone(), c.clone()],
+            &target,
+            "mm",
+            opts,
+        )
+        .unwrap();
+        assert!(m.get_source("ir").unwrap().contains("fma("), "{target}");
+        let args = || vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])];
+        assert_eq!(
+            call1(&m.get_function("mm").unwrap(), args()),
+            want,
+            "{target}"
+        );
+        let path = dir.join(format!("mm-{target}.rivet"));
+        m.save(&path).unwrap();
+        let loaded = Module::load(&path).unwrap();
+        assert!(
+            loaded.get_source("ir").unwrap().contains("fma("),
+            "{target}"
+        );
+        assert_eq!(
+            call1(&loaded.get_function("mm").unwrap(), args()),
+            want,
+            "{target} loaded"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -173,6 +173,22 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
             }
         }
         ExprKind::Cast(a) => check_types(a)?,
+        ExprKind::Fma(a, b, c) => {
+            check_types(a)?;
+            check_types(b)?;
+            check_types(c)?;
+            if a.dtype() != dt || b.dtype() != dt || c.dtype() != dt {
+                return bad(format!(
+                    "operand dtypes differ: fma of {}, {} and {} typed {dt}",
+                    a.dtype(),
+                    b.dtype(),
+                    c.dtype()
+                ));
+            }
+            if !dt.is_float() {
+                return bad(format!("fma needs floats, got {dt}"));
+            }
+        }
         ExprKind::Select(c, a, b) => {
             check_types(c)?;
             check_types(a)?;

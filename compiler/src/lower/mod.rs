@@ -4,6 +4,7 @@
 
 pub mod bounds;
 pub mod flatten;
+pub mod fma;
 pub mod interval;
 pub mod nest;
 pub mod simplify;
@@ -38,6 +39,12 @@ pub struct Options {
     /// violation is a `rivet.IndexError` naming the tensor, the index and the extent (CubeCL's
     /// checked launches). Slower; for tests, fuzzing and debugging a proof.
     pub checked: bool,
+    /// Contract float `a * b + c` into fused multiply-adds (`lower::fma`): one rounding
+    /// instead of two, as BLAS does, so results differ from unfused maths by rounding; every
+    /// backend and the interpreter compute the same `Fma` nodes (bit-exact among them).
+    /// Applies to functions built from a schedule; a saved module keeps what it was built
+    /// with.
+    pub fma: bool,
 }
 
 impl Options {
@@ -45,6 +52,7 @@ impl Options {
     pub fn from_env() -> Options {
         Options {
             checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
+            fma: false,
         }
     }
 }
@@ -72,7 +80,14 @@ pub struct Lowered {
 pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered> {
     // 1. The loop nest: bound inference, schedule, inlining, compute_at regions.
     let nest = match src {
-        Source::Schedule { sched, args, name } => nest::build_nest(sched, args, name)?,
+        Source::Schedule { sched, args, name } => {
+            let mut f = nest::build_nest(sched, args, name)?;
+            // Part of the nest (what modules save), so a loaded module computes the same.
+            if opts.fma {
+                fma::contract_func(&mut f);
+            }
+            f
+        }
         Source::Loaded(f) => {
             verify_loaded(&f)?;
             f

@@ -308,6 +308,18 @@ impl FnGen<'_, '_> {
                 let x = self.expr(a)?;
                 self.cast(x, a.dtype(), dt)
             }
+            ExprKind::Fma(a, b, c) => {
+                if !dt.is_float() {
+                    return Err(internal(format!("fma on {dt}")));
+                }
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                let z = self.expr(c)?;
+                // One rounding: `vfmadd` where the ISA has FMA, else Cranelift's libcall to
+                // `fmaf`/`fma`, which `compile_kernel` binds to `math`'s correctly rounded
+                // helpers (never a separate multiply and add).
+                Ok(self.b.ins().fma(x, y, z))
+            }
             ExprKind::Select(c, a, b) => {
                 let c = self.expr(c)?;
                 if has_load(a) || has_load(b) {
