@@ -1153,6 +1153,35 @@ mod tests {
         expect_err(&f, true, "Let value must be int64");
     }
 
+    /// An `Fma` is float-only with one dtype (the bounds proof never meets an int64 one: it
+    /// reasons about `+` and `*` only); hand-made or loaded bad nodes are refused.
+    #[test]
+    fn fma_is_float_only() {
+        let b = base();
+        let i64_fma = Expr::new(
+            ExprKind::Fma(Expr::int(2), Expr::int(3), Expr::int(4)),
+            DType::I64,
+        );
+        expect_err(
+            &with_store(&b, vec![i64_fma], Expr::constant(1.0, DType::F32)),
+            true,
+            "fma needs floats",
+        );
+        let mixed = Expr::new(
+            ExprKind::Fma(
+                Expr::constant(1.0, DType::F32),
+                Expr::constant(1.0, DType::F64),
+                Expr::constant(1.0, DType::F32),
+            ),
+            DType::F32,
+        );
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], mixed),
+            true,
+            "operand dtypes differ: fma",
+        );
+    }
+
     #[test]
     fn conditions_are_bool() {
         let b = base();
