@@ -533,3 +533,39 @@ fn fma_option_contracts_the_gemm_and_survives_save_and_load() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Parallelism by work: a 48x48 GEMM (6,912 argument elements, 110,592 multiply-adds, both
+/// sides of `PARALLEL_GRAIN`) runs its parallel loop on the pool; called from inside the pool (a parallel region in
+/// another) it runs inline instead of oversubscribing. Results equal the naive loop (exact
+/// data) and the interpreter's in every case.
+#[test]
+fn parallel_gemm_by_work_and_nested_in_the_pool() {
+    let n = 48usize;
+    assert!(3 * n * n < rivet_runtime::parallel::PARALLEL_GRAIN as usize);
+    assert!(n * n * n >= rivet_runtime::parallel::PARALLEL_GRAIN as usize);
+    let (av, bv) = (data(n * n, 5), data(n * n, 6));
+    let want = naive_mm(&av, &bv, n, n, n);
+    let args = || vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])];
+    for target in backends() {
+        let f = seed_gemm(&target, true);
+        assert_eq!(call1(&f, args()), want, "{target}");
+        let pool = rivet_runtime::parallel::pool();
+        assert_eq!(
+            pool.install(|| call1(&f, args())),
+            want,
+            "{target} in the pool"
+        );
+        let got = std::sync::Mutex::new(Vec::new());
+        pool.scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|_| {
+                    let r = call1(&f, args());
+                    got.lock().unwrap().push(r);
+                });
+            }
+        });
+        for r in got.into_inner().unwrap() {
+            assert_eq!(r, want, "{target} concurrent, in the pool");
+        }
+    }
+}

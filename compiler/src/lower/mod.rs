@@ -10,6 +10,7 @@ pub mod nest;
 pub mod simplify;
 pub mod split;
 pub mod sync;
+pub mod work;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
