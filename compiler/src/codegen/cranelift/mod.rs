@@ -33,6 +33,10 @@
 //!   memory-free ones use a branchless `select` / `band` / `bor`;
 //! - every function is checked by `ir::verify` (flattened) before code is generated.
 //!
+//! Local buffers (`Allocate`) start zeroed, as in the interpreter: constant ones up to 2 KiB
+//! are stack slots (`stmt::allocate`), the others come from a per-thread arena
+//! (`helpers::arena`) that reuses blocks across calls.
+//!
 //! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
 //! `extern "C"` runtime helpers generated code calls besides `math::symbols()`).
@@ -487,6 +491,8 @@ struct FnGen<'a, 'f> {
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
+    /// Bytes of local buffers placed in this function's stack frame (`stmt::allocate`).
+    stack_bytes: u32,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -503,6 +509,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             frame: None,
             live_allocs: Vec::new(),
             free_vars: HashMap::new(),
+            stack_bytes: 0,
         }
     }
 

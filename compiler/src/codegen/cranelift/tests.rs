@@ -1651,3 +1651,74 @@ fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
         assert_eq!(got, if x < 3 { 0 } else { av[x] * 2 + 1 }, "out[{x}]");
     }
 }
+
+/// Locals of constant size up to `STACK_LOCAL_MAX` live in the stack frame (no helper call),
+/// larger ones in the per-thread arena; both start zeroed (the IR's meaning, which the body
+/// relies on: `T[j] = T[j] + a[i]`), per iteration of a parallel loop, as in the interpreter.
+#[test]
+fn locals_on_the_stack_or_the_arena_start_zeroed() {
+    use crate::codegen::interp::InterpBackend;
+    for (k, on_stack) in [(1i64, true), (3, true), (512, true), (513, false), (5000, false)] {
+        let n = Var::new("n");
+        let (i, j) = (Var::new("i"), Var::new("j"));
+        let a = input(0, "a", DType::F32, vec![v(&n)]);
+        let out = output(1, "out", DType::F32, vec![v(&n)]);
+        let t = buffer(2, "T", DType::F32, vec![Expr::int(k)], BufKind::Local);
+        let tj = Expr::load(t.id, vec![v(&j)], DType::F32);
+        let body = for_(
+            &i,
+            v(&n),
+            ForKind::Parallel,
+            Stmt::Allocate {
+                buf: t.id,
+                body: Box::new(Stmt::Seq(vec![
+                    for_(
+                        &j,
+                        Expr::int(k),
+                        ForKind::Serial,
+                        Stmt::Store {
+                            buf: t.id,
+                            indices: vec![v(&j)],
+                            value: Expr::binary(BinOp::Add, tj.clone(), load(&a, &[v(&i)]))
+                                .unwrap(),
+                        },
+                    ),
+                    store(
+                        &out,
+                        &[v(&i)],
+                        Expr::load(t.id, vec![Expr::int(k - 1)], DType::F32),
+                    ),
+                ])),
+            },
+        );
+        let f = func("locals", vec![a, out, t], vec![n], body);
+        let kern = compile(&f);
+        // (Helpers print as numbered functions: look for the 64-byte aligned slot instead.)
+        let slot = format!("explicit_slot {}, align = 64", 4 * k);
+        assert_eq!(kern.source().contains(&slot), on_stack, "k={k}:\n{}", kern.source());
+        let nn = 300usize;
+        let av: Vec<f32> = (0..nn).map(|x| x as f32 * 0.5 - 7.0).collect();
+        let mut results = Vec::new();
+        let interp = InterpBackend::default().compile(&f).unwrap();
+        for kk in [&kern as &dyn Kernel, interp.as_ref()] {
+            // Twice: the second call reuses the arena's (dirty) blocks and the stack.
+            for _ in 0..2 {
+                let mut data = vec![av.clone(), vec![f32::NAN; nn]];
+                let ptrs = data.iter_mut().map(|d| d.as_mut_ptr() as *mut u8).collect();
+                // SAFETY: two compact buffers of nn f32.
+                unsafe {
+                    kk.launch(
+                        &CallFrame {
+                            ptrs,
+                            ints: vec![nn as i64, 1, 1],
+                        },
+                        &LaunchContext::host(),
+                    )
+                }
+                .unwrap();
+                assert_eq!(data[1], av, "k={k}");
+                results.push(data.pop().unwrap());
+            }
+        }
+    }
+}
