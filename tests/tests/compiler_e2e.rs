@@ -569,3 +569,109 @@ fn parallel_gemm_by_work_and_nested_in_the_pool() {
         }
     }
 }
+
+/// Reductions accumulated in a one-element local (`<stage>.acc`, held in a register by the
+/// CPU backend) round exactly like the init-then-update form they replace: float16 and
+/// bfloat16 sums round to their dtype after every step, on every backend, bit for bit. With
+/// the reduction loop outside a data loop the init-then-update form stays, with the same bits.
+#[test]
+fn register_accumulated_reductions_round_like_the_tensor() {
+    use half::{bf16, f16};
+    let (m, kk) = (5usize, 300usize);
+    for dt in [DType::F16, DType::BF16, DType::F32] {
+        let a = placeholder(&[Expr::int(m as i64), Expr::int(kk as i64)], dt, "A").unwrap();
+        let k = te::reduce_axis(Expr::int(0), Expr::int(kk as i64), "k").unwrap();
+        let c = compute(
+            &[Expr::int(m as i64), Expr::int(3)],
+            |i| {
+                ok(te::sum(
+                    a.idx(&[i[0].clone(), te::ax(&k)]) * a.idx(&[i[0].clone(), te::ax(&k)]),
+                    &[k.clone()],
+                ))
+            },
+            "C",
+        )
+        .unwrap();
+        let xs: Vec<f32> = (0..m * kk)
+            .map(|x| ((x as u32).wrapping_mul(2654435761) >> 8) as f32 / 16777216.0 * 3.0)
+            .collect();
+        // The reference: the element rounded to its dtype after every step.
+        let round = |x: f32| -> f32 {
+            match dt {
+                DType::F16 => f16::from_f32(x).to_f32(),
+                DType::BF16 => bf16::from_f32(x).to_f32(),
+                _ => x,
+            }
+        };
+        let xs: Vec<f32> = xs.into_iter().map(round).collect();
+        let mut want = vec![0f32; m * 3];
+        for r in 0..m {
+            let mut acc = 0f32;
+            for q in 0..kk {
+                let x = xs[r * kk + q];
+                acc = round(acc + x * x);
+            }
+            for j in 0..3 {
+                want[r * 3 + j] = acc;
+            }
+        }
+        let input = match dt {
+            DType::F16 => Tensor::from_slice(
+                &xs.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
+                &[m as i64, kk as i64],
+            ),
+            DType::BF16 => Tensor::from_slice(
+                &xs.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(),
+                &[m as i64, kk as i64],
+            ),
+            _ => Tensor::from_slice(&xs, &[m as i64, kk as i64]),
+        }
+        .unwrap();
+        let read = |t: &Tensor| -> Vec<f32> {
+            match dt {
+                DType::F16 => t
+                    .to_vec::<f16>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect(),
+                DType::BF16 => t
+                    .to_vec::<bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect(),
+                _ => t.to_vec::<f32>().unwrap(),
+            }
+        };
+        for reduction_outside in [false, true] {
+            let mut s = Schedule::new(&[c.clone()]).unwrap();
+            if reduction_outside {
+                let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+                s.stage(&c)
+                    .unwrap()
+                    .reorder(&[i, k.var.clone(), j])
+                    .unwrap();
+            }
+            for target in backends() {
+                let m_ = build(&s, &[a.clone(), c.clone()], &target, "sq").unwrap();
+                let ir = m_.get_source("ir").unwrap();
+                assert_eq!(ir.contains("C.acc"), !reduction_outside, "{ir}");
+                let out = m_
+                    .get_function("sq")
+                    .unwrap()
+                    .call(&[Value::Tensor(input.clone())])
+                    .unwrap();
+                let got = read(out.as_tensor().unwrap());
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{dt} {target} outside={reduction_outside}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}

@@ -280,7 +280,9 @@ mod tests {
                 give(q);
             }
             // At most ARENA_KEEP_BLOCKS stay cached.
-            let ps: Vec<*mut u8> = (0..ARENA_KEEP_BLOCKS + 3).map(|_| take(8).unwrap()).collect();
+            let ps: Vec<*mut u8> = (0..ARENA_KEEP_BLOCKS + 3)
+                .map(|_| take(8).unwrap())
+                .collect();
             for p in ps {
                 // SAFETY: each from `take`, given back once.
                 unsafe { give(p) };
@@ -305,4 +307,3 @@ mod tests {
         .unwrap();
     }
 }
-

@@ -493,6 +493,9 @@ struct FnGen<'a, 'f> {
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
     /// Bytes of local buffers placed in this function's stack frame (`stmt::allocate`).
     stack_bytes: u32,
+    /// One-element locals held in a Cranelift variable instead of memory (`stmt::allocate`:
+    /// reduction accumulators), by buffer id.
+    reg_locals: HashMap<BufId, Variable>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -510,6 +513,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             live_allocs: Vec::new(),
             free_vars: HashMap::new(),
             stack_bytes: 0,
+            reg_locals: HashMap::new(),
         }
     }
 

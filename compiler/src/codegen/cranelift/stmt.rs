@@ -203,6 +203,9 @@ impl FnGen<'_, '_> {
                 buf.shape.len()
             )));
         }
+        if !self.cx.checked && in_register(func, buf, body) {
+            return self.allocate_in_register(buf, body, top_level);
+        }
         let mut extents = Vec::with_capacity(buf.shape.len());
         for s in &buf.shape {
             let v = self.expr(s)?;
@@ -226,7 +229,10 @@ impl FnGen<'_, '_> {
         }
         let size = buf.dtype.size() as i64;
         let limit = (crate::ir::limits::MAX_ALLOC_BYTES as i64) / size;
-        let too_many = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThan, count, limit);
+        let too_many = self
+            .b
+            .ins()
+            .icmp_imm_u(IntCC::UnsignedGreaterThan, count, limit);
         let bad = self.b.ins().bor(wrapped, too_many);
         let product = self.b.ins().imul_imm_s(count, size);
         let minus_one = self.iconst(types::I64, -1);
@@ -272,6 +278,48 @@ impl FnGen<'_, '_> {
         Ok(())
     }
 
+    /// A one-element local kept in a Cranelift variable (`in_register`): it starts at zero
+    /// like memory from `Allocate`; stores and loads become definitions and uses, so a
+    /// reduction's accumulator lives in a register across its loop.
+    fn allocate_in_register(
+        &mut self,
+        buf: &crate::ir::Buffer,
+        body: &Stmt,
+        top_level: bool,
+    ) -> Result<()> {
+        let ty = value_ty(buf.dtype);
+        let var = self.fresh_var(ty);
+        let zero = if ty == types::F64 {
+            self.b.ins().f64const(0.0)
+        } else if ty == types::F32 {
+            self.b.ins().f32const(0.0)
+        } else {
+            self.iconst(ty, 0)
+        };
+        self.b.def_var(var, zero);
+        // Its strides (compact: 1) stay bound for any expression naming them.
+        let one = self.iconst(types::I64, 1);
+        let mut olds = Vec::new();
+        for v in &buf.strides {
+            olds.push((v.id, self.bind_var(v.id, one)));
+        }
+        let old = self.reg_locals.insert(buf.id, var);
+        let r = if top_level {
+            self.frame_stmt(body)
+        } else {
+            self.stmt(body)
+        };
+        match old {
+            Some(o) => self.reg_locals.insert(buf.id, o),
+            None => self.reg_locals.remove(&buf.id),
+        };
+        self.free_vars.entry(ty).or_default().push(var);
+        for (v, old) in olds.into_iter().rev() {
+            self.restore_var(v, old);
+        }
+        r
+    }
+
     /// Zeroes `n` bytes at `ptr` (a 64-byte aligned stack slot): unrolled stores for small
     /// buffers (a one-element accumulator is one store), `rivet_zero` for larger ones.
     fn zero(&mut self, ptr: Value, n: u32) -> Result<()> {
@@ -286,9 +334,7 @@ impl FnGen<'_, '_> {
             ] {
                 let z = self.iconst(ty, 0);
                 while n - off >= w {
-                    self.b
-                        .ins()
-                        .store(super::expr::flags(), z, ptr, off as i32);
+                    self.b.ins().store(super::expr::flags(), z, ptr, off as i32);
                     off += w;
                 }
             }
@@ -319,4 +365,41 @@ fn stack_bytes(shape: &[crate::ir::Expr], elem: usize) -> Option<u32> {
         n = n.checked_mul(e.as_int()?.max(0) as u128)?;
     }
     u32::try_from(n).ok().filter(|&b| b <= STACK_LOCAL_MAX)
+}
+
+/// True when local `buf` can live in a variable: one element (every extent the constant 1),
+/// every access in `body` at the constant offset 0, and no outlined parallel body launched
+/// in `body` captures it (those receive buffers by address).
+fn in_register(func: &crate::ir::PrimFunc, buf: &crate::ir::Buffer, body: &Stmt) -> bool {
+    use crate::ir::ExprKind;
+    if !buf.shape.iter().all(|e| e.as_int() == Some(1)) {
+        return false;
+    }
+    let mut ok = true;
+    let zero = |idx: &[crate::ir::Expr]| idx.iter().all(|i| i.as_int() == Some(0));
+    body.visit(&mut |s| match s {
+        Stmt::Launch { kernel } => {
+            ok &= func
+                .kernels
+                .get(*kernel)
+                .is_some_and(|k| !k.bufs.contains(&buf.id));
+        }
+        Stmt::Store {
+            buf: b, indices, ..
+        } if *b == buf.id => ok &= zero(indices),
+        Stmt::AllReduce { dst, .. } if *dst == buf.id => ok = false,
+        _ => {}
+    });
+    if ok {
+        body.visit_exprs(&mut |e| {
+            e.visit_unique(&mut |n| {
+                if let ExprKind::Load { buf: b, indices } = n.kind() {
+                    if *b == buf.id {
+                        ok &= zero(indices);
+                    }
+                }
+            })
+        });
+    }
+    ok
 }

@@ -1658,7 +1658,13 @@ fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
 #[test]
 fn locals_on_the_stack_or_the_arena_start_zeroed() {
     use crate::codegen::interp::InterpBackend;
-    for (k, on_stack) in [(1i64, true), (3, true), (512, true), (513, false), (5000, false)] {
+    for (k, on_stack) in [
+        (1i64, true),
+        (3, true),
+        (512, true),
+        (513, false),
+        (5000, false),
+    ] {
         let n = Var::new("n");
         let (i, j) = (Var::new("i"), Var::new("j"));
         let a = input(0, "a", DType::F32, vec![v(&n)]);
@@ -1695,7 +1701,12 @@ fn locals_on_the_stack_or_the_arena_start_zeroed() {
         let kern = compile(&f);
         // (Helpers print as numbered functions: look for the 64-byte aligned slot instead.)
         let slot = format!("explicit_slot {}, align = 64", 4 * k);
-        assert_eq!(kern.source().contains(&slot), on_stack, "k={k}:\n{}", kern.source());
+        assert_eq!(
+            kern.source().contains(&slot),
+            on_stack,
+            "k={k}:\n{}",
+            kern.source()
+        );
         let nn = 300usize;
         let av: Vec<f32> = (0..nn).map(|x| x as f32 * 0.5 - 7.0).collect();
         let mut results = Vec::new();
