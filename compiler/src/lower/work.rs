@@ -163,7 +163,7 @@ mod tests {
         let w = eval(&mm, &[("m", 100), ("k", 100), ("n", 100)]);
         // The multiply-adds and the initialisation of C.
         assert_eq!(w, 100 * 100 * 100 + 100 * 100);
-        assert!(3 * 100 * 100 < rivet_runtime::parallel::PARALLEL_GRAIN);
+        const { assert!(3 * 100 * 100 < rivet_runtime::parallel::PARALLEL_GRAIN) };
         assert_eq!(policy(w), Policy::Pool);
         let add = lowered(
             &defs::binary(
