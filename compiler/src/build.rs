@@ -42,6 +42,9 @@ pub struct Compiled {
     pub checked: bool,
     /// Each local buffer (temporary): its name, shape and element size, sized per call.
     pub temps: Vec<(String, Vec<Expr>, usize)>,
+    /// The iteration count of the function over its dims (`lower::work`): the CPU policy's
+    /// measure of a call's work.
+    pub work: lower::work::Work,
     pub kernel: Box<dyn Kernel>,
 }
 
@@ -161,6 +164,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         &kernel.source(),
     );
     Ok(Compiled {
+        work: lower::work::Work::of(&func),
         nest,
         func,
         target: target.clone(),
@@ -567,10 +571,13 @@ fn call(
         ptrs: tensors.iter().map(|t| t.data_ptr()).collect(),
         ints,
     };
+    // The work: the loops' iteration count (a GEMM's multiply-adds), or the elements the
+    // arguments hold when that is more (a loop nest the count underestimates).
+    let elements: i64 = tensors
+        .iter()
+        .fold(0i64, |a, t| a.saturating_add(t.numel()));
     let ctx = LaunchContext {
-        work: tensors
-            .iter()
-            .fold(0i64, |w, t| w.saturating_add(t.numel())),
+        work: c.work.eval(&|v| env.get(v).copied()).max(elements),
         ..ctx
     };
     // SAFETY: the frame describes the argument tensors, checked above against the signature,

@@ -171,11 +171,20 @@ impl CallPlan {
             device: tensors
                 .first()
                 .map_or(rivet_runtime::Device::Cpu, |t| t.device()),
-            // Saturating: stride-0 views may claim up to i64::MAX elements each.
-            work: tensors
-                .iter()
-                .fold(0i64, |w, t| w.saturating_add(t.numel())),
+            // As the full path: the loops' iteration count, or the arguments' elements when
+            // that is more; saturating (stride-0 views may claim i64::MAX elements each).
+            work: self.work(c, &dims, &tensors),
         })
+    }
+
+    /// The call's work, as `build::call` measures it (`lower::work`).
+    fn work(&self, c: &Compiled, dims: &[i64], tensors: &[&Tensor]) -> i64 {
+        let elements = tensors
+            .iter()
+            .fold(0i64, |w, t| w.saturating_add(t.numel()));
+        let f = &c.func;
+        let lookup = |v: &Var| f.dims.iter().position(|d| d == v).map(|k| dims[k]);
+        c.work.eval(&lookup).max(elements)
     }
 
     /// The bounds checks hold and every temporary fits, evaluated exactly as the full path

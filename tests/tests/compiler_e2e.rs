@@ -460,3 +460,218 @@ fn compute_at_and_padding_every_backend() {
         }
     }
 }
+
+/// `Options::fma`: the GEMM's `C + A * B` becomes `fma(A, B, C)` in the IR; every backend
+/// computes it with one rounding (`mul_add` per step, in k order), the interpreter included,
+/// and a saved module keeps the contraction.
+#[test]
+fn fma_option_contracts_the_gemm_and_survives_save_and_load() {
+    let SeedGemm { a, b, c, k } = SeedGemm::new();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+    let st = s.stage(&c).unwrap();
+    let (io, ii) = st.split(&i, Some(Expr::int(8)), None).unwrap();
+    st.reorder(&[io.clone(), k.var.clone(), ii, j]).unwrap();
+    st.parallel(&io).unwrap();
+    let n = 37usize;
+    // Values with many significant bits, so one and two roundings differ.
+    let v = |seed: u32| -> Vec<f32> {
+        (0..n * n)
+            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) as f32) / 4.0e9 - 0.5)
+            .collect()
+    };
+    let (av, bv) = (v(1), v(2));
+    let mut want = vec![0f32; n * n];
+    for r in 0..n {
+        for col in 0..n {
+            let mut acc = 0f32;
+            for q in 0..n {
+                acc = av[r * n + q].mul_add(bv[q * n + col], acc);
+            }
+            want[r * n + col] = acc;
+        }
+    }
+    assert_ne!(
+        want,
+        naive_mm(&av, &bv, n, n, n),
+        "the data should tell fused from unfused"
+    );
+    let dir = std::env::temp_dir().join(format!("rivet-fma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for target in backends() {
+        let opts = rivet_compiler::build::Options {
+            fma: true,
+            ..Default::default()
+        };
+        let m = rivet_compiler::build::build_with(
+            &s,
+            &[a.clone(), b.clone(), c.clone()],
+            &target,
+            "mm",
+            opts,
+        )
+        .unwrap();
+        assert!(m.get_source("ir").unwrap().contains("fma("), "{target}");
+        let args = || vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])];
+        assert_eq!(
+            call1(&m.get_function("mm").unwrap(), args()),
+            want,
+            "{target}"
+        );
+        let path = dir.join(format!("mm-{target}.rivet"));
+        m.save(&path).unwrap();
+        let loaded = Module::load(&path).unwrap();
+        assert!(
+            loaded.get_source("ir").unwrap().contains("fma("),
+            "{target}"
+        );
+        assert_eq!(
+            call1(&loaded.get_function("mm").unwrap(), args()),
+            want,
+            "{target} loaded"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Parallelism by work: a 48x48 GEMM (6,912 argument elements, 110,592 multiply-adds, both
+/// sides of `PARALLEL_GRAIN`) runs its parallel loop on the pool; called from inside the pool (a parallel region in
+/// another) it runs inline instead of oversubscribing. Results equal the naive loop (exact
+/// data) and the interpreter's in every case.
+#[test]
+fn parallel_gemm_by_work_and_nested_in_the_pool() {
+    let n = 48usize;
+    assert!(3 * n * n < rivet_runtime::parallel::PARALLEL_GRAIN as usize);
+    assert!(n * n * n >= rivet_runtime::parallel::PARALLEL_GRAIN as usize);
+    let (av, bv) = (data(n * n, 5), data(n * n, 6));
+    let want = naive_mm(&av, &bv, n, n, n);
+    let args = || vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])];
+    for target in backends() {
+        let f = seed_gemm(&target, true);
+        assert_eq!(call1(&f, args()), want, "{target}");
+        let pool = rivet_runtime::parallel::pool();
+        assert_eq!(
+            pool.install(|| call1(&f, args())),
+            want,
+            "{target} in the pool"
+        );
+        let got = std::sync::Mutex::new(Vec::new());
+        pool.scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|_| {
+                    let r = call1(&f, args());
+                    got.lock().unwrap().push(r);
+                });
+            }
+        });
+        for r in got.into_inner().unwrap() {
+            assert_eq!(r, want, "{target} concurrent, in the pool");
+        }
+    }
+}
+
+/// Reductions accumulated in a one-element local (`<stage>.acc`, held in a register by the
+/// CPU backend) round exactly like the init-then-update form they replace: float16 and
+/// bfloat16 sums round to their dtype after every step, on every backend, bit for bit. With
+/// the reduction loop outside a data loop the init-then-update form stays, with the same bits.
+#[test]
+fn register_accumulated_reductions_round_like_the_tensor() {
+    use half::{bf16, f16};
+    let (m, kk) = (5usize, 300usize);
+    for dt in [DType::F16, DType::BF16, DType::F32] {
+        let a = placeholder(&[Expr::int(m as i64), Expr::int(kk as i64)], dt, "A").unwrap();
+        let k = te::reduce_axis(Expr::int(0), Expr::int(kk as i64), "k").unwrap();
+        let c = compute(
+            &[Expr::int(m as i64), Expr::int(3)],
+            |i| {
+                ok(te::sum(
+                    a.idx(&[i[0].clone(), te::ax(&k)]) * a.idx(&[i[0].clone(), te::ax(&k)]),
+                    &[k.clone()],
+                ))
+            },
+            "C",
+        )
+        .unwrap();
+        let xs: Vec<f32> = (0..m * kk)
+            .map(|x| ((x as u32).wrapping_mul(2654435761) >> 8) as f32 / 16777216.0 * 3.0)
+            .collect();
+        // The reference: the element rounded to its dtype after every step.
+        let round = |x: f32| -> f32 {
+            match dt {
+                DType::F16 => f16::from_f32(x).to_f32(),
+                DType::BF16 => bf16::from_f32(x).to_f32(),
+                _ => x,
+            }
+        };
+        let xs: Vec<f32> = xs.into_iter().map(round).collect();
+        let mut want = vec![0f32; m * 3];
+        for r in 0..m {
+            let mut acc = 0f32;
+            for q in 0..kk {
+                let x = xs[r * kk + q];
+                acc = round(acc + x * x);
+            }
+            for j in 0..3 {
+                want[r * 3 + j] = acc;
+            }
+        }
+        let input = match dt {
+            DType::F16 => Tensor::from_slice(
+                &xs.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(),
+                &[m as i64, kk as i64],
+            ),
+            DType::BF16 => Tensor::from_slice(
+                &xs.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(),
+                &[m as i64, kk as i64],
+            ),
+            _ => Tensor::from_slice(&xs, &[m as i64, kk as i64]),
+        }
+        .unwrap();
+        let read = |t: &Tensor| -> Vec<f32> {
+            match dt {
+                DType::F16 => t
+                    .to_vec::<f16>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect(),
+                DType::BF16 => t
+                    .to_vec::<bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect(),
+                _ => t.to_vec::<f32>().unwrap(),
+            }
+        };
+        for reduction_outside in [false, true] {
+            let mut s = Schedule::new(&[c.clone()]).unwrap();
+            if reduction_outside {
+                let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+                s.stage(&c)
+                    .unwrap()
+                    .reorder(&[i, k.var.clone(), j])
+                    .unwrap();
+            }
+            for target in backends() {
+                let m_ = build(&s, &[a.clone(), c.clone()], &target, "sq").unwrap();
+                let ir = m_.get_source("ir").unwrap();
+                assert_eq!(ir.contains("C.acc"), !reduction_outside, "{ir}");
+                let out = m_
+                    .get_function("sq")
+                    .unwrap()
+                    .call(&[Value::Tensor(input.clone())])
+                    .unwrap();
+                let got = read(out.as_tensor().unwrap());
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{dt} {target} outside={reduction_outside}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}

@@ -1846,6 +1846,24 @@ fn first_diff(a: &[u64], b: &[u64], ty: Ty, value: bool) -> Option<String> {
 }
 
 fn run_case(p: &Prog, sc: &SchedS, views: &[ViewS], seed: u64) -> Result<(), TestCaseError> {
+    run_case_with(p, sc, views, seed, false)
+}
+
+/// `run_case`; with `fma` both builds contract `a * b + c` (`Options::fma`): the Rust
+/// reference computes unfused maths, so it is not compared, but every backend must still
+/// equal the interpreter bit for bit, scheduled or not.
+fn run_case_with(
+    p: &Prog,
+    sc: &SchedS,
+    views: &[ViewS],
+    seed: u64,
+    fma: bool,
+) -> Result<(), TestCaseError> {
+    let build = |s: &Schedule, args: &[Te], target: &rivet_compiler::Target, name: &str| {
+        let mut o = rivet_compiler::build::Options::from_env();
+        o.fma = fma;
+        rivet_compiler::build::build_with(s, args, target, name, o)
+    };
     let mut rng = Rng(seed);
     let main = p.main;
     // Inputs: random strided views over bigger buffers; `logical` is what the program sees.
@@ -1903,7 +1921,7 @@ fn run_case(p: &Prog, sc: &SchedS, views: &[ViewS], seed: u64) -> Result<(), Tes
             .map_err(|e| fail(format!("{target}: unscheduled call failed: {e}")))?;
         plain.push(canon_all(tensor_bits(&out, out_ty)));
     }
-    if let Some(d) = first_diff(&want, &plain[0], out_ty, false) {
+    if let Some(d) = first_diff(&want, &plain[0], out_ty, false).filter(|_| !fma) {
         return Err(fail(format!("Rust reference vs unscheduled interp: {d}")));
     }
     for (target, other) in backends().iter().zip(&plain).skip(1) {
@@ -2371,6 +2389,23 @@ proptest! {
     #[test]
     fn two_stage_reductions(c in any_main().prop_flat_map(|t| red_case(t, true)), sc in sched_s(), v in views(), seed in any::<u64>()) {
         run_case(&build_red(&c), &sc, &v, seed)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(100))]
+
+    /// Fused multiply-adds (`build(.., fma=True)`): reductions of products become
+    /// `fma(a, b, acc)`; the Cranelift code (native `vfmadd` or the libcall) and the
+    /// interpreter's `mul_add` agree bit for bit under every schedule.
+    #[test]
+    fn fma_contracted_reductions(c in prop_oneof![Just(Ty::F32), Just(Ty::F64)].prop_flat_map(|t| red_case(t, false)), sc in sched_s(), v in views(), seed in any::<u64>()) {
+        run_case_with(&build_red(&c), &sc, &v, seed, true)?;
+    }
+
+    #[test]
+    fn fma_contracted_elementwise(c in prop_oneof![Just(Ty::F32), Just(Ty::F64)].prop_flat_map(|t| ew_case(t, true)), sc in sched_s(), v in views(), seed in any::<u64>()) {
+        run_case_with(&build_ew(&c), &sc, &v, seed, true)?;
     }
 }
 

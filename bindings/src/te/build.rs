@@ -15,8 +15,9 @@ pub struct PyModule_ {
 }
 
 /// `checked=None` follows the environment (`RIVET_CHECKED=1`); True / False force it.
+/// `fma=True` contracts float `a * b + c` into fused multiply-adds (one rounding).
 #[pyfunction]
-#[pyo3(signature = (s, args, target="cpu", name="default_function", checked=None))]
+#[pyo3(signature = (s, args, target="cpu", name="default_function", checked=None, fma=false))]
 pub fn build(
     py: Python<'_>,
     s: &Bound<'_, PyAny>,
@@ -24,6 +25,7 @@ pub fn build(
     target: &str,
     name: &str,
     checked: Option<bool>,
+    fma: bool,
 ) -> PyResult<PyModule_> {
     let Ok(sched) = s.cast::<PySchedule>() else {
         return Err(arg_err(
@@ -40,6 +42,7 @@ pub fn build(
     if let Some(c) = checked {
         opts.checked = c;
     }
+    opts.fma = fma;
     let m = rivet_compiler::build::build_with(&sched.sched, &args, target, name, opts).cpy(py)?;
     Ok(PyModule_ { m })
 }

@@ -6,17 +6,38 @@ use super::LaunchContext;
 use crate::error::Result;
 use rivet_runtime::{host, parallel, DType, Tensor};
 
-/// Runs `run` under the CPU policy, as the runtime's native functions do: small work stays on
-/// this thread with the host lock (Python's GIL) kept; past `RELEASE_GRAIN` elements the lock
-/// is released; past `PARALLEL_GRAIN` parallel loops may use the pool.
-pub fn run_with_policy(ctx: &LaunchContext, run: impl FnOnce() -> Result<()>) -> Result<()> {
-    if ctx.work >= parallel::PARALLEL_GRAIN {
-        host::without_host_lock(run)
-    } else if ctx.work >= host::RELEASE_GRAIN {
-        parallel::serially(|| host::without_host_lock(run))
+/// How a CPU call runs, decided from its work (`LaunchContext::work`: for compiled functions
+/// the iteration count of `lower::work`, so a GEMM's multiply-adds count, not its arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// On this thread, the host lock (Python's GIL) kept: releasing it costs as much as the work.
+    Inline,
+    /// On this thread, the host lock released.
+    InlineUnlocked,
+    /// The host lock released; parallel loops use the pool (`parallel::chunks` sizes them).
+    Pool,
+}
+
+/// The policy for `work` iterations: below `RELEASE_GRAIN` inline with the lock, below
+/// `PARALLEL_GRAIN` inline without it, else the pool.
+pub fn policy(work: i64) -> Policy {
+    if work >= parallel::PARALLEL_GRAIN {
+        Policy::Pool
+    } else if work >= host::RELEASE_GRAIN {
+        Policy::InlineUnlocked
     } else {
-        parallel::serially(run)
+        Policy::Inline
     }
+}
+
+/// Runs `run` under the CPU policy (`policy`), as the runtime's native functions do, with the
+/// call's work recorded for the parallel loops' chunk sizes.
+pub fn run_with_policy(ctx: &LaunchContext, run: impl FnOnce() -> Result<()>) -> Result<()> {
+    parallel::with_call_work(ctx.work, || match policy(ctx.work) {
+        Policy::Pool => host::without_host_lock(run),
+        Policy::InlineUnlocked => parallel::serially(|| host::without_host_lock(run)),
+        Policy::Inline => parallel::serially(run),
+    })
 }
 
 /// A zeroed host tensor: where a CPU kernel's omitted outputs are allocated.

@@ -122,6 +122,10 @@ externs! {
     floordiv: fn(x: f64, y: f64) -> f64 = super::floordiv_f64(x, y);
     floormodf: fn(x: f32, y: f32) -> f32 = super::floormod_f32(x, y);
     floormod: fn(x: f64, y: f64) -> f64 = super::floormod_f64(x, y);
+    // `a * b + c` rounded once (Rust's `mul_add`: the FMA instruction, or the C library's
+    // correctly rounded `fmaf`/`fma`): what Cranelift's `fma` calls on a CPU without FMA.
+    fmaf: fn(x: f32, y: f32, z: f32) -> f32 = x.mul_add(y, z);
+    fma: fn(x: f64, y: f64, z: f64) -> f64 = x.mul_add(y, z);
 }
 
 #[cfg(test)]

@@ -43,7 +43,8 @@ pub struct LaunchContext {
     /// The stream to launch on (a CUDA `CUstream` handle; `None`: the device's default, and
     /// on the CPU). Launches are ordered on it and never synchronize the device.
     pub stream: Option<u64>,
-    /// Elements the call's tensors hold: the CPU policy's measure of the work.
+    /// The call's work, the CPU policy's measure (`codegen::host::policy`): the function's
+    /// iteration count (`lower::work`), at least the elements its tensors hold.
     pub work: i64,
 }
 

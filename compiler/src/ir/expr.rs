@@ -14,7 +14,12 @@
 //! - `Div` is true division and needs floats; `FloorDiv`/`FloorMod` follow Python's
 //!   semantics (round toward -inf, result takes the divisor's sign) for ints and floats;
 //! - comparisons and logical ops give `bool`; `Select` needs a bool condition and equal arms;
-//! - math functions (`exp`, `log`, ...) need floats; `abs` also takes ints.
+//! - math functions (`exp`, `log`, ...) need floats; `abs` also takes ints;
+//! - `Fma(a, b, c)` is `a * b + c` rounded once (IEEE fusedMultiplyAdd), floats only, all
+//!   three operands of the node's dtype. It is never written by the DSL: the `fma` build
+//!   option (`lower::fma`) contracts `a * b + c`; every backend and the interpreter compute it
+//!   with one rounding (float16/bfloat16 in f32, like their other arithmetic), so results
+//!   stay bit-exact against the oracle.
 
 use crate::error::{Error, Result};
 use rivet_runtime::DType;
@@ -197,6 +202,8 @@ pub enum ExprKind {
     Logic(LogicOp, Expr, Expr),
     /// Conversion to the node's dtype.
     Cast(Expr),
+    /// `a * b + c` with a single rounding (floats only; see the module doc).
+    Fma(Expr, Expr, Expr),
     /// `cond ? a : b`: only the chosen arm is evaluated (backends branch when an arm loads),
     /// so the bounds proof checks each arm's loads under its condition (padding patterns).
     Select(Expr, Expr, Expr),
@@ -258,7 +265,7 @@ fn depth_of(kind: &ExprKind) -> u32 {
         ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
             d(a).max(d(b))
         }
-        ExprKind::Select(c, a, b) => d(c).max(d(a)).max(d(b)),
+        ExprKind::Select(c, a, b) | ExprKind::Fma(c, a, b) => d(c).max(d(a)).max(d(b)),
         ExprKind::Read { indices, .. } | ExprKind::Load { indices, .. } => {
             indices.iter().map(d).max().unwrap_or(0)
         }
@@ -446,6 +453,25 @@ impl Expr {
         Expr::new(ExprKind::Select(c, a, b), dt).within_depth()
     }
 
+    /// `a * b + c` rounded once: floats of one dtype only.
+    pub fn fma(a: Expr, b: Expr, c: Expr) -> Result<Expr> {
+        let dt = a.dtype();
+        if b.dtype() != dt || c.dtype() != dt {
+            return Err(type_error(format!(
+                "operands of a fused multiply-add have different dtypes: {} ({a}), {} ({b}) and {} ({c})",
+                dt,
+                b.dtype(),
+                c.dtype()
+            )));
+        }
+        if !dt.is_float() {
+            return Err(type_error(format!(
+                "a fused multiply-add needs float operands, got {dt} ({a}, {b}, {c})"
+            )));
+        }
+        Expr::new(ExprKind::Fma(a, b, c), dt).within_depth()
+    }
+
     pub fn load(buf: BufId, indices: Vec<Expr>, dtype: DType) -> Expr {
         Expr::new(ExprKind::Load { buf, indices }, dtype)
     }
@@ -518,6 +544,7 @@ impl Expr {
             ExprKind::Logic(op, a, b) => ExprKind::Logic(*op, g(a), g(b)),
             ExprKind::Cast(a) => ExprKind::Cast(g(a)),
             ExprKind::Select(c, a, b) => ExprKind::Select(g(c), g(a), g(b)),
+            ExprKind::Fma(a, b, c) => ExprKind::Fma(g(a), g(b), g(c)),
             ExprKind::Read { tensor, indices } => ExprKind::Read {
                 tensor: tensor.clone(),
                 indices: indices.iter().map(&mut *g).collect(),
@@ -557,7 +584,7 @@ impl Expr {
                 f(a);
                 f(b)
             }
-            ExprKind::Select(c, a, b) => {
+            ExprKind::Select(c, a, b) | ExprKind::Fma(c, a, b) => {
                 f(c);
                 f(a);
                 f(b)
@@ -617,7 +644,7 @@ impl Expr {
                 a.visit(f);
                 b.visit(f)
             }
-            ExprKind::Select(c, a, b) => {
+            ExprKind::Select(c, a, b) | ExprKind::Fma(c, a, b) => {
                 c.visit(f);
                 a.visit(f);
                 b.visit(f)

@@ -106,6 +106,7 @@ pub fn fmt_expr(e: &Expr, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ExprKind::Logic(LogicOp::Or, a, b) => write!(f, "({a} || {b})"),
         ExprKind::Cast(a) => write!(f, "{}({a})", e.dtype()),
         ExprKind::Select(c, a, b) => write!(f, "select({c}, {a}, {b})"),
+        ExprKind::Fma(a, b, c) => write!(f, "fma({a}, {b}, {c})"),
         ExprKind::Invalid(m) => write!(f, "<invalid: {m}>"),
         ExprKind::Read { tensor, indices } => {
             write!(f, "{}[", tensor.name())?;

@@ -174,6 +174,22 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
             }
         }
         ExprKind::Cast(a) => check_types(a)?,
+        ExprKind::Fma(a, b, c) => {
+            check_types(a)?;
+            check_types(b)?;
+            check_types(c)?;
+            if a.dtype() != dt || b.dtype() != dt || c.dtype() != dt {
+                return bad(format!(
+                    "operand dtypes differ: fma of {}, {} and {} typed {dt}",
+                    a.dtype(),
+                    b.dtype(),
+                    c.dtype()
+                ));
+            }
+            if !dt.is_float() {
+                return bad(format!("fma needs floats, got {dt}"));
+            }
+        }
         ExprKind::Select(c, a, b) => {
             check_types(c)?;
             check_types(a)?;
@@ -1171,6 +1187,35 @@ mod tests {
             body: Box::new(Stmt::Seq(vec![])),
         };
         expect_err(&f, true, "Let value must be int64");
+    }
+
+    /// An `Fma` is float-only with one dtype (the bounds proof never meets an int64 one: it
+    /// reasons about `+` and `*` only); hand-made or loaded bad nodes are refused.
+    #[test]
+    fn fma_is_float_only() {
+        let b = base();
+        let i64_fma = Expr::new(
+            ExprKind::Fma(Expr::int(2), Expr::int(3), Expr::int(4)),
+            DType::I64,
+        );
+        expect_err(
+            &with_store(&b, vec![i64_fma], Expr::constant(1.0, DType::F32)),
+            true,
+            "fma needs floats",
+        );
+        let mixed = Expr::new(
+            ExprKind::Fma(
+                Expr::constant(1.0, DType::F32),
+                Expr::constant(1.0, DType::F64),
+                Expr::constant(1.0, DType::F32),
+            ),
+            DType::F32,
+        );
+        expect_err(
+            &with_store(&b, vec![off(&b.c, &b.i)], mixed),
+            true,
+            "operand dtypes differ: fma",
+        );
     }
 
     #[test]

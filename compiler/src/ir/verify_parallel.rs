@@ -515,7 +515,7 @@ impl<'a> Body<'a> {
             ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
                 self.only_through(a, indices) && self.only_through(b, indices)
             }
-            ExprKind::Select(c, a, b) => {
+            ExprKind::Select(c, a, b) | ExprKind::Fma(c, a, b) => {
                 self.only_through(c, indices)
                     && self.only_through(a, indices)
                     && self.only_through(b, indices)
@@ -588,7 +588,7 @@ fn visit_ref<'a>(e: &'a Expr, f: &mut dyn FnMut(&'a Expr)) {
             visit_ref(a, f);
             visit_ref(b, f)
         }
-        ExprKind::Select(c, a, b) => {
+        ExprKind::Select(c, a, b) | ExprKind::Fma(c, a, b) => {
             visit_ref(c, f);
             visit_ref(a, f);
             visit_ref(b, f)

@@ -4,12 +4,14 @@
 
 pub mod bounds;
 pub mod flatten;
+pub mod fma;
 pub mod interval;
 pub mod nest;
 pub mod simplify;
 pub mod split;
 pub mod sync;
 pub mod tensorize;
+pub mod work;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
@@ -39,6 +41,12 @@ pub struct Options {
     /// violation is a `rivet.IndexError` naming the tensor, the index and the extent (CubeCL's
     /// checked launches). Slower; for tests, fuzzing and debugging a proof.
     pub checked: bool,
+    /// Contract float `a * b + c` into fused multiply-adds (`lower::fma`): one rounding
+    /// instead of two, as BLAS does, so results differ from unfused maths by rounding; every
+    /// backend and the interpreter compute the same `Fma` nodes (bit-exact among them).
+    /// Applies to functions built from a schedule; a saved module keeps what it was built
+    /// with.
+    pub fma: bool,
 }
 
 impl Options {
@@ -46,6 +54,7 @@ impl Options {
     pub fn from_env() -> Options {
         Options {
             checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
+            fma: false,
         }
     }
 }
@@ -76,7 +85,8 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         Source::Schedule { sched, args, name } => {
             let mut nest = nest::build_nest(sched, args, name)?;
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
-            //     a loaded module proves the calls again).
+            //     a loaded module proves the calls again). Before FMA contraction, which
+            //     would hide the `C + A * B` the intrinsics match.
             let marks: Vec<tensorize::Mark> = sched
                 .stages
                 .iter()
@@ -89,6 +99,11 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
                 })
                 .collect();
             tensorize::apply(&mut nest, &marks)?;
+            // 1c. FMA contraction where asked; part of the nest (what modules save), so a
+            //     loaded module computes the same.
+            if opts.fma {
+                fma::contract_func(&mut nest);
+            }
             nest
         }
         Source::Loaded(f) => {

@@ -9,6 +9,11 @@
 //!   guarded by `if` where a split does not divide;
 //! - reductions as an init nest (identity) then the update nest `C = C op body`: always
 //!   correct whatever the loop order (a reduction loop may sit outside data-parallel loops);
+//!   except, on the host, when the reduction loops are the innermost loops: then each
+//!   element is accumulated in a one-element local `<stage>.acc` (started at the identity
+//!   just outside the reduction loops, `acc = acc op body` inside, stored once after them
+//!   under the data-parallel guards), which the CPU backend keeps in a register; same dtype,
+//!   same order of operations, so the same bits as the init-then-update form;
 //! - stages `compute_at` a consumer's loop computed inside that loop over the region one of its
 //!   iterations reads (interval analysis), its stores guarded by the producer's extent;
 //! - a stage whose reduction loop is bound to `threadIdx.x` (a cross-thread reduction) has no
@@ -396,7 +401,24 @@ impl Ctx<'_> {
             }
             _ => None,
         };
+        // A host reduction whose reduction loops are the innermost ones accumulates in a
+        // one-element local (`<stage>.acc`), stored once per element (`RegAcc`).
+        let reg = match (reduce_op, &cross) {
+            (Some(op), None) if !gpu && kc.is_none() && !compact => {
+                self.register_acc(stage, op, &guards, &sidx)
+            }
+            _ => None,
+        };
         let store = match (reduce_op, &cross) {
+            (Some(op), None) if reg.is_some() => {
+                let acc = reg.as_ref().expect("checked").acc;
+                let a = Expr::load(acc, vec![Expr::int(0)], t.dtype());
+                Stmt::Store {
+                    buf: acc,
+                    indices: vec![Expr::int(0)],
+                    value: combine(op, a, body_ir)?,
+                }
+            }
             (None, _) => Stmt::Store {
                 buf,
                 indices: sidx.clone(),
@@ -526,6 +548,9 @@ impl Ctx<'_> {
                 kind,
                 body: Box::new(inner),
             };
+            if let Some(r) = reg.as_ref().filter(|r| r.first == pos) {
+                inner = register_acc_around(inner, r, t.dtype(), (buf, &sidx));
+            }
         }
         if gpu && last_block.is_none() && !self.pending_shared.borrow().is_empty() {
             return cerr(format!(
@@ -561,7 +586,7 @@ impl Ctx<'_> {
         };
         // Reductions start from the identity over the region, in a nest of their own (a
         // cross-thread one starts each accumulator at it instead).
-        if let (Some(op), None) = (reduce_op, &cross) {
+        if let (Some(op), None, None) = (reduce_op, &cross, &reg) {
             let vars: Vec<Var> = axis
                 .iter()
                 .map(|a| Var::new(&format!("{}.init", a.var.name)))
@@ -612,6 +637,51 @@ impl Ctx<'_> {
             return Ok(wrap_unbound(rename(Stmt::Seq(vec![init, inner]))));
         }
         Ok(wrap_unbound(rename(inner)))
+    }
+
+    /// Whether the reduction `stage` accumulates in a register (`RegAcc`): its reduction
+    /// loops must be the innermost loops (a data-parallel loop inside one would need one
+    /// accumulator per element), and the element's indices and the guards of its final store
+    /// must not depend on them. No other statement reads the element inside those loops (a
+    /// stage's body never reads its own output, and stages attached inside write other
+    /// buffers), so keeping it in a local until the loops end changes nothing: the local has
+    /// the element's dtype, so every step rounds exactly as the store into the tensor did,
+    /// and the interpreter computes the same values in the same order.
+    fn register_acc(
+        &self,
+        stage: &Stage,
+        op: ReduceOp,
+        guards: &[Expr],
+        sidx: &[Expr],
+    ) -> Option<RegAcc> {
+        let first = stage.leaves.iter().position(|l| l.reduce)?;
+        if !stage.leaves[first..].iter().all(|l| l.reduce) {
+            return None;
+        }
+        let reduce_vars: Vec<&Var> = stage.leaves[first..].iter().map(|l| &l.var).collect();
+        let uses_reduce = |e: &Expr| reduce_vars.iter().any(|v| e.uses(v));
+        if sidx.iter().any(uses_reduce) {
+            return None;
+        }
+        let store_guards: Vec<Expr> = guards.iter().filter(|g| !uses_reduce(g)).cloned().collect();
+        let mut bufs = self.buffers.borrow_mut();
+        let id = BufId(bufs.iter().map(|b| b.id.0 + 1).max().unwrap_or(0));
+        let name = format!("{}.acc", stage.tensor.name());
+        bufs.push(Buffer {
+            id,
+            strides: vec![Var::new(&format!("{name}.s0"))],
+            name,
+            dtype: stage.tensor.dtype(),
+            shape: vec![Expr::int(1)],
+            kind: BufKind::Local,
+            scope: Scope::Global,
+        });
+        Some(RegAcc {
+            op,
+            acc: id,
+            first,
+            guards: store_guards,
+        })
     }
 
     /// Where the stages attached at loop `pos` of `stage` stand.
@@ -1137,6 +1207,61 @@ impl Ctx<'_> {
 }
 
 /// How a stage's cross-thread reduction is lowered.
+/// A host reduction accumulated in a one-element local (TVM's `rfactor`-free register
+/// accumulation; `Ctx::register_acc` says when it is legal).
+struct RegAcc {
+    op: ReduceOp,
+    /// The accumulator: a one-element local of the stage's dtype.
+    acc: BufId,
+    /// Position of the outermost reduction loop among the stage's leaves (all loops from it
+    /// inward are reduction loops): the accumulator lives just outside it.
+    first: usize,
+    /// The guards of the final store (those not involving a reduction loop).
+    guards: Vec<Expr>,
+}
+
+/// The reduction loops `update` of a register-accumulated reduction, wrapped: allocate the
+/// accumulator, start it at the identity, run `update`, store the element `out[idx]` where
+/// the data-parallel guards hold.
+fn register_acc_around(
+    update: Stmt,
+    r: &RegAcc,
+    dtype: DType,
+    (out, idx): (BufId, &[Expr]),
+) -> Stmt {
+    let zero = || vec![Expr::int(0)];
+    let store = Stmt::Store {
+        buf: out,
+        indices: idx.to_vec(),
+        value: Expr::load(r.acc, zero(), dtype),
+    };
+    let store = match r
+        .guards
+        .iter()
+        .cloned()
+        .reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools"))
+    {
+        Some(cond) => Stmt::If {
+            cond,
+            then: Box::new(store),
+            otherwise: None,
+        },
+        None => store,
+    };
+    Stmt::Allocate {
+        buf: r.acc,
+        body: Box::new(Stmt::Seq(vec![
+            Stmt::Store {
+                buf: r.acc,
+                indices: zero(),
+                value: identity(r.op, dtype),
+            },
+            update,
+            store,
+        ])),
+    }
+}
+
 struct Cross {
     /// The variable of the reduction loop bound to `threadIdx.x`.
     tx: Var,

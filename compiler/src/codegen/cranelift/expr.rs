@@ -199,6 +199,9 @@ impl FnGen<'_, '_> {
 
     /// Loads element `indices[0]` of `buf` as a value of its dtype.
     fn load(&mut self, buf: BufId, indices: &[Expr]) -> Result<Value> {
+        if let Some(&var) = self.reg_locals.get(&buf) {
+            return Ok(self.b.use_var(var));
+        }
         let (addr, dt) = self.address(buf, indices)?;
         let raw = self.b.ins().load(storage_ty(dt), flags(), addr, 0);
         Ok(match dt {
@@ -220,6 +223,18 @@ impl FnGen<'_, '_> {
     /// Stores `value` (a value of `buf`'s dtype) at element `indices[0]` of `buf`.
     pub(super) fn store(&mut self, buf: BufId, indices: &[Expr], value: &Expr) -> Result<()> {
         let v = self.expr(value)?;
+        if let Some(&var) = self.reg_locals.get(&buf) {
+            // The value a store then a load would give: float16/bfloat16 rounded to their
+            // precision (and widened back), everything else as it is.
+            let dt = value.dtype();
+            let v = if matches!(dt, DType::F16 | DType::BF16) {
+                self.round_half(v, dt)?
+            } else {
+                v
+            };
+            self.b.def_var(var, v);
+            return Ok(());
+        }
         let (addr, dt) = self.address(buf, indices)?;
         if value.dtype() != dt {
             return Err(internal(format!(
@@ -307,6 +322,18 @@ impl FnGen<'_, '_> {
             ExprKind::Cast(a) => {
                 let x = self.expr(a)?;
                 self.cast(x, a.dtype(), dt)
+            }
+            ExprKind::Fma(a, b, c) => {
+                if !dt.is_float() {
+                    return Err(internal(format!("fma on {dt}")));
+                }
+                let x = self.expr(a)?;
+                let y = self.expr(b)?;
+                let z = self.expr(c)?;
+                // One rounding: `vfmadd` where the ISA has FMA, else Cranelift's libcall to
+                // `fmaf`/`fma`, which `compile_kernel` binds to `math`'s correctly rounded
+                // helpers (never a separate multiply and add).
+                Ok(self.b.ins().fma(x, y, z))
             }
             ExprKind::Select(c, a, b) => {
                 let c = self.expr(c)?;

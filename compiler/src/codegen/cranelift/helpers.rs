@@ -2,8 +2,6 @@
 //! local allocations, the fault slot through which generated code reports errors, float16/bfloat16 conversions (the `half` crate's, so that rounding
 //! matches the interpreter), and the parallel-loop driver.
 
-use crate::ir::limits::MAX_ALLOC_BYTES;
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::Cell;
 
 /// Alignment of local buffers.
@@ -43,40 +41,166 @@ pub(super) fn take_fault() -> Option<Fault> {
     FAULT.with(|c| c.take())
 }
 
-fn local_layout(bytes: i64) -> Option<Layout> {
-    let size = usize::try_from(bytes).ok()?;
-    if size > MAX_ALLOC_BYTES {
-        return None;
+/// The per-thread arena of local buffers too large (or too dynamic) for a stack frame.
+///
+/// Blocks freed by generated code are kept per thread for the next call instead of going back
+/// to the system: a kernel called in a loop allocates nothing once warm. Each block is
+/// `LOCAL_ALIGN` aligned and starts with a header (`LOCAL_ALIGN` bytes, the capacity in the
+/// first 8) so `rivet_free` needs no lookup. Invariants: a block handed out is zeroed over the
+/// requested size (the IR's `Allocate` meaning); at most `ARENA_KEEP_BLOCKS` blocks and
+/// `ARENA_KEEP_BYTES` bytes stay cached per thread, and they are freed when the thread ends;
+/// sizes are checked (`MAX_ALLOC_BYTES`, exact arithmetic) before any layout is made, so a
+/// size near 2^62 is a `Fault::Alloc`, never an overflow.
+pub(super) mod arena {
+    use super::{Fault, LOCAL_ALIGN};
+    use crate::ir::limits::MAX_ALLOC_BYTES;
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::cell::RefCell;
+
+    /// Cached blocks per thread, at most.
+    pub const ARENA_KEEP_BLOCKS: usize = 8;
+    /// Cached bytes per thread, at most.
+    pub const ARENA_KEEP_BYTES: usize = 64 << 20;
+
+    struct Cache {
+        /// (block start, capacity past the header), unordered.
+        blocks: Vec<(*mut u8, usize)>,
+        bytes: usize,
     }
-    Layout::from_size_align(size.max(1), LOCAL_ALIGN).ok()
+
+    impl Drop for Cache {
+        fn drop(&mut self) {
+            for (p, cap) in self.blocks.drain(..) {
+                // SAFETY: cached blocks were allocated by `take` with this layout.
+                unsafe { dealloc(p, layout(cap).expect("a cached block's layout")) }
+            }
+        }
+    }
+
+    thread_local! {
+        static CACHE: RefCell<Cache> = const { RefCell::new(Cache { blocks: Vec::new(), bytes: 0 }) };
+    }
+
+    /// The layout of a block of `cap` usable bytes (header included).
+    fn layout(cap: usize) -> Option<Layout> {
+        Layout::from_size_align(cap.checked_add(LOCAL_ALIGN)?, LOCAL_ALIGN).ok()
+    }
+
+    /// The usable size for a request of `bytes`, or `None` when it is negative or over
+    /// `MAX_ALLOC_BYTES`; rounded up to the alignment (so blocks are reused across sizes).
+    fn capacity(bytes: i64) -> Option<usize> {
+        let size = usize::try_from(bytes).ok()?;
+        if size > MAX_ALLOC_BYTES {
+            return None;
+        }
+        Some(size.max(1).div_ceil(LOCAL_ALIGN) * LOCAL_ALIGN)
+    }
+
+    /// Zeroed memory of `bytes` bytes, from this thread's cache or the system, or a fault.
+    pub fn take(bytes: i64) -> Result<*mut u8, Fault> {
+        let cap = capacity(bytes).ok_or(Fault::Alloc { bytes })?;
+        // The smallest cached block that fits.
+        let hit = CACHE
+            .try_with(|c| {
+                let mut c = c.borrow_mut();
+                let k = (0..c.blocks.len())
+                    .filter(|&k| c.blocks[k].1 >= cap)
+                    .min_by_key(|&k| c.blocks[k].1)?;
+                let (p, have) = c.blocks.swap_remove(k);
+                c.bytes -= have;
+                Some(p)
+            })
+            .ok()
+            .flatten();
+        let base = match hit {
+            Some(p) => {
+                // SAFETY: a cached block has at least `cap` usable bytes after its header.
+                unsafe { std::ptr::write_bytes(p.add(LOCAL_ALIGN), 0, cap) };
+                p
+            }
+            None => {
+                let l = layout(cap).ok_or(Fault::Alloc { bytes })?;
+                // SAFETY: the layout has a non-zero size.
+                let p = unsafe { alloc_zeroed(l) };
+                if p.is_null() {
+                    return Err(Fault::Alloc { bytes });
+                }
+                // SAFETY: the header is within the block and aligned for a usize.
+                unsafe { (p as *mut usize).write(cap) };
+                p
+            }
+        };
+        // SAFETY: the block holds the header then `cap` bytes.
+        Ok(unsafe { base.add(LOCAL_ALIGN) })
+    }
+
+    /// Gives back a block from `take`: cached for this thread when the limits allow, else
+    /// freed.
+    ///
+    /// # Safety
+    /// `ptr` must come from `take` (on any thread) and not be given back twice.
+    pub unsafe fn give(ptr: *mut u8) {
+        // SAFETY: the caller's contract: the header precedes `ptr` in the same block.
+        let base = unsafe { ptr.sub(LOCAL_ALIGN) };
+        // SAFETY: `take` wrote the capacity there.
+        let cap = unsafe { (base as *const usize).read() };
+        let kept = CACHE
+            .try_with(|c| {
+                let mut c = c.borrow_mut();
+                if c.blocks.len() < ARENA_KEEP_BLOCKS && c.bytes + cap <= ARENA_KEEP_BYTES {
+                    c.blocks.push((base, cap));
+                    c.bytes += cap;
+                    true
+                } else {
+                    false
+                }
+            })
+            .unwrap_or(false);
+        if !kept {
+            // SAFETY: allocated by `take` with this layout.
+            unsafe { dealloc(base, layout(cap).expect("a block's layout")) }
+        }
+    }
+
+    /// Blocks and bytes cached on this thread (for tests).
+    #[cfg(test)]
+    pub fn cached() -> (usize, usize) {
+        CACHE.with(|c| {
+            let c = c.borrow();
+            (c.blocks.len(), c.bytes)
+        })
+    }
 }
 
-/// Zeroed, 64-byte aligned memory of `bytes` bytes (at least 1), or null with a `Fault::Alloc`
-/// recorded when the size is negative, over `MAX_ALLOC_BYTES`, or refused by the system.
+/// Zeroed, 64-byte aligned memory of `bytes` bytes (at least 1) from this thread's arena, or
+/// null with a `Fault::Alloc` recorded when the size is negative, over `MAX_ALLOC_BYTES`, or
+/// refused by the system.
 extern "C" fn rivet_alloc(bytes: i64) -> *mut u8 {
-    let Some(layout) = local_layout(bytes) else {
-        set_fault(Fault::Alloc { bytes });
-        return std::ptr::null_mut();
-    };
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { alloc_zeroed(layout) };
-    if p.is_null() {
-        set_fault(Fault::Alloc { bytes });
+    match arena::take(bytes) {
+        Ok(p) => p,
+        Err(f) => {
+            set_fault(f);
+            std::ptr::null_mut()
+        }
     }
-    p
 }
 
-/// Frees memory from `rivet_alloc(bytes)`.
+/// Gives memory from `rivet_alloc` back to the arena.
 ///
 /// # Safety
-/// `ptr` must come from a successful `rivet_alloc` with the same `bytes`, and not be freed
-/// twice.
-unsafe extern "C" fn rivet_free(ptr: *mut u8, bytes: i64) {
-    // A successful allocation had a valid layout, so this always matches.
-    if let Some(layout) = local_layout(bytes) {
-        // SAFETY: the caller's contract; the layout is the one used to allocate.
-        unsafe { dealloc(ptr, layout) }
-    }
+/// `ptr` must come from a successful `rivet_alloc` and not be freed twice.
+unsafe extern "C" fn rivet_free(ptr: *mut u8, _bytes: i64) {
+    // SAFETY: the caller's contract.
+    unsafe { arena::give(ptr) }
+}
+
+/// Zeroes `bytes` bytes at `ptr` (a local buffer in a stack frame).
+///
+/// # Safety
+/// `ptr` must be valid for `bytes` bytes of writes.
+unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
+    // SAFETY: the caller's contract; generated code passes a stack slot and its size.
+    unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(0) as usize) }
 }
 
 /// Checked mode: records an out-of-bounds access (the generated code then returns).
@@ -114,6 +238,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("rivet_alloc", rivet_alloc as *const u8),
         ("rivet_free", rivet_free as *const u8),
+        ("rivet_zero", rivet_zero as *const u8),
         ("rivet_oob", rivet_oob as *const u8),
         ("rivet_f16_to_f32", rivet_f16_to_f32 as *const u8),
         ("rivet_f32_to_f16", rivet_f32_to_f16 as *const u8),
@@ -125,4 +250,60 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
             super::parallel::rivet_parallel_for as *const u8,
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arena::{cached, give, take, ARENA_KEEP_BLOCKS};
+    use super::Fault;
+    use crate::ir::limits::MAX_ALLOC_BYTES;
+
+    #[test]
+    fn the_arena_reuses_blocks_zeroed_and_refuses_hostile_sizes() {
+        // On a thread of its own: the cache is per thread.
+        std::thread::spawn(|| {
+            let p = take(100).unwrap();
+            assert_eq!(p as usize % 64, 0);
+            // SAFETY: 100 bytes were handed out.
+            unsafe {
+                assert!(std::slice::from_raw_parts(p, 100).iter().all(|&b| b == 0));
+                std::ptr::write_bytes(p, 0xA5, 100);
+                give(p);
+            }
+            assert_eq!(cached(), (1, 128));
+            // A smaller request reuses the block, zeroed again.
+            let q = take(64).unwrap();
+            assert_eq!(q, p);
+            // SAFETY: the block holds at least 64 bytes.
+            unsafe {
+                assert!(std::slice::from_raw_parts(q, 64).iter().all(|&b| b == 0));
+                give(q);
+            }
+            // At most ARENA_KEEP_BLOCKS stay cached.
+            let ps: Vec<*mut u8> = (0..ARENA_KEEP_BLOCKS + 3)
+                .map(|_| take(8).unwrap())
+                .collect();
+            for p in ps {
+                // SAFETY: each from `take`, given back once.
+                unsafe { give(p) };
+            }
+            assert_eq!(cached().0, ARENA_KEEP_BLOCKS);
+            for bytes in [
+                -1,
+                MAX_ALLOC_BYTES as i64 + 1,
+                1 << 62,
+                (1 << 62) + 63,
+                i64::MAX,
+                i64::MIN,
+            ] {
+                assert_eq!(take(bytes), Err(Fault::Alloc { bytes }), "{bytes}");
+            }
+            // Size 0 gets a block too (allocations are at least one byte).
+            let z = take(0).unwrap();
+            // SAFETY: from `take`.
+            unsafe { give(z) };
+        })
+        .join()
+        .unwrap();
+    }
 }

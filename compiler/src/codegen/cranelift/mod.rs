@@ -22,14 +22,20 @@
 //!   `f32`, computed in `f32`, and rounded (to nearest even, as the `half` crate) when stored
 //!   or cast to float16/bfloat16 (a cast from float64 rounds once, with `half`'s `from_f64`);
 //! - transcendentals, `pow` and float `//`/`%` call the `math::symbols()` helpers; `sqrt`,
-//!   `abs`, `floor`, `ceil` are native; no `fma` is ever emitted (a*b+c rounds twice, as in
-//!   the interpreter);
+//!   `abs`, `floor`, `ceil` are native; `a * b + c` is a multiply and an add (two roundings,
+//!   as in the interpreter) and only the IR's explicit `Fma` node (the `fma` build option)
+//!   becomes Cranelift's `fma`: `vfmadd` with the host's FMA, else a call of `fmaf`/`fma`,
+//!   bound to `math`'s correctly rounded helpers, so it is one rounding on every CPU;
 //! - integer `//` and `%` are guarded so that no division traps (divisor 0 gives 0, `MIN // -1`
 //!   wraps); float-to-int casts saturate (NaN gives 0), as Rust's `as`;
 //! - `Select` whose arms load memory, and `&&`/`||` whose right operand loads memory, branch
 //!   and evaluate only what the interpreter evaluates (a guarded load is never performed);
 //!   memory-free ones use a branchless `select` / `band` / `bor`;
 //! - every function is checked by `ir::verify` (flattened) before code is generated.
+//!
+//! Local buffers (`Allocate`) start zeroed, as in the interpreter: constant ones up to 2 KiB
+//! are stack slots (`stmt::allocate`), the others come from a per-thread arena
+//! (`helpers::arena`) that reuses blocks across calls.
 //!
 //! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
@@ -84,6 +90,12 @@ impl CraneliftBackend {
     /// A backend for the host CPU: its ISA features (AVX, FMA, ...) detected by
     /// `cranelift_native`, optimised for speed.
     pub fn new() -> Result<Self> {
+        Self::with_isa_settings(&[])
+    }
+
+    /// `new`, with ISA settings of `cranelift_native`'s detection overridden (tests use
+    /// `("has_fma", "false")` to check the code of CPUs without FMA on one that has it).
+    pub(crate) fn with_isa_settings(overrides: &[(&str, &str)]) -> Result<Self> {
         if usize::BITS != 64 {
             return Err(Error::Compile(
                 "the Cranelift CPU backend needs a 64-bit host".into(),
@@ -99,9 +111,14 @@ impl CraneliftBackend {
         // absolute relocations.
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "is_pic", "false")?;
-        let isa_builder = cranelift_native::builder().map_err(|e| {
+        let mut isa_builder = cranelift_native::builder().map_err(|e| {
             Error::Compile(format!("the host CPU is not supported by Cranelift: {e}"))
         })?;
+        for (k, v) in overrides {
+            isa_builder
+                .set(k, v)
+                .map_err(|e| Error::Internal(format!("cranelift ISA setting {k}={v}: {e}")))?;
+        }
         let isa = isa_builder
             .finish(settings::Flags::new(flags))
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
@@ -141,6 +158,10 @@ impl CraneliftBackend {
         for (name, addr) in intrin::symbols(func)? {
             jb.symbol(name, addr);
         }
+        // Cranelift lowers `fma` to a libcall of `fmaf` / `fma` on an ISA without FMA: bind
+        // them here (the JIT would otherwise fail to resolve them).
+        jb.symbol("fmaf", crate::codegen::math::ffi::fmaf as *const u8);
+        jb.symbol("fma", crate::codegen::math::ffi::fma as *const u8);
         let module = JITModule::new(jb);
         let mut cx = Compiler {
             module,
@@ -477,6 +498,11 @@ struct FnGen<'a, 'f> {
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
+    /// Bytes of local buffers placed in this function's stack frame (`stmt::allocate`).
+    stack_bytes: u32,
+    /// One-element locals held in a Cranelift variable instead of memory (`stmt::allocate`:
+    /// reduction accumulators), by buffer id.
+    reg_locals: HashMap<BufId, Variable>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -493,6 +519,8 @@ impl<'a, 'f> FnGen<'a, 'f> {
             frame: None,
             live_allocs: Vec::new(),
             free_vars: HashMap::new(),
+            stack_bytes: 0,
+            reg_locals: HashMap::new(),
         }
     }
 

@@ -140,8 +140,9 @@ impl Compiler<'_> {
 pub(super) type BodyFn = unsafe extern "C" fn(*const i64, i64, i64) -> i32;
 
 /// Runs `body(ctx, lo, hi)` over `[min, min + extent)` split into contiguous chunks on rivet's
-/// pool, with the host lock released; serially when the range is tiny or the pool has one
-/// thread. Returns 0, or 1 when a chunk failed: the first fault recorded by a failing chunk
+/// pool (`rivet_runtime::parallel::chunks`: at most 4 per thread, each at least
+/// `MIN_CHUNK_WORK` of the call's work), with the host lock released; inline when the rule
+/// gives one chunk, the pool has one thread, or this already is a pool thread. Returns 0, or 1 when a chunk failed: the first fault recorded by a failing chunk
 /// (on whichever thread ran it) is moved to this thread's fault slot, and chunks not yet
 /// started are skipped.
 ///
@@ -161,14 +162,22 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
     if extent <= 0 {
         return 0;
     }
-    let pool = rivet_runtime::parallel::pool();
+    use rivet_runtime::parallel as par;
+    let pool = par::pool();
     let threads = pool.current_num_threads().max(1) as i64;
-    if extent < 2 || threads == 1 || rivet_runtime::parallel::serial_requested() {
+    // Inline: when the call's work is small (`serially`), when this is already one of the
+    // pool's threads (a parallel region inside another: no nested oversubscription), or when
+    // the rule gives one chunk.
+    let chunks = if par::serial_requested() || par::in_pool() {
+        1
+    } else {
+        par::chunks(extent, threads, par::call_work())
+    };
+    if chunks < 2 {
         // SAFETY: the caller's contract. `min + extent` is in range: the bounds proof
         // obliges every loop's end to fit in int64.
         return unsafe { body(ctx, min, min + extent) };
     }
-    let chunks = extent.min(threads * 4);
     let ctx_addr = ctx as usize;
     let failed = AtomicBool::new(false);
     let fault = Mutex::new(None);

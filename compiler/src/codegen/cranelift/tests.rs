@@ -1071,6 +1071,98 @@ fn no_fma_is_emitted_for_mul_add() {
     assert_eq!(got.to_bits(), (std::hint::black_box(x) * y + z).to_bits());
 }
 
+/// `fma(a, b, c)` on every float dtype, from the native ISA and from one without FMA
+/// (Cranelift's libcall): one rounding, the interpreter's `mul_add`, bit for bit.
+#[test]
+fn fma_rounds_once_with_and_without_native_fma() {
+    use crate::codegen::interp::InterpBackend;
+    let hard = [
+        (1.0000001f64, 1.0000001, -1.0000002),
+        (0.1, 10.0, -1.0),
+        (1e308, 10.0, -f64::INFINITY),
+        (f64::NAN, 0.0, 1.0),
+        (f64::INFINITY, 0.0, 1.0),
+        (-0.0, 0.0, 0.0),
+        (3.0, 1.0 / 3.0, -1.0),
+        (65504.0, 2.0, -65504.0),
+    ];
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let f = elementwise("fma", &[dt, dt, dt], dt, |a| {
+            Expr::fma(a[0].clone(), a[1].clone(), a[2].clone()).unwrap()
+        });
+        let cols =
+            |k: usize| -> Vec<f64> { hard.iter().map(|t| [t.0, t.1, t.2][k]).collect::<Vec<_>>() };
+        let n = hard.len();
+        let mut want = vec![cols(0), cols(1), cols(2)]
+            .into_iter()
+            .map(|c| encode(dt, &c))
+            .collect::<Vec<_>>();
+        want.push(vec![0; n * dt.size()]);
+        let mut ints = vec![n as i64];
+        ints.extend([1, 1, 1, 1]);
+        let interp = InterpBackend::default().compile(&f).unwrap();
+        let ptrs = want.iter_mut().map(|d| d.as_mut_ptr()).collect();
+        // SAFETY: four compact buffers of n elements.
+        unsafe {
+            interp.launch(
+                &CallFrame {
+                    ptrs,
+                    ints: ints.clone(),
+                },
+                &LaunchContext::host(),
+            )
+        }
+        .unwrap();
+        // The interpreter is `mul_add` itself.
+        if dt == DType::F32 {
+            let r = f32::from_le_bytes(want[3][..4].try_into().unwrap());
+            let (x, y, z) = (1.0000001f32, 1.0000001f32, -1.0000002f32);
+            assert_eq!(r.to_bits(), x.mul_add(y, z).to_bits());
+            assert_ne!(r.to_bits(), (std::hint::black_box(x) * y + z).to_bits());
+        }
+        for no_fma in [false, true] {
+            let mut b = if no_fma {
+                CraneliftBackend::with_isa_settings(&[("has_fma", "false")]).unwrap()
+            } else {
+                CraneliftBackend::new().unwrap()
+            };
+            b.set_disassembly(true);
+            let mut g = f.clone();
+            crate::lower::split::split(&mut g);
+            let k = b.compile_kernel(&g).unwrap();
+            #[cfg(target_arch = "x86_64")]
+            if no_fma {
+                assert!(!k.disassembly().contains("vfmadd"), "{}", k.disassembly());
+            } else if std::is_x86_feature_detected!("fma") && dt == DType::F32 {
+                assert!(k.disassembly().contains("vfmadd"), "{}", k.disassembly());
+            }
+            let mut data = want.clone();
+            data[3] = vec![0xA5; n * dt.size()];
+            let ptrs = data.iter_mut().map(|d| d.as_mut_ptr()).collect();
+            // SAFETY: as above.
+            unsafe {
+                k.launch(
+                    &CallFrame {
+                        ptrs,
+                        ints: ints.clone(),
+                    },
+                    &LaunchContext::host(),
+                )
+            }
+            .unwrap();
+            for e in 0..n {
+                let r = e * dt.size()..(e + 1) * dt.size();
+                assert!(
+                    same(dt, &data[3][r.clone()], &want[3][r.clone()]),
+                    "{dt} no_fma={no_fma} case {e}: cranelift {:?}, interp {:?}",
+                    read(dt, &data[3][r.clone()]),
+                    read(dt, &want[3][r])
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn if_else_and_let() {
     // out[i] = if i % 3 == 0 { a[i] } else if a[i] > 0 { -a[i] } else { t * 2 } with t = i + 1.
@@ -1379,6 +1471,10 @@ impl Gen<'_> {
                 BinOp::Max,
             ]
         };
+        if dt.is_float() && self.rng.below(5) == 0 {
+            let (a, b, c) = (self.expr(dt, d), self.expr(dt, d), self.expr(dt, d));
+            return Expr::fma(a, b, c).unwrap();
+        }
         let op = self.rng.pick(ops);
         Expr::binary(op, self.expr(dt, d), self.expr(dt, d)).unwrap()
     }
@@ -1553,5 +1649,87 @@ fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
     for x in 0..nn {
         let got = i64::from_le_bytes(data[1][8 * x..8 * x + 8].try_into().unwrap());
         assert_eq!(got, if x < 3 { 0 } else { av[x] * 2 + 1 }, "out[{x}]");
+    }
+}
+
+/// Locals of constant size up to `STACK_LOCAL_MAX` live in the stack frame (no helper call),
+/// larger ones in the per-thread arena; both start zeroed (the IR's meaning, which the body
+/// relies on: `T[j] = T[j] + a[i]`), per iteration of a parallel loop, as in the interpreter.
+#[test]
+fn locals_on_the_stack_or_the_arena_start_zeroed() {
+    use crate::codegen::interp::InterpBackend;
+    for (k, on_stack) in [
+        (1i64, true),
+        (3, true),
+        (512, true),
+        (513, false),
+        (5000, false),
+    ] {
+        let n = Var::new("n");
+        let (i, j) = (Var::new("i"), Var::new("j"));
+        let a = input(0, "a", DType::F32, vec![v(&n)]);
+        let out = output(1, "out", DType::F32, vec![v(&n)]);
+        let t = buffer(2, "T", DType::F32, vec![Expr::int(k)], BufKind::Local);
+        let tj = Expr::load(t.id, vec![v(&j)], DType::F32);
+        let body = for_(
+            &i,
+            v(&n),
+            ForKind::Parallel,
+            Stmt::Allocate {
+                buf: t.id,
+                body: Box::new(Stmt::Seq(vec![
+                    for_(
+                        &j,
+                        Expr::int(k),
+                        ForKind::Serial,
+                        Stmt::Store {
+                            buf: t.id,
+                            indices: vec![v(&j)],
+                            value: Expr::binary(BinOp::Add, tj.clone(), load(&a, &[v(&i)]))
+                                .unwrap(),
+                        },
+                    ),
+                    store(
+                        &out,
+                        &[v(&i)],
+                        Expr::load(t.id, vec![Expr::int(k - 1)], DType::F32),
+                    ),
+                ])),
+            },
+        );
+        let f = func("locals", vec![a, out, t], vec![n], body);
+        let kern = compile(&f);
+        // (Helpers print as numbered functions: look for the 64-byte aligned slot instead.)
+        let slot = format!("explicit_slot {}, align = 64", 4 * k);
+        assert_eq!(
+            kern.source().contains(&slot),
+            on_stack,
+            "k={k}:\n{}",
+            kern.source()
+        );
+        let nn = 300usize;
+        let av: Vec<f32> = (0..nn).map(|x| x as f32 * 0.5 - 7.0).collect();
+        let mut results = Vec::new();
+        let interp = InterpBackend::default().compile(&f).unwrap();
+        for kk in [&kern as &dyn Kernel, interp.as_ref()] {
+            // Twice: the second call reuses the arena's (dirty) blocks and the stack.
+            for _ in 0..2 {
+                let mut data = vec![av.clone(), vec![f32::NAN; nn]];
+                let ptrs = data.iter_mut().map(|d| d.as_mut_ptr() as *mut u8).collect();
+                // SAFETY: two compact buffers of nn f32.
+                unsafe {
+                    kk.launch(
+                        &CallFrame {
+                            ptrs,
+                            ints: vec![nn as i64, 1, 1],
+                        },
+                        &LaunchContext::host(),
+                    )
+                }
+                .unwrap();
+                assert_eq!(data[1], av, "k={k}");
+                results.push(data.pop().unwrap());
+            }
+        }
     }
 }

@@ -128,3 +128,55 @@ fn a_local_that_cannot_be_allocated_is_a_memory_error() {
         );
     }
 }
+
+/// Local sizes whose element or byte count leaves int64 (2^62 floats, 2^31 x 2^31 x 2^31)
+/// are a memory error on both backends even when launched directly (no `build::call` size
+/// check in front), never a wrapped small allocation.
+#[test]
+fn locals_near_2_pow_62_are_memory_errors_not_overflows() {
+    for shape in [
+        vec![Expr::int(1 << 62)],
+        vec![Expr::int(1 << 31), Expr::int(1 << 31), Expr::int(1 << 31)],
+        vec![Expr::int(i64::MAX), Expr::int(3)],
+    ] {
+        let n = Var::new("n");
+        let i = Var::new("i");
+        let a = input(0, "A", DType::F32, vec![Expr::var(&n)]);
+        let b = output(1, "B", DType::F32, vec![Expr::var(&n)]);
+        let t = buffer(2, "T", DType::F32, shape.clone(), BufKind::Local);
+        let zeros = vec![Expr::int(0); shape.len()];
+        let body = Stmt::For {
+            var: i.clone(),
+            min: Expr::int(0),
+            extent: Expr::var(&n),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Allocate {
+                buf: t.id,
+                body: Box::new(Stmt::Seq(vec![
+                    Stmt::Store {
+                        buf: t.id,
+                        indices: zeros.clone(),
+                        value: Expr::load(a.id, vec![Expr::var(&i)], DType::F32),
+                    },
+                    Stmt::Store {
+                        buf: b.id,
+                        indices: vec![Expr::var(&i)],
+                        value: Expr::load(t.id, zeros.clone(), DType::F32),
+                    },
+                ])),
+            }),
+        };
+        let f = split(func("huge_local", vec![a, b, t], vec![n], body));
+        for be in backends(true) {
+            let k = be.compile(&f).unwrap();
+            let mut a = vec![1.0f32; 4];
+            let mut b = vec![0.0f32; 4];
+            let err = run(k.as_ref(), &mut a, &mut b).unwrap_err();
+            assert!(
+                matches!(err, Error::Runtime(rivet_runtime::Error::Memory(_))),
+                "{}: {err}",
+                be.target()
+            );
+        }
+    }
+}

@@ -16,7 +16,8 @@
 //!   uint64 divides unsigned.
 //! - float -> int casts saturate, NaN -> 0 (Rust's `as`), through float64 as the interpreter.
 //! - float `min` / `max` propagate NaN; float `//` and `%` are `floor(a / b)` and
-//!   `a - floor(a / b) * b` with each operation rounded (no contraction into an FMA).
+//!   `a - floor(a / b) * b` with each operation rounded (no contraction into an FMA);
+//!   the IR's explicit `Fma` is `RIVET_FMAF` / `RIVET_FMA` (`fmaf` / `fma`: one rounding).
 //! - `rivet_allreduce_x`, the cross-thread reduction (`Stmt::AllReduce`): warp shuffles
 //!   within each warp's share of a group, then shared memory across the warps, combining in
 //!   exactly the order of `codegen::interp::gpu::allreduce_group`. It needs the warp
@@ -70,11 +71,15 @@ RIVET_FN double rivet_f64_from_bits(unsigned long long b) {
 #define RIVET_MUL(a, b) __dmul_rn((a), (b))
 #define RIVET_FLOORF(x) floorf(x)
 #define RIVET_FLOOR(x) floor(x)
+#define RIVET_FMAF(a, b, c) fmaf((a), (b), (c))
+#define RIVET_FMA(a, b, c) fma((a), (b), (c))
 #else
 #define RIVET_MULF(a, b) ((a) * (b))
 #define RIVET_MUL(a, b) ((a) * (b))
 #define RIVET_FLOORF(x) __builtin_floorf(x)
 #define RIVET_FLOOR(x) __builtin_floor(x)
+#define RIVET_FMAF(a, b, c) __builtin_fmaf((a), (b), (c))
+#define RIVET_FMA(a, b, c) __builtin_fma((a), (b), (c))
 #endif
 
 /* ---- float16 / bfloat16 <-> float32 (the half crate's algorithms) ---- */

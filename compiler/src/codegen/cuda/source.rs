@@ -899,6 +899,23 @@ impl<'a> KernelGen<'a> {
                 let x = self.expr(a, false)?;
                 cast(a.dtype(), dt, &x)
             }
+            ExprKind::Fma(a, b, c) => {
+                let x = self.expr(a, false)?;
+                let y = self.expr(b, false)?;
+                let z = self.expr(c, false)?;
+                // One rounding, as the interpreter's `mul_add` (float16/bfloat16 are floats
+                // here too); `--fmad=false` keeps every other `a * b + c` unfused.
+                match dt {
+                    DType::F64 => format!("RIVET_FMA({x}, {y}, {z})"),
+                    _ if dt.is_float() => format!("RIVET_FMAF({x}, {y}, {z})"),
+                    _ => {
+                        return Err(Error::Internal(format!(
+                            "CUDA codegen, function `{}`: fma on {dt}",
+                            self.func.name
+                        )))
+                    }
+                }
+            }
             ExprKind::Select(c, a, b) => {
                 let c = self.expr(c, false)?;
                 let x = self.expr(a, index)?;

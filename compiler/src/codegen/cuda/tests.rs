@@ -531,6 +531,11 @@ fn every_op(dt: DType) -> (PrimFunc, usize, usize) {
         ] {
             vals.push(Expr::unary(op, x.clone()).unwrap());
         }
+        // Fused multiply-adds (one rounding: `fmaf` / `fma`, the interpreter's `mul_add`).
+        vals.push(Expr::fma(x.clone(), y.clone(), x.clone()).unwrap());
+        for c in constants(dt) {
+            vals.push(Expr::fma(x.clone(), c, y.clone()).unwrap());
+        }
     }
     // Comparisons, logic and selects (bool results are selected back into `dt`).
     let mut bools = Vec::new();

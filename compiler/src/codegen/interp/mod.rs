@@ -22,6 +22,8 @@
 //!   the oracle depend on the CPU; every backend, CUDA included, converts through float32);
 //!   float64 -> bfloat16 is `half`'s `from_f64` (no hardware path); anything -> bool is
 //!   `x != 0`; bool -> number 0/1.
+//! - `fma(a, b, c)` is `mul_add`: `a * b + c` rounded once, in the value type (`f32` for
+//!   float16/bfloat16 too);
 //! - comparisons of floats are IEEE (NaN compares unequal to everything); `Select` evaluates
 //!   its condition and only the chosen arm; `&&`/`||` short-circuit.
 //!
@@ -502,6 +504,22 @@ impl<'a> Machine<'a> {
             ExprKind::Cast(a) => {
                 let x = self.eval(a)?;
                 Ok(cast(a.dtype(), dt, x))
+            }
+            ExprKind::Fma(a, b, c) => {
+                let (x, y, z) = (self.eval(a)?, self.eval(b)?, self.eval(c)?);
+                // One rounding, in the value type (float16/bfloat16 are f32 here, like the
+                // rest of their arithmetic; the `Store` or `Cast` rounds them once more).
+                match (x, y, z) {
+                    (Value::F32(x), Value::F32(y), Value::F32(z)) if dt != DType::F64 => {
+                        Ok(Value::F32(x.mul_add(y, z)))
+                    }
+                    (Value::F64(x), Value::F64(y), Value::F64(z)) if dt == DType::F64 => {
+                        Ok(Value::F64(x.mul_add(y, z)))
+                    }
+                    _ => {
+                        Err(self.err(format!("fma of {x:?}, {y:?} and {z:?} typed {dt} in `{e}`")))
+                    }
+                }
             }
             ExprKind::Select(c, a, b) => {
                 if self.truth(c)? {
