@@ -43,6 +43,7 @@ mod stmt;
 mod tests;
 #[cfg(test)]
 mod tests_faults;
+mod vector;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
@@ -470,6 +471,9 @@ struct FnGen<'a, 'f> {
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
     live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
+    /// Values computed for the vector statement being generated, by node address and lane
+    /// (`vector.rs`); emptied before and after each one.
+    vmemo: HashMap<(usize, u32), cranelift_codegen::ir::Value>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -486,6 +490,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             frame: None,
             live_allocs: Vec::new(),
             free_vars: HashMap::new(),
+            vmemo: HashMap::new(),
         }
     }
 

@@ -899,6 +899,13 @@ impl<'a> KernelGen<'a> {
                     self.func.name
                 )))
             }
+            // The CUDA target does not vectorize yet (`Target::vectorize_bytes`).
+            ExprKind::Ramp { .. } | ExprKind::Broadcast { .. } => {
+                return Err(Error::Internal(format!(
+                    "CUDA codegen, function `{}`: vector IR is not supported by the CUDA backend yet: `{e}`",
+                    self.func.name
+                )))
+            }
         })
     }
 }
