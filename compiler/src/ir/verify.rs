@@ -29,6 +29,11 @@
 //! - loaded functions (`verify_loaded`): `Vectorized` loops are innermost (no loop inside),
 //!   and `Parallel` and `Vectorized` loops carry no dependence between iterations
 //!   (`verify_parallel`); loops of constant extent <= 1 are exempt.
+//! - lanes (vector IR, `lower::vectorize`): every operand of an elementwise vector node has
+//!   its lanes (scalars are broadcast explicitly); a `Ramp`'s base and stride are scalar int64,
+//!   a `Broadcast`'s value a scalar of its dtype, both with 2..=`MAX_LANES` lanes; a vector
+//!   access has one (flattened) index; a store's index and value have equal lanes; loop
+//!   bounds, `Let` values and conditions are scalars. Loaded nests hold no vector IR.
 //! - resources (`ir::limits`): every expression is at most `MAX_IR_DEPTH` deep, statements
 //!   nest at most `MAX_STMT_DEPTH` deep, and the function has at most `MAX_FUNC_NODES`
 //!   expression and statement nodes counted as a tree. These are checked before any walk

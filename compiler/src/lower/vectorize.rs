@@ -450,3 +450,186 @@ fn affine(op: BinOp, x: &Expr, y: &Expr) -> Option<Expr> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::test_util::{func, input, output};
+    use crate::ir::verify::{verify, verify_loaded};
+    use crate::ir::BinOp;
+
+    /// `for i in [0, extent): C[index(i)] = A[index(i)] + 1` over float32 buffers of `len`
+    /// elements (one dim, indices used as flat offsets: unflattened and flattened agree).
+    fn copy_plus_one(
+        len: i64,
+        extent: i64,
+        index: impl Fn(&Var) -> Expr,
+        value: impl Fn(Expr) -> Expr,
+    ) -> PrimFunc {
+        let i = Var::new("i");
+        let a = input(0, "A", DType::F32, vec![Expr::int(len)]);
+        let c = output(1, "C", DType::F32, vec![Expr::int(len)]);
+        let body = Stmt::For {
+            var: i.clone(),
+            min: Expr::int(0),
+            extent: Expr::int(extent),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Store {
+                buf: c.id,
+                indices: vec![index(&i)],
+                value: value(Expr::load(a.id, vec![index(&i)], DType::F32)),
+            }),
+        };
+        func("f", vec![a, c], vec![], body)
+    }
+
+    fn msg<T: std::fmt::Debug>(r: crate::error::Result<T>) -> String {
+        match r {
+            Err(e) => e.to_string(),
+            Ok(v) => panic!("expected an error, got {v:?}"),
+        }
+    }
+
+    fn ramp4(i: &Var) -> Expr {
+        Expr::ramp(Expr::var(i).mul(&Expr::int(4)), Expr::int(1), 4)
+    }
+
+    #[test]
+    fn well_formed_vector_ir_verifies() {
+        let one = |x: Expr| {
+            let b = Expr::broadcast(Expr::constant(1.0, DType::F32), 4);
+            Expr::binary(BinOp::Add, x, b).unwrap()
+        };
+        let f = copy_plus_one(8, 2, ramp4, one);
+        verify(&f, true).unwrap();
+        let mut g = f.clone();
+        super::super::bounds::prove(&mut g).unwrap();
+        assert!(g.checks.is_empty());
+        assert!(f.to_string().contains("ramp(("), "{f}");
+    }
+
+    #[test]
+    fn lane_mismatches_are_refused() {
+        // A 4-lane load plus a 2-lane broadcast.
+        let f = copy_plus_one(8, 2, ramp4, |x| {
+            let b = Expr::broadcast(Expr::constant(1.0, DType::F32), 2);
+            Expr::new(ExprKind::Binary(BinOp::Add, x, b), DType::F32)
+        });
+        assert!(msg(verify(&f, true)).contains("lane mismatch"));
+        // A 4-lane load plus a scalar (never implicit: broadcasts are explicit).
+        let f = copy_plus_one(8, 2, ramp4, |x| {
+            let b = Expr::constant(1.0, DType::F32);
+            Expr::new(ExprKind::Binary(BinOp::Add, x, b), DType::F32)
+        });
+        assert!(msg(verify(&f, true)).contains("lane mismatch"));
+        // A 4-lane index storing a scalar.
+        let f = copy_plus_one(8, 2, ramp4, |_| Expr::constant(1.0, DType::F32));
+        assert!(msg(verify(&f, true)).contains("lane mismatch"));
+        // A ramp of a ramp, and lane counts out of range.
+        let f = copy_plus_one(8, 2, |i| Expr::ramp(ramp4(i), Expr::int(1), 4), |x| x);
+        assert!(msg(verify(&f, true)).contains("lane mismatch"));
+        for lanes in [0, 1, 17] {
+            let f = copy_plus_one(
+                64,
+                2,
+                |i| Expr::ramp(Expr::var(i), Expr::int(1), lanes),
+                |x| x,
+            );
+            assert!(msg(verify(&f, true)).contains("2..=16"), "{lanes}");
+        }
+        // A float ramp.
+        let f = copy_plus_one(
+            8,
+            2,
+            |i| {
+                Expr::new(
+                    ExprKind::Ramp {
+                        base: Expr::var(i),
+                        stride: Expr::constant(1.0, DType::F32),
+                        lanes: 4,
+                    },
+                    DType::I64,
+                )
+            },
+            |x| x,
+        );
+        assert!(msg(verify(&f, true)).contains("int64"));
+    }
+
+    #[test]
+    fn vector_ir_in_a_loaded_nest_is_refused() {
+        let f = copy_plus_one(8, 2, ramp4, |x| x);
+        assert!(msg(verify_loaded(&f)).contains("vector IR in a loaded loop nest"));
+        // Old files: no lanes anywhere, and they still load (lanes are derived).
+        let g = copy_plus_one(8, 8, |i| Expr::var(i), |x| x);
+        let text = serde_json::to_string(&g).unwrap();
+        assert!(!text.contains("lanes"), "{text}");
+        let back: PrimFunc = serde_json::from_str(&text).unwrap();
+        verify_loaded(&back).unwrap();
+        // A saved vector node keeps its lanes (a Ramp says them).
+        let text = serde_json::to_string(&f).unwrap();
+        let back: PrimFunc = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, f);
+    }
+
+    #[test]
+    fn every_lane_must_be_proved_in_bounds() {
+        // i in [0, 8): lanes i .. i + 3 pass the end of an 8-element buffer from i = 5.
+        let mut f = copy_plus_one(8, 8, |i| Expr::ramp(Expr::var(i), Expr::int(1), 4), |x| x);
+        verify(&f, false).unwrap();
+        let m = msg(super::super::bounds::prove(&mut f));
+        assert!(m.contains("C") || m.contains("A"), "{m}");
+        // A negative stride reaching below 0.
+        let mut f = copy_plus_one(8, 2, |i| Expr::ramp(Expr::var(i), Expr::int(-1), 4), |x| x);
+        msg(super::super::bounds::prove(&mut f));
+        // The last lane exactly at the end is fine.
+        let mut f = copy_plus_one(8, 5, |i| Expr::ramp(Expr::var(i), Expr::int(1), 4), |x| x);
+        super::super::bounds::prove(&mut f).unwrap();
+    }
+
+    fn vectorized(
+        extent: i64,
+        index: impl Fn(&Var) -> Expr,
+        value: impl Fn(Expr) -> Expr,
+    ) -> String {
+        let mut f = copy_plus_one(64, extent, index, value);
+        let Stmt::For { kind, .. } = &mut f.body else {
+            unreachable!()
+        };
+        *kind = ForKind::Vectorized;
+        vectorize(&mut f, Some(16));
+        verify(&f, true).unwrap();
+        f.to_string()
+    }
+
+    #[test]
+    fn strip_mining_and_what_stays_scalar() {
+        // 10 f32 iterations: 2 vectors of 4, a tail of 2.
+        let t = vectorized(10, |i| Expr::var(i), |x| x);
+        assert!(t.contains("for i.v in [0, 2)"), "{t}");
+        assert!(
+            t.contains("C[ramp((i.v * 4), 1, 4)] = A[ramp((i.v * 4), 1, 4)]"),
+            "{t}"
+        );
+        assert!(t.contains("for i in [8, 8 + 2)"), "{t}");
+        // A multiple of the width: no tail; fewer iterations than lanes: only the tail.
+        assert!(!vectorized(8, |i| Expr::var(i), |x| x).contains("for i in"));
+        assert!(!vectorized(3, |i| Expr::var(i), |x| x).contains("ramp"));
+        // Every lane writing one element (a reduction-like store): scalar.
+        let t = vectorized(10, |_| Expr::int(0), |x| x);
+        assert!(t.contains("vectorized for") && !t.contains("ramp"), "{t}");
+        // A stride-2 store: scalar; a reversed load is a gather (a ramp of stride -1).
+        let t = vectorized(10, |i| Expr::var(i).mul(&Expr::int(2)), |x| x);
+        assert!(!t.contains("ramp"), "{t}");
+        // A select whose arm loads: scalar (only the chosen arm may run).
+        let t = vectorized(
+            10,
+            |i| Expr::var(i),
+            |x| {
+                let c = Expr::cmp(crate::ir::CmpOp::Gt, x.clone(), x.clone()).unwrap();
+                Expr::select(c, x, Expr::constant(0.0, DType::F32)).unwrap()
+            },
+        );
+        assert!(!t.contains("ramp"), "{t}");
+    }
+}
