@@ -238,7 +238,7 @@ fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32) -
     // Lanes: the widest stored element fills the vector.
     let widest = sts.iter().map(|(_, _, x)| x.dtype().size()).max()? as u32;
     let lanes = bytes / widest.max(1);
-    if lanes < 2 || lanes > crate::ir::verify::MAX_LANES {
+    if !(2..=crate::ir::verify::MAX_LANES).contains(&lanes) {
         return None;
     }
     // Dependence rule: each written buffer is accessed at one index only.
@@ -561,7 +561,7 @@ mod tests {
         let f = copy_plus_one(8, 2, ramp4, |x| x);
         assert!(msg(verify_loaded(&f)).contains("vector IR in a loaded loop nest"));
         // Old files: no lanes anywhere, and they still load (lanes are derived).
-        let g = copy_plus_one(8, 8, |i| Expr::var(i), |x| x);
+        let g = copy_plus_one(8, 8, Expr::var, |x| x);
         let text = serde_json::to_string(&g).unwrap();
         assert!(!text.contains("lanes"), "{text}");
         let back: PrimFunc = serde_json::from_str(&text).unwrap();
@@ -605,7 +605,7 @@ mod tests {
     #[test]
     fn strip_mining_and_what_stays_scalar() {
         // 10 f32 iterations: 2 vectors of 4, a tail of 2.
-        let t = vectorized(10, |i| Expr::var(i), |x| x);
+        let t = vectorized(10, Expr::var, |x| x);
         assert!(t.contains("for i.v in [0, 2)"), "{t}");
         assert!(
             t.contains("C[ramp((i.v * 4), 1, 4)] = A[ramp((i.v * 4), 1, 4)]"),
@@ -613,8 +613,8 @@ mod tests {
         );
         assert!(t.contains("for i in [8, 8 + 2)"), "{t}");
         // A multiple of the width: no tail; fewer iterations than lanes: only the tail.
-        assert!(!vectorized(8, |i| Expr::var(i), |x| x).contains("for i in"));
-        assert!(!vectorized(3, |i| Expr::var(i), |x| x).contains("ramp"));
+        assert!(!vectorized(8, Expr::var, |x| x).contains("for i in"));
+        assert!(!vectorized(3, Expr::var, |x| x).contains("ramp"));
         // Every lane writing one element (a reduction-like store): scalar.
         let t = vectorized(10, |_| Expr::int(0), |x| x);
         assert!(t.contains("vectorized for") && !t.contains("ramp"), "{t}");
@@ -622,14 +622,10 @@ mod tests {
         let t = vectorized(10, |i| Expr::var(i).mul(&Expr::int(2)), |x| x);
         assert!(!t.contains("ramp"), "{t}");
         // A select whose arm loads: scalar (only the chosen arm may run).
-        let t = vectorized(
-            10,
-            |i| Expr::var(i),
-            |x| {
-                let c = Expr::cmp(crate::ir::CmpOp::Gt, x.clone(), x.clone()).unwrap();
-                Expr::select(c, x, Expr::constant(0.0, DType::F32)).unwrap()
-            },
-        );
+        let t = vectorized(10, Expr::var, |x| {
+            let c = Expr::cmp(crate::ir::CmpOp::Gt, x.clone(), x.clone()).unwrap();
+            Expr::select(c, x, Expr::constant(0.0, DType::F32)).unwrap()
+        });
         assert!(!t.contains("ramp"), "{t}");
     }
 }
