@@ -177,7 +177,9 @@ fn stores(s: &Stmt, out: &mut Vec<(BufId, Expr, Expr)>) -> Option<()> {
             Some(())
         }
         Stmt::Seq(v) => v.iter().try_for_each(|s| stores(s, out)),
-        Stmt::Let { var, value, body } => {
+        // Inlining moves the value's evaluation after the stores before its uses: only
+        // load-free values (whose result no store can change) are inlined.
+        Stmt::Let { var, value, body } if !has_load(value) => {
             let mut inner = Vec::new();
             stores(body, &mut inner)?;
             let sub = |e: &Expr| e.substitute(&|x: &Var| (x == var).then(|| value.clone()));
