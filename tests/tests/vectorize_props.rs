@@ -484,3 +484,40 @@ fn tails_of_every_length() {
         }
     }
 }
+
+/// The machine code of a vectorized f32 add holds packed adds (`addps`, or `vaddps` with AVX).
+#[test]
+fn elementwise_add_disassembles_to_packed_adds() {
+    use rivet_compiler::codegen::cranelift::CraneliftBackend;
+    use rivet_compiler::lower::{lower, Source};
+    let n = Expr::int(1000);
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
+    let (a2, b2) = (a.clone(), b.clone());
+    let c = compute(
+        &[n],
+        |i| Expr::binary(BinOp::Add, a2.idx(i), b2.idx(i)).unwrap(),
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let j = c.axis()[0].var.clone();
+    s.stage(&c).unwrap().vectorize(&j).unwrap();
+    let func = lower(
+        Source::Schedule {
+            sched: &s,
+            args: &[a, b, c],
+            name: "add",
+        },
+        &rivet_compiler::Target::cpu(),
+        Options::default(),
+    )
+    .unwrap()
+    .func;
+    let mut be = CraneliftBackend::new().unwrap();
+    be.set_disassembly(true);
+    let k = be.compile_kernel(&func).unwrap();
+    let asm = k.disassembly();
+    assert!(asm.contains("addps"), "{asm}");
+    assert!(asm.contains("movups") || asm.contains("vmovups"), "{asm}");
+}
