@@ -21,7 +21,7 @@
 //! - shape of accesses: with `flattened`, every `Load`/`Store` has exactly one index (an
 //!   element offset); otherwise one index per buffer dimension.
 //! - `Unrolled` loops have a constant integer extent (a vectorized loop may have any extent:
-//!   backends strip-mine it with a scalar remainder); a constant extent is `>= 0`, and a
+//!   `lower::vectorize` strip-mines it with a scalar tail); a constant extent is `>= 0`, and a
 //!   constant `min + extent` fits in int64 (the loop counter cannot wrap).
 //! - stores: only to output parameters (`Param { output: true }`) and locals, never to an
 //!   input parameter (inputs may be read-only memory: `bytes`, a read-only array, a JAX
