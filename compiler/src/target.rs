@@ -164,6 +164,16 @@ impl Target {
         }
     }
 
+    /// The width, in bytes, that `lower::vectorize` strip-mines `vectorize`d loops by, or
+    /// `None` where it leaves them scalar: the interpreter runs the program as written (it is
+    /// the oracle the vectorized code is compared with).
+    pub fn vectorize_bytes(&self) -> Option<u32> {
+        match self.kind {
+            TargetKind::Cpu | TargetKind::Cuda => Some(self.limits.vector_bytes),
+            TargetKind::Interp => None,
+        }
+    }
+
     /// The IR interpreter (on this machine's CPU).
     pub fn interp() -> Target {
         Target {

@@ -226,6 +226,18 @@ pub enum ExprKind {
     /// A DSL misuse found while building an expression with Rust operators (which cannot
     /// return errors); `build` reports it as a `CompileError`.
     Invalid(String),
+    /// Vector IR (made by `lower::vectorize`): the int64 vector `base + stride * l` for lanes
+    /// `l = 0 .. lanes`; `base` and `stride` are scalar int64.
+    Ramp {
+        base: Expr,
+        stride: Expr,
+        lanes: u32,
+    },
+    /// Vector IR: the scalar `value` repeated in `lanes` lanes (of `value`'s dtype).
+    Broadcast {
+        value: Expr,
+        lanes: u32,
+    },
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -237,6 +249,11 @@ pub struct ExprNode {
     /// is made (and when it is read from a file), so depth limits cost nothing to check.
     #[serde(skip_serializing)]
     pub depth: u32,
+    /// Number of lanes (1 for a scalar), derived from the kind like `depth` (never stored in a
+    /// file): a `Ramp`/`Broadcast` says it, a `Load` has its index's lanes, other nodes their
+    /// widest operand's. Whether the operands agree is the verifier's question (`ir::verify`).
+    #[serde(skip_serializing)]
+    pub lanes: u32,
 }
 
 /// What a file stores of a node: the depth is recomputed, never trusted.
@@ -250,6 +267,7 @@ impl From<ExprNodeData> for ExprNode {
     fn from(d: ExprNodeData) -> ExprNode {
         ExprNode {
             depth: depth_of(&d.kind),
+            lanes: lanes_of(&d.kind),
             kind: d.kind,
             dtype: d.dtype,
         }
@@ -273,8 +291,29 @@ fn depth_of(kind: &ExprKind) -> u32 {
             .iter()
             .map(|a| d(&a.min).max(d(&a.extent)))
             .fold(d(body), u32::max),
+        ExprKind::Ramp { base, stride, .. } => d(base).max(d(stride)),
+        ExprKind::Broadcast { value, .. } => d(value),
     };
     m.saturating_add(1)
+}
+
+/// The lanes of a node of this kind (see `ExprNode::lanes`).
+fn lanes_of(kind: &ExprKind) -> u32 {
+    let l = |e: &Expr| e.0.lanes;
+    match kind {
+        ExprKind::Ramp { lanes, .. } | ExprKind::Broadcast { lanes, .. } => *lanes,
+        ExprKind::Const(_)
+        | ExprKind::Var(_)
+        | ExprKind::Invalid(_)
+        | ExprKind::Read { .. }
+        | ExprKind::Reduce { .. } => 1,
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) => l(a),
+        ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+            l(a).max(l(b))
+        }
+        ExprKind::Select(c, a, b) | ExprKind::Fma(a, b, c) => l(c).max(l(a)).max(l(b)),
+        ExprKind::Load { indices, .. } => indices.iter().map(l).max().unwrap_or(1),
+    }
 }
 
 /// A shared, immutable expression.
@@ -295,6 +334,7 @@ impl Expr {
     pub fn new(kind: ExprKind, dtype: DType) -> Expr {
         Expr(Arc::new(ExprNode {
             depth: depth_of(&kind),
+            lanes: lanes_of(&kind),
             kind,
             dtype,
         }))
@@ -319,6 +359,13 @@ impl Expr {
     }
     pub fn dtype(&self) -> DType {
         self.0.dtype
+    }
+    /// Lanes of the value: 1 for a scalar (see `ExprNode::lanes`).
+    pub fn lanes(&self) -> u32 {
+        self.0.lanes
+    }
+    pub fn is_vector(&self) -> bool {
+        self.0.lanes > 1
     }
     pub fn same(&self, other: &Expr) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -476,6 +523,24 @@ impl Expr {
         Expr::new(ExprKind::Load { buf, indices }, dtype)
     }
 
+    /// The int64 vector `base + stride * l`, `l < lanes` (vector IR).
+    pub fn ramp(base: Expr, stride: Expr, lanes: u32) -> Expr {
+        Expr::new(
+            ExprKind::Ramp {
+                base,
+                stride,
+                lanes,
+            },
+            DType::I64,
+        )
+    }
+
+    /// `value` in each of `lanes` lanes (vector IR).
+    pub fn broadcast(value: Expr, lanes: u32) -> Expr {
+        let dt = value.dtype();
+        Expr::new(ExprKind::Broadcast { value, lanes }, dt)
+    }
+
     // ---- unchecked index arithmetic (int64, used by lowering) -----------------------------
 
     pub fn add(&self, b: &Expr) -> Expr {
@@ -566,6 +631,19 @@ impl Expr {
                 buf: *buf,
                 indices: indices.iter().map(&mut *g).collect(),
             },
+            ExprKind::Ramp {
+                base,
+                stride,
+                lanes,
+            } => ExprKind::Ramp {
+                base: g(base),
+                stride: g(stride),
+                lanes: *lanes,
+            },
+            ExprKind::Broadcast { value, lanes } => ExprKind::Broadcast {
+                value: g(value),
+                lanes: *lanes,
+            },
         };
         let new = Expr::new(kind, dt);
         if new == *self {
@@ -599,6 +677,11 @@ impl Expr {
                     f(&a.extent);
                 }
             }
+            ExprKind::Ramp { base, stride, .. } => {
+                f(base);
+                f(stride)
+            }
+            ExprKind::Broadcast { value, .. } => f(value),
         }
     }
 
@@ -659,6 +742,11 @@ impl Expr {
                     a.extent.visit(f);
                 }
             }
+            ExprKind::Ramp { base, stride, .. } => {
+                base.visit(f);
+                stride.visit(f)
+            }
+            ExprKind::Broadcast { value, .. } => value.visit(f),
         }
     }
 

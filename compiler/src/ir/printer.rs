@@ -108,6 +108,12 @@ pub fn fmt_expr(e: &Expr, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ExprKind::Select(c, a, b) => write!(f, "select({c}, {a}, {b})"),
         ExprKind::Fma(a, b, c) => write!(f, "fma({a}, {b}, {c})"),
         ExprKind::Invalid(m) => write!(f, "<invalid: {m}>"),
+        ExprKind::Ramp {
+            base,
+            stride,
+            lanes,
+        } => write!(f, "ramp({base}, {stride}, {lanes})"),
+        ExprKind::Broadcast { value, lanes } => write!(f, "broadcast({value}, {lanes})"),
         ExprKind::Read { tensor, indices } => {
             write!(f, "{}[", tensor.name())?;
             list(f, indices)?;

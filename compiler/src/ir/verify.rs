@@ -21,7 +21,7 @@
 //! - shape of accesses: with `flattened`, every `Load`/`Store` has exactly one index (an
 //!   element offset); otherwise one index per buffer dimension.
 //! - `Unrolled` loops have a constant integer extent (a vectorized loop may have any extent:
-//!   backends strip-mine it with a scalar remainder); a constant extent is `>= 0`, and a
+//!   `lower::vectorize` strip-mines it with a scalar tail); a constant extent is `>= 0`, and a
 //!   constant `min + extent` fits in int64 (the loop counter cannot wrap).
 //! - stores: only to output parameters (`Param { output: true }`) and locals, never to an
 //!   input parameter (inputs may be read-only memory: `bytes`, a read-only array, a JAX
@@ -29,6 +29,11 @@
 //! - loaded functions (`verify_loaded`): `Vectorized` loops are innermost (no loop inside),
 //!   and `Parallel` and `Vectorized` loops carry no dependence between iterations
 //!   (`verify_parallel`); loops of constant extent <= 1 are exempt.
+//! - lanes (vector IR, `lower::vectorize`): every operand of an elementwise vector node has
+//!   its lanes (scalars are broadcast explicitly); a `Ramp`'s base and stride are scalar int64,
+//!   a `Broadcast`'s value a scalar of its dtype, both with 2..=`MAX_LANES` lanes; a vector
+//!   access has one (flattened) index; a store's index and value have equal lanes; loop
+//!   bounds, `Let` values and conditions are scalars. Loaded nests hold no vector IR.
 //! - resources (`ir::limits`): every expression is at most `MAX_IR_DEPTH` deep, statements
 //!   nest at most `MAX_STMT_DEPTH` deep, and the function has at most `MAX_FUNC_NODES`
 //!   expression and statement nodes counted as a tree. These are checked before any walk
@@ -89,7 +94,30 @@ pub fn verify_expr_types(e: &Expr) -> Result<()> {
 fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
     let dt = e.dtype();
     let bad = |rule: String| Err((e.clone(), rule));
+    if let Some(rule) = lane_rule(e) {
+        return bad(rule);
+    }
     match e.kind() {
+        ExprKind::Ramp { base, stride, .. } => {
+            check_types(base)?;
+            check_types(stride)?;
+            if base.dtype() != DType::I64 || stride.dtype() != DType::I64 || dt != DType::I64 {
+                return bad(format!(
+                    "ramp base and stride must be int64, are {} and {}",
+                    base.dtype(),
+                    stride.dtype()
+                ));
+            }
+        }
+        ExprKind::Broadcast { value, .. } => {
+            check_types(value)?;
+            if value.dtype() != dt {
+                return bad(format!(
+                    "operand dtypes differ: broadcast of {} typed {dt}",
+                    value.dtype()
+                ));
+            }
+        }
         ExprKind::Const(Const::Int(v)) => {
             if dt.is_float() {
                 return bad(format!(
@@ -243,6 +271,75 @@ fn check_types(e: &Expr) -> std::result::Result<(), (Expr, String)> {
         }
     }
     Ok(())
+}
+
+/// Most lanes a vector expression may have (a 16-byte vector of bytes; CUDA's widest
+/// access is 16 bytes too).
+pub const MAX_LANES: u32 = 16;
+
+/// The lane rule of one node (children are checked by the caller's recursion): a `Ramp`'s
+/// base and stride and a `Broadcast`'s value are scalars and it has 2..=`MAX_LANES` lanes;
+/// lanes are never mixed: every operand of an elementwise vector node has exactly its lanes
+/// (the vectorize pass broadcasts scalars explicitly); a vector `Load` has one index.
+// Kept out of line: `check_types` recurses once per level of the expression, so its frame
+// must stay small (the depth limit is checked with the stack the test threads have).
+#[inline(never)]
+fn lane_rule(e: &Expr) -> Option<String> {
+    let n = e.lanes();
+    let same = |kids: &[&Expr]| -> Option<String> {
+        kids.iter().find(|k| k.lanes() != n).map(|k| {
+            format!(
+                "lane mismatch: a {n}-lane node has an operand of {} lanes (`{k}`)",
+                k.lanes()
+            )
+        })
+    };
+    match e.kind() {
+        ExprKind::Ramp {
+            base,
+            stride,
+            lanes,
+        } => {
+            if !(2..=MAX_LANES).contains(lanes) {
+                return Some(format!(
+                    "a ramp has 2..={MAX_LANES} lanes, this one {lanes}"
+                ));
+            }
+            if base.lanes() != 1 || stride.lanes() != 1 {
+                return Some("lane mismatch: a ramp's base and stride are scalars".into());
+            }
+            None
+        }
+        ExprKind::Broadcast { value, lanes } => {
+            if !(2..=MAX_LANES).contains(lanes) {
+                return Some(format!(
+                    "a broadcast has 2..={MAX_LANES} lanes, this one {lanes}"
+                ));
+            }
+            if value.lanes() != 1 {
+                return Some("lane mismatch: a broadcast's value is a scalar".into());
+            }
+            None
+        }
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) => same(&[a]),
+        ExprKind::Binary(_, a, b) | ExprKind::Cmp(_, a, b) | ExprKind::Logic(_, a, b) => {
+            same(&[a, b])
+        }
+        ExprKind::Select(c, a, b) | ExprKind::Fma(a, b, c) => same(&[c, a, b]),
+        ExprKind::Load { indices, .. } => {
+            if n > 1 && indices.len() != 1 {
+                return Some(format!(
+                    "a vector load has one (flattened) index, this one {}",
+                    indices.len()
+                ));
+            }
+            None
+        }
+        ExprKind::Read { indices, .. } => same(&indices.iter().collect::<Vec<_>>()),
+        ExprKind::Reduce { .. } | ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_) => {
+            None
+        }
+    }
 }
 
 struct Verifier<'a> {
@@ -479,6 +576,12 @@ impl<'a> Verifier<'a> {
                         format!("`{n}` in {what} `{e}`"),
                     ));
                 }
+                ExprKind::Ramp { .. } | ExprKind::Broadcast { .. } if self.loaded => {
+                    err = Some(self.fail(
+                        "vector IR in a loaded loop nest (the vectorize pass makes it after loading; saved nests hold none)",
+                        format!("`{n}` in {what} `{e}`"),
+                    ));
+                }
                 ExprKind::Load { buf, indices } => {
                     if let Err(x) = self.access(*buf, indices.len(), n.dtype(), "load") {
                         err = Some(x);
@@ -550,8 +653,20 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
-    /// An int64 expression (index, bound, Let value).
+    /// A scalar int64 expression (bound, Let value).
     fn int_expr(&self, e: &Expr, what: &str) -> Result<()> {
+        self.index_expr(e, what)?;
+        if e.is_vector() {
+            return Err(self.fail(
+                &format!("{what} must be a scalar"),
+                format!("`{e}` has {} lanes", e.lanes()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An int64 expression, scalar or vector (a store's index).
+    fn index_expr(&self, e: &Expr, what: &str) -> Result<()> {
         self.expr(e, what)?;
         if e.dtype() != DType::I64 {
             return Err(self.fail(
@@ -661,6 +776,41 @@ impl<'a> Verifier<'a> {
             .map_err(|m| self.fail("intrinsic call must match its signature", m))
     }
 
+    // Out of line: `stmt_inner` recurses once per nesting level (up to MAX_STMT_DEPTH), so
+    // its frame must stay small.
+    #[inline(never)]
+    fn store(&self, buf: BufId, indices: &[Expr], value: &Expr) -> Result<()> {
+        for i in indices {
+            self.index_expr(i, "index")?;
+            if i.lanes() != value.lanes() {
+                return Err(self.fail(
+                    "lane mismatch: a store's index and value have equal lanes",
+                    format!(
+                        "index `{i}` has {} lanes, value `{value}` {}",
+                        i.lanes(),
+                        value.lanes()
+                    ),
+                ));
+            }
+        }
+        if value.is_vector() && indices.len() != 1 {
+            return Err(self.fail(
+                "a vector store has one (flattened) index",
+                format!("this one has {}", indices.len()),
+            ));
+        }
+        self.expr(value, "stored value")?;
+        self.access(buf, indices.len(), value.dtype(), "store")?;
+        let b = self.bufs[&buf];
+        if b.kind == (BufKind::Param { output: false }) {
+            return Err(self.fail(
+                "stores go only to outputs and locals",
+                format!("store to input parameter `{}`", b.name),
+            ));
+        }
+        Ok(())
+    }
+
     fn stmt_inner(&mut self, s: &'a Stmt) -> Result<()> {
         match s {
             Stmt::For {
@@ -702,28 +852,14 @@ impl<'a> Verifier<'a> {
                 buf,
                 indices,
                 value,
-            } => {
-                for i in indices {
-                    self.int_expr(i, "index")?;
-                }
-                self.expr(value, "stored value")?;
-                self.access(*buf, indices.len(), value.dtype(), "store")?;
-                let b = self.bufs[buf];
-                if b.kind == (BufKind::Param { output: false }) {
-                    return Err(self.fail(
-                        "stores go only to outputs and locals",
-                        format!("store to input parameter `{}`", b.name),
-                    ));
-                }
-                Ok(())
-            }
+            } => self.store(*buf, indices, value),
             Stmt::If {
                 cond,
                 then,
                 otherwise,
             } => {
                 self.expr(cond, "If condition")?;
-                if cond.dtype() != DType::Bool {
+                if cond.dtype() != DType::Bool || cond.is_vector() {
                     return Err(self.fail(
                         "condition must be bool",
                         format!("If condition `{cond}` is {}", cond.dtype()),

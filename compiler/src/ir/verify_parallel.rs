@@ -523,7 +523,8 @@ impl<'a> Body<'a> {
             ExprKind::Load { indices: li, .. } | ExprKind::Read { indices: li, .. } => {
                 li.iter().all(|x| self.only_through(x, indices))
             }
-            ExprKind::Reduce { .. } => false,
+            // Vector IR never reaches this rule (loaded nests hold none).
+            ExprKind::Reduce { .. } | ExprKind::Ramp { .. } | ExprKind::Broadcast { .. } => false,
         }
     }
 }
@@ -603,5 +604,10 @@ fn visit_ref<'a>(e: &'a Expr, f: &mut dyn FnMut(&'a Expr)) {
                 visit_ref(&a.extent, f);
             }
         }
+        ExprKind::Ramp { base, stride, .. } => {
+            visit_ref(base, f);
+            visit_ref(stride, f)
+        }
+        ExprKind::Broadcast { value, .. } => visit_ref(value, f),
     }
 }

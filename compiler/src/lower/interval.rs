@@ -358,6 +358,22 @@ fn raw_interval(e: &Expr, env: &Env) -> Option<Interval> {
                 hi: smax(&x.hi, &y.hi),
             })
         }
+        // Every lane of a ramp lies between its first and its last lane (affine in the lane
+        // number), so the hull of those two bounds all of them; the last lane's expression is
+        // analysed (and recorded) like any other node, so its no-overflow obligation is proved.
+        ExprKind::Ramp {
+            base,
+            stride,
+            lanes,
+        } => {
+            let last = base.add(&stride.mul(&Expr::int(i64::from(*lanes) - 1)));
+            let (x, y) = (interval(base, env)?, interval(&last, env)?);
+            Some(Interval {
+                lo: smin(&x.lo, &y.lo),
+                hi: smax(&x.hi, &y.hi),
+            })
+        }
+        ExprKind::Broadcast { value, .. } => interval(value, env),
         _ => None,
     }
 }

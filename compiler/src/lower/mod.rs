@@ -11,6 +11,7 @@ pub mod simplify;
 pub mod split;
 pub mod sync;
 pub mod tensorize;
+pub mod vectorize;
 pub mod work;
 
 use crate::error::Result;
@@ -47,6 +48,10 @@ pub struct Options {
     /// Applies to functions built from a schedule; a saved module keeps what it was built
     /// with.
     pub fma: bool,
+    /// The vector width `vectorize`d loops are strip-mined by, in bytes, instead of the
+    /// target's (`Target::vectorize_bytes`): `Some(0)` keeps them scalar (`RIVET_VECTORIZE=0`),
+    /// `Some(16)` with the interpreter runs the vector IR lane by lane (tests).
+    pub vector_bytes: Option<u32>,
 }
 
 impl Options {
@@ -55,6 +60,9 @@ impl Options {
         Options {
             checked: std::env::var("RIVET_CHECKED").is_ok_and(|v| v == "1"),
             fma: false,
+            vector_bytes: std::env::var("RIVET_VECTORIZE")
+                .is_ok_and(|v| v == "0")
+                .then_some(0),
         }
     }
 }
@@ -127,10 +135,14 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         flatten::flatten(&mut f);
         f.body = simplify::simplify_stmt(&f.body);
         after(&f, 4, "flatten", true)?;
+        // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width.
+        let width = opts.vector_bytes.or(target.vectorize_bytes());
+        vectorize::vectorize(&mut f, width.filter(|&w| w > 0));
+        f.body = simplify::simplify_stmt(&f.body);
+        after(&f, 4, "vectorize", true)?;
     }
     // 5. The host/device split: parallel loops and GPU kernels outlined, with their captures.
     //    Every target runs the same passes; backends differ in how they run a `Launch`.
-    let _ = target;
     split::split(&mut f);
     // 6. Barriers in GPU kernels where shared memory is written and read by different threads.
     sync::insert_barriers(&mut f);

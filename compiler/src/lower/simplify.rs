@@ -126,7 +126,9 @@ fn int_of(e: &Expr) -> Option<i64> {
 
 /// Simplifies one node whose children are already simplified.
 fn simplify_node(e: &Expr) -> Option<Expr> {
-    if e.dtype() != DType::I64 {
+    // Vector index arithmetic is left as the vectorize pass wrote it (its ramps are already
+    // in canonical form; the linear form below would mix scalars into vectors).
+    if e.dtype() != DType::I64 || e.is_vector() {
         return None;
     }
     if let ExprKind::Binary(op, a, b) = e.kind() {

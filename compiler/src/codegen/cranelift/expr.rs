@@ -38,7 +38,7 @@ pub(super) fn storage_ty(dt: DType) -> Type {
     }
 }
 
-fn is_unsigned(dt: DType) -> bool {
+pub(super) fn is_unsigned(dt: DType) -> bool {
     matches!(
         dt,
         DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64
@@ -50,7 +50,7 @@ fn is_int(dt: DType) -> bool {
 }
 
 /// True when evaluating `e` reads memory.
-fn has_load(e: &Expr) -> bool {
+pub(super) fn has_load(e: &Expr) -> bool {
     let mut found = false;
     e.visit(&mut |n| found |= matches!(n.kind(), ExprKind::Load { .. }));
     found
@@ -72,7 +72,7 @@ impl FnGen<'_, '_> {
         self.b.ins().iconst(ty, v)
     }
 
-    fn fconst(&mut self, ty: Type, v: f64) -> Value {
+    pub(super) fn fconst(&mut self, ty: Type, v: f64) -> Value {
         if ty == types::F64 {
             self.b.ins().f64const(v)
         } else {
@@ -112,13 +112,6 @@ impl FnGen<'_, '_> {
 
     /// The address of element `indices[0]` of `buf`.
     pub(super) fn address(&mut self, buf: BufId, indices: &[Expr]) -> Result<(Value, DType)> {
-        let dt = self
-            .func
-            .buffers
-            .iter()
-            .find(|b| b.id == buf)
-            .map(|b| b.dtype)
-            .ok_or_else(|| internal(format!("unknown buffer id {}", buf.0)))?;
         let idx = if self.cx.checked {
             self.checked_offset(buf, indices)?
         } else {
@@ -131,6 +124,22 @@ impl FnGen<'_, '_> {
             let idx = self.expr(&indices[0])?;
             self.index_to_i64(idx, indices[0].dtype())
         };
+        self.address_of(buf, idx)
+    }
+
+    /// The dtype of `buf`'s elements.
+    pub(super) fn buf_dtype(&self, buf: BufId) -> Result<DType> {
+        self.func
+            .buffers
+            .iter()
+            .find(|b| b.id == buf)
+            .map(|b| b.dtype)
+            .ok_or_else(|| internal(format!("unknown buffer id {}", buf.0)))
+    }
+
+    /// The address of element `idx` (an i64 value) of `buf`.
+    pub(super) fn address_of(&mut self, buf: BufId, idx: Value) -> Result<(Value, DType)> {
+        let dt = self.buf_dtype(buf)?;
         let base = self.buf_ptr(buf)?;
         let size = dt.size() as i64;
         let off = if size == 1 {
@@ -186,7 +195,7 @@ impl FnGen<'_, '_> {
     }
 
     /// An index value widened (or narrowed) to i64.
-    fn index_to_i64(&mut self, v: Value, dt: DType) -> Value {
+    pub(super) fn index_to_i64(&mut self, v: Value, dt: DType) -> Value {
         let ty = self.b.func.dfg.value_type(v);
         if ty == types::I64 {
             v
@@ -203,6 +212,11 @@ impl FnGen<'_, '_> {
             return Ok(self.b.use_var(var));
         }
         let (addr, dt) = self.address(buf, indices)?;
+        self.load_at(addr, dt)
+    }
+
+    /// Loads the element of dtype `dt` at `addr` as a value of its dtype.
+    pub(super) fn load_at(&mut self, addr: Value, dt: DType) -> Result<Value> {
         let raw = self.b.ins().load(storage_ty(dt), flags(), addr, 0);
         Ok(match dt {
             DType::F16 => {
@@ -222,6 +236,9 @@ impl FnGen<'_, '_> {
 
     /// Stores `value` (a value of `buf`'s dtype) at element `indices[0]` of `buf`.
     pub(super) fn store(&mut self, buf: BufId, indices: &[Expr], value: &Expr) -> Result<()> {
+        if value.is_vector() {
+            return self.vector_store(buf, indices, value);
+        }
         let v = self.expr(value)?;
         if let Some(&var) = self.reg_locals.get(&buf) {
             // The value a store then a load would give: float16/bfloat16 rounded to their
@@ -243,6 +260,11 @@ impl FnGen<'_, '_> {
                 dt
             )));
         }
+        self.store_at(addr, dt, v)
+    }
+
+    /// Stores `v` (a value of dtype `dt`) at `addr`.
+    pub(super) fn store_at(&mut self, addr: Value, dt: DType, v: Value) -> Result<()> {
         let raw = match dt {
             DType::F16 => {
                 let bits = self.call1("rivet_f32_to_f16", &[types::F32], types::I32, &[v])?;
@@ -363,7 +385,17 @@ impl FnGen<'_, '_> {
                 let y = self.expr(b)?;
                 Ok(self.b.ins().select(c, x, y))
             }
+            ExprKind::Load { .. } | ExprKind::Ramp { .. } | ExprKind::Broadcast { .. }
+                if e.is_vector() =>
+            {
+                Err(internal(format!(
+                    "vector expression outside a vector store: {e}"
+                )))
+            }
             ExprKind::Load { buf, indices } => self.load(*buf, indices),
+            ExprKind::Ramp { .. } | ExprKind::Broadcast { .. } => {
+                Err(internal(format!("a vector node of one lane: {e}")))
+            }
             ExprKind::Read { .. } | ExprKind::Reduce { .. } | ExprKind::Invalid(_) => Err(
                 internal(format!("te-only expression in a lowered function: {e}")),
             ),
@@ -411,7 +443,7 @@ impl FnGen<'_, '_> {
         }
     }
 
-    fn unary(&mut self, op: UnOp, x: Value, dt: DType) -> Result<Value> {
+    pub(super) fn unary(&mut self, op: UnOp, x: Value, dt: DType) -> Result<Value> {
         let f64_ = value_ty(dt) == types::F64;
         let ins = self.b.ins();
         Ok(match op {
@@ -459,7 +491,7 @@ impl FnGen<'_, '_> {
         self.call1(name, &[ty, ty], ty, &[x, y])
     }
 
-    fn binary(&mut self, op: BinOp, x: Value, y: Value, dt: DType) -> Result<Value> {
+    pub(super) fn binary(&mut self, op: BinOp, x: Value, y: Value, dt: DType) -> Result<Value> {
         if dt.is_float() {
             let f64_ = value_ty(dt) == types::F64;
             let ins = self.b.ins();
@@ -594,7 +626,7 @@ impl FnGen<'_, '_> {
         self.b.ins().select(adj, ry, r)
     }
 
-    fn compare(&mut self, op: CmpOp, x: Value, y: Value, dt: DType) -> Value {
+    pub(super) fn compare(&mut self, op: CmpOp, x: Value, y: Value, dt: DType) -> Value {
         if dt.is_float() {
             // Rust's operators: every comparison with NaN is false except `!=`.
             let cc = match op {

@@ -53,6 +53,7 @@ mod stmt;
 mod tests;
 #[cfg(test)]
 mod tests_faults;
+mod vector;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
@@ -503,6 +504,9 @@ struct FnGen<'a, 'f> {
     /// One-element locals held in a Cranelift variable instead of memory (`stmt::allocate`:
     /// reduction accumulators), by buffer id.
     reg_locals: HashMap<BufId, Variable>,
+    /// Values computed for the vector statement being generated, by node address and lane
+    /// (`vector.rs`); emptied before and after each one.
+    vmemo: HashMap<(usize, u32), cranelift_codegen::ir::Value>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -521,6 +525,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             free_vars: HashMap::new(),
             stack_bytes: 0,
             reg_locals: HashMap::new(),
+            vmemo: HashMap::new(),
         }
     }
 

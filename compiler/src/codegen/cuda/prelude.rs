@@ -36,6 +36,21 @@ pub const PRELUDE: &str = r#"// ---- rivet prelude: the interpreter's scalar sem
 typedef unsigned short rivet_f16;  /* float16 bits */
 typedef unsigned short rivet_bf16; /* bfloat16 bits */
 
+#ifndef RIVET_DEVICE
+/* Host emulation: CUDA's 16-byte vector types (vectorized stores, lower::vectorize). */
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) longlong2 { long long x, y; };
+struct alignas(16) ulonglong2 { unsigned long long x, y; };
+#endif
+/* Whether a 16-byte vector access at `p` is aligned (checked at run time: tensors and views
+   may start anywhere). */
+RIVET_FN bool rivet_aligned16(const void* p) {
+  return (((unsigned long long)p) & 15ull) == 0ull;
+}
+
 RIVET_FN unsigned int rivet_f32_bits(float x) {
 #ifdef RIVET_DEVICE
   return __float_as_uint(x);

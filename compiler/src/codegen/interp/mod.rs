@@ -351,6 +351,10 @@ struct Machine<'a> {
     index: IdMap<usize>,
     /// The state of the GPU kernel being run, if any (`gpu.rs`).
     gpu: Option<Box<gpu::Block>>,
+    /// The lane being evaluated, inside a vector store (vector IR runs lane by lane: lane `l`
+    /// of every node is the scalar meaning of the node with `ramp(b, s, n)` read as
+    /// `b + s * l` and `broadcast(x, n)` as `x`).
+    lane: Option<u32>,
 }
 
 impl<'a> Machine<'a> {
@@ -370,6 +374,7 @@ impl<'a> Machine<'a> {
             bufs: Vec::new(),
             index: IdMap::default(),
             gpu: None,
+            lane: None,
         }
     }
 
@@ -531,6 +536,23 @@ impl<'a> Machine<'a> {
             ExprKind::Read { .. } | ExprKind::Reduce { .. } | ExprKind::Invalid(_) => {
                 Err(self.err(format!("te-only node in loop IR: `{e}`")))
             }
+            ExprKind::Ramp {
+                base,
+                stride,
+                lanes,
+            } => {
+                let l = match self.lane {
+                    Some(l) if l < *lanes => l,
+                    _ => {
+                        return Err(self.err(format!(
+                            "vector `{e}` evaluated outside a vector store of {lanes} lanes"
+                        )))
+                    }
+                };
+                let (b, s) = (self.int(base)?, self.int(stride)?);
+                Ok(Value::Int(b.wrapping_add(s.wrapping_mul(i64::from(l)))))
+            }
+            ExprKind::Broadcast { value, .. } => self.eval(value),
             ExprKind::Load { buf, indices } => {
                 let pos = self.buf_pos(buf.0)?;
                 let off = self.offset(pos, indices, "load")?;
@@ -764,6 +786,45 @@ impl<'a> Machine<'a> {
                     unsafe { self.exec(body)? };
                 }
                 self.env.remove(&var.id);
+                Ok(())
+            }
+            Stmt::Store {
+                buf,
+                indices,
+                value,
+            } if value.is_vector() => {
+                // Every lane's value and offset first, then the writes, in lane order.
+                let pos = self.buf_pos(buf.0)?;
+                let mut lanes = Vec::with_capacity(value.lanes() as usize);
+                for l in 0..value.lanes() {
+                    self.lane = Some(l);
+                    let r = self
+                        .eval(value)
+                        .and_then(|v| Ok((v, self.offset(pos, indices, "store")?)));
+                    self.lane = None;
+                    lanes.push(r?);
+                }
+                let b = &self.bufs[pos];
+                if b.dtype != value.dtype() {
+                    return Err(self.err(format!(
+                        "store of a {} value into `{}` which is {}",
+                        value.dtype(),
+                        b.name,
+                        b.dtype
+                    )));
+                }
+                for (v, off) in lanes {
+                    let p = b
+                        .ptr
+                        .wrapping_offset((off as isize).wrapping_mul(b.dtype.size() as isize));
+                    // SAFETY: as for scalar stores: `off` is within the buffer's span.
+                    if !unsafe { write_elem(p, b.dtype, v) } {
+                        return Err(self.err(format!(
+                            "store of {v:?} into `{}` which is {}",
+                            b.name, b.dtype
+                        )));
+                    }
+                }
                 Ok(())
             }
             Stmt::Store {

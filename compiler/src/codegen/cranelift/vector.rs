@@ -1,0 +1,292 @@
+//! Vector IR (made by `lower::vectorize`): vector stores and the expressions under them.
+//!
+//! A vector expression is computed as a packed 128-bit SIMD value (`f32x4`, `f64x2`, `i32x4`,
+//! `i16x8`, `i8x16`, `i64x2`: the only width Cranelift's x64 backend emits) when its dtype
+//! fills 128 bits and every node under it has a SIMD instruction with exactly the scalar
+//! semantics: contiguous loads (`ramp(b, 1, n)` index), broadcasts, `+ - *` and float `/`,
+//! float negation, `abs` and `sqrt` (IEEE operations, correctly rounded lane by lane, so
+//! bit-identical with the scalar code and the interpreter). Everything else — gathers
+//! (other ramps, computed vector indices), float min/max (the interpreter's NaN and signed
+//! zero rules), casts, comparisons, selects, integer division, transcendentals (libm calls),
+//! float16 / bfloat16 and bool — is computed lane by lane with the scalar code generation,
+//! extracting lanes from any packed operand, so its results are the scalar results.
+//!
+//! Memory: vector loads and stores carry the scalar accesses' flags (`notrap`, no alignment
+//! claimed: foreign tensors may be misaligned, and x64 vector loads then use `movups`).
+//! A vector store computes all its lanes (values and offsets) before writing any, as the
+//! interpreter does.
+
+use super::expr::{flags, has_load, is_unsigned, value_ty};
+use super::FnGen;
+use crate::error::{Error, Result};
+use crate::ir::{BinOp, BufId, Expr, ExprKind, UnOp};
+use cranelift_codegen::ir::{InstBuilder, Type, Value};
+use rivet_runtime::DType;
+
+fn internal(msg: String) -> Error {
+    Error::Internal(msg)
+}
+
+/// The packed SIMD type of `lanes` lanes of `dt`, when it is 128 bits and `dt` is held as
+/// itself in registers (not float16 / bfloat16, computed in f32; not bool).
+fn simd_ty(dt: DType, lanes: u32) -> Option<Type> {
+    if matches!(dt, DType::F16 | DType::BF16 | DType::Bool) {
+        return None;
+    }
+    let ty = value_ty(dt);
+    (ty.bits() * lanes == 128).then(|| ty.by(lanes)).flatten()
+}
+
+/// The base of a contiguous ramp (`ramp(b, 1, n)`).
+fn contiguous_base(index: &Expr) -> Option<&Expr> {
+    match index.kind() {
+        ExprKind::Ramp { base, stride, .. } if stride.as_int() == Some(1) => Some(base),
+        _ => None,
+    }
+}
+
+/// True when `e` is computed as one packed SIMD value (module header).
+fn packed(e: &Expr) -> bool {
+    let dt = e.dtype();
+    if !e.is_vector() || simd_ty(dt, e.lanes()).is_none() {
+        return false;
+    }
+    let int_ok = |op: BinOp| match op {
+        BinOp::Add | BinOp::Sub => true,
+        // x64 has packed multiplies of 16- and 32-bit lanes only.
+        BinOp::Mul => matches!(dt, DType::I16 | DType::U16 | DType::I32 | DType::U32),
+        _ => false,
+    };
+    match e.kind() {
+        ExprKind::Broadcast { .. } => true,
+        ExprKind::Load { indices, .. } => {
+            indices.len() == 1 && contiguous_base(&indices[0]).is_some()
+        }
+        ExprKind::Binary(op, a, b) => {
+            let op_ok = if dt.is_float() {
+                matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div)
+            } else {
+                int_ok(*op)
+            };
+            op_ok && packed(a) && packed(b)
+        }
+        ExprKind::Unary(op, a) => {
+            let op_ok = if dt.is_float() {
+                matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt)
+            } else {
+                *op == UnOp::Neg || (*op == UnOp::Abs && is_unsigned(dt))
+            };
+            op_ok && packed(a)
+        }
+        _ => false,
+    }
+}
+
+impl FnGen<'_, '_> {
+    /// `buf[index] = value` for a vector `value` (one flattened index of its lanes).
+    pub(super) fn vector_store(
+        &mut self,
+        buf: BufId,
+        indices: &[Expr],
+        value: &Expr,
+    ) -> Result<()> {
+        let [index] = indices else {
+            return Err(internal(format!(
+                "a vector store has one flattened index, got {}",
+                indices.len()
+            )));
+        };
+        let dt = self.buf_dtype(buf)?;
+        if value.dtype() != dt || index.lanes() != value.lanes() {
+            return Err(internal(format!(
+                "vector store of {} lanes of {} at an index of {} lanes into a {dt} buffer",
+                value.lanes(),
+                value.dtype(),
+                index.lanes()
+            )));
+        }
+        self.vmemo.clear();
+        let r = self.vector_store_inner(buf, index, value, dt);
+        self.vmemo.clear();
+        r
+    }
+
+    fn vector_store_inner(
+        &mut self,
+        buf: BufId,
+        index: &Expr,
+        value: &Expr,
+        dt: DType,
+    ) -> Result<()> {
+        if let (Some(base), true) = (contiguous_base(index), packed(value)) {
+            let v = self.packed_value(value)?;
+            let b = self.scalar(base)?;
+            let b = self.index_to_i64(b, base.dtype());
+            let (addr, _) = self.address_of(buf, b)?;
+            self.b.ins().store(flags(), v, addr, 0);
+            return Ok(());
+        }
+        // Lane by lane: every value and offset first, then the writes.
+        let n = value.lanes();
+        let mut vals = Vec::with_capacity(n as usize);
+        for l in 0..n {
+            let v = self.lane(value, l)?;
+            let i = self.lane(index, l)?;
+            vals.push((v, self.index_to_i64(i, index.dtype())));
+        }
+        for (v, i) in vals {
+            let (addr, _) = self.address_of(buf, i)?;
+            self.store_at(addr, dt, v)?;
+        }
+        Ok(())
+    }
+
+    /// A scalar expression inside a vector statement (computed once per statement).
+    fn scalar(&mut self, e: &Expr) -> Result<Value> {
+        let key = (std::sync::Arc::as_ptr(&e.0) as usize, u32::MAX);
+        if let Some(v) = self.vmemo.get(&key) {
+            return Ok(*v);
+        }
+        let v = self.expr(e)?;
+        self.vmemo.insert(key, v);
+        Ok(v)
+    }
+
+    /// The packed SIMD value of `e` (`packed(e)` holds).
+    fn packed_value(&mut self, e: &Expr) -> Result<Value> {
+        let key = (std::sync::Arc::as_ptr(&e.0) as usize, u32::MAX - 1);
+        if let Some(v) = self.vmemo.get(&key) {
+            return Ok(*v);
+        }
+        let dt = e.dtype();
+        let ty = simd_ty(dt, e.lanes())
+            .ok_or_else(|| internal(format!("no SIMD type for {} lanes of {dt}", e.lanes())))?;
+        let v = match e.kind() {
+            ExprKind::Broadcast { value, .. } => {
+                let x = self.scalar(value)?;
+                self.b.ins().splat(ty, x)
+            }
+            ExprKind::Load { buf, indices } => {
+                let base = contiguous_base(&indices[0])
+                    .ok_or_else(|| internal(format!("packed load of a gather: {e}")))?;
+                let b = self.scalar(base)?;
+                let b = self.index_to_i64(b, base.dtype());
+                let (addr, _) = self.address_of(*buf, b)?;
+                self.b.ins().load(ty, flags(), addr, 0)
+            }
+            ExprKind::Binary(op, a, b) => {
+                let x = self.packed_value(a)?;
+                let y = self.packed_value(b)?;
+                let ins = self.b.ins();
+                match (op, dt.is_float()) {
+                    (BinOp::Add, true) => ins.fadd(x, y),
+                    (BinOp::Sub, true) => ins.fsub(x, y),
+                    (BinOp::Mul, true) => ins.fmul(x, y),
+                    (BinOp::Div, true) => ins.fdiv(x, y),
+                    (BinOp::Add, false) => ins.iadd(x, y),
+                    (BinOp::Sub, false) => ins.isub(x, y),
+                    (BinOp::Mul, false) => ins.imul(x, y),
+                    _ => return Err(internal(format!("packed {op:?} on {dt}"))),
+                }
+            }
+            ExprKind::Unary(op, a) => {
+                let x = self.packed_value(a)?;
+                let ins = self.b.ins();
+                match (op, dt.is_float()) {
+                    (UnOp::Neg, true) => ins.fneg(x),
+                    (UnOp::Abs, true) => ins.fabs(x),
+                    (UnOp::Sqrt, true) => ins.sqrt(x),
+                    (UnOp::Neg, false) => ins.ineg(x),
+                    // |x| of an unsigned int is x.
+                    (UnOp::Abs, false) => x,
+                    _ => return Err(internal(format!("packed {op:?} on {dt}"))),
+                }
+            }
+            _ => return Err(internal(format!("not a packed expression: {e}"))),
+        };
+        self.vmemo.insert(key, v);
+        Ok(v)
+    }
+
+    /// Lane `l` of `e`, as a scalar value of `e`'s dtype.
+    fn lane(&mut self, e: &Expr, l: u32) -> Result<Value> {
+        if !e.is_vector() {
+            return self.scalar(e);
+        }
+        if l >= e.lanes() {
+            return Err(internal(format!("lane {l} of a {}-lane `{e}`", e.lanes())));
+        }
+        if packed(e) {
+            let v = self.packed_value(e)?;
+            return Ok(self.b.ins().extractlane(v, l as u8));
+        }
+        let key = (std::sync::Arc::as_ptr(&e.0) as usize, l);
+        if let Some(v) = self.vmemo.get(&key) {
+            return Ok(*v);
+        }
+        let dt = e.dtype();
+        let v = match e.kind() {
+            ExprKind::Ramp { base, stride, .. } => {
+                let b = self.scalar(base)?;
+                let s = self.scalar(stride)?;
+                let off = self.b.ins().imul_imm_s(s, i64::from(l));
+                self.b.ins().iadd(b, off)
+            }
+            ExprKind::Broadcast { value, .. } => self.scalar(value)?,
+            ExprKind::Unary(op, a) => {
+                let x = self.lane(a, l)?;
+                self.unary(*op, x, a.dtype())?
+            }
+            ExprKind::Binary(op, a, b) => {
+                let x = self.lane(a, l)?;
+                let y = self.lane(b, l)?;
+                self.binary(*op, x, y, a.dtype())?
+            }
+            ExprKind::Cmp(op, a, b) => {
+                let x = self.lane(a, l)?;
+                let y = self.lane(b, l)?;
+                self.compare(*op, x, y, a.dtype())
+            }
+            ExprKind::Cast(a) => {
+                let x = self.lane(a, l)?;
+                self.cast(x, a.dtype(), dt)?
+            }
+            // One rounding per lane, as the scalar code (`expr.rs`): `vfmadd` where the ISA
+            // has FMA, else the libcall `compile_kernel` binds.
+            ExprKind::Fma(a, b, c) if dt.is_float() => {
+                let x = self.lane(a, l)?;
+                let y = self.lane(b, l)?;
+                let z = self.lane(c, l)?;
+                self.b.ins().fma(x, y, z)
+            }
+            // Operands evaluated lazily by the scalar code must not touch memory here: the
+            // vectorize pass keeps such loops scalar.
+            ExprKind::Logic(op, a, b) if !has_load(b) => {
+                let x = self.lane(a, l)?;
+                let y = self.lane(b, l)?;
+                match op {
+                    crate::ir::LogicOp::And => self.b.ins().band(x, y),
+                    crate::ir::LogicOp::Or => self.b.ins().bor(x, y),
+                }
+            }
+            ExprKind::Select(c, a, b) if !has_load(a) && !has_load(b) => {
+                let c = self.lane(c, l)?;
+                let x = self.lane(a, l)?;
+                let y = self.lane(b, l)?;
+                self.b.ins().select(c, x, y)
+            }
+            ExprKind::Load { buf, indices } if indices.len() == 1 => {
+                let i = self.lane(&indices[0], l)?;
+                let i = self.index_to_i64(i, indices[0].dtype());
+                let (addr, bdt) = self.address_of(*buf, i)?;
+                if bdt != dt {
+                    return Err(internal(format!("load typed {dt} of a {bdt} buffer")));
+                }
+                self.load_at(addr, dt)?
+            }
+            _ => return Err(internal(format!("vector expression not supported: {e}"))),
+        };
+        self.vmemo.insert(key, v);
+        Ok(v)
+    }
+}

@@ -1,0 +1,543 @@
+//! Property tests of `vectorize` (the `lower::vectorize` pass, the interpreter's lane-by-lane
+//! vector IR and the Cranelift backend's SIMD code), with the interpreter running the program
+//! without vector IR as the oracle.
+//!
+//! Random programs `C[i, j] = e(i, j)` over a rows x n domain, `e` a tree of arithmetic,
+//! math functions, min/max, selects and casts over leaves that are contiguous in `j`
+//! (`A[i, j]`), reversed (`A[i, n - 1 - j]`: a gather), invariant (`B[i]`: a broadcast), the
+//! index `j` itself and constants; dtypes float32, float64, int8/16/32/64, uint8/16; extents
+//! with every tail (1, 3, 4, 5, 17, 1023 and random ones); `vectorize` of `j` directly or of
+//! the inner loop of a split (factors dividing `n` or not); layouts compact, transposed,
+//! stepped and broadcast (stride 0) for the inputs, compact or stepped for the output.
+//!
+//! For each case the output's whole base buffer (elements outside the view included, poisoned
+//! before the call) must be identical, bit for bit (NaNs equal whatever their payload), for:
+//! the interpreter with no vector IR, the Cranelift backend (vector IR, SIMD where it can), and
+//! the interpreter running the very vector IR Cranelift compiled (`Options::vector_bytes`).
+
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use rivet_compiler::build::build_with;
+use rivet_compiler::ir::{BinOp, CmpOp, Expr, UnOp};
+use rivet_compiler::lower::Options;
+use rivet_compiler::te::{compute, placeholder, Tensor as Te};
+use rivet_compiler::Schedule;
+use rivet_runtime::{DType, Tensor, Value};
+
+const DTYPES: [DType; 7] = [
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I16,
+    DType::U8,
+    DType::I64,
+    DType::U16,
+];
+
+#[derive(Clone, Debug)]
+enum E {
+    Contig,
+    Reversed,
+    Row,
+    Index,
+    Const(i8),
+    Un(u8, Box<E>),
+    Bin(u8, Box<E>, Box<E>),
+    Sel(Box<E>, Box<E>),
+    CastVia(u8, Box<E>),
+    /// A fused multiply-add node (floats; `a * b + c` for integers).
+    Fma(Box<E>, Box<E>, Box<E>),
+}
+
+fn tree() -> impl Strategy<Value = E> {
+    let leaf = prop_oneof![
+        3 => Just(E::Contig),
+        1 => Just(E::Reversed),
+        1 => Just(E::Row),
+        1 => Just(E::Index),
+        1 => any::<i8>().prop_map(E::Const),
+    ];
+    leaf.prop_recursive(3, 12, 2, |inner| {
+        prop_oneof![
+            1 => (any::<u8>(), inner.clone()).prop_map(|(o, a)| E::Un(o, Box::new(a))),
+            3 => (any::<u8>(), inner.clone(), inner.clone())
+                .prop_map(|(o, a, b)| E::Bin(o, Box::new(a), Box::new(b))),
+            1 => (inner.clone(), inner.clone()).prop_map(|(a, b)| E::Sel(Box::new(a), Box::new(b))),
+            1 => (any::<u8>(), inner.clone()).prop_map(|(o, a)| E::CastVia(o, Box::new(a))),
+            1 => (inner.clone(), inner.clone(), inner)
+                .prop_map(|(a, b, c)| E::Fma(Box::new(a), Box::new(b), Box::new(c))),
+        ]
+    })
+}
+
+/// Which of A and B the tree reads.
+fn uses(e: &E) -> (bool, bool) {
+    match e {
+        E::Contig | E::Reversed => (true, false),
+        E::Row => (false, true),
+        E::Index | E::Const(_) => (false, false),
+        E::Un(_, a) | E::CastVia(_, a) => uses(a),
+        E::Bin(_, a, b) | E::Sel(a, b) => {
+            let (x, y) = (uses(a), uses(b));
+            (x.0 || y.0, x.1 || y.1)
+        }
+        E::Fma(a, b, c) => {
+            let (x, y, z) = (uses(a), uses(b), uses(c));
+            (x.0 || y.0 || z.0, x.1 || y.1 || z.1)
+        }
+    }
+}
+
+struct Leaves<'a> {
+    a: &'a Te,
+    b: &'a Te,
+    n: i64,
+}
+
+fn lower_e(e: &E, i: &Expr, j: &Expr, dt: DType, l: &Leaves) -> Expr {
+    match e {
+        E::Contig => l.a.idx(&[i.clone(), j.clone()]),
+        E::Reversed => l.a.idx(&[i.clone(), Expr::int(l.n - 1).sub(j)]),
+        E::Row => l.b.idx(&[i.clone()]),
+        E::Index => Expr::cast(dt, j.clone()),
+        E::Const(c) => Expr::constant(f64::from(*c) / if dt.is_float() { 4.0 } else { 1.0 }, dt),
+        E::Un(o, a) => {
+            let x = lower_e(a, i, j, dt, l);
+            let ops: &[UnOp] = if dt.is_float() {
+                &[
+                    UnOp::Neg,
+                    UnOp::Abs,
+                    UnOp::Sqrt,
+                    UnOp::Exp,
+                    UnOp::Floor,
+                    UnOp::Tanh,
+                ]
+            } else {
+                &[UnOp::Neg, UnOp::Abs]
+            };
+            Expr::unary(ops[*o as usize % ops.len()], x).unwrap()
+        }
+        E::Bin(o, a, b) => {
+            let (x, y) = (lower_e(a, i, j, dt, l), lower_e(b, i, j, dt, l));
+            let ops: &[BinOp] = if dt.is_float() {
+                &[
+                    BinOp::Add,
+                    BinOp::Sub,
+                    BinOp::Mul,
+                    BinOp::Div,
+                    BinOp::Min,
+                    BinOp::Max,
+                    BinOp::FloorMod,
+                ]
+            } else {
+                &[
+                    BinOp::Add,
+                    BinOp::Sub,
+                    BinOp::Mul,
+                    BinOp::Min,
+                    BinOp::Max,
+                    BinOp::FloorDiv,
+                    BinOp::FloorMod,
+                ]
+            };
+            Expr::binary(ops[*o as usize % ops.len()], x, y).unwrap()
+        }
+        E::Sel(a, b) => {
+            let (x, y) = (lower_e(a, i, j, dt, l), lower_e(b, i, j, dt, l));
+            let c = Expr::cmp(CmpOp::Gt, x.clone(), y.clone()).unwrap();
+            Expr::select(c, x, y).unwrap()
+        }
+        E::CastVia(o, a) => {
+            let x = lower_e(a, i, j, dt, l);
+            let via = DTYPES[*o as usize % DTYPES.len()];
+            Expr::cast(dt, Expr::cast(via, x))
+        }
+        E::Fma(a, b, c) => {
+            let (x, y, z) = (
+                lower_e(a, i, j, dt, l),
+                lower_e(b, i, j, dt, l),
+                lower_e(c, i, j, dt, l),
+            );
+            if dt.is_float() {
+                Expr::fma(x, y, z).unwrap()
+            } else {
+                Expr::binary(BinOp::Add, Expr::binary(BinOp::Mul, x, y).unwrap(), z).unwrap()
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    dt: DType,
+    rows: i64,
+    n: i64,
+    e: E,
+    /// 0: vectorize j; k > 0: split j by k, vectorize the inner loop.
+    split: i64,
+    /// 0 compact, 1 transposed, 2 stepped (stride 2 along j).
+    a_layout: u8,
+    /// B broadcast with stride 0.
+    b_bcast: bool,
+    /// C written through a view with stride 2 along j.
+    c_stepped: bool,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        0..DTYPES.len(),
+        1i64..4,
+        prop_oneof![
+            prop::sample::select(vec![1i64, 3, 4, 5, 17, 1023]),
+            1i64..40
+        ],
+        tree(),
+        prop::sample::select(vec![0i64, 0, 2, 3, 4, 8, 16]),
+        0u8..3,
+        any::<bool>(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(d, rows, n, e, split, a_layout, b_bcast, c_stepped, seed)| Case {
+                dt: DTYPES[d],
+                rows,
+                n,
+                e,
+                split,
+                a_layout,
+                b_bcast,
+                c_stepped,
+                seed,
+            },
+        )
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A tensor of `dt` holding `vals` (floats as given; ints wrapped from the value as i64).
+fn tensor(dt: DType, vals: &[f64], shape: &[i64]) -> Tensor {
+    macro_rules! ints {
+        ($t:ty) => {
+            Tensor::from_slice(
+                &vals.iter().map(|&v| v as i64 as $t).collect::<Vec<$t>>(),
+                shape,
+            )
+        };
+    }
+    match dt {
+        DType::F32 => {
+            Tensor::from_slice(&vals.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape)
+        }
+        DType::F64 => Tensor::from_slice(vals, shape),
+        DType::I8 => ints!(i8),
+        DType::I16 => ints!(i16),
+        DType::I32 => ints!(i32),
+        DType::I64 => ints!(i64),
+        DType::U8 => ints!(u8),
+        DType::U16 => ints!(u16),
+        DType::U32 => ints!(u32),
+        _ => unreachable!(),
+    }
+    .unwrap()
+}
+
+/// The elements' bits, NaNs made canonical.
+fn bits(t: &Tensor) -> Vec<u64> {
+    let nan = |b: u64, f: bool| if f { u64::MAX } else { b };
+    match t.dtype() {
+        DType::F32 => t
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| nan(x.to_bits() as u64, x.is_nan()))
+            .collect(),
+        DType::F64 => t
+            .to_vec::<f64>()
+            .unwrap()
+            .iter()
+            .map(|x| nan(x.to_bits(), x.is_nan()))
+            .collect(),
+        DType::I8 => t
+            .to_vec::<i8>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::I16 => t
+            .to_vec::<i16>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::I32 => t
+            .to_vec::<i32>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::I64 => t
+            .to_vec::<i64>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::U8 => t
+            .to_vec::<u8>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::U16 => t
+            .to_vec::<u16>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        DType::U32 => t
+            .to_vec::<u32>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as u64)
+            .collect(),
+        d => panic!("dtype {d}"),
+    }
+}
+
+fn values(dt: DType, count: usize, rng: &mut Rng) -> Vec<f64> {
+    (0..count)
+        .map(|_| {
+            let r = rng.next();
+            if dt.is_float() {
+                // Quarters in [-64, 64), now and then a special value.
+                match r % 29 {
+                    0 => -0.0,
+                    1 => f64::INFINITY,
+                    2 => f64::NAN,
+                    _ => ((r >> 8) % 512) as f64 / 4.0 - 64.0,
+                }
+            } else {
+                (r >> 3) as i64 as f64
+            }
+        })
+        .collect()
+}
+
+/// Builds the case's program with `target` and `opts` and returns the output's base buffer
+/// bits after one call on the case's layouts.
+fn run(c: &Case, target: &str, opts: Options) -> Result<Vec<u64>, String> {
+    let (rows, n, dt) = (c.rows, c.n, c.dt);
+    let a = placeholder(&[Expr::int(rows), Expr::int(n)], dt, "A").unwrap();
+    let b = placeholder(&[Expr::int(rows)], dt, "B").unwrap();
+    let (a2, b2) = (a.clone(), b.clone());
+    let out = compute(
+        &[Expr::int(rows), Expr::int(n)],
+        |i| {
+            let l = Leaves { a: &a2, b: &b2, n };
+            lower_e(&c.e, &i[0], &i[1], dt, &l)
+        },
+        "C",
+    )
+    .map_err(|e| e.to_string())?;
+    let mut s = Schedule::new(&[out.clone()]).unwrap();
+    let j = out.axis()[1].var.clone();
+    let st = s.stage(&out).unwrap();
+    if c.split > 0 {
+        let (_, ji) = st.split(&j, Some(Expr::int(c.split)), None).unwrap();
+        st.vectorize(&ji).unwrap();
+    } else {
+        st.vectorize(&j).unwrap();
+    }
+    let (use_a, use_b) = uses(&c.e);
+    let mut params = Vec::new();
+    if use_a {
+        params.push(a);
+    }
+    if use_b {
+        params.push(b);
+    }
+    params.push(out);
+    let m = build_with(&s, &params, target, "f", opts).map_err(|e| e.to_string())?;
+    let f = m.get_function("f").unwrap();
+
+    let mut rng = Rng(c.seed | 1);
+    let av = values(dt, (rows * n * 2) as usize, &mut rng);
+    let a_t = match c.a_layout {
+        0 => tensor(dt, &av[..(rows * n) as usize], &[rows, n]),
+        1 => tensor(dt, &av[..(rows * n) as usize], &[n, rows])
+            .as_strided(&[rows, n], &[1, rows], 0)
+            .unwrap(),
+        _ => tensor(dt, &av, &[rows, 2 * n])
+            .as_strided(&[rows, n], &[2 * n, 2], 1)
+            .unwrap(),
+    };
+    let bv = values(dt, rows as usize, &mut rng);
+    let b_t = if c.b_bcast {
+        tensor(dt, &bv[..1], &[1])
+            .as_strided(&[rows], &[0], 0)
+            .unwrap()
+    } else {
+        tensor(dt, &bv, &[rows])
+    };
+    let poison = values(dt, (rows * n * 2) as usize, &mut rng);
+    let (base, c_t) = if c.c_stepped {
+        let base = tensor(dt, &poison, &[rows, 2 * n]);
+        let v = base.as_strided(&[rows, n], &[2 * n, 2], 0).unwrap();
+        (base, v)
+    } else {
+        let base = tensor(dt, &poison[..(rows * n) as usize], &[rows, n]);
+        (base.clone(), base)
+    };
+    let mut args = Vec::new();
+    if use_a {
+        args.push(Value::Tensor(a_t));
+    }
+    if use_b {
+        args.push(Value::Tensor(b_t));
+    }
+    args.push(Value::Tensor(c_t));
+    f.call(&args)
+        .map_err(|e| format!("{target}: call failed: {e}"))?;
+    Ok(bits(&base))
+}
+
+fn check(c: &Case) -> Result<(), TestCaseError> {
+    let plain = Options {
+        vector_bytes: Some(0),
+        ..Options::default()
+    };
+    let want = match run(c, "interp", plain) {
+        Ok(w) => w,
+        Err(e) => return Err(TestCaseError::fail(e)),
+    };
+    let cpu = run(c, "cpu", Options::default()).map_err(TestCaseError::fail)?;
+    let vec_interp = run(
+        c,
+        "interp",
+        Options {
+            vector_bytes: Some(16),
+            ..Options::default()
+        },
+    )
+    .map_err(TestCaseError::fail)?;
+    for (what, got) in [("cpu", &cpu), ("interp running vector IR", &vec_interp)] {
+        if let Some(k) = (0..want.len()).find(|&k| want[k] != got[k]) {
+            return Err(TestCaseError::fail(format!(
+                "{what} differs from the scalar interpreter at base element {k}: {:#x} vs {:#x}",
+                got[k], want[k]
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96)
+}
+
+proptest! {
+    #![proptest_config(Config { cases: cases(), failure_persistence: None, ..Config::default() })]
+
+    #[test]
+    fn vector_code_matches_the_scalar_interpreter(c in case()) {
+        check(&c)?;
+    }
+}
+
+/// The Cranelift code of an elementwise f32 add holds packed SIMD: 16-byte loads, an `fadd`
+/// of `f32x4` and a 16-byte store.
+#[test]
+fn elementwise_add_is_packed_simd() {
+    let n = Expr::int(1000);
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
+    let (a2, b2) = (a.clone(), b.clone());
+    let c = compute(
+        &[n],
+        |i| Expr::binary(BinOp::Add, a2.idx(i), b2.idx(i)).unwrap(),
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let j = c.axis()[0].var.clone();
+    s.stage(&c).unwrap().vectorize(&j).unwrap();
+    let m = build_with(&s, &[a, b, c], "cpu", "add", Options::default()).unwrap();
+    let clif = m.get_source("cranelift").unwrap();
+    for want in ["load.f32x4", "fadd", "store notrap"] {
+        assert!(clif.contains(want), "no `{want}` in:\n{clif}");
+    }
+    assert!(clif.contains("f32x4"), "{clif}");
+    let ir = m.get_source("ir").unwrap();
+    assert!(ir.contains("ramp("), "{ir}");
+}
+
+/// Extents that leave every tail length, with the output compared element by element.
+#[test]
+fn tails_of_every_length() {
+    for n in [1i64, 2, 3, 4, 5, 7, 8, 9, 17, 1023] {
+        for dt in DTYPES {
+            let c = Case {
+                dt,
+                rows: 2,
+                n,
+                e: E::Bin(0, Box::new(E::Contig), Box::new(E::Row)),
+                split: 0,
+                a_layout: 0,
+                b_bcast: false,
+                c_stepped: false,
+                seed: 7,
+            };
+            check(&c).unwrap();
+        }
+    }
+}
+
+/// The machine code of a vectorized f32 add holds packed adds (`addps`, or `vaddps` with AVX).
+#[test]
+fn elementwise_add_disassembles_to_packed_adds() {
+    use rivet_compiler::codegen::cranelift::CraneliftBackend;
+    use rivet_compiler::lower::{lower, Source};
+    let n = Expr::int(1000);
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
+    let (a2, b2) = (a.clone(), b.clone());
+    let c = compute(
+        &[n],
+        |i| Expr::binary(BinOp::Add, a2.idx(i), b2.idx(i)).unwrap(),
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let j = c.axis()[0].var.clone();
+    s.stage(&c).unwrap().vectorize(&j).unwrap();
+    let func = lower(
+        Source::Schedule {
+            sched: &s,
+            args: &[a, b, c],
+            name: "add",
+        },
+        &rivet_compiler::Target::cpu(),
+        Options::default(),
+    )
+    .unwrap()
+    .func;
+    let mut be = CraneliftBackend::new().unwrap();
+    be.set_disassembly(true);
+    let k = be.compile_kernel(&func).unwrap();
+    let asm = k.disassembly();
+    assert!(asm.contains("addps"), "{asm}");
+    assert!(asm.contains("movups") || asm.contains("vmovups"), "{asm}");
+}
