@@ -665,7 +665,11 @@ fn compiles_cleanly(nv: &Nvrtc, f: &PrimFunc) -> CudaKernel {
             "{ptx}"
         );
         for info in k.kernels() {
-            assert!(ptx.contains(&format!(".entry {}(", info.name)), "{ptx}");
+            // Both index widths where both exist: NVRTC compiled every entry point.
+            assert!(!info.entries().is_empty());
+            for e in info.entries() {
+                assert!(ptx.contains(&format!(".entry {e}(")), "{ptx}");
+            }
         }
         let (a, cubin) = k.cubin().expect("cubin");
         assert_eq!(a, arch);
@@ -1216,6 +1220,8 @@ struct HostCase {
     /// Every float element of every parameter within `ulps` (libm results inside).
     all_loose: bool,
     ulps: u64,
+    /// Run the 64-bit kernels even where the host plan would pick the 32-bit ones.
+    force64: bool,
 }
 
 fn lcg(seed: &mut u64) -> u64 {
@@ -1386,7 +1392,7 @@ fn run_on_host(cases: &[HostCase]) -> bool {
             .map(|v| v.id)
             .zip(c.ints.iter().copied())
             .collect();
-        host_calls(f, &g.kernels, &f.body, &mut env, &mut m, ci);
+        host_calls(f, &g.kernels, &f.body, &mut env, &mut m, ci, c.force64);
         for (p, b) in c.bufs.iter().enumerate() {
             m.push_str(&format!("  fwrite(b{p}, 1, {}, out);\n", b.len()));
         }
@@ -1497,13 +1503,16 @@ fn host_calls(
     env: &mut std::collections::HashMap<u32, i64>,
     m: &mut String,
     ci: usize,
+    force64: bool,
 ) {
     match s {
-        Stmt::Seq(v) => v.iter().for_each(|s| host_calls(f, infos, s, env, m, ci)),
+        Stmt::Seq(v) => v
+            .iter()
+            .for_each(|s| host_calls(f, infos, s, env, m, ci, force64)),
         Stmt::Let { var, value, body } => {
             let x = eval_int(value, env);
             env.insert(var.id, x);
-            host_calls(f, infos, body, env, m, ci);
+            host_calls(f, infos, body, env, m, ci, force64);
         }
         Stmt::Allocate { buf, body } => {
             let b = f.buffer(*buf);
@@ -1518,11 +1527,18 @@ fn host_calls(
                 buf.0,
                 (count as usize * b.dtype.size()).max(1)
             ));
-            host_calls(f, infos, body, env, m, ci);
+            host_calls(f, infos, body, env, m, ci, force64);
             m.push_str(&format!("  free(t{});\n", buf.0));
         }
         Stmt::Launch { kernel } => {
             let info = infos.iter().find(|i| i.index == *kernel).unwrap();
+            // The entry point the CUDA host plan would launch (`KernelInfo::entry`), or the
+            // 64-bit one where the case forces it.
+            let (entry, _) = if force64 && info.index32.has64() {
+                (info.name.as_str(), false)
+            } else {
+                info.entry(&|v| env.get(&v.id).copied())
+            };
             let k = &f.kernels[*kernel];
             let grid: Vec<i64> = info
                 .grid
@@ -1548,7 +1564,7 @@ fn host_calls(
                 info.block[0],
                 info.block[1],
                 info.block[2],
-                info.name,
+                entry,
                 args.join(", ")
             ));
         }
@@ -1586,6 +1602,7 @@ fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostC
         loose,
         all_loose: false,
         ulps: 4,
+        force64: false,
     }
 }
 
