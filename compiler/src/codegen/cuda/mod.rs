@@ -28,6 +28,8 @@ pub mod cache;
 mod cache_tests;
 pub mod driver;
 pub mod idx32;
+#[cfg(test)]
+mod idx32_tests;
 pub mod nvrtc;
 pub mod prelude;
 pub mod source;
