@@ -1211,6 +1211,7 @@ static unsigned char* rivet_read(FILE* f, size_t n) {
 "#;
 
 /// One function run on both sides: its parameters' initial bytes and the frame's ints.
+#[derive(Clone)]
 pub(super) struct HostCase {
     func: PrimFunc,
     bufs: Vec<Vec<u8>>,
@@ -1664,6 +1665,34 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
         }
         cases.push(c);
     }
+    // Index widths: these small sizes run the 32-bit kernels (checked here); the same cases
+    // again with the 64-bit kernels forced, so both widths agree with the interpreter.
+    for c in &cases {
+        let g = super::source::generate(&c.func, "").unwrap();
+        let slots = crate::codegen::int_slots(&c.func);
+        let env: std::collections::HashMap<u32, i64> = slots
+            .iter()
+            .map(|v| v.id)
+            .zip(c.ints.iter().copied())
+            .collect();
+        for k in &g.kernels {
+            assert!(
+                k.entry(&|v| env.get(&v.id).copied()).1,
+                "{}: {} would run with 64-bit indices ({:?})",
+                c.func.name,
+                k.name,
+                k.index32
+            );
+        }
+    }
+    let wide: Vec<HostCase> = cases
+        .iter()
+        .map(|c| HostCase {
+            force64: true,
+            ..c.clone()
+        })
+        .collect();
+    cases.extend(wide);
     run_on_host(&cases);
 }
 
