@@ -176,18 +176,7 @@ fn neg(a: &Expr) -> Expr {
 
 /// The analysis of one kernel (see the module header).
 pub fn analyse(func: &PrimFunc, k: &DeviceFunc) -> Index32 {
-    let mut w = Walk {
-        vars: HashMap::new(),
-        nonneg: func.dims.iter().map(|v| v.id).collect(),
-        ends: Vec::new(),
-        seen: HashSet::new(),
-        never: None,
-    };
-    for v in &k.vars {
-        w.vars.insert(v.id, Iv::point(Expr::var(v)));
-        w.push(&Iv::point(Expr::var(v)));
-    }
-    w.stmt(func, &k.body);
+    let w = walk(func, k, false);
     if let Some(why) = w.never {
         return Index32::Never(why);
     }
@@ -196,6 +185,36 @@ pub fn analyse(func: &PrimFunc, k: &DeviceFunc) -> Index32 {
     } else {
         Index32::When(w.ends)
     }
+}
+
+fn walk(func: &PrimFunc, k: &DeviceFunc, all: bool) -> Walk {
+    let mut w = Walk {
+        vars: HashMap::new(),
+        nonneg: func.dims.iter().map(|v| v.id).collect(),
+        ends: Vec::new(),
+        seen: HashSet::new(),
+        never: None,
+        all,
+    };
+    for v in &k.vars {
+        w.vars.insert(v.id, Iv::point(Expr::var(v)));
+        w.push(&Iv::point(Expr::var(v)));
+    }
+    w.stmt(func, &k.body);
+    w
+}
+
+/// For tests: every endpoint of every index node of kernel `k`, constants included (so their
+/// lowest and highest values bound every index value, whatever the threshold), or `None` when
+/// some node cannot be bounded.
+pub fn endpoints(func: &PrimFunc, k: &DeviceFunc) -> Option<Vec<Expr>> {
+    let w = walk(func, k, true);
+    w.never.is_none().then_some(w.ends)
+}
+
+/// `eval` for tests: an endpoint's value, `None` on an int64 overflow.
+pub fn eval_endpoint(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Option<i64> {
+    eval(e, lookup)
 }
 
 struct Walk {
@@ -208,6 +227,8 @@ struct Walk {
     seen: HashSet<String>,
     /// Why the 32-bit variant is impossible, once found.
     never: Option<String>,
+    /// Keep every endpoint, constants too, and decide nothing (`endpoints`).
+    all: bool,
 }
 
 impl Walk {
@@ -221,7 +242,11 @@ impl Walk {
         for e in [&iv.lo, &iv.hi] {
             let mut vars = false;
             e.visit(&mut |n| vars |= n.as_var().is_some());
-            if !vars {
+            if self.all {
+                if self.seen.insert(e.to_string()) {
+                    self.ends.push(e.clone());
+                }
+            } else if !vars {
                 match eval(e, &|_| None) {
                     Some(v) if i32::try_from(v).is_ok() => {}
                     _ => {
@@ -525,19 +550,22 @@ fn has_load(e: &Expr) -> bool {
 /// For tests: every index node's value over every iteration of kernel `k`'s loops (blocks,
 /// threads, serial loops; both arms of every condition), evaluated exactly from the captured
 /// variables' values `env`, as `(lowest, highest)`; `None` when some node is not an index the
-/// analysis bounds (a load, a cast). Independent of the intervals above: it enumerates.
+/// analysis bounds (a load, a cast), `Err(TooBig)` past `budget` node evaluations.
+/// Independent of the intervals above: it enumerates.
 #[cfg(test)]
 pub fn enumerate_range(
     func: &PrimFunc,
     k: &DeviceFunc,
     env: &HashMap<u32, i64>,
-) -> Option<(i128, i128)> {
+    budget: u64,
+) -> Result<(i128, i128), Skip> {
     struct En<'a> {
         func: &'a PrimFunc,
         env: HashMap<u32, i128>,
         lo: i128,
         hi: i128,
         ok: bool,
+        budget: u64,
     }
     impl En<'_> {
         fn note(&mut self, v: i128) -> i128 {
@@ -572,6 +600,10 @@ pub fn enumerate_range(
             }
         }
         fn index(&mut self, e: &Expr) -> i128 {
+            if self.budget == 0 {
+                return 0;
+            }
+            self.budget -= 1;
             let v = match e.kind() {
                 ExprKind::Const(_) if e.dtype() == DType::I64 => e.as_int().unwrap() as i128,
                 ExprKind::Var(v) => match self.env.get(&v.id) {
@@ -633,7 +665,7 @@ pub fn enumerate_range(
             self.note(v)
         }
         fn stmt(&mut self, s: &Stmt) {
-            if !self.ok {
+            if !self.ok || self.budget == 0 {
                 return;
             }
             match s {
@@ -710,11 +742,28 @@ pub fn enumerate_range(
         lo: 0,
         hi: 0,
         ok: true,
+        budget,
     };
     for v in &k.vars {
-        let x = *env.get(&v.id)? as i128;
+        let x = *env.get(&v.id).ok_or(Skip::NotIndex)? as i128;
         en.note(x);
     }
     en.stmt(&k.body);
-    en.ok.then_some((en.lo, en.hi))
+    if en.budget == 0 {
+        Err(Skip::TooBig)
+    } else if !en.ok {
+        Err(Skip::NotIndex)
+    } else {
+        Ok((en.lo, en.hi))
+    }
+}
+
+/// Why `enumerate_range` gave no range.
+#[cfg(test)]
+#[derive(Debug, PartialEq)]
+pub enum Skip {
+    /// Some node is not an index the analysis bounds.
+    NotIndex,
+    /// Over the budget.
+    TooBig,
 }

@@ -5,7 +5,7 @@
 //! kernels themselves run under the host emulation in `tests.rs`, bit for bit against the
 //! interpreter, and NVRTC compiles both widths there (`compiles_cleanly`).
 
-use super::idx32::{analyse, enumerate_range, Index32};
+use super::idx32::{analyse, endpoints, enumerate_range, eval_endpoint, Index32, Skip};
 use super::source::{generate, KernelInfo};
 use super::tests::{
     allreduce_kernels, bin, bound, cache_schedules, canonical, ceil_div, double, if_, int, library,
@@ -133,7 +133,7 @@ fn idx32_choice_at_hostile_dims_and_strides() {
         );
         // Where the sizes can be enumerated, the enumeration agrees that it had to be so.
         if n <= 4096 {
-            let (lo, hi) = enumerate_range(&f, &f.kernels[0], &env).unwrap();
+            let (lo, hi) = enumerate_range(&f, &f.kernels[0], &env, u64::MAX).unwrap();
             let inside = lo >= I32_MIN as i128 && hi <= I32_MAX as i128;
             assert!(
                 !want || inside,
@@ -269,15 +269,27 @@ thread_local! {
 /// Dims: small (the enumeration visits every iteration) but ragged; strides: hostile.
 fn stride() -> impl Strategy<Value = i64> {
     prop_oneof![
-        3 => prop::sample::select(vec![0i64, 1, -1, 2, -3, 7, 64, -1000]),
-        2 => prop::sample::select(vec![
-            1 << 20,
-            -(1 << 20),
-            (1 << 24) + 1,
-            1 << 26,
-            -(1 << 26),
-            1 << 30,
-            I32_MAX,
+        2 => prop::sample::select(vec![0i64, 1, -1, 2, -3, 7, 64, -1000]),
+        // Magnitudes whose products with the kernels' indices (up to a few hundred) land on
+        // both sides of int32's edges, either sign, jittered.
+        5 => (
+            prop::sample::select(vec![
+                1i64 << 20,
+                1 << 23,
+                1 << 24,
+                1 << 25,
+                1 << 26,
+                1 << 27,
+                (1 << 28) - 1,
+                (1 << 29) + 3,
+                1 << 30,
+                I32_MAX,
+            ]),
+            any::<bool>(),
+            -2i64..=2,
+        )
+            .prop_map(|(x, neg, d)| if neg { -x + d } else { x + d }),
+        1 => prop::sample::select(vec![
             I32_MIN,
             I32_MAX + 1,
             I32_MIN - 1,
@@ -291,7 +303,7 @@ fn stride() -> impl Strategy<Value = i64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Whenever the host's predicate picks the 32-bit kernel, every index node's value over
     /// every iteration lies in int32 (so the `int` arithmetic is exact); equivalently, the
@@ -316,9 +328,14 @@ proptest! {
             for (kernel, env) in launches(f, &env) {
                 let info = g.kernels.iter().find(|i| i.index == kernel).unwrap();
                 let narrow = info.index32.fits(&|v| env.get(&v.id).copied());
-                let Some((lo, hi)) = enumerate_range(f, &f.kernels[kernel], &env) else {
-                    prop_assert!(!narrow, "{}: 32-bit, yet not enumerable", f.name);
-                    continue;
+                // (A budget of node evaluations keeps each case under a second or so.)
+                let (lo, hi) = match enumerate_range(f, &f.kernels[kernel], &env, 3_000_000) {
+                    Ok(r) => r,
+                    Err(Skip::TooBig) => continue,
+                    Err(Skip::NotIndex) => {
+                        prop_assert!(!narrow, "{}: 32-bit, yet not enumerable", f.name);
+                        continue;
+                    }
                 };
                 let inside = lo >= I32_MIN as i128 && hi <= I32_MAX as i128;
                 prop_assert!(
@@ -326,6 +343,24 @@ proptest! {
                     "{} kernel {kernel}: the 32-bit kernel was picked, but indices reach [{lo}, {hi}] ({env:?})",
                     f.name
                 );
+                // Threshold-free: the endpoints' extremes bound every value (int32 or not),
+                // which is what makes the int32 test above exact at any edge.
+                let ends = endpoints(f, &f.kernels[kernel]).expect("enumerable, so bounded");
+                let vals: Option<Vec<i64>> = ends
+                    .iter()
+                    .map(|e| eval_endpoint(e, &|v| env.get(&v.id).copied()))
+                    .collect();
+                if let Some(vals) = vals {
+                    let (elo, ehi) = (
+                        *vals.iter().min().unwrap() as i128,
+                        *vals.iter().max().unwrap() as i128,
+                    );
+                    prop_assert!(
+                        elo <= lo && hi <= ehi,
+                        "{} kernel {kernel}: index values reach [{lo}, {hi}], the bounds say [{elo}, {ehi}] ({env:?})",
+                        f.name
+                    );
+                }
             }
             Ok(())
         })?;
