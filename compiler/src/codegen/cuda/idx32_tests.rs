@@ -408,3 +408,25 @@ fn idx32_pool_kernels_pick_both_widths() {
         }
     }
 }
+
+/// The launch path's table of loaded-function positions (`CudaKernel::entry_pos`) names the
+/// entry points `KernelInfo::entries` lists, kernel after kernel, so the function the host
+/// launches is the one whose parameters it passes (`int` for the 32-bit entry).
+#[test]
+fn idx32_launch_positions_match_the_entry_points() {
+    for f in library() {
+        let g = generate(&f, "").unwrap();
+        let names: Vec<String> = g.kernels.iter().flat_map(|k| k.entries()).collect();
+        let pos = super::entry_positions(&g.kernels);
+        for (k, [p64, p32]) in g.kernels.iter().zip(pos) {
+            assert_eq!(
+                p64.map(|p| names[p].clone()),
+                k.index32.has64().then(|| k.name.clone())
+            );
+            assert_eq!(
+                p32.map(|p| names[p].clone()),
+                k.index32.has32().then(|| k.name32.clone())
+            );
+        }
+    }
+}

@@ -166,7 +166,6 @@ impl CudaBackend {
         Ok(CudaKernel {
             func: func.clone(),
             source: gen.source,
-            info: gen.kernels,
             ptx,
             cubin,
             log,
@@ -174,6 +173,8 @@ impl CudaBackend {
             fmad: self.fmad,
             cache: self.cache.clone(),
             slots: int_slots(func),
+            entry_pos: entry_positions(&gen.kernels),
+            info: gen.kernels,
             devices: driver::Devices::default(),
         })
     }
@@ -257,7 +258,30 @@ pub struct CudaKernel {
     fmad: bool,
     cache: Option<cache::DiskCache>,
     slots: Vec<crate::ir::Var>,
+    /// Per kernel (as `info`), the loaded-function positions of its 64-bit and 32-bit entry
+    /// points (`KernelInfo::entries`, all kernels' in order): chosen per call, no allocation.
+    entry_pos: Vec<[Option<usize>; 2]>,
     devices: driver::Devices,
+}
+
+/// The positions of each kernel's entry points in the list of all entry points.
+fn entry_positions(info: &[KernelInfo]) -> Vec<[Option<usize>; 2]> {
+    let mut next = 0;
+    info.iter()
+        .map(|k| {
+            let mut pos = [None, None];
+            for (w, has) in [k.index32.has64(), k.index32.has32()]
+                .into_iter()
+                .enumerate()
+            {
+                if has {
+                    pos[w] = Some(next);
+                    next += 1;
+                }
+            }
+            pos
+        })
+        .collect()
 }
 
 impl CudaKernel {
@@ -472,13 +496,8 @@ impl CudaKernel {
                 // The index width: the 32-bit entry when this call's values keep every index
                 // inside int32 (exact checked evaluation of the kernel's bounds, no allocation).
                 let (entry, narrow) = info.entry(&|v| env.get(&v.id).copied());
-                let first: usize = self.info[..pos].iter().map(|i| i.entries().len()).sum();
-                let func_pos = first
-                    + info
-                        .entries()
-                        .iter()
-                        .position(|n| n == entry)
-                        .ok_or_else(|| Error::Internal(format!("no entry point {entry}")))?;
+                let func_pos = self.entry_pos[pos][narrow as usize]
+                    .ok_or_else(|| Error::Internal(format!("no entry point {entry}")))?;
                 let mut grid = [1u32; 3];
                 for (d, e) in info.grid.iter().enumerate() {
                     let Some(e) = e else { continue };
