@@ -449,7 +449,6 @@ impl<'a> KernelGen<'a> {
         self.out.push('\n');
     }
 
-    /// One kernel: its signature, body and launch information.
     /// The C type of index arithmetic in this variant.
     fn ity(&self) -> &'static str {
         if self.idx32 {
@@ -459,6 +458,8 @@ impl<'a> KernelGen<'a> {
         }
     }
 
+    /// One kernel, in this generator's index width: its signature, body and launch
+    /// information (`index32` says which widths exist, for the comment above it).
     fn kernel(&mut self, index: usize, index32: &Index32, src: &mut String) -> Result<KernelInfo> {
         let func = self.func;
         let k = &func.kernels[index];
