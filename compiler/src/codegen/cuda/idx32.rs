@@ -29,6 +29,10 @@
 //!   says every endpoint, evaluated on the host from the call's values in checked int64
 //!   arithmetic, lies inside int32 (an endpoint whose own evaluation overflows does not fit).
 //!
+//! The same intervals say what the 64-bit kernel may compute in `int` (`Narrow`): the nodes
+//! and variables whose interval has constant endpoints inside int32 (thread indices, constant
+//! loops, local and shared offsets), which fit for every call.
+//!
 //! Soundness: each node's value lies in its interval (the rules below, for every value of the
 //! ranged variables within theirs), so when every endpoint fits, every node's value fits.
 //! Conservative, never wrong: a call that could fit may still get the 64-bit kernel (a loop of
@@ -129,6 +133,7 @@ fn fold(op: BinOp, a: &Expr, b: &Expr) -> Expr {
             BinOp::Mul => x.checked_mul(y),
             BinOp::Min => Some(x.min(y)),
             BinOp::Max => Some(x.max(y)),
+            BinOp::FloorDiv => eval(&a.floordiv(b), &|_| None),
             _ => None,
         };
         if let Some(v) = v {
@@ -174,17 +179,53 @@ fn neg(a: &Expr) -> Expr {
     sub(&Expr::int(0), a)
 }
 
-/// The analysis of one kernel (see the module header).
-pub fn analyse(func: &PrimFunc, k: &DeviceFunc) -> Index32 {
+/// The analysis of one kernel (see the module header), and what is `int` in its 64-bit
+/// version.
+pub fn analyse(func: &PrimFunc, k: &DeviceFunc) -> (Index32, Narrow) {
     let w = walk(func, k, false);
-    if let Some(why) = w.never {
-        return Index32::Never(why);
-    }
-    if w.ends.is_empty() {
+    let narrow = Narrow {
+        nodes: w.narrow_nodes,
+        vars: w.narrow_vars,
+    };
+    let index32 = if let Some(why) = w.never {
+        Index32::Never(why)
+    } else if w.ends.is_empty() {
         Index32::Always
     } else {
         Index32::When(w.ends)
+    };
+    (index32, narrow)
+}
+
+/// What the 64-bit kernel computes in `int` anyway: the index nodes and the variables whose
+/// interval has constant endpoints inside int32 for every call (thread indices, constant
+/// loops, local and shared buffer offsets).
+#[derive(Debug, Clone, Default)]
+pub struct Narrow {
+    /// Index nodes (by address: `Expr` nodes are shared, and a node's interval depends only
+    /// on the variables it reads, whose intervals are fixed) with such an interval.
+    nodes: HashSet<usize>,
+    /// Loop, thread and `let` variables whose values, and whose loop's bounds and end, are.
+    vars: HashSet<u32>,
+}
+
+impl Narrow {
+    /// The index node `e`'s value lies in int32 for every call.
+    pub fn node(&self, e: &Expr) -> bool {
+        self.nodes
+            .contains(&(std::sync::Arc::as_ptr(&e.0) as usize))
     }
+    /// The variable can be declared `int` in every kernel.
+    pub fn var(&self, v: &Var) -> bool {
+        self.vars.contains(&v.id)
+    }
+}
+
+/// Both endpoints constants inside int32.
+fn static_narrow(iv: &Iv) -> bool {
+    [&iv.lo, &iv.hi]
+        .iter()
+        .all(|e| eval(e, &|_| None).is_some_and(|v| i32::try_from(v).is_ok()))
 }
 
 fn walk(func: &PrimFunc, k: &DeviceFunc, all: bool) -> Walk {
@@ -195,6 +236,8 @@ fn walk(func: &PrimFunc, k: &DeviceFunc, all: bool) -> Walk {
         seen: HashSet::new(),
         never: None,
         all,
+        narrow_nodes: HashSet::new(),
+        narrow_vars: HashSet::new(),
     };
     for v in &k.vars {
         w.vars.insert(v.id, Iv::point(Expr::var(v)));
@@ -229,6 +272,9 @@ struct Walk {
     never: Option<String>,
     /// Keep every endpoint, constants too, and decide nothing (`endpoints`).
     all: bool,
+    /// `Narrow`'s parts.
+    narrow_nodes: HashSet<usize>,
+    narrow_vars: HashSet<u32>,
 }
 
 impl Walk {
@@ -277,10 +323,9 @@ impl Walk {
         }
     }
 
+    /// Walks the whole body even once `never` is set (`Narrow` covers every node); a
+    /// variable whose interval is unknown stays out of `vars`, so what reads it is unknown.
     fn stmt(&mut self, func: &PrimFunc, s: &Stmt) {
-        if self.never.is_some() {
-            return;
-        }
         match s {
             Stmt::Seq(v) => v.iter().for_each(|s| self.stmt(func, s)),
             Stmt::For {
@@ -290,29 +335,44 @@ impl Walk {
                 kind,
                 body,
             } => {
-                let iv = match kind {
+                let (iv, bounds_narrow) = match kind {
                     // `const int v = (int)blockIdx.x` / `threadIdx.x`: in [0, extent - 1]
                     // (the verifier: min 0; the host launches at most 2^31 - 1 blocks).
-                    ForKind::Thread(_) => Iv {
-                        lo: Expr::int(0),
-                        hi: sub(extent, &Expr::int(1)),
+                    ForKind::Thread(_) => (
+                        Some(Iv {
+                            lo: Expr::int(0),
+                            hi: sub(extent, &Expr::int(1)),
+                        }),
+                        true,
+                    ),
+                    _ => match (
+                        self.index(min),
+                        self.index(extent),
+                        self.index(&min.add(extent)),
+                    ) {
+                        (Some(lo), Some(n), Some(end)) => (
+                            Some(Iv {
+                                lo: lo.lo.clone(),
+                                hi: sub(&end.hi, &Expr::int(1)),
+                            }),
+                            // An `int` loop variable needs its bounds and end in int too.
+                            [&lo, &n, &end].iter().all(|i| static_narrow(i)),
+                        ),
+                        _ => (None, false),
                     },
-                    _ => {
-                        let (Some(lo), Some(_), Some(end)) = (
-                            self.index(min),
-                            self.index(extent),
-                            self.index(&min.add(extent)),
-                        ) else {
-                            return;
-                        };
-                        Iv {
-                            lo: lo.lo,
-                            hi: sub(&end.hi, &Expr::int(1)),
-                        }
-                    }
                 };
-                self.push(&iv);
-                self.vars.insert(var.id, iv);
+                match iv {
+                    Some(iv) => {
+                        self.push(&iv);
+                        if bounds_narrow && static_narrow(&iv) {
+                            self.narrow_vars.insert(var.id);
+                        }
+                        self.vars.insert(var.id, iv);
+                    }
+                    None => {
+                        self.vars.remove(&var.id);
+                    }
+                }
                 self.stmt(func, body);
             }
             Stmt::Store { indices, value, .. } => {
@@ -337,8 +397,17 @@ impl Walk {
                     self.never(format!("the {} let '{}'", value.dtype(), var.name));
                     return;
                 }
-                let Some(iv) = self.index(value) else { return };
-                self.vars.insert(var.id, iv);
+                match self.index(value) {
+                    Some(iv) => {
+                        if static_narrow(&iv) {
+                            self.narrow_vars.insert(var.id);
+                        }
+                        self.vars.insert(var.id, iv);
+                    }
+                    None => {
+                        self.vars.remove(&var.id);
+                    }
+                }
                 self.stmt(func, body);
             }
             Stmt::Allocate { buf, body } => {
@@ -348,6 +417,9 @@ impl Walk {
                 for (d, v) in b.shape.iter().zip(&b.strides).rev() {
                     let iv = Iv::point(Expr::int(stride));
                     self.push(&iv);
+                    if static_narrow(&iv) {
+                        self.narrow_vars.insert(v.id);
+                    }
                     self.vars.insert(v.id, iv);
                     stride = stride.saturating_mul(d.as_int().unwrap_or(i64::MAX).max(0));
                 }
@@ -442,6 +514,10 @@ impl Walk {
             }
         };
         self.push(&iv);
+        if static_narrow(&iv) {
+            self.narrow_nodes
+                .insert(std::sync::Arc::as_ptr(&e.0) as usize);
+        }
         Some(iv)
     }
 
@@ -461,12 +537,12 @@ impl Walk {
                 // Monotonic in x: increasing for k > 0, decreasing for k < 0; `// 0` is 0.
                 Some(0) => Iv::point(Expr::int(0)),
                 Some(k) if k > 0 => Iv {
-                    lo: x.lo.floordiv(b),
-                    hi: x.hi.floordiv(b),
+                    lo: fold(BinOp::FloorDiv, &x.lo, b),
+                    hi: fold(BinOp::FloorDiv, &x.hi, b),
                 },
                 Some(_) => Iv {
-                    lo: x.hi.floordiv(b),
-                    hi: x.lo.floordiv(b),
+                    lo: fold(BinOp::FloorDiv, &x.hi, b),
+                    hi: fold(BinOp::FloorDiv, &x.lo, b),
                 },
                 // Any divisor d: |x // d| <= |x| for d != 0 (and 0 for d = 0), so the result
                 // lies in [min(lo, -hi), max(hi, -lo)] (MIN // -1 = -MIN: outside, as it is).
@@ -558,7 +634,8 @@ pub fn enumerate_range(
     k: &DeviceFunc,
     env: &HashMap<u32, i64>,
     budget: u64,
-) -> Result<(i128, i128), Skip> {
+) -> Result<Ranges, Skip> {
+    let narrow = walk(func, k, false);
     struct En<'a> {
         func: &'a PrimFunc,
         env: HashMap<u32, i128>,
@@ -566,6 +643,11 @@ pub fn enumerate_range(
         hi: i128,
         ok: bool,
         budget: u64,
+        /// The nodes and variables `Narrow` claims fit int32 for every call, and the range
+        /// their values actually reach.
+        narrow: (HashSet<usize>, HashSet<u32>),
+        nlo: i128,
+        nhi: i128,
     }
     impl En<'_> {
         fn note(&mut self, v: i128) -> i128 {
@@ -662,6 +744,15 @@ pub fn enumerate_range(
                     0
                 }
             };
+            if self
+                .narrow
+                .0
+                .contains(&(std::sync::Arc::as_ptr(&e.0) as usize))
+                || e.as_var().is_some_and(|x| self.narrow.1.contains(&x.id))
+            {
+                self.nlo = self.nlo.min(v);
+                self.nhi = self.nhi.max(v);
+            }
             self.note(v)
         }
         fn stmt(&mut self, s: &Stmt) {
@@ -741,6 +832,9 @@ pub fn enumerate_range(
         env: env.iter().map(|(k, v)| (*k, *v as i128)).collect(),
         lo: 0,
         hi: 0,
+        narrow: (narrow.narrow_nodes, narrow.narrow_vars),
+        nlo: 0,
+        nhi: 0,
         ok: true,
         budget,
     };
@@ -754,8 +848,20 @@ pub fn enumerate_range(
     } else if !en.ok {
         Err(Skip::NotIndex)
     } else {
-        Ok((en.lo, en.hi))
+        Ok(Ranges {
+            all: (en.lo, en.hi),
+            narrow: (en.nlo, en.nhi),
+        })
     }
+}
+
+/// What `enumerate_range` found: the range of every index node's values, and of those the
+/// analysis calls narrow (`Narrow`: `int` in the 64-bit kernel too).
+#[cfg(test)]
+#[derive(Debug)]
+pub struct Ranges {
+    pub all: (i128, i128),
+    pub narrow: (i128, i128),
 }
 
 /// Why `enumerate_range` gave no range.

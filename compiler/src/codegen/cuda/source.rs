@@ -40,7 +40,7 @@
 //!   musl's; their ulp differences are unmeasured (no GPU yet). `sqrt` and `/` are IEEE
 //!   (NVRTC's defaults `-prec-sqrt=true -prec-div=true`), `rsqrt` is `1 / sqrtf(x)`.
 
-use super::idx32::{analyse, Index32};
+use super::idx32::{analyse, Index32, Narrow};
 use super::prelude::PRELUDE;
 use crate::codegen::interp::{eval_expr, Value};
 use crate::error::{Error, Result};
@@ -192,13 +192,16 @@ pub fn generate(func: &PrimFunc, arch_note: &str) -> Result<Generated> {
         if k.kind != DeviceKind::Gpu {
             continue;
         }
-        let index32 = analyse(func, k);
+        let (index32, narrow) = analyse(func, k);
         let mut info = None;
         for idx32 in [false, true] {
             if (idx32 && !index32.has32()) || (!idx32 && !index32.has64()) {
                 continue;
             }
             let mut g = KernelGen::new(func, idx32);
+            if !idx32 {
+                g.narrow = narrow.clone();
+            }
             let i = g.kernel(index, &index32, &mut src)?;
             info.get_or_insert(i);
         }
@@ -387,6 +390,11 @@ struct KernelGen<'a> {
     block: [u32; 3],
     /// The 32-bit variant: index nodes are `int` (`idx32.rs` proved them in range).
     idx32: bool,
+    /// In the 64-bit variant: the index nodes and variables that are `int` anyway (their
+    /// values lie in int32 for every call: `idx32::Narrow`).
+    narrow: Narrow,
+    /// Variables declared `int` in the 64-bit variant.
+    int_vars: HashSet<u32>,
 }
 
 impl<'a> KernelGen<'a> {
@@ -402,6 +410,8 @@ impl<'a> KernelGen<'a> {
             shared_bytes: 0,
             block: [1, 1, 1],
             idx32,
+            narrow: Narrow::default(),
+            int_vars: HashSet::new(),
         }
     }
 
@@ -455,6 +465,34 @@ impl<'a> KernelGen<'a> {
             "int"
         } else {
             "long long"
+        }
+    }
+
+    /// The C type of variable `v` (declared now): `int` in the 32-bit variant, and in the
+    /// 64-bit one where its values fit int32 for every call (`Narrow`).
+    fn var_ty(&mut self, v: &Var) -> &'static str {
+        if !self.idx32 && self.narrow.var(v) {
+            self.int_vars.insert(v.id);
+            "int"
+        } else {
+            self.ity()
+        }
+    }
+
+    /// In the 64-bit variant: the index node `e` is emitted as `int` (its value, and each of
+    /// its index operands', fits int32 for every call). Constants that fit count as `int`.
+    fn narrow_node(&self, e: &Expr) -> bool {
+        if self.idx32 || e.dtype() != DType::I64 {
+            return false;
+        }
+        match e.kind() {
+            ExprKind::Const(_) => e.as_int().is_some_and(|v| i32::try_from(v).is_ok()),
+            ExprKind::Var(v) => self.int_vars.contains(&v.id),
+            ExprKind::Unary(_, a) => self.narrow.node(e) && self.narrow_node(a),
+            ExprKind::Binary(_, a, b) | ExprKind::Select(_, a, b) => {
+                self.narrow.node(e) && self.narrow_node(a) && self.narrow_node(b)
+            }
+            _ => false,
         }
     }
 
@@ -624,7 +662,7 @@ impl<'a> KernelGen<'a> {
                     if used {
                         let c = self.bind_var(var);
                         self.nonneg.insert(var.id);
-                        let t = self.ity();
+                        let t = self.var_ty(var);
                         self.line(&format!("const {t} {c} = ({t}){};", thread_reg(*tag)));
                     }
                     self.stmt(body)?;
@@ -651,7 +689,7 @@ impl<'a> KernelGen<'a> {
                     } else {
                         ""
                     };
-                    let t = self.ity();
+                    let t = self.var_ty(var);
                     if min.as_int() == Some(0) {
                         self.line(&format!("for ({t} {c} = 0; {c} < {n}; ++{c}) {{{note}"));
                     } else {
@@ -709,7 +747,7 @@ impl<'a> KernelGen<'a> {
                 if self.nonneg_expr(value) {
                     self.nonneg.insert(var.id);
                 }
-                let t = self.ity();
+                let t = self.var_ty(var);
                 self.line(&format!("const {t} {c} = {};", strip_parens(&v)));
                 self.stmt(body)?;
                 self.indent -= 1;
@@ -777,7 +815,7 @@ impl<'a> KernelGen<'a> {
                     if stmt_uses(body, v) {
                         let sc = self.bind_var(v);
                         self.nonneg.insert(v.id);
-                        let t = self.ity();
+                        let t = self.var_ty(v);
                         self.line(&format!("const {t} {sc} = {s};"));
                     }
                 }
@@ -902,7 +940,14 @@ impl<'a> KernelGen<'a> {
         let index = index && dt == DType::I64;
         // The 32-bit variant computes index nodes as int32 (`idx32.rs` proved every one in
         // range, so the int32 rules below never wrap or overflow).
-        let edt = if index && self.idx32 { DType::I32 } else { dt };
+        // In the 64-bit variant, nodes whose values fit int32 for every call are int too, and
+        // a 64-bit node converts its int operands first (an int product could overflow).
+        let narrow = index && self.narrow_node(e);
+        let edt = if index && (self.idx32 || narrow) {
+            DType::I32
+        } else {
+            dt
+        };
         Ok(match e.kind() {
             ExprKind::Const(_) if edt != dt => int_lit(e.as_int().unwrap_or(0), edt),
             ExprKind::Const(_) => constant(e)?,
@@ -922,8 +967,19 @@ impl<'a> KernelGen<'a> {
                 unary(*op, edt, &x)
             }
             ExprKind::Binary(op, a, b) => {
-                let x = self.expr(a, index)?;
-                let y = self.expr(b, index)?;
+                let mut x = self.expr(a, index)?;
+                let mut y = self.expr(b, index)?;
+                if index && !self.idx32 && !narrow {
+                    for (t, c) in [(&mut x, a), (&mut y, b)] {
+                        if self.narrow_node(c) {
+                            *t = if c.as_int().is_some() {
+                                constant(c)?
+                            } else {
+                                format!("((long long){t})")
+                            };
+                        }
+                    }
+                }
                 // Index floor division of a non-negative value by a positive constant: C's
                 // truncating `/` and `%` agree with floor semantics there.
                 if index

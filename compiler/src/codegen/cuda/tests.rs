@@ -811,7 +811,11 @@ fn cuda_source_keeps_names_and_uses_restrict_only_on_read_only_inputs() {
         "__syncthreads();",
         "#pragma unroll",
         "(long long)blockIdx.y",
-        "(long long)threadIdx.x",
+        // Thread indices fit int32 at any call: `int` even in the 64-bit kernel.
+        "const int tx = (int)threadIdx.x;",
+        // The 32-bit kernel.
+        "int m,",
+        "const int by = (int)blockIdx.y;",
         "__launch_bounds__(64)",
     ] {
         assert!(src.contains(want), "missing `{want}` in:\n{src}");
@@ -853,8 +857,8 @@ fn cuda_sanitized_names_are_c_identifiers_and_unique() {
     let f = prepare(func("two_i", vec![c], vec![], body));
     let src = super::source::generate(&f, "").unwrap().source;
     assert!(
-        src.contains("for (long long i = 0; i < 4LL; ++i)")
-            && src.contains("for (long long i_1 = 0; i_1 < 4LL; ++i_1)"),
+        src.contains("for (int i = 0; i < 4; ++i)")
+            && src.contains("for (int i_1 = 0; i_1 < 4; ++i_1)"),
         "{src}"
     );
 }

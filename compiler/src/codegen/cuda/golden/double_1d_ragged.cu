@@ -12,9 +12,9 @@ extern "C" __global__ void __launch_bounds__(64) double_kernel0(
   { // bx bound to blockIdx.x
     const long long bx = (long long)blockIdx.x;
     { // tx bound to threadIdx.x
-      const long long tx = (long long)threadIdx.x;
-      if (((bx * 64LL) + tx) < n) {
-        C[((bx * 64LL) + tx) * C_s0] = (A[((bx * 64LL) + tx) * A_s0] * 2.0f);
+      const int tx = (int)threadIdx.x;
+      if (((bx * 64LL) + ((long long)tx)) < n) {
+        C[((bx * 64LL) + ((long long)tx)) * C_s0] = (A[((bx * 64LL) + ((long long)tx)) * A_s0] * 2.0f);
       }
     }
   }

@@ -9,18 +9,18 @@ extern "C" __global__ void __launch_bounds__(64) reverse_kernel0(
     long long A_s0,
     long long C_s0) {
   { // bx bound to blockIdx.x
-    const long long bx = (long long)blockIdx.x;
+    const int bx = (int)blockIdx.x;
     {
       __shared__ float S[64]; // stage S: shared [64]
-      const long long S_s0 = 1;
+      const int S_s0 = 1;
       { // tx bound to threadIdx.x
-        const long long tx = (long long)threadIdx.x;
-        S[tx * S_s0] = A[((bx * 64LL) + tx) * A_s0];
+        const int tx = (int)threadIdx.x;
+        S[tx * S_s0] = A[((long long)((bx * 64) + tx)) * A_s0];
       }
       __syncthreads();
       { // tx bound to threadIdx.x
-        const long long tx_1 = (long long)threadIdx.x;
-        C[((bx * 64LL) + tx_1) * C_s0] = S[(63LL - tx_1) * S_s0];
+        const int tx_1 = (int)threadIdx.x;
+        C[((long long)((bx * 64) + tx_1)) * C_s0] = S[(63 - tx_1) * S_s0];
       }
     }
   }
