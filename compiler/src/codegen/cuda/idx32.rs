@@ -203,7 +203,9 @@ pub fn analyse(func: &PrimFunc, k: &DeviceFunc) -> (Index32, Narrow) {
 #[derive(Debug, Clone, Default)]
 pub struct Narrow {
     /// Index nodes (by address: `Expr` nodes are shared, and a node's interval depends only
-    /// on the variables it reads, whose intervals are fixed) with such an interval.
+    /// on the variables it reads, whose intervals are fixed) with such an interval. Only the
+    /// kernel's own nodes are looked up, and they stay alive from the analysis to the end of
+    /// code generation, so no temporary node of the analysis can have one of their addresses.
     nodes: HashSet<usize>,
     /// Loop, thread and `let` variables whose values, and whose loop's bounds and end, are.
     vars: HashSet<u32>,
