@@ -23,6 +23,7 @@ side while the GPU still sees grids with full and partial blocks in every bound 
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -278,10 +279,14 @@ def test_scheduled_program_compiles_to_ptx(prog, arch):
     m = rivet.build(sched, args, target=f"cuda -arch={arch}", name="f")
     ptx = m.get_source("ptx")
     assert f".target {arch}" in ptx
-    n_kernels = m.get_source("cuda").count("__global__")
-    assert n_kernels >= 1
-    for i in range(n_kernels):
-        assert f".entry f_kernel{i}(" in ptx, ptx[:2000]
+    entries = re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", m.get_source("cuda"))
+    assert entries
+    for e in entries:
+        assert f".entry {e}(" in ptx, ptx[:2000]
+    # Each kernel has a 32-bit-index entry point (`_i32`), a 64-bit one, or both
+    # (docs/cuda.md, "Index widths").
+    kernels = {re.sub(r"_i32$", "", e) for e in entries}
+    assert kernels == {f"f_kernel{i}" for i in range(len(kernels))}, entries
 
 
 CHILD = r"""

@@ -400,12 +400,17 @@ impl Devices {
     }
 }
 
-/// One kernel argument: a device pointer or an int64.
+/// One kernel argument: a device pointer, an int64 (`long long`) or an int32 (`int`, the
+/// parameters of a 32-bit index kernel).
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
     Ptr(u64),
     Int(i64),
+    Int32(i32),
 }
+
+// `Arg::Int32` relies on it (every host CUDA supports is little-endian).
+const _: () = assert!(cfg!(target_endian = "little"));
 
 impl Loaded {
     /// Enqueues kernel `k` on `stream` (0: the legacy default stream).
@@ -429,6 +434,9 @@ impl Loaded {
             .map(|a| match *a {
                 Arg::Ptr(p) => p,
                 Arg::Int(i) => i as u64,
+                // The driver reads 4 bytes at the slot's address: the low half on the
+                // little-endian hosts CUDA runs on (x86-64, aarch64, ppc64le).
+                Arg::Int32(i) => i as u32 as u64,
             })
             .collect();
         let mut params: Vec<*mut c_void> = slots

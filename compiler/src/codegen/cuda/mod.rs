@@ -17,12 +17,19 @@
 //! compiled again and overwritten; a cache that cannot be used never fails a build.
 //!
 //! Not yet: checked mode, host code beyond a sequence of launches and global temporaries (CPU parallel
-//! loops, host loops, host conditions), 32-bit index arithmetic, vectorized loads.
+//! loops, host loops, host conditions), vectorized loads.
+//!
+//! Index widths (`idx32.rs`): each kernel has a 32-bit entry point where the analysis can show
+//! its indices fit int32, a 64-bit one where they may not, and where both exist the host plan
+//! picks one per call from the call's dims and strides (`KernelInfo::entry`).
 
 pub mod cache;
 #[cfg(test)]
 mod cache_tests;
 pub mod driver;
+pub mod idx32;
+#[cfg(test)]
+mod idx32_tests;
 pub mod nvrtc;
 pub mod prelude;
 pub mod source;
@@ -159,7 +166,6 @@ impl CudaBackend {
         Ok(CudaKernel {
             func: func.clone(),
             source: gen.source,
-            info: gen.kernels,
             ptx,
             cubin,
             log,
@@ -167,6 +173,8 @@ impl CudaBackend {
             fmad: self.fmad,
             cache: self.cache.clone(),
             slots: int_slots(func),
+            entry_pos: entry_positions(&gen.kernels),
+            info: gen.kernels,
             devices: driver::Devices::default(),
         })
     }
@@ -250,7 +258,30 @@ pub struct CudaKernel {
     fmad: bool,
     cache: Option<cache::DiskCache>,
     slots: Vec<crate::ir::Var>,
+    /// Per kernel (as `info`), the loaded-function positions of its 64-bit and 32-bit entry
+    /// points (`KernelInfo::entries`, all kernels' in order): chosen per call, no allocation.
+    entry_pos: Vec<[Option<usize>; 2]>,
     devices: driver::Devices,
+}
+
+/// The positions of each kernel's entry points in the list of all entry points.
+fn entry_positions(info: &[KernelInfo]) -> Vec<[Option<usize>; 2]> {
+    let mut next = 0;
+    info.iter()
+        .map(|k| {
+            let mut pos = [None, None];
+            for (w, has) in [k.index32.has64(), k.index32.has32()]
+                .into_iter()
+                .enumerate()
+            {
+                if has {
+                    pos[w] = Some(next);
+                    next += 1;
+                }
+            }
+            pos
+        })
+        .collect()
 }
 
 impl CudaKernel {
@@ -341,7 +372,8 @@ impl Kernel for CudaKernel {
                 self.slots.len()
             )));
         }
-        let names: Vec<String> = self.info.iter().map(|k| k.name.clone()).collect();
+        // Every entry point of every kernel, in order (`KernelInfo::entries`).
+        let names: Vec<String> = self.info.iter().flat_map(|k| k.entries()).collect();
         let loaded = self
             .devices
             .get(ordinal, &names, &|arch| self.cubin_for(arch))?;
@@ -461,6 +493,11 @@ impl CudaKernel {
                     .find(|(_, k)| k.index == *kernel)
                     .ok_or_else(|| Error::Internal(format!("launch of unknown kernel {kernel}")))?;
                 let k = &f.kernels[*kernel];
+                // The index width: the 32-bit entry when this call's values keep every index
+                // inside int32 (exact checked evaluation of the kernel's bounds, no allocation).
+                let (entry, narrow) = info.entry(&|v| env.get(&v.id).copied());
+                let func_pos = self.entry_pos[pos][narrow as usize]
+                    .ok_or_else(|| Error::Internal(format!("no entry point {entry}")))?;
                 let mut grid = [1u32; 3];
                 for (d, e) in info.grid.iter().enumerate() {
                     let Some(e) = e else { continue };
@@ -496,11 +533,22 @@ impl CudaKernel {
                     let x = env.get(&v.id).copied().ok_or_else(|| {
                         Error::Internal(format!("kernel {}: unbound capture {}", info.name, v.name))
                     })?;
-                    args.push(driver::Arg::Int(x));
+                    args.push(if narrow {
+                        // Inside int32: `entry` checked every captured variable.
+                        driver::Arg::Int32(i32::try_from(x).map_err(|_| {
+                            Error::Internal(format!(
+                                "{}: {} = {x} for a 32-bit kernel",
+                                info.name, v.name
+                            ))
+                        })?)
+                    } else {
+                        driver::Arg::Int(x)
+                    });
                 }
                 // SAFETY: the arguments follow the kernel's parameter list (captures in
-                // order); the frame's memory is the caller's contract.
-                unsafe { loaded.launch(pos, grid, info.block, stream, &args) }
+                // order, `int` in the 32-bit entry); the frame's memory is the caller's
+                // contract.
+                unsafe { loaded.launch(func_pos, grid, info.block, stream, &args) }
             }
             other => Err(Error::Internal(format!(
                 "{}: host statement the CUDA backend does not run: {other:?}",

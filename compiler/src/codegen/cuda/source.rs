@@ -24,11 +24,15 @@
 //!   (one element per warp share of a group) and `__syncthreads` across warps, in the
 //!   interpreter's order (`codegen::interp::gpu::allreduce_group`);
 //! - index arithmetic (the int64 nodes of load/store indices, loop bounds, `let` values and
-//!   the operands of int64 comparisons that read no memory) is plain 64-bit signed arithmetic
-//!   (and floor division of a provably non-negative index by a positive constant is C's `/`): the bounds proof (`lower::bounds`) obliges each of
-//!   those nodes to stay inside int64, so it never wraps. All other integer arithmetic wraps
-//!   at its dtype's width without C++ undefined behaviour (computed unsigned, converted
-//!   back). 32-bit index arithmetic where the proof allows is a later optimisation.
+//!   the operands of int64 comparisons that read no memory) is plain signed arithmetic (and
+//!   floor division of a provably non-negative index by a positive constant is C's `/`). In
+//!   the 64-bit kernel it is `long long`: the bounds proof (`lower::bounds`) obliges each of
+//!   those nodes to stay inside int64, so it never wraps. In the 32-bit kernel (`<name>_i32`)
+//!   it is `int`, including the kernel's int parameters: `idx32.rs` bounds every index node
+//!   and the kernel exists only where the bounds can fit int32; the host launches it only
+//!   for calls whose values put every bound inside int32 (`KernelInfo::entry`). All other
+//!   integer arithmetic wraps at its dtype's width without C++ undefined behaviour (computed
+//!   unsigned, converted back), in both kernels.
 //! - float16 / bfloat16 are stored as 16-bit patterns and computed in float32, rounded only
 //!   by stores, casts and constants; bool is stored as one byte and loaded as `!= 0`.
 //! - `Select` is `c ? a : b` and `&&`/`||` short-circuit: only the chosen arm is evaluated.
@@ -36,6 +40,7 @@
 //!   musl's; their ulp differences are unmeasured (no GPU yet). `sqrt` and `/` are IEEE
 //!   (NVRTC's defaults `-prec-sqrt=true -prec-div=true`), `rsqrt` is `1 / sqrtf(x)`.
 
+use super::idx32::{analyse, Index32, Narrow};
 use super::prelude::PRELUDE;
 use crate::codegen::interp::{eval_expr, Value};
 use crate::error::{Error, Result};
@@ -59,6 +64,35 @@ pub struct KernelInfo {
     pub block: [u32; 3],
     /// Static shared memory per block, in bytes.
     pub shared_bytes: u64,
+    /// Which index widths the kernel has (`idx32`): the 64-bit entry point is `name`, the
+    /// 32-bit one `name32`.
+    pub index32: Index32,
+    /// The C name of the 32-bit `__global__` function (`<name>_i32`).
+    pub name32: String,
+}
+
+impl KernelInfo {
+    /// The entry points the source defines: the 64-bit one, then the 32-bit one.
+    pub fn entries(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.index32.has64() {
+            v.push(self.name.clone());
+        }
+        if self.index32.has32() {
+            v.push(self.name32.clone());
+        }
+        v
+    }
+
+    /// The entry point for a call whose captured variables have the values `lookup`, and
+    /// whether it is the 32-bit one (its int parameters are `int`).
+    pub fn entry(&self, lookup: &dyn Fn(&Var) -> Option<i64>) -> (&str, bool) {
+        if self.index32.fits(lookup) {
+            (&self.name32, true)
+        } else {
+            (&self.name, false)
+        }
+    }
 }
 
 /// The generated source and what launching needs.
@@ -169,8 +203,21 @@ pub fn generate(func: &PrimFunc, arch_note: &str) -> Result<Generated> {
         if k.kind != DeviceKind::Gpu {
             continue;
         }
-        let mut g = KernelGen::new(func);
-        let info = g.kernel(index, &mut src)?;
+        let (index32, narrow) = analyse(func, k);
+        let mut info = None;
+        for idx32 in [false, true] {
+            if (idx32 && !index32.has32()) || (!idx32 && !index32.has64()) {
+                continue;
+            }
+            let mut g = KernelGen::new(func, idx32);
+            if !idx32 {
+                g.narrow = narrow.clone();
+            }
+            let i = g.kernel(index, &index32, &mut src)?;
+            info.get_or_insert(i);
+        }
+        let mut info = info.ok_or_else(|| Error::Internal("a kernel without an entry".into()))?;
+        info.index32 = index32;
         kernels.push(info);
     }
     Ok(Generated {
@@ -352,10 +399,17 @@ struct KernelGen<'a> {
     shared_bytes: u64,
     /// The kernel's block size (x, y, z): cross-thread reductions size their scratch by it.
     block: [u32; 3],
+    /// The 32-bit variant: index nodes are `int` (`idx32.rs` proved them in range).
+    idx32: bool,
+    /// In the 64-bit variant: the index nodes and variables that are `int` anyway (their
+    /// values lie in int32 for every call: `idx32::Narrow`).
+    narrow: Narrow,
+    /// Variables declared `int` in the 64-bit variant.
+    int_vars: HashSet<u32>,
 }
 
 impl<'a> KernelGen<'a> {
-    fn new(func: &'a PrimFunc) -> KernelGen<'a> {
+    fn new(func: &'a PrimFunc, idx32: bool) -> KernelGen<'a> {
         KernelGen {
             func,
             vars: HashMap::new(),
@@ -366,6 +420,9 @@ impl<'a> KernelGen<'a> {
             indent: 1,
             shared_bytes: 0,
             block: [1, 1, 1],
+            idx32,
+            narrow: Narrow::default(),
+            int_vars: HashSet::new(),
         }
     }
 
@@ -413,11 +470,50 @@ impl<'a> KernelGen<'a> {
         self.out.push('\n');
     }
 
-    /// One kernel: its signature, body and launch information.
-    fn kernel(&mut self, index: usize, src: &mut String) -> Result<KernelInfo> {
+    /// The C type of index arithmetic in this variant.
+    fn ity(&self) -> &'static str {
+        if self.idx32 {
+            "int"
+        } else {
+            "long long"
+        }
+    }
+
+    /// The C type of variable `v` (declared now): `int` in the 32-bit variant, and in the
+    /// 64-bit one where its values fit int32 for every call (`Narrow`).
+    fn var_ty(&mut self, v: &Var) -> &'static str {
+        if !self.idx32 && self.narrow.var(v) {
+            self.int_vars.insert(v.id);
+            "int"
+        } else {
+            self.ity()
+        }
+    }
+
+    /// In the 64-bit variant: the index node `e` is emitted as `int` (its value, and each of
+    /// its index operands', fits int32 for every call). Constants that fit count as `int`.
+    fn narrow_node(&self, e: &Expr) -> bool {
+        if self.idx32 || e.dtype() != DType::I64 {
+            return false;
+        }
+        match e.kind() {
+            ExprKind::Const(_) => e.as_int().is_some_and(|v| i32::try_from(v).is_ok()),
+            ExprKind::Var(v) => self.int_vars.contains(&v.id),
+            ExprKind::Unary(_, a) => self.narrow.node(e) && self.narrow_node(a),
+            ExprKind::Binary(_, a, b) | ExprKind::Select(_, a, b) => {
+                self.narrow.node(e) && self.narrow_node(a) && self.narrow_node(b)
+            }
+            _ => false,
+        }
+    }
+
+    /// One kernel, in this generator's index width: its signature, body and launch
+    /// information (`index32` says which widths exist, for the comment above it).
+    fn kernel(&mut self, index: usize, index32: &Index32, src: &mut String) -> Result<KernelInfo> {
         let func = self.func;
         let k = &func.kernels[index];
         let name = self.unique(&k.name);
+        let name32 = self.unique(&format!("{name}_i32"));
         // Which captured buffers the kernel writes.
         let mut written = HashSet::new();
         k.body.visit(&mut |s| {
@@ -462,7 +558,7 @@ impl<'a> KernelGen<'a> {
                 // A dim is a tensor's extent: never negative.
                 self.nonneg.insert(v.id);
             }
-            params.push(format!("long long {c}"));
+            params.push(format!("{} {c}", self.ity()));
         }
         // Launch dimensions.
         let mut grid: [Option<Expr>; 3] = [None, None, None];
@@ -526,10 +622,25 @@ impl<'a> KernelGen<'a> {
             block[1],
             block[2]
         );
+        let width = match (index32, self.idx32) {
+            (Index32::Always, _) => {
+                "32-bit index arithmetic (every index fits int32 for every call)".to_string()
+            }
+            (Index32::Never(why), _) => format!("64-bit index arithmetic ({why})"),
+            (Index32::When(ends), true) => format!(
+                "32-bit index arithmetic: launched when the host finds the {} bounds of its indices inside int32",
+                ends.len()
+            ),
+            (Index32::When(_), false) => {
+                "64-bit index arithmetic: launched when some index may leave int32".to_string()
+            }
+        };
+        let _ = writeln!(src, "// {width}");
         self.stmt(&k.body)?;
+        let entry = if self.idx32 { &name32 } else { &name };
         let _ = writeln!(
             src,
-            "extern \"C\" __global__ void __launch_bounds__({threads}) {name}(\n    {}) {{",
+            "extern \"C\" __global__ void __launch_bounds__({threads}) {entry}(\n    {}) {{",
             params.join(",\n    ")
         );
         src.push_str(&self.out);
@@ -540,6 +651,8 @@ impl<'a> KernelGen<'a> {
             grid,
             block,
             shared_bytes: self.shared_bytes,
+            index32: Index32::Always,
+            name32,
         })
     }
 
@@ -561,10 +674,8 @@ impl<'a> KernelGen<'a> {
                     if used {
                         let c = self.bind_var(var);
                         self.nonneg.insert(var.id);
-                        self.line(&format!(
-                            "const long long {c} = (long long){};",
-                            thread_reg(*tag)
-                        ));
+                        let t = self.var_ty(var);
+                        self.line(&format!("const {t} {c} = ({t}){};", thread_reg(*tag)));
                     }
                     self.stmt(body)?;
                     self.indent -= 1;
@@ -590,13 +701,12 @@ impl<'a> KernelGen<'a> {
                     } else {
                         ""
                     };
+                    let t = self.var_ty(var);
                     if min.as_int() == Some(0) {
-                        self.line(&format!(
-                            "for (long long {c} = 0; {c} < {n}; ++{c}) {{{note}"
-                        ));
+                        self.line(&format!("for ({t} {c} = 0; {c} < {n}; ++{c}) {{{note}"));
                     } else {
                         self.line(&format!(
-                            "for (long long {c} = {lo}; {c} < {lo} + {n}; ++{c}) {{{note}"
+                            "for ({t} {c} = {lo}; {c} < {lo} + {n}; ++{c}) {{{note}"
                         ));
                     }
                     self.indent += 1;
@@ -654,7 +764,8 @@ impl<'a> KernelGen<'a> {
                 if self.nonneg_expr(value) {
                     self.nonneg.insert(var.id);
                 }
-                self.line(&format!("const long long {c} = {};", strip_parens(&v)));
+                let t = self.var_ty(var);
+                self.line(&format!("const {t} {c} = {};", strip_parens(&v)));
                 self.stmt(body)?;
                 self.indent -= 1;
                 self.line("}");
@@ -721,7 +832,8 @@ impl<'a> KernelGen<'a> {
                     if stmt_uses(body, v) {
                         let sc = self.bind_var(v);
                         self.nonneg.insert(v.id);
-                        self.line(&format!("const long long {sc} = {s};"));
+                        let t = self.var_ty(v);
+                        self.line(&format!("const {t} {sc} = {s};"));
                     }
                 }
                 self.stmt(body)?;
@@ -968,7 +1080,18 @@ impl<'a> KernelGen<'a> {
     fn expr(&mut self, e: &Expr, index: bool) -> Result<String> {
         let dt = e.dtype();
         let index = index && dt == DType::I64;
+        // The 32-bit variant computes index nodes as int32 (`idx32.rs` proved every one in
+        // range, so the int32 rules below never wrap or overflow).
+        // In the 64-bit variant, nodes whose values fit int32 for every call are int too, and
+        // a 64-bit node converts its int operands first (an int product could overflow).
+        let narrow = index && self.narrow_node(e);
+        let edt = if index && (self.idx32 || narrow) {
+            DType::I32
+        } else {
+            dt
+        };
         Ok(match e.kind() {
+            ExprKind::Const(_) if edt != dt => int_lit(e.as_int().unwrap_or(0), edt),
             ExprKind::Const(_) => constant(e)?,
             ExprKind::Var(v) => self.var(v)?,
             ExprKind::Load { buf, indices } => {
@@ -983,11 +1106,22 @@ impl<'a> KernelGen<'a> {
             }
             ExprKind::Unary(op, a) => {
                 let x = self.expr(a, index)?;
-                unary(*op, dt, &x)
+                unary(*op, edt, &x)
             }
             ExprKind::Binary(op, a, b) => {
-                let x = self.expr(a, index)?;
-                let y = self.expr(b, index)?;
+                let mut x = self.expr(a, index)?;
+                let mut y = self.expr(b, index)?;
+                if index && !self.idx32 && !narrow {
+                    for (t, c) in [(&mut x, a), (&mut y, b)] {
+                        if self.narrow_node(c) {
+                            *t = if c.as_int().is_some() {
+                                constant(c)?
+                            } else {
+                                format!("((long long){t})")
+                            };
+                        }
+                    }
+                }
                 // Index floor division of a non-negative value by a positive constant: C's
                 // truncating `/` and `%` agree with floor semantics there.
                 if index
@@ -998,7 +1132,7 @@ impl<'a> KernelGen<'a> {
                     let o = if *op == BinOp::FloorDiv { "/" } else { "%" };
                     return Ok(format!("({x} {o} {y})"));
                 }
-                binary(*op, dt, &x, &y, index)
+                binary(*op, edt, &x, &y, index)
             }
             ExprKind::Cmp(op, a, b) => {
                 // Int64 comparisons of index arithmetic (no loads): the proof keeps their

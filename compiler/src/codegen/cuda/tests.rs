@@ -26,13 +26,13 @@ const F: DType = DType::F32;
 
 // ---- builders (the shapes of interp/tests_gpu.rs) --------------------------------------------
 
-fn int(v: i64) -> Expr {
+pub(super) fn int(v: i64) -> Expr {
     Expr::int(v)
 }
-fn v(x: &Var) -> Expr {
+pub(super) fn v(x: &Var) -> Expr {
     Expr::var(x)
 }
-fn bound(x: &Var, extent: Expr, tag: ThreadTag, body: Stmt) -> Stmt {
+pub(super) fn bound(x: &Var, extent: Expr, tag: ThreadTag, body: Stmt) -> Stmt {
     Stmt::For {
         var: x.clone(),
         min: int(0),
@@ -41,7 +41,7 @@ fn bound(x: &Var, extent: Expr, tag: ThreadTag, body: Stmt) -> Stmt {
         body: Box::new(body),
     }
 }
-fn looped(x: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
+pub(super) fn looped(x: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
     Stmt::For {
         var: x.clone(),
         min: int(0),
@@ -50,23 +50,23 @@ fn looped(x: &Var, extent: Expr, kind: ForKind, body: Stmt) -> Stmt {
         body: Box::new(body),
     }
 }
-fn ld(b: &Buffer, idx: Vec<Expr>) -> Expr {
+pub(super) fn ld(b: &Buffer, idx: Vec<Expr>) -> Expr {
     Expr::load(b.id, idx, b.dtype)
 }
-fn st(b: &Buffer, idx: Vec<Expr>, value: Expr) -> Stmt {
+pub(super) fn st(b: &Buffer, idx: Vec<Expr>, value: Expr) -> Stmt {
     Stmt::Store {
         buf: b.id,
         indices: idx,
         value,
     }
 }
-fn lt(a: Expr, b: Expr) -> Expr {
+pub(super) fn lt(a: Expr, b: Expr) -> Expr {
     Expr::cmp(CmpOp::Lt, a, b).unwrap()
 }
 fn and(a: Expr, b: Expr) -> Expr {
     Expr::logic(LogicOp::And, a, b).unwrap()
 }
-fn if_(c: Expr, then: Stmt) -> Stmt {
+pub(super) fn if_(c: Expr, then: Stmt) -> Stmt {
     Stmt::If {
         cond: c,
         then: Box::new(then),
@@ -90,15 +90,15 @@ fn local(id: u32, name: &str, dtype: DType, shape: &[i64], scope: Scope) -> Buff
     b.scope = scope;
     b
 }
-fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+pub(super) fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
     Expr::binary(op, a, b).unwrap()
 }
-fn ceil_div(n: Expr, k: i64) -> Expr {
+pub(super) fn ceil_div(n: Expr, k: i64) -> Expr {
     n.add(&int(k - 1)).floordiv(&int(k))
 }
 
 /// Flattens, simplifies and splits a hand-written function as `lower::lower` does.
-fn prepare(mut f: PrimFunc) -> PrimFunc {
+pub(super) fn prepare(mut f: PrimFunc) -> PrimFunc {
     crate::ir::verify::verify(&f, false).unwrap();
     crate::lower::flatten::flatten(&mut f);
     f.body = crate::lower::simplify::simplify_stmt(&f.body);
@@ -108,7 +108,7 @@ fn prepare(mut f: PrimFunc) -> PrimFunc {
 }
 
 /// `C[i] = A[i] * 2` over a 1-D grid of 64-thread blocks, `n` not a multiple of 64.
-fn double() -> PrimFunc {
+pub(super) fn double() -> PrimFunc {
     let (n, bx, tx) = (Var::new("n"), Var::new("bx"), Var::new("tx"));
     let a = input(0, "A", F, vec![v(&n)]);
     let c = output(1, "C", F, vec![v(&n)]);
@@ -135,7 +135,7 @@ fn double() -> PrimFunc {
 }
 
 /// Each block reverses its 64 elements through shared memory, with a barrier.
-fn reverse() -> PrimFunc {
+pub(super) fn reverse() -> PrimFunc {
     let (bx, tx) = (Var::new("bx"), Var::new("tx"));
     let a = input(0, "A", F, vec![int(256)]);
     let c = output(1, "C", F, vec![int(256)]);
@@ -161,7 +161,7 @@ fn reverse() -> PrimFunc {
 }
 
 /// `C = A @ B` for ragged M x K x N with 8 x 8 tiles in shared memory, a local accumulator.
-fn tiled_matmul() -> PrimFunc {
+pub(super) fn tiled_matmul() -> PrimFunc {
     const T: i64 = 8;
     let (m, k, n) = (Var::new("m"), Var::new("k"), Var::new("n"));
     let (by, bx, ty, tx, kt, kk) = (
@@ -256,7 +256,7 @@ fn tiled_matmul() -> PrimFunc {
 }
 
 /// Row sums of a [5, 256] matrix by 128 threads: a tree in shared memory.
-fn block_tree_reduction() -> PrimFunc {
+pub(super) fn block_tree_reduction() -> PrimFunc {
     let (r, tx) = (Var::new("r"), Var::new("tx"));
     let x = input(0, "X", F, vec![int(5), int(256)]);
     let y = output(1, "Y", F, vec![int(5)]);
@@ -306,7 +306,7 @@ fn block_tree_reduction() -> PrimFunc {
 
 /// Every statement kind in one kernel: a float16 shared buffer behind a barrier, an int32
 /// local buffer, an unrolled loop with a non-zero min, a `let`, an if/else, a vectorized loop.
-fn statements() -> PrimFunc {
+pub(super) fn statements() -> PrimFunc {
     let (bx, tx, j, t, w) = (
         Var::new("bx"),
         Var::new("tx"),
@@ -410,7 +410,7 @@ fn statements() -> PrimFunc {
 /// The library's GPU matmul as the schedule makes it (`kernels::strategy::gpu_gemm`: 64x64
 /// tiles of 16x16 threads, 4x4 outputs per thread in a local cache, A and B staged through
 /// shared memory, barriers from `lower::sync`), lowered for CUDA.
-fn gemm_shared_tiled() -> PrimFunc {
+pub(super) fn gemm_shared_tiled() -> PrimFunc {
     use crate::kernels::strategy::{schedule, Strategy};
     let d = crate::kernels::defs::matmul(F).unwrap();
     let s = schedule(&d, Strategy::Gpu).unwrap();
@@ -428,7 +428,7 @@ fn gemm_shared_tiled() -> PrimFunc {
 }
 
 /// The canonical kernels, by golden name.
-fn canonical() -> Vec<(&'static str, PrimFunc)> {
+pub(super) fn canonical() -> Vec<(&'static str, PrimFunc)> {
     vec![
         ("double_1d_ragged", double()),
         ("reverse_shared_barrier", reverse()),
@@ -486,7 +486,7 @@ fn constants(dt: DType) -> Vec<Expr> {
 /// One kernel over `n` elements of inputs `A`, `B` of `dt`: `R[i, k]` (dtype `dt`) holds the
 /// k-th operation of every kind valid for `dt` on `A[i]`, `B[i]` and constants; `K<d>[i, k]`
 /// holds the k-th cast to dtype `d` (A, B, and constants).
-fn every_op(dt: DType) -> (PrimFunc, usize, usize) {
+pub(super) fn every_op(dt: DType) -> (PrimFunc, usize, usize) {
     let (n, bx, tx) = (Var::new("n"), Var::new("bx"), Var::new("tx"));
     let a = input(0, "A", dt, vec![v(&n)]);
     let b = input(1, "B", dt, vec![v(&n)]);
@@ -670,7 +670,11 @@ fn compiles_cleanly(nv: &Nvrtc, f: &PrimFunc) -> CudaKernel {
             "{ptx}"
         );
         for info in k.kernels() {
-            assert!(ptx.contains(&format!(".entry {}(", info.name)), "{ptx}");
+            // Both index widths where both exist: NVRTC compiled every entry point.
+            assert!(!info.entries().is_empty());
+            for e in info.entries() {
+                assert!(ptx.contains(&format!(".entry {e}(")), "{ptx}");
+            }
         }
         let (a, cubin) = k.cubin().expect("cubin");
         assert_eq!(a, arch);
@@ -812,7 +816,11 @@ fn cuda_source_keeps_names_and_uses_restrict_only_on_read_only_inputs() {
         "__syncthreads();",
         "#pragma unroll",
         "(long long)blockIdx.y",
-        "(long long)threadIdx.x",
+        // Thread indices fit int32 at any call: `int` even in the 64-bit kernel.
+        "const int tx = (int)threadIdx.x;",
+        // The 32-bit kernel.
+        "int m,",
+        "const int by = (int)blockIdx.y;",
         "__launch_bounds__(64)",
     ] {
         assert!(src.contains(want), "missing `{want}` in:\n{src}");
@@ -854,8 +862,8 @@ fn cuda_sanitized_names_are_c_identifiers_and_unique() {
     let f = prepare(func("two_i", vec![c], vec![], body));
     let src = super::source::generate(&f, "").unwrap().source;
     assert!(
-        src.contains("for (long long i = 0; i < 4LL; ++i)")
-            && src.contains("for (long long i_1 = 0; i_1 < 4LL; ++i_1)"),
+        src.contains("for (int i = 0; i < 4; ++i)")
+            && src.contains("for (int i_1 = 0; i_1 < 4; ++i_1)"),
         "{src}"
     );
 }
@@ -1212,7 +1220,8 @@ static unsigned char* rivet_read(FILE* f, size_t n) {
 "#;
 
 /// One function run on both sides: its parameters' initial bytes and the frame's ints.
-struct HostCase {
+#[derive(Clone)]
+pub(super) struct HostCase {
     func: PrimFunc,
     bufs: Vec<Vec<u8>>,
     ints: Vec<i64>,
@@ -1221,6 +1230,8 @@ struct HostCase {
     /// Every float element of every parameter within `ulps` (libm results inside).
     all_loose: bool,
     ulps: u64,
+    /// Run the 64-bit kernels even where the host plan would pick the 32-bit ones.
+    force64: bool,
 }
 
 fn lcg(seed: &mut u64) -> u64 {
@@ -1351,7 +1362,7 @@ fn same(dt: DType, a: &[u8], b: &[u8], loose: bool, ulps: u64) -> bool {
 
 /// Compiles every case's kernels into one host program, runs each case there and in the
 /// interpreter, and compares every parameter buffer. `false` when there is no `c++`.
-fn run_on_host(cases: &[HostCase]) -> bool {
+pub(super) fn run_on_host(cases: &[HostCase]) -> bool {
     if std::process::Command::new("c++")
         .arg("--version")
         .output()
@@ -1391,7 +1402,7 @@ fn run_on_host(cases: &[HostCase]) -> bool {
             .map(|v| v.id)
             .zip(c.ints.iter().copied())
             .collect();
-        host_calls(f, &g.kernels, &f.body, &mut env, &mut m, ci);
+        host_calls(f, &g.kernels, &f.body, &mut env, &mut m, ci, c.force64);
         for (p, b) in c.bufs.iter().enumerate() {
             m.push_str(&format!("  fwrite(b{p}, 1, {}, out);\n", b.len()));
         }
@@ -1502,13 +1513,16 @@ fn host_calls(
     env: &mut std::collections::HashMap<u32, i64>,
     m: &mut String,
     ci: usize,
+    force64: bool,
 ) {
     match s {
-        Stmt::Seq(v) => v.iter().for_each(|s| host_calls(f, infos, s, env, m, ci)),
+        Stmt::Seq(v) => v
+            .iter()
+            .for_each(|s| host_calls(f, infos, s, env, m, ci, force64)),
         Stmt::Let { var, value, body } => {
             let x = eval_int(value, env);
             env.insert(var.id, x);
-            host_calls(f, infos, body, env, m, ci);
+            host_calls(f, infos, body, env, m, ci, force64);
         }
         Stmt::Allocate { buf, body } => {
             let b = f.buffer(*buf);
@@ -1523,11 +1537,18 @@ fn host_calls(
                 buf.0,
                 (count as usize * b.dtype.size()).max(1)
             ));
-            host_calls(f, infos, body, env, m, ci);
+            host_calls(f, infos, body, env, m, ci, force64);
             m.push_str(&format!("  free(t{});\n", buf.0));
         }
         Stmt::Launch { kernel } => {
             let info = infos.iter().find(|i| i.index == *kernel).unwrap();
+            // The entry point the CUDA host plan would launch (`KernelInfo::entry`), or the
+            // 64-bit one where the case forces it.
+            let (entry, _) = if force64 && info.index32.has64() {
+                (info.name.as_str(), false)
+            } else {
+                info.entry(&|v| env.get(&v.id).copied())
+            };
             let k = &f.kernels[*kernel];
             let grid: Vec<i64> = info
                 .grid
@@ -1553,7 +1574,7 @@ fn host_calls(
                 info.block[0],
                 info.block[1],
                 info.block[2],
-                info.name,
+                entry,
                 args.join(", ")
             ));
         }
@@ -1562,7 +1583,7 @@ fn host_calls(
 }
 
 /// A case for `f` whose params are compact: `shapes` per parameter, dims given.
-fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostCase {
+pub(super) fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostCase {
     let mut s = seed;
     let mut ints = dims.to_vec();
     let mut bufs = Vec::new();
@@ -1591,6 +1612,7 @@ fn host_case(f: PrimFunc, dims: &[i64], shapes: &[Vec<i64>], seed: u64) -> HostC
         loose,
         all_loose: false,
         ulps: 4,
+        force64: false,
     }
 }
 
@@ -1652,6 +1674,34 @@ fn cuda_generated_kernels_agree_with_the_interpreter_under_host_emulation() {
         }
         cases.push(c);
     }
+    // Index widths: these small sizes run the 32-bit kernels (checked here); the same cases
+    // again with the 64-bit kernels forced, so both widths agree with the interpreter.
+    for c in &cases {
+        let g = super::source::generate(&c.func, "").unwrap();
+        let slots = crate::codegen::int_slots(&c.func);
+        let env: std::collections::HashMap<u32, i64> = slots
+            .iter()
+            .map(|v| v.id)
+            .zip(c.ints.iter().copied())
+            .collect();
+        for k in &g.kernels {
+            assert!(
+                k.entry(&|v| env.get(&v.id).copied()).1,
+                "{}: {} would run with 64-bit indices ({:?})",
+                c.func.name,
+                k.name,
+                k.index32
+            );
+        }
+    }
+    let wide: Vec<HostCase> = cases
+        .iter()
+        .map(|c| HostCase {
+            force64: true,
+            ..c.clone()
+        })
+        .collect();
+    cases.extend(wide);
     run_on_host(&cases);
 }
 
@@ -1671,7 +1721,7 @@ fn libm_columns(nv: usize) -> Vec<usize> {
 // ---- schedules with memory caches (cache_read / cache_write) -------------------------------
 
 /// The hand-written cache schedules of the interpreter's tests, lowered for CUDA.
-fn cache_schedules() -> Vec<(PrimFunc, bool)> {
+pub(super) fn cache_schedules() -> Vec<(PrimFunc, bool)> {
     use crate::codegen::interp::tests_cache as tc;
     [
         (tc::one_output_per_thread_schedule(), true),
@@ -1732,7 +1782,7 @@ fn cuda_cache_schedules_compile_and_agree_with_the_interpreter_under_host_emulat
 // ---- the kernel library (rivet.kernels) with its GPU schedules --------------------------
 
 /// Every library kernel, GPU-scheduled and lowered for CUDA (several dtypes and shapes).
-fn library() -> Vec<PrimFunc> {
+pub(super) fn library() -> Vec<PrimFunc> {
     use crate::kernels::strategy::{schedule, Strategy};
     use crate::kernels::{defs, DimSpec};
     let name = |s: &str| DimSpec::Name(s.into());
@@ -2159,7 +2209,7 @@ fn allreduce_rows(
 /// The cross-thread reductions of the tests: every dtype a reduction takes (sums), max / min /
 /// prod, thread counts below, at and above a warp, not powers of two, 1024, and several
 /// groups per block.
-fn allreduce_kernels() -> Vec<(PrimFunc, i64, i64)> {
+pub(super) fn allreduce_kernels() -> Vec<(PrimFunc, i64, i64)> {
     use crate::ir::ReduceOp::{Max, Min, Prod, Sum};
     let mut out = Vec::new();
     for (k, dt) in ALL.iter().skip(1).enumerate() {

@@ -2,6 +2,7 @@
 // <the rivet prelude: codegen/cuda/prelude.rs>
 
 // kernel 0 of `gemm` (`gemm_kernel0`): reads A, B; writes C; block 16x16x1
+// 64-bit index arithmetic: launched when some index may leave int32
 extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
     const float* __restrict__ A,
     const float* __restrict__ B,
@@ -21,57 +22,141 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
       const long long j_outer = (long long)blockIdx.x;
       {
         __shared__ float A_shared[1024]; // stage A.shared: shared [64, 16]
-        const long long A_shared_s0 = 16;
-        const long long A_shared_s1 = 1;
+        const int A_shared_s0 = 16;
+        const int A_shared_s1 = 1;
         {
           __shared__ float B_shared[1024]; // stage B.shared: shared [16, 64]
-          const long long B_shared_s0 = 64;
-          const long long B_shared_s1 = 1;
+          const int B_shared_s0 = 64;
+          const int B_shared_s1 = 1;
           { // i.inner.outer bound to threadIdx.y
-            const long long i_inner_outer = (long long)threadIdx.y;
+            const int i_inner_outer = (int)threadIdx.y;
             { // j.inner.outer bound to threadIdx.x
-              const long long j_inner_outer = (long long)threadIdx.x;
+              const int j_inner_outer = (int)threadIdx.x;
               {
                 float C_local[16] = {}; // stage C.local: local [4, 4]
-                const long long C_local_s0 = 4;
-                const long long C_local_s1 = 1;
-                for (long long ax0_init = 0; ax0_init < 4LL; ++ax0_init) {
-                  for (long long ax1_init = 0; ax1_init < 4LL; ++ax1_init) {
-                    if (((((((i_outer * 64LL) + (i_inner_outer * 4LL)) + ax0_init) >= 0LL) && ((((i_outer * 64LL) + (i_inner_outer * 4LL)) + ax0_init) < m)) && ((((j_outer * 64LL) + (j_inner_outer * 4LL)) + ax1_init) >= 0LL)) && ((((j_outer * 64LL) + (j_inner_outer * 4LL)) + ax1_init) < n)) {
+                const int C_local_s0 = 4;
+                const int C_local_s1 = 1;
+                for (int ax0_init = 0; ax0_init < 4; ++ax0_init) {
+                  for (int ax1_init = 0; ax1_init < 4; ++ax1_init) {
+                    if (((((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0_init)) >= 0) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0_init)) < m)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1_init)) >= 0)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1_init)) < n)) {
                       C_local[(ax0_init * C_local_s0) + (ax1_init * C_local_s1)] = 0.0f;
                     }
                   }
                 }
                 for (long long r_outer = 0; r_outer < (rivet_floordiv_i64((k - 1LL), 16LL) + 1LL); ++r_outer) {
                   __syncthreads();
-                  for (long long ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4LL; ++ax0_ax1_fused_outer) {
-                    if ((((((i_outer * 64LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 16LL)) >= 0LL) && (((i_outer * 64LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 16LL)) < m)) && (((r_outer * 16LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 16LL)) >= 0LL)) && (((r_outer * 16LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 16LL)) < k)) {
-                      A_shared[((((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 16LL) * A_shared_s0) + ((((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 16LL) * A_shared_s1)] = A[(((i_outer * 64LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 16LL)) * A_s0) + (((r_outer * 16LL) + (((ax0_ax1_fused_outer * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 16LL)) * A_s1)];
+                  for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
+                    if ((((((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) >= 0) && (((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) < m)) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) >= 0)) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) < k)) {
+                      A_shared[((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16) * A_shared_s0) + ((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16) * A_shared_s1)] = A[(((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) * A_s0) + (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) * A_s1)];
                     }
                   }
-                  for (long long ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4LL; ++ax0_ax1_fused_outer_1) {
-                    if ((((((r_outer * 16LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 64LL)) >= 0LL) && (((r_outer * 16LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 64LL)) < k)) && (((j_outer * 64LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 64LL)) >= 0LL)) && (((j_outer * 64LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 64LL)) < n)) {
-                      B_shared[((((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 64LL) * B_shared_s0) + ((((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 64LL) * B_shared_s1)] = B[(((r_outer * 16LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) / 64LL)) * B_s0) + (((j_outer * 64LL) + (((ax0_ax1_fused_outer_1 * 256LL) + ((i_inner_outer * 16LL) + j_inner_outer)) % 64LL)) * B_s1)];
+                  for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
+                    if ((((((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) >= 0) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) < k)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) >= 0)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) < n)) {
+                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * B_shared_s0) + ((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64) * B_shared_s1)] = B[(((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) * B_s0) + (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) * B_s1)];
                     }
                   }
                   __syncthreads();
                   #pragma unroll
-                  for (long long r_inner = 0; r_inner < 16LL; ++r_inner) {
+                  for (int r_inner = 0; r_inner < 16; ++r_inner) {
                     #pragma unroll
-                    for (long long ax0 = 0; ax0 < 4LL; ++ax0) {
+                    for (int ax0 = 0; ax0 < 4; ++ax0) {
                       #pragma unroll
-                      for (long long ax1 = 0; ax1 < 4LL; ++ax1) {
-                        if (((((((r_outer * 16LL) + r_inner) < k) && ((((i_outer * 64LL) + (i_inner_outer * 4LL)) + ax0) >= 0LL)) && ((((i_outer * 64LL) + (i_inner_outer * 4LL)) + ax0) < m)) && ((((j_outer * 64LL) + (j_inner_outer * 4LL)) + ax1) >= 0LL)) && ((((j_outer * 64LL) + (j_inner_outer * 4LL)) + ax1) < n)) {
-                          C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] = (C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] + (A_shared[(((4LL * i_inner_outer) + ax0) * A_shared_s0) + (r_inner * A_shared_s1)] * B_shared[(r_inner * B_shared_s0) + (((4LL * j_inner_outer) + ax1) * B_shared_s1)]));
+                      for (int ax1 = 0; ax1 < 4; ++ax1) {
+                        if (((((((r_outer * 16LL) + ((long long)r_inner)) < k) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0)) >= 0)) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0)) < m)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1)) >= 0)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1)) < n)) {
+                          C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] = (C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] + (A_shared[(((4 * i_inner_outer) + ax0) * A_shared_s0) + (r_inner * A_shared_s1)] * B_shared[(r_inner * B_shared_s0) + (((4 * j_inner_outer) + ax1) * B_shared_s1)]));
                         }
                       }
                     }
                   }
                 }
-                for (long long i_inner_inner = 0; i_inner_inner < 4LL; ++i_inner_inner) {
-                  for (long long j_inner_inner = 0; j_inner_inner < 4LL; ++j_inner_inner) {
-                    if ((((j_outer * 64LL) + ((j_inner_outer * 4LL) + j_inner_inner)) < n) && (((i_outer * 64LL) + ((i_inner_outer * 4LL) + i_inner_inner)) < m)) {
-                      C[(((i_outer * 64LL) + ((i_inner_outer * 4LL) + i_inner_inner)) * C_s0) + (((j_outer * 64LL) + ((j_inner_outer * 4LL) + j_inner_inner)) * C_s1)] = C_local[(i_inner_inner * C_local_s0) + (j_inner_inner * C_local_s1)];
+                for (int i_inner_inner = 0; i_inner_inner < 4; ++i_inner_inner) {
+                  for (int j_inner_inner = 0; j_inner_inner < 4; ++j_inner_inner) {
+                    if ((((j_outer * 64LL) + ((long long)((j_inner_outer * 4) + j_inner_inner))) < n) && (((i_outer * 64LL) + ((long long)((i_inner_outer * 4) + i_inner_inner))) < m)) {
+                      C[(((i_outer * 64LL) + ((long long)((i_inner_outer * 4) + i_inner_inner))) * C_s0) + (((j_outer * 64LL) + ((long long)((j_inner_outer * 4) + j_inner_inner))) * C_s1)] = C_local[(i_inner_inner * C_local_s0) + (j_inner_inner * C_local_s1)];
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// kernel 0 of `gemm` (`gemm_kernel0`): reads A, B; writes C; block 16x16x1
+// 32-bit index arithmetic: launched when the host finds the 43 bounds of its indices inside int32
+extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
+    const float* __restrict__ A,
+    const float* __restrict__ B,
+    float* C,
+    int m,
+    int k,
+    int n,
+    int A_s0,
+    int A_s1,
+    int B_s0,
+    int B_s1,
+    int C_s0,
+    int C_s1) {
+  { // i.outer bound to blockIdx.y
+    const int i_outer = (int)blockIdx.y;
+    { // j.outer bound to blockIdx.x
+      const int j_outer = (int)blockIdx.x;
+      {
+        __shared__ float A_shared[1024]; // stage A.shared: shared [64, 16]
+        const int A_shared_s0 = 16;
+        const int A_shared_s1 = 1;
+        {
+          __shared__ float B_shared[1024]; // stage B.shared: shared [16, 64]
+          const int B_shared_s0 = 64;
+          const int B_shared_s1 = 1;
+          { // i.inner.outer bound to threadIdx.y
+            const int i_inner_outer = (int)threadIdx.y;
+            { // j.inner.outer bound to threadIdx.x
+              const int j_inner_outer = (int)threadIdx.x;
+              {
+                float C_local[16] = {}; // stage C.local: local [4, 4]
+                const int C_local_s0 = 4;
+                const int C_local_s1 = 1;
+                for (int ax0_init = 0; ax0_init < 4; ++ax0_init) {
+                  for (int ax1_init = 0; ax1_init < 4; ++ax1_init) {
+                    if (((((((i_outer * 64) + (i_inner_outer * 4)) + ax0_init) >= 0) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0_init) < m)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1_init) >= 0)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1_init) < n)) {
+                      C_local[(ax0_init * C_local_s0) + (ax1_init * C_local_s1)] = 0.0f;
+                    }
+                  }
+                }
+                for (int r_outer = 0; r_outer < (((int)rivet_floordiv_i64((long long)(k - 1), (long long)16)) + 1); ++r_outer) {
+                  __syncthreads();
+                  for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
+                    if ((((((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) >= 0) && (((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) < m)) && (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) >= 0)) && (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) < k)) {
+                      A_shared[((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16) * A_shared_s0) + ((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16) * A_shared_s1)] = A[(((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) * A_s0) + (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) * A_s1)];
+                    }
+                  }
+                  for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
+                    if ((((((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) >= 0) && (((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) < k)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) >= 0)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) < n)) {
+                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * B_shared_s0) + ((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64) * B_shared_s1)] = B[(((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) * B_s0) + (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) * B_s1)];
+                    }
+                  }
+                  __syncthreads();
+                  #pragma unroll
+                  for (int r_inner = 0; r_inner < 16; ++r_inner) {
+                    #pragma unroll
+                    for (int ax0 = 0; ax0 < 4; ++ax0) {
+                      #pragma unroll
+                      for (int ax1 = 0; ax1 < 4; ++ax1) {
+                        if (((((((r_outer * 16) + r_inner) < k) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0) >= 0)) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0) < m)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1) >= 0)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1) < n)) {
+                          C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] = (C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] + (A_shared[(((4 * i_inner_outer) + ax0) * A_shared_s0) + (r_inner * A_shared_s1)] * B_shared[(r_inner * B_shared_s0) + (((4 * j_inner_outer) + ax1) * B_shared_s1)]));
+                        }
+                      }
+                    }
+                  }
+                }
+                for (int i_inner_inner = 0; i_inner_inner < 4; ++i_inner_inner) {
+                  for (int j_inner_inner = 0; j_inner_inner < 4; ++j_inner_inner) {
+                    if ((((j_outer * 64) + ((j_inner_outer * 4) + j_inner_inner)) < n) && (((i_outer * 64) + ((i_inner_outer * 4) + i_inner_inner)) < m)) {
+                      C[(((i_outer * 64) + ((i_inner_outer * 4) + i_inner_inner)) * C_s0) + (((j_outer * 64) + ((j_inner_outer * 4) + j_inner_inner)) * C_s1)] = C_local[(i_inner_inner * C_local_s0) + (j_inner_inner * C_local_s1)];
                     }
                   }
                 }

@@ -2,6 +2,7 @@
 // <the rivet prelude: codegen/cuda/prelude.rs>
 
 // kernel 0 of `mm` (`mm_kernel0`): reads A, B; writes C; block 8x8x1
+// 64-bit index arithmetic: launched when some index may leave int32
 extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
     const float* __restrict__ A,
     const float* __restrict__ B,
@@ -21,31 +22,87 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
       const long long bx = (long long)blockIdx.x;
       {
         __shared__ float As[64]; // stage As: shared [8, 8]
-        const long long As_s0 = 8;
-        const long long As_s1 = 1;
+        const int As_s0 = 8;
+        const int As_s1 = 1;
         {
           __shared__ float Bs[64]; // stage Bs: shared [8, 8]
-          const long long Bs_s0 = 8;
-          const long long Bs_s1 = 1;
+          const int Bs_s0 = 8;
+          const int Bs_s1 = 1;
           { // ty bound to threadIdx.y
-            const long long ty = (long long)threadIdx.y;
+            const int ty = (int)threadIdx.y;
             { // tx bound to threadIdx.x
-              const long long tx = (long long)threadIdx.x;
+              const int tx = (int)threadIdx.x;
               {
                 float acc[1] = {}; // stage acc: local [1]
-                acc[0LL] = 0.0f;
+                acc[0] = 0.0f;
                 for (long long kt = 0; kt < ((k + 7LL) / 8LL); ++kt) {
-                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8LL) + ty) < m) && (((kt * 8LL) + tx) < k)) ? A[(((by * 8LL) + ty) * A_s0) + (((kt * 8LL) + tx) * A_s1)] : 0.0f);
-                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8LL) + ty) < k) && (((bx * 8LL) + tx) < n)) ? B[(((kt * 8LL) + ty) * B_s0) + (((bx * 8LL) + tx) * B_s1)] : 0.0f);
+                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8LL) + ((long long)ty)) < m) && (((kt * 8LL) + ((long long)tx)) < k)) ? A[(((by * 8LL) + ((long long)ty)) * A_s0) + (((kt * 8LL) + ((long long)tx)) * A_s1)] : 0.0f);
+                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8LL) + ((long long)ty)) < k) && (((bx * 8LL) + ((long long)tx)) < n)) ? B[(((kt * 8LL) + ((long long)ty)) * B_s0) + (((bx * 8LL) + ((long long)tx)) * B_s1)] : 0.0f);
                   __syncthreads();
                   #pragma unroll
-                  for (long long kk = 0; kk < 8LL; ++kk) {
-                    acc[0LL] = (acc[0LL] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
+                  for (int kk = 0; kk < 8; ++kk) {
+                    acc[0] = (acc[0] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
                   }
                   __syncthreads();
                 }
-                if ((((by * 8LL) + ty) < m) && (((bx * 8LL) + tx) < n)) {
-                  C[(((by * 8LL) + ty) * C_s0) + (((bx * 8LL) + tx) * C_s1)] = acc[0LL];
+                if ((((by * 8LL) + ((long long)ty)) < m) && (((bx * 8LL) + ((long long)tx)) < n)) {
+                  C[(((by * 8LL) + ((long long)ty)) * C_s0) + (((bx * 8LL) + ((long long)tx)) * C_s1)] = acc[0];
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// kernel 0 of `mm` (`mm_kernel0`): reads A, B; writes C; block 8x8x1
+// 32-bit index arithmetic: launched when the host finds the 38 bounds of its indices inside int32
+extern "C" __global__ void __launch_bounds__(64) mm_kernel0_i32(
+    const float* __restrict__ A,
+    const float* __restrict__ B,
+    float* C,
+    int m,
+    int k,
+    int n,
+    int A_s0,
+    int A_s1,
+    int B_s0,
+    int B_s1,
+    int C_s0,
+    int C_s1) {
+  { // by bound to blockIdx.y
+    const int by = (int)blockIdx.y;
+    { // bx bound to blockIdx.x
+      const int bx = (int)blockIdx.x;
+      {
+        __shared__ float As[64]; // stage As: shared [8, 8]
+        const int As_s0 = 8;
+        const int As_s1 = 1;
+        {
+          __shared__ float Bs[64]; // stage Bs: shared [8, 8]
+          const int Bs_s0 = 8;
+          const int Bs_s1 = 1;
+          { // ty bound to threadIdx.y
+            const int ty = (int)threadIdx.y;
+            { // tx bound to threadIdx.x
+              const int tx = (int)threadIdx.x;
+              {
+                float acc[1] = {}; // stage acc: local [1]
+                acc[0] = 0.0f;
+                for (int kt = 0; kt < ((k + 7) / 8); ++kt) {
+                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8) + ty) < m) && (((kt * 8) + tx) < k)) ? A[(((by * 8) + ty) * A_s0) + (((kt * 8) + tx) * A_s1)] : 0.0f);
+                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8) + ty) < k) && (((bx * 8) + tx) < n)) ? B[(((kt * 8) + ty) * B_s0) + (((bx * 8) + tx) * B_s1)] : 0.0f);
+                  __syncthreads();
+                  #pragma unroll
+                  for (int kk = 0; kk < 8; ++kk) {
+                    acc[0] = (acc[0] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
+                  }
+                  __syncthreads();
+                }
+                if ((((by * 8) + ty) < m) && (((bx * 8) + tx) < n)) {
+                  C[(((by * 8) + ty) * C_s0) + (((bx * 8) + tx) * C_s1)] = acc[0];
                 }
               }
             }
