@@ -541,3 +541,47 @@ fn elementwise_add_disassembles_to_packed_adds() {
     assert!(asm.contains("addps"), "{asm}");
     assert!(asm.contains("movups") || asm.contains("vmovups"), "{asm}");
 }
+
+/// A split remainder guard (`i.o * 8 + i.i < n`) moved out of a vectorized loop becomes a
+/// shorter extent computed at run time; that arithmetic is guarded by bounds on its terms
+/// (`lower::vectorize`, NO_WRAP = 2^58) so it can never wrap and run the skipped iterations,
+/// and the original loop runs when they fail. The result stays the interpreter's.
+#[test]
+fn split_guard_extent_cannot_wrap() {
+    let n = rivet_compiler::te::var("n");
+    let a = placeholder(std::slice::from_ref(&n), DType::F32, "A").unwrap();
+    let c = compute(
+        std::slice::from_ref(&n),
+        |i| a.idx(&[i[0].clone()]) + Expr::constant(1.0, DType::F32),
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let i = c.axis()[0].var.clone();
+    let st = s.stage(&c).unwrap();
+    let (_, ii) = st.split(&i, Some(Expr::int(8)), None).unwrap();
+    st.vectorize(&ii).unwrap();
+    let m = rivet_compiler::build(&s, &[a, c], "cpu", "f").unwrap();
+    let ir = m.funcs[0].func.to_string();
+    assert!(ir.contains("ramp("), "vectorized: {ir}");
+    assert!(
+        ir.contains(&(1i64 << 58).to_string()),
+        "no-wrap bounds: {ir}"
+    );
+    assert!(
+        ir.contains("else"),
+        "the original loop as the fallback: {ir}"
+    );
+    let f = m.get_function("f").unwrap();
+    for len in [0usize, 1, 7, 8, 13, 33] {
+        let x: Vec<f32> = (0..len).map(|k| k as f32 * 0.25).collect();
+        let out = f
+            .call(&[Value::Tensor(
+                Tensor::from_slice(&x, &[len as i64]).unwrap(),
+            )])
+            .unwrap();
+        let got = out.as_tensor().unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
+        assert_eq!(got, want, "n = {len}");
+    }
+}

@@ -94,6 +94,9 @@ fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32
     let mut conj = Vec::new();
     conjuncts(cond, &mut conj);
     let mut hoisted: Vec<Expr> = Vec::new();
+    // Run-time conditions under which the new extent cannot wrap (below); when one fails the
+    // original loop runs instead.
+    let mut no_wrap: Vec<Expr> = Vec::new();
     let mut ext = extent.clone();
     for c in conj {
         if !c.uses(v) {
@@ -123,6 +126,24 @@ fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32
         if coef != 1 {
             return None;
         }
+        // The new extent `-rest (+ 1) - min` is computed in int64 at run time, after the
+        // bounds proof: it must never wrap, since a wrap to a large value would run the
+        // iterations the guard skipped (out-of-bounds stores). Comparisons cannot overflow, and
+        // the atoms are nodes of the guard, which the proof kept inside int64; so bound each
+        // term to |k * t| <= 2^58 and min to |min| <= 2^58 by comparisons first: with at most
+        // 8 terms and |constant| <= 2^58 every partial sum stays under 2^62.
+        if rest.terms.len() > 8 || rest.constant.unsigned_abs() > NO_WRAP as u64 {
+            return None;
+        }
+        for (t, k) in &rest.terms {
+            let lim = NO_WRAP / k.unsigned_abs().max(1) as i64;
+            no_wrap.push(within(t, lim)?);
+        }
+        match min.as_int() {
+            Some(m) if m.unsigned_abs() <= NO_WRAP as u64 => {}
+            Some(_) => return None,
+            None => no_wrap.push(within(min, NO_WRAP)?),
+        }
         // Iterations v in [min, limit): limit = -rest (+1).
         let limit = Expr::int(0).sub(&rest.to_expr());
         let limit = if *op == CmpOp::Le {
@@ -133,7 +154,23 @@ fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32
         ext = ext.min_(&limit.sub(min));
     }
     let ext = simplify(&ext);
-    let inner = vectorize_loop(v, min, &ext, then, bytes)?;
+    let mut inner = vectorize_loop(v, min, &ext, then, bytes)?;
+    if let Some(c) = no_wrap
+        .into_iter()
+        .reduce(|a, b| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool))
+    {
+        inner = Stmt::If {
+            cond: c,
+            then: Box::new(inner),
+            otherwise: Some(Box::new(Stmt::For {
+                var: v.clone(),
+                min: min.clone(),
+                extent: extent.clone(),
+                kind: ForKind::Vectorized,
+                body: Box::new(body.clone()),
+            })),
+        };
+    }
     Some(
         match hoisted
             .into_iter()
@@ -147,6 +184,19 @@ fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32
             None => inner,
         },
     )
+}
+
+/// Bound on each term of a guard's rewritten limit (`vectorize_guarded`).
+const NO_WRAP: i64 = 1 << 58;
+
+/// `-lim <= e && e <= lim` (load-free when `e` is).
+fn within(e: &Expr, lim: i64) -> Option<Expr> {
+    let lo = Expr::cmp(CmpOp::Le, Expr::int(-lim), e.clone()).ok()?;
+    let hi = Expr::cmp(CmpOp::Le, e.clone(), Expr::int(lim)).ok()?;
+    Some(Expr::new(
+        ExprKind::Logic(LogicOp::And, lo, hi),
+        DType::Bool,
+    ))
 }
 
 fn conjuncts(e: &Expr, out: &mut Vec<Expr>) {
