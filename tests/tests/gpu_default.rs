@@ -207,3 +207,35 @@ fn build_for_cuda_applies_the_default_to_a_schedule_that_binds_nothing() {
         "{src}"
     );
 }
+
+/// A reduction over a symbolic axis and an axis of constant extent 0 (`1 - 1`) sums nothing:
+/// the default schedule leaves it serial instead of fusing the axes into a thread loop of 0
+/// iterations (found by `compiler_props::gpu_schedules_of_reductions`).
+#[test]
+fn a_reduction_with_an_empty_constant_axis_stays_serial() {
+    let n = te::var("n");
+    let a = placeholder(&[n.clone(), Expr::int(1)], DType::F32, "A").unwrap();
+    let r0 = te::reduce_axis(Expr::int(0), n.clone(), "r0").unwrap();
+    let r1 = te::reduce_axis(Expr::int(1), Expr::int(1), "r1").unwrap();
+    let c = compute(
+        &[Expr::int(1)],
+        |_| {
+            ok(te::sum(
+                a.idx(&[te::ax(&r0), te::ax(&r1)]),
+                &[r0.clone(), r1.clone()],
+            ))
+        },
+        "C",
+    )
+    .unwrap();
+    let s = default_gpu_schedule(&[c.clone()]).unwrap();
+    for rows in [1usize, 5] {
+        let got = run(
+            &s,
+            &[a.clone(), c.clone()],
+            &[(data(rows, 3), vec![rows as i64, 1])],
+            &[1],
+        );
+        assert_eq!(got, vec![0.0], "rows = {rows}");
+    }
+}

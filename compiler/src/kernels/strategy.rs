@@ -381,6 +381,16 @@ fn block_reduce(s: &mut Schedule, t: &Tensor) -> Result<bool> {
     let terms = t.reduce_axis().iter().try_fold(1i64, |acc, a| {
         acc.checked_mul(simplify(&a.extent).as_int()?)
     });
+    // An axis of constant extent 0 (or less) empties the whole reduction, whatever the
+    // others: nothing to spread over threads (fusing it would leave a thread loop of 0
+    // iterations, which `bind` rightly refuses).
+    let empty = t
+        .reduce_axis()
+        .iter()
+        .any(|a| simplify(&a.extent).as_int().is_some_and(|n| n < 1));
+    if empty {
+        return Ok(false);
+    }
     let threads = match terms {
         Some(n) if n < MIN_BLOCK_REDUCE => return Ok(false),
         Some(n) => n.min(REDUCE_THREADS),
