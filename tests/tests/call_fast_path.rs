@@ -105,6 +105,9 @@ fn same(m: &Module, make: &dyn Fn() -> Vec<Value>, what: &str) -> bool {
     accepted
 }
 
+/// A maker of fresh arguments for one case.
+type Args = Box<dyn Fn() -> Vec<Value>>;
+
 fn t(v: Tensor) -> Value {
     Value::Tensor(v)
 }
@@ -153,7 +156,7 @@ fn fast_path_accepts_exactly_what_the_full_path_accepts() {
             },
             &w("an input passed twice")
         ));
-        let bad: Vec<(&str, Box<dyn Fn() -> Vec<Value>>)> = vec![
+        let bad: Vec<(&str, Args)> = vec![
             (
                 "mismatched n",
                 Box::new(|| vec![t(ramp(5)), t(ramp(4)), t(ramp(5))]),
