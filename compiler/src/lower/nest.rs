@@ -654,6 +654,12 @@ impl Ctx<'_> {
         guards: &[Expr],
         sidx: &[Expr],
     ) -> Option<RegAcc> {
+        // A tensorized stage keeps the update form `C = C + A * B`: that is what its
+        // intrinsic's declared computation matches (`lower::tensorize`), and the call
+        // accumulates in registers itself.
+        if !stage.tensorize.is_empty() {
+            return None;
+        }
         let first = stage.leaves.iter().position(|l| l.reduce)?;
         if !stage.leaves[first..].iter().all(|l| l.reduce) {
             return None;
