@@ -180,7 +180,8 @@ def elementwise_case(lib, op, threads):
         import torch
 
         expect = torch.nn.functional.gelu(torch.from_numpy(x) + torch.from_numpy(y)).numpy()
-        ok = np.allclose(out, expect, rtol=1e-5, atol=1e-6)
+        # float32 erf near -1 cancels in both: compare absolutely at 1e-5 (values are O(1)).
+        ok = np.allclose(out, expect, rtol=1e-5, atol=1e-5)
     if not ok:
         raise AssertionError(f"{lib} {op}: wrong result")
     return {"median_s": med, "min_s": lo, "max_s": hi, "reps": reps,
