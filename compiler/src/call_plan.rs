@@ -43,6 +43,9 @@ pub struct CallPlan {
     n_dims: usize,
     /// Bounds checks or temporaries exist: their conditions need the dims by variable.
     needs_env: bool,
+    /// The iteration count when it does not depend on the dims (static shapes): then no
+    /// expression is evaluated per call.
+    work_const: Option<i64>,
 }
 
 /// The frame of an accepted call, the device of its first tensor (as the full path's
@@ -93,6 +96,7 @@ impl CallPlan {
             params,
             n_dims: f.dims.len(),
             needs_env: !f.checks.is_empty() || !c.temps.is_empty(),
+            work_const: c.work.constant(),
         })
     }
 
@@ -182,6 +186,9 @@ impl CallPlan {
         let elements = tensors
             .iter()
             .fold(0i64, |w, t| w.saturating_add(t.numel()));
+        if let Some(w) = self.work_const {
+            return w.max(elements);
+        }
         let f = &c.func;
         let lookup = |v: &Var| f.dims.iter().position(|d| d == v).map(|k| dims[k]);
         c.work.eval(&lookup).max(elements)

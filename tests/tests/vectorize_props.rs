@@ -255,6 +255,15 @@ fn tensor(dt: DType, vals: &[f64], shape: &[i64]) -> Tensor {
 /// The elements' bits, NaNs made canonical.
 fn bits(t: &Tensor) -> Vec<u64> {
     let nan = |b: u64, f: bool| if f { u64::MAX } else { b };
+    macro_rules! ints {
+        ($t:ty) => {
+            t.to_vec::<$t>()
+                .unwrap()
+                .iter()
+                .map(|&x| x as u64)
+                .collect()
+        };
+    }
     match t.dtype() {
         DType::F32 => t
             .to_vec::<f32>()
@@ -268,48 +277,13 @@ fn bits(t: &Tensor) -> Vec<u64> {
             .iter()
             .map(|x| nan(x.to_bits(), x.is_nan()))
             .collect(),
-        DType::I8 => t
-            .to_vec::<i8>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::I16 => t
-            .to_vec::<i16>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::I32 => t
-            .to_vec::<i32>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::I64 => t
-            .to_vec::<i64>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::U8 => t
-            .to_vec::<u8>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::U16 => t
-            .to_vec::<u16>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
-        DType::U32 => t
-            .to_vec::<u32>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as u64)
-            .collect(),
+        DType::I8 => ints!(i8),
+        DType::I16 => ints!(i16),
+        DType::I32 => ints!(i32),
+        DType::I64 => ints!(i64),
+        DType::U8 => ints!(u8),
+        DType::U16 => ints!(u16),
+        DType::U32 => ints!(u32),
         d => panic!("dtype {d}"),
     }
 }

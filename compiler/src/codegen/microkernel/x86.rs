@@ -174,96 +174,6 @@ unsafe fn k6x16(
     }
 }
 
-/// The AVX-512 variant's f32 entry (see `GemmF32Entry`).
-///
-/// # Safety
-/// As `gemm_generic`, and the CPU has AVX-512F (`Variant::Avx512.supported()`).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe extern "C" fn gemm_f32_avx512(
-    mr: i64,
-    nr: i64,
-    k: i64,
-    c: *mut f32,
-    c_rs: i64,
-    c_cs: i64,
-    a: *const f32,
-    a_ks: i64,
-    a_ms: i64,
-    b: *const f32,
-    b_ks: i64,
-    b_ns: i64,
-) {
-    let mut kern = |k, a, a_ks, b, b_ks, c, c_rs| {
-        // SAFETY: `drive` passes kernel tiles inside the caller's regions; the CPU has
-        // AVX-512F (entry contract).
-        unsafe { k12x32(k, a, a_ks, b, b_ks, c, c_rs) }
-    };
-    // SAFETY: forwarded contract.
-    unsafe {
-        drive(
-            (12, 32),
-            &mut kern,
-            mr,
-            nr,
-            k,
-            c,
-            c_rs,
-            c_cs,
-            a,
-            a_ks,
-            a_ms,
-            b,
-            b_ks,
-            b_ns,
-        )
-    }
-}
-
-/// The AVX2 variant's f32 entry (see `GemmF32Entry`).
-///
-/// # Safety
-/// As `gemm_generic`, and the CPU has AVX2 and FMA (`Variant::Avx2.supported()`).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe extern "C" fn gemm_f32_avx2(
-    mr: i64,
-    nr: i64,
-    k: i64,
-    c: *mut f32,
-    c_rs: i64,
-    c_cs: i64,
-    a: *const f32,
-    a_ks: i64,
-    a_ms: i64,
-    b: *const f32,
-    b_ks: i64,
-    b_ns: i64,
-) {
-    let mut kern = |k, a, a_ks, b, b_ks, c, c_rs| {
-        // SAFETY: `drive` passes kernel tiles inside the caller's regions; the CPU has AVX2
-        // and FMA (entry contract).
-        unsafe { k6x16(k, a, a_ks, b, b_ks, c, c_rs) }
-    };
-    // SAFETY: forwarded contract.
-    unsafe {
-        drive(
-            (6, 16),
-            &mut kern,
-            mr,
-            nr,
-            k,
-            c,
-            c_rs,
-            c_cs,
-            a,
-            a_ks,
-            a_ms,
-            b,
-            b_ks,
-            b_ns,
-        )
-    }
-}
-
 /// The AVX-512F f64 12x16 kernel (as `k12x32`, with 8-wide double vectors).
 ///
 /// # Safety
@@ -306,47 +216,54 @@ unsafe fn k12x16_f64(
     }
 }
 
-/// The AVX-512 variant's f64 entry (see `GemmF64Entry`).
-///
-/// # Safety
-/// As `gemm_generic`, and the CPU has AVX-512F (`Variant::Avx512.supported()`).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe extern "C" fn gemm_f64_avx512(
-    mr: i64,
-    nr: i64,
-    k: i64,
-    c: *mut f64,
-    c_rs: i64,
-    c_cs: i64,
-    a: *const f64,
-    a_ks: i64,
-    a_ms: i64,
-    b: *const f64,
-    b_ks: i64,
-    b_ns: i64,
-) {
-    let mut kern = |k, a, a_ks, b, b_ks, c, c_rs| {
-        // SAFETY: `drive` passes kernel tiles inside the caller's regions; the CPU has
-        // AVX-512F (entry contract).
-        unsafe { k12x16_f64(k, a, a_ks, b, b_ks, c, c_rs) }
+/// An `extern "C"` entry (`GemmF32Entry` / `GemmF64Entry`) running `$kernel` on the tiles of
+/// `$tile` through `drive` (the generic loop for the rest). One per variant and dtype: the
+/// JIT binds the symbol of the selected one.
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $tile:expr, $kernel:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As `gemm_generic`, and the CPU has the variant's features (`Variant::supported`).
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe extern "C" fn $name(
+            mr: i64,
+            nr: i64,
+            k: i64,
+            c: *mut $t,
+            c_rs: i64,
+            c_cs: i64,
+            a: *const $t,
+            a_ks: i64,
+            a_ms: i64,
+            b: *const $t,
+            b_ks: i64,
+            b_ns: i64,
+        ) {
+            let mut kern = |k, a, a_ks, b, b_ks, c, c_rs| {
+                // SAFETY: `drive` passes kernel tiles inside the caller's regions; the CPU
+                // has the kernel's features (entry contract).
+                unsafe { $kernel(k, a, a_ks, b, b_ks, c, c_rs) }
+            };
+            // SAFETY: forwarded contract.
+            unsafe {
+                drive(
+                    $tile, &mut kern, mr, nr, k, c, c_rs, c_cs, a, a_ks, a_ms, b, b_ks, b_ns,
+                )
+            }
+        }
     };
-    // SAFETY: forwarded contract.
-    unsafe {
-        drive(
-            (12, 16),
-            &mut kern,
-            mr,
-            nr,
-            k,
-            c,
-            c_rs,
-            c_cs,
-            a,
-            a_ks,
-            a_ms,
-            b,
-            b_ks,
-            b_ns,
-        )
-    }
 }
+
+entry!(
+    /// The AVX-512 variant's f32 entry.
+    gemm_f32_avx512, f32, (12, 32), k12x32
+);
+entry!(
+    /// The AVX2 variant's f32 entry (AVX2 and FMA).
+    gemm_f32_avx2, f32, (6, 16), k6x16
+);
+entry!(
+    /// The AVX-512 variant's f64 entry.
+    gemm_f64_avx512, f64, (12, 16), k12x16_f64
+);
