@@ -128,11 +128,17 @@ pub fn build_with<T: ToTarget + ?Sized>(
             "build: name '{name}' must be non-empty letters, digits, '_' or '.'"
         )));
     }
-    // A schedule that binds nothing gets the default GPU schedule on a GPU target.
+    // A schedule that binds nothing gets the default GPU schedule on a GPU target; one left
+    // untouched gets the default CPU schedule on the CPU (`kernels::cpu_default`).
     let defaulted;
     let sched = if target.kind == TargetKind::Cuda && !strategy::binds_anything(sched) {
         let mut s = sched.clone();
         strategy::apply_default_gpu(&mut s)?;
+        defaulted = s;
+        &defaulted
+    } else if target.kind == TargetKind::Cpu && !opts.as_written {
+        let mut s = sched.clone();
+        crate::kernels::cpu_default::apply_default_cpu(&mut s)?;
         defaulted = s;
         &defaulted
     } else {

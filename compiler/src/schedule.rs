@@ -185,7 +185,7 @@ impl Stage {
         loop_extents(&self.relations, roots)
     }
 
-    fn new(t: &Tensor) -> Stage {
+    pub(crate) fn new(t: &Tensor) -> Stage {
         let leaves = t
             .axis()
             .iter()
@@ -540,7 +540,7 @@ pub fn parse_scope(what: &str, scope: &str, allowed: &[Scope]) -> Result<Scope> 
 }
 
 /// `t` with the same id, name, shape and axes, and the definition `body`.
-fn redefine(t: &Tensor, body: Expr) -> Tensor {
+pub(crate) fn redefine(t: &Tensor, body: Expr) -> Tensor {
     let axis = t.axis().to_vec();
     Tensor(std::sync::Arc::new(TensorNode {
         id: t.id(),
@@ -605,7 +605,7 @@ impl Schedule {
     }
 
     /// Replaces the definition of stage `i` (and of the output it is, if any).
-    fn set_definition(&mut self, i: usize, t: Tensor) {
+    pub(crate) fn set_definition(&mut self, i: usize, t: Tensor) {
         for o in &mut self.outputs {
             if o.id() == t.id() {
                 *o = t.clone();

@@ -44,13 +44,19 @@ def test_fma_gemm_is_one_rounding_on_every_backend(dtype):
     b = random_array(rng, (n, n), dtype)
     outs = {}
     for target in ["interp", "cpu"]:
-        m = rivet.build(s, [A, B, C], target=target, name="mm", fma=True)
+        m = rivet.build(s, [A, B, C], target=target, name="mm", fma=True, default_schedule=False)
         assert "fma(" in m.get_source("ir")
         outs[target] = m["mm"](a, b).numpy()
-        plain = rivet.build(s, [A, B, C], target=target, name="mm")
+        plain = rivet.build(s, [A, B, C], target=target, name="mm", default_schedule=False)
         assert "fma(" not in plain.get_source("ir")
     assert outs["interp"].tobytes() == outs["cpu"].tobytes()
     np.testing.assert_array_equal(outs["cpu"], fused_reference(a, b))
+    # The default CPU schedule's packed GEMM fuses every multiply-add in k order too (the
+    # micro-kernel): the same bits, with or without fma=True.
+    for fma in (False, True):
+        packed = rivet.build(s, [A, B, C], target="cpu", name="mm", fma=fma)
+        assert "call gemm_update" in packed.get_source("ir")
+        np.testing.assert_array_equal(packed["mm"](a, b).numpy(), fused_reference(a, b))
     # Unfused, the naive loop's bits differ somewhere (two roundings per step).
     np.testing.assert_allclose(outs["cpu"], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 

@@ -16,8 +16,11 @@ pub struct PyModule_ {
 
 /// `checked=None` follows the environment (`RIVET_CHECKED=1`); True / False force it.
 /// `fma=True` contracts float `a * b + c` into fused multiply-adds (one rounding).
+/// `default_schedule=None` follows the environment (`RIVET_DEFAULT_SCHEDULE=0` turns it off);
+/// False builds an untouched CPU schedule as written (serial loops, no packed GEMM).
 #[pyfunction]
-#[pyo3(signature = (s, args, target="cpu", name="default_function", checked=None, fma=false))]
+#[pyo3(signature = (s, args, target="cpu", name="default_function", checked=None, fma=false, default_schedule=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one parameter each
 pub fn build(
     py: Python<'_>,
     s: &Bound<'_, PyAny>,
@@ -26,6 +29,7 @@ pub fn build(
     name: &str,
     checked: Option<bool>,
     fma: bool,
+    default_schedule: Option<bool>,
 ) -> PyResult<PyModule_> {
     let Ok(sched) = s.cast::<PySchedule>() else {
         return Err(arg_err(
@@ -43,6 +47,9 @@ pub fn build(
         opts.checked = c;
     }
     opts.fma = fma;
+    if let Some(d) = default_schedule {
+        opts.as_written = !d;
+    }
     let m = rivet_compiler::build::build_with(&sched.sched, &args, target, name, opts).cpy(py)?;
     Ok(PyModule_ { m })
 }

@@ -5,7 +5,7 @@
 
 use super::DimSpec;
 use crate::error::{Error, Result};
-use crate::ir::expr::{Expr, IterVar, Var};
+use crate::ir::expr::{Expr, IterVar};
 use crate::te::{self, ax, compute, ok, placeholder, Tensor};
 use rivet_runtime::DType;
 use std::collections::HashMap;
@@ -15,9 +15,8 @@ use std::collections::HashMap;
 pub enum Pattern {
     /// Every stage injective or a reduction over its own axis: one loop nest per stage.
     Generic,
-    /// A contraction (matmul-like) in the output stage: `cpu_order` is the CPU loop order
-    /// (rows, the reduction, then columns: the inner loop streams along rows of B and C).
-    Contraction { cpu_order: Vec<Var> },
+    /// A contraction (matmul-like) in the output stage.
+    Contraction,
 }
 
 /// One kernel: its tensors in call order (inputs, then the output) and its pattern.
@@ -73,13 +72,10 @@ pub fn matmul(dtype: DType) -> Result<Def> {
             },
             "C",
         )?;
-        let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
         Ok(Def {
             name: "matmul",
             args: vec![a, b, c],
-            pattern: Pattern::Contraction {
-                cpu_order: vec![i, r.var.clone(), j],
-            },
+            pattern: Pattern::Contraction,
         })
     }
 }
@@ -102,13 +98,10 @@ pub fn batch_matmul(dtype: DType) -> Result<Def> {
             },
             "C",
         )?;
-        let v: Vec<_> = c.axis().iter().map(|a| a.var.clone()).collect();
         Ok(Def {
             name: "batch_matmul",
             args: vec![a, b, c],
-            pattern: Pattern::Contraction {
-                cpu_order: vec![v[0].clone(), v[1].clone(), r.var.clone(), v[2].clone()],
-            },
+            pattern: Pattern::Contraction,
         })
     }
 }

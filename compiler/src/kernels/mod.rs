@@ -18,7 +18,9 @@
 //! | `reduce_sum/reduce_max(dtype, ndim, axis)` | `X, Y` with `axis` removed |
 //! | `transpose(dtype, perm)` | `X, Y` with `Y[i_perm] = X[i]` |
 
+pub mod cpu_default;
 pub mod defs;
+pub mod packed_gemm;
 pub mod strategy;
 pub mod tensorized;
 

@@ -1,9 +1,8 @@
 //! Schedules for kernel definitions, per target (TVM's strategies). All the heuristics of
 //! the library's schedules live here, in one file.
 //!
-//! - CPU: contractions run rows, then the reduction, then columns (the inner loop streams
-//!   along rows of B and C), rows parallel; every other output has its outermost loop
-//!   parallel; intermediate stages stay serial at root.
+//! - CPU: the default CPU schedule (`cpu_default.rs`, whose heuristics live there): the packed,
+//!   tensorized GEMM for contractions, parallel and vectorized loops for every other stage.
 //! - GPU: every stage is a kernel of its own. A contraction is the shared-memory tiled GEMM
 //!   of `gpu_gemm` (64x64 outputs per block of 16x16 threads, 4x4 per thread in registers,
 //!   16-deep reduction tiles of the inputs in shared memory). Every other reduction stage
@@ -79,22 +78,14 @@ pub fn schedule(def: &Def, strategy: Strategy) -> Result<Schedule> {
     let out = def.out();
     let mut s = Schedule::new(std::slice::from_ref(out))?;
     match strategy {
-        Strategy::Cpu => match &def.pattern {
-            Pattern::Contraction { cpu_order } => {
-                s.stage(out)?.reorder(cpu_order)?;
-                s.stage(out)?.parallel(&cpu_order[0])?;
-            }
-            Pattern::Generic => {
-                if let Some(a) = out.axis().first() {
-                    s.stage(out)?.parallel(&a.var)?;
-                }
-            }
-        },
+        // The default CPU schedule (`cpu_default`): packed, tensorized GEMM for contractions,
+        // parallel and vectorized loops for the rest.
+        Strategy::Cpu => super::cpu_default::apply_default_cpu(&mut s)?,
         Strategy::Gpu => {
             let stages: Vec<Tensor> = s.stages.iter().map(|st| st.tensor.clone()).collect();
             for t in &stages {
                 match &def.pattern {
-                    Pattern::Contraction { .. } if t.id() == out.id() => tiles(&mut s, t)?,
+                    Pattern::Contraction if t.id() == out.id() => tiles(&mut s, t)?,
                     _ => flat(&mut s, t)?,
                 }
             }
@@ -269,10 +260,20 @@ pub fn is_contraction(t: &Tensor) -> bool {
     reads_reduction(a) && reads_reduction(b)
 }
 
-/// A stage the user left as created: at root, no split/fuse, every loop serial.
-fn unscheduled(st: &crate::schedule::Stage) -> bool {
+/// A stage the user left as created: at root, no split/fuse/reorder, every loop serial, no
+/// intrinsic.
+pub(crate) fn unscheduled(st: &crate::schedule::Stage) -> bool {
+    let created = st
+        .tensor
+        .axis()
+        .iter()
+        .chain(st.tensor.reduce_axis())
+        .map(|a| &a.var);
     st.attach == crate::schedule::Attach::Root
         && st.relations.is_empty()
+        && st.tensorize.is_empty()
+        && st.scope == crate::ir::stmt::Scope::Global
+        && st.leaves.iter().map(|l| &l.var).eq(created)
         && st
             .leaves
             .iter()

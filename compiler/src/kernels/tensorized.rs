@@ -28,11 +28,9 @@ use crate::schedule::Schedule;
 use crate::te::{self, ax, compute, ok, placeholder, Tensor};
 use rivet_runtime::DType;
 
-/// The register tile (rows, columns) of the tensorized GEMM.
-pub const MR: i64 = 12;
-pub const NR: i64 = 32;
-/// Depth of the product slices one micro-kernel call runs (the cache block of B).
-pub const KC: i64 = 256;
+/// The register tile (rows, columns) and slice depth: the default schedule's
+/// (`packed_gemm`), which does the same as a schedule rewrite for any sizes.
+pub use super::packed_gemm::{KC, MR, NR};
 
 /// The tensors `[A, B, C]` (call order) and the schedule of `C = A @ B` for `(m, k) x (k, n)`.
 pub fn gemm(

@@ -52,6 +52,10 @@ pub struct Options {
     /// target's (`Target::vectorize_bytes`): `Some(0)` keeps them scalar (`RIVET_VECTORIZE=0`),
     /// `Some(16)` with the interpreter runs the vector IR lane by lane (tests).
     pub vector_bytes: Option<u32>,
+    /// Build a CPU schedule exactly as written: no default CPU schedule
+    /// (`kernels::cpu_default`) for a schedule the user left untouched
+    /// (`RIVET_DEFAULT_SCHEDULE=0`, `build(..., default_schedule=False)`).
+    pub as_written: bool,
 }
 
 impl Options {
@@ -63,6 +67,7 @@ impl Options {
             vector_bytes: std::env::var("RIVET_VECTORIZE")
                 .is_ok_and(|v| v == "0")
                 .then_some(0),
+            as_written: std::env::var("RIVET_DEFAULT_SCHEDULE").is_ok_and(|v| v == "0"),
         }
     }
 }
@@ -92,6 +97,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     let nest = match src {
         Source::Schedule { sched, args, name } => {
             let mut nest = nest::build_nest(sched, args, name)?;
+            dump(name, 0, "nest.ir", &nest.to_string());
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
             //     a loaded module proves the calls again). Before FMA contraction, which
             //     would hide the `C + A * B` the intrinsics match.

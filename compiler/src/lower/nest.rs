@@ -317,14 +317,7 @@ impl Ctx<'_> {
                 } => {
                     let v = val[outer].mul(&ext[inner]).add(&val[inner]);
                     let pe = &ext[parent];
-                    let divides = match (
-                        simplify(&ext[outer].mul(&ext[inner])).as_int(),
-                        simplify(pe).as_int(),
-                    ) {
-                        (Some(a), Some(b)) => a == b,
-                        _ => false,
-                    };
-                    if !divides {
+                    if !split_divides(pe, &ext[outer], &ext[inner]) {
                         guards.push(v.lt(pe));
                     }
                     val.insert(parent.clone(), v);
@@ -587,6 +580,8 @@ impl Ctx<'_> {
         // Reductions start from the identity over the region, in a nest of their own (a
         // cross-thread one starts each accumulator at it instead).
         if let (Some(op), None, None) = (reduce_op, &cross, &reg) {
+            let host_parallel =
+                !gpu && kc.is_none() && stage.leaves.iter().any(|l| l.kind == ForKind::Parallel);
             let vars: Vec<Var> = axis
                 .iter()
                 .map(|a| Var::new(&format!("{}.init", a.var.name)))
@@ -621,8 +616,12 @@ impl Ctx<'_> {
             for (k, (v, (_, e))) in vars.iter().zip(&region).enumerate().rev() {
                 // A GPU stage's initialisation is a kernel of its own: one block per index of
                 // the first dim (one thread each), so no host code writes device memory.
+                // On the CPU, a stage with a parallel loop initialises in parallel too (each
+                // iteration of the first dim writes its own elements).
                 let kind = if gpu && k == 0 {
                     ForKind::Thread(ThreadTag::BlockX)
+                } else if k == 0 && host_parallel {
+                    ForKind::Parallel
                 } else {
                     ForKind::Serial
                 };
@@ -1636,4 +1635,32 @@ fn reads_through_inlined(ctx: &Ctx, consumer: &Tensor, producer: &Tensor) -> boo
     inputs(&ctx.sched.current(consumer)).iter().any(|i| {
         i == producer || (ctx.inlined.contains(&i.id()) && reads_through_inlined(ctx, i, producer))
     })
+}
+
+/// Whether the loops of a split, of extents `outer` and `inner`, cover `parent` exactly (no
+/// guard needed): equal constants, or a symbolic `parent` whose linear form has every
+/// coefficient and its constant divisible by a constant `inner` when `outer` is
+/// `ceil(parent / inner)` (a padded extent such as `(ceil(M / 12)) * 12`, the packed GEMM's).
+/// Then `outer * inner == parent` for every value of the dims, negative ones included (both
+/// loops are empty where `parent <= 0`).
+fn split_divides(parent: &Expr, outer: &Expr, inner: &Expr) -> bool {
+    let (o, i, p) = (simplify(outer), simplify(inner), simplify(parent));
+    if let (Some(o), Some(i), Some(p)) = (o.as_int(), i.as_int(), p.as_int()) {
+        return o.checked_mul(i) == Some(p);
+    }
+    let Some(c) = i.as_int().filter(|c| *c > 0) else {
+        return false;
+    };
+    let ceil = simplify(
+        &p.sub(&Expr::int(1))
+            .floordiv(&Expr::int(c))
+            .add(&Expr::int(1)),
+    );
+    if ceil != o {
+        return false;
+    }
+    match crate::lower::simplify::linear(&p) {
+        Some(l) => l.constant % c == 0 && l.terms.iter().all(|(_, k)| k % c == 0),
+        None => false,
+    }
 }

@@ -169,8 +169,11 @@ mod tests {
     fn the_policy_counts_iterations_not_arguments() {
         let mm = lowered(&defs::matmul(DType::F32).unwrap());
         let w = eval(&mm, &[("m", 100), ("k", 100), ("n", 100)]);
-        // The multiply-adds and the initialisation of C.
-        assert_eq!(w, 100 * 100 * 100 + 100 * 100);
+        // The multiply-adds of the packed GEMM's padded tiles (108 x 128 outputs), plus the
+        // initialisation of the padded C, the packing of both operands and the copy into C
+        // (counted per store: a vector loop and both arms of its layout test count).
+        let macs = 108 * 128 * 100;
+        assert!((macs..macs + macs / 10).contains(&w), "{w}");
         const { assert!(3 * 100 * 100 < rivet_runtime::parallel::PARALLEL_GRAIN) };
         assert_eq!(policy(w), Policy::Pool);
         let add = lowered(
@@ -182,8 +185,10 @@ mod tests {
             )
             .unwrap(),
         );
+        // 1000 stores, counted per store of the vectorized loop: 250 vector stores, the
+        // scalar loop of the other layouts (both arms of the stride test count), a tail.
         let w = eval(&add, &[("n", 1000)]);
-        assert_eq!(w, 1000);
+        assert!((250..=1300).contains(&w), "{w}");
         assert_eq!(policy(w), Policy::Inline);
         assert_eq!(policy(eval(&add, &[("n", 10_000)])), Policy::InlineUnlocked);
         assert_eq!(policy(eval(&add, &[("n", 1 << 20)])), Policy::Pool);
@@ -195,7 +200,8 @@ mod tests {
         let mm = lowered(&defs::matmul(DType::F32).unwrap());
         let big = 1i64 << 40;
         assert_eq!(eval(&mm, &[("m", big), ("k", big), ("n", big)]), i64::MAX);
-        assert_eq!(eval(&mm, &[("m", 0), ("k", 5), ("n", 5)]), 0);
+        // No row: only B is packed (one 32-wide panel of 5 products).
+        assert_eq!(eval(&mm, &[("m", 0), ("k", 5), ("n", 5)]), 32 * 5);
         // A static function is a constant.
         let f = crate::ir::test_util::func("empty", vec![], vec![], Stmt::Seq(vec![]));
         assert_eq!(Work::of(&f).constant(), Some(0));

@@ -1,0 +1,154 @@
+//! The default CPU schedule: what `build(..., target="cpu")` applies to a schedule the user
+//! left as created (every stage at root, no split, fuse, annotation or cache stage). Every
+//! heuristic of it is in this file; the user's own schedule always wins (one scheduled stage
+//! and the whole schedule is built as written), and `RIVET_DEFAULT_SCHEDULE=0` (or
+//! `build(..., default_schedule=False)`) turns it off.
+//!
+//! 1. Injective intermediate stages are inlined into their consumers (no intermediate buffer,
+//!    one pass instead of two), except an expensive one (exp, log, erf, tanh, sigmoid, sqrt)
+//!    read by more than one stage, which would be recomputed per reader.
+//! 2. A matmul-like stage (`packed_gemm::match_matmul`: a sum over one axis of a product of
+//!    two float32/float64 factors, each walking a data axis the other does not) with enough
+//!    work (symbolic sizes, or at least `MIN_GEMM_WORK` multiply-adds) becomes the packed,
+//!    tensorized GEMM (`packed_gemm::rewrite`): operands packed into panels, the register tile
+//!    a micro-kernel chosen at run time by CPU features, parallel over column panels.
+//! 3. Every other stage: its outermost data loop is parallel (the pool is used only when the
+//!    work pays, `lower::work`); an injective stage's innermost data axis is vectorized (the
+//!    shared `vectorize` pass strip-mines it, tails and strided layouts stay correct). A 1-d
+//!    injective stage is split into chunks of `CHUNK` elements: chunks parallel, each
+//!    vectorized (one of at most `CHUNK` constant elements is only vectorized). A contraction that is not packed runs rows, the reduction, then its last
+//!    data axis, vectorized. Other reductions accumulate in registers (the loop nest's register accumulation,
+//!    in the definition's order, so results are those of the plain nest bit for bit).
+
+use super::packed_gemm;
+use super::strategy::unscheduled;
+use crate::error::Result;
+use crate::ir::expr::{ExprKind, UnOp, Var};
+use crate::schedule::Schedule;
+use crate::te::tensor::{inputs, Tensor};
+
+/// Below this many multiply-adds (all sizes constant) a contraction stays a plain loop nest:
+/// packing would cost more than it saves.
+pub const MIN_GEMM_WORK: i64 = 32 * 32 * 32;
+/// Elements per parallel chunk of a 1-d injective stage (each chunk a vector loop): 64 KiB of
+/// float32 per operand, big enough to amortise a task, small enough to balance two threads.
+pub const CHUNK: i64 = 16384;
+
+/// Whether `t`'s definition calls a transcendental function (costly to recompute per reader).
+fn expensive(t: &Tensor) -> bool {
+    let mut yes = false;
+    if let Some(b) = t.body() {
+        b.visit(&mut |e| {
+            if let ExprKind::Unary(op, _) = e.kind() {
+                yes |= matches!(
+                    op,
+                    UnOp::Exp
+                        | UnOp::Log
+                        | UnOp::Erf
+                        | UnOp::Tanh
+                        | UnOp::Sigmoid
+                        | UnOp::Sqrt
+                        | UnOp::Rsqrt
+                );
+            }
+        });
+    }
+    yes
+}
+
+/// Applies the default CPU schedule to `s` when every stage is unscheduled (module header).
+pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
+    if !s.stages.iter().all(unscheduled) {
+        return Ok(());
+    }
+    // 1. Inline injective intermediates.
+    let readers = |s: &Schedule, t: &Tensor| {
+        s.stages
+            .iter()
+            .filter(|st| inputs(&st.tensor).iter().any(|x| x.id() == t.id()))
+            .count()
+    };
+    let candidates: Vec<Tensor> = s
+        .stages
+        .iter()
+        .filter(|st| st.tensor.reduce_axis().is_empty() && !s.outputs.contains(&st.tensor))
+        .map(|st| st.tensor.clone())
+        .collect();
+    for t in &candidates {
+        if !(expensive(t) && readers(s, t) > 1) {
+            s.compute_inline(t)?;
+        }
+    }
+    // 2. and 3., stage by stage (a rewrite inserts stages: iterate over the original ones).
+    let roots: Vec<Tensor> = s
+        .stages
+        .iter()
+        .filter(|st| st.attach == crate::schedule::Attach::Root)
+        .map(|st| st.tensor.clone())
+        .collect();
+    for t in &roots {
+        let t = s.current(t);
+        if let Some(m) = packed_gemm::match_matmul(&t).filter(|_| worth_packing(&t)) {
+            packed_gemm::rewrite(s, &t, &m)?;
+            continue;
+        }
+        plain(s, &t)?;
+    }
+    Ok(())
+}
+
+/// Whether a matmul-like stage has enough work for the packed GEMM: any symbolic size, or at
+/// least `MIN_GEMM_WORK` multiply-adds; never when a constant size is 0 or less.
+fn worth_packing(t: &Tensor) -> bool {
+    let mut work: i64 = 1;
+    for a in t.axis().iter().chain(t.reduce_axis()) {
+        match crate::lower::simplify::simplify(&a.extent).as_int() {
+            Some(n) if n < 1 => return false,
+            Some(n) => work = work.saturating_mul(n),
+            None => return true,
+        }
+    }
+    work >= MIN_GEMM_WORK
+}
+
+/// Rule 3: parallel outer data loop, vectorized inner data axis of injective stages.
+fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
+    let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
+    let injective = t.reduce_axis().is_empty();
+    let st = s.stage(t)?;
+    match (axes.as_slice(), injective) {
+        ([], _) => {}
+        // Small enough for one chunk (a constant): vectorized only, not split (its indices
+        // stay as written, in errors too).
+        ([x], true) if t.shape()[0].as_int().is_some_and(|n| n <= CHUNK) => st.vectorize(x)?,
+        ([x], true) => {
+            let (o, i) = st.split(x, Some(crate::ir::Expr::int(CHUNK)), None)?;
+            st.parallel(&o)?;
+            st.vectorize(&i)?;
+        }
+        ([first, .., last], true) => {
+            // All but the innermost axis fused into one parallel loop (a leading axis of 1 or
+            // 2 would leave a thread idle); the innermost vectorized.
+            let mut outer = first.clone();
+            for a in &axes[1..axes.len() - 1] {
+                outer = st.fuse(&outer, a)?;
+            }
+            st.parallel(&outer)?;
+            st.vectorize(last)?;
+        }
+        // A contraction that is not packed (integers, little work): rows, the reduction, then
+        // the last data axis, vectorized (it streams along rows of B and C).
+        ([first, .., last], false)
+            if super::strategy::is_contraction(t) && t.body().is_some_and(|b| b.uses(last)) =>
+        {
+            let mut order: Vec<Var> = axes[..axes.len() - 1].to_vec();
+            order.extend(t.reduce_axis().iter().map(|r| r.var.clone()));
+            order.push(last.clone());
+            st.reorder(&order)?;
+            st.parallel(first)?;
+            st.vectorize(last)?;
+        }
+        ([first, ..], false) => st.parallel(first)?,
+    }
+    Ok(())
+}

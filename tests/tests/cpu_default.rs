@@ -1,0 +1,512 @@
+//! The default CPU schedule (`kernels::cpu_default`) against the interpreter oracle.
+//!
+//! - Matmul-like stages become the packed, tensorized GEMM: the CPU build of an untouched
+//!   schedule equals, bit for bit, the interpreter running the same defaulted schedule (both
+//!   run the same fused multiply-adds in the same order), and float64 maths within the
+//!   fused-sum bound of docs/cpu.md; at sizes 1, 3, 17, 97 and 1023, symbolic and constant
+//!   dims, transposed and strided operands, batched (and broadcast) operands, a prologue in a
+//!   factor, float64; each micro-kernel variant forced in turn in a child process.
+//! - Every other stage (parallel, vectorized, inlined) equals the interpreter running the
+//!   schedule as written, bit for bit: the default changes no operation order.
+
+use rivet_compiler::ir::Expr;
+use rivet_compiler::kernels::cpu_default::apply_default_cpu;
+use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor as TeTensor};
+use rivet_compiler::{build, Schedule, Target};
+use rivet_runtime::{DType, Tensor, Value};
+
+fn data(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A GEMM-like program.
+#[derive(Debug, Clone)]
+struct Gemm {
+    m: i64,
+    n: i64,
+    k: i64,
+    /// Leading batch extent: 0 none; both operands batched, or only A (B broadcast).
+    batch: i64,
+    b_batched: bool,
+    a_t: bool,
+    b_t: bool,
+    symbolic: bool,
+    /// The A factor is `A * 0.5 + 1` (a prologue the pack computes once).
+    prologue: bool,
+    strided: bool,
+    f64: bool,
+}
+
+impl Gemm {
+    fn dtype(&self) -> DType {
+        if self.f64 {
+            DType::F64
+        } else {
+            DType::F32
+        }
+    }
+
+    /// Stored shapes of A and B.
+    fn shapes(&self) -> (Vec<i64>, Vec<i64>) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let mut a = if self.a_t { vec![k, m] } else { vec![m, k] };
+        let mut b = if self.b_t { vec![n, k] } else { vec![k, n] };
+        if self.batch > 0 {
+            a.insert(0, self.batch);
+            if self.b_batched {
+                b.insert(0, self.batch);
+            }
+        }
+        (a, b)
+    }
+
+    /// The tensors `[A, B, C]`.
+    fn program(&self) -> Vec<TeTensor> {
+        let dim = |v: i64, name: &str| {
+            if self.symbolic {
+                te::var(name)
+            } else {
+                Expr::int(v)
+            }
+        };
+        let (m, n, k) = (dim(self.m, "m"), dim(self.n, "n"), dim(self.k, "k"));
+        let bt = dim(self.batch, "b");
+        let lead = |v: Vec<Expr>, batched: bool| {
+            if self.batch > 0 && batched {
+                let mut w = vec![bt.clone()];
+                w.extend(v);
+                w
+            } else {
+                v
+            }
+        };
+        let a_shape = lead(
+            if self.a_t {
+                vec![k.clone(), m.clone()]
+            } else {
+                vec![m.clone(), k.clone()]
+            },
+            true,
+        );
+        let b_shape = lead(
+            if self.b_t {
+                vec![n.clone(), k.clone()]
+            } else {
+                vec![k.clone(), n.clone()]
+            },
+            self.b_batched,
+        );
+        let dt = self.dtype();
+        let a = placeholder(&a_shape, dt, "A").unwrap();
+        let b = placeholder(&b_shape, dt, "B").unwrap();
+        let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
+        let mut c_shape = vec![m, n];
+        if self.batch > 0 {
+            c_shape.insert(0, bt);
+        }
+        let c = compute(
+            &c_shape,
+            |x| {
+                let (pre, i, j) = if self.batch > 0 {
+                    (vec![x[0].clone()], x[1].clone(), x[2].clone())
+                } else {
+                    (vec![], x[0].clone(), x[1].clone())
+                };
+                let mut ai = pre.clone();
+                ai.extend(if self.a_t { [ax(&r), i] } else { [i, ax(&r)] });
+                let mut bi = if self.b_batched { pre } else { vec![] };
+                bi.extend(if self.b_t { [j, ax(&r)] } else { [ax(&r), j] });
+                let mut fa = a.idx(&ai);
+                if self.prologue {
+                    fa = fa * te::constant(0.5, dt) + te::constant(1.0, dt);
+                }
+                ok(te::sum(fa * b.idx(&bi), std::slice::from_ref(&r)))
+            },
+            "C",
+        )
+        .unwrap();
+        vec![a, b, c]
+    }
+}
+
+/// `v` as a tensor of `shape`, or (strided) a view with a step of 2 in its last dim and an
+/// offset, over a larger buffer.
+fn operand(v: &[f64], shape: &[i64], dt: DType, strided: bool) -> Tensor {
+    let make = |v: &[f64], shape: &[i64]| match dt {
+        DType::F32 => {
+            let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+            Tensor::from_slice(&w, shape).unwrap()
+        }
+        _ => Tensor::from_slice(v, shape).unwrap(),
+    };
+    if !strided {
+        return make(v, shape);
+    }
+    let nd = shape.len();
+    let mut strides = vec![0i64; nd];
+    let mut s = 1i64;
+    for d in (0..nd).rev() {
+        strides[d] = if d == nd - 1 { 2 } else { s };
+        s = if d == nd - 1 {
+            2 * shape[d] + 1
+        } else {
+            s * shape[d]
+        };
+    }
+    let len = (s + 3) as usize;
+    let mut mem = vec![f64::NAN; len];
+    for (x, &val) in v.iter().enumerate() {
+        let mut rem = x as i64;
+        let mut off = 3i64;
+        for d in (0..nd).rev() {
+            off += (rem % shape[d]) * strides[d];
+            rem /= shape[d];
+        }
+        mem[off as usize] = val;
+    }
+    make(&mem, &[len as i64])
+        .as_strided(shape, &strides, 3)
+        .unwrap()
+}
+
+fn to_f64(t: &Tensor, dt: DType) -> Vec<f64> {
+    match dt {
+        DType::F32 => t
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as f64)
+            .collect(),
+        _ => t.to_vec::<f64>().unwrap(),
+    }
+}
+
+/// Runs `g` built for the CPU with the default schedule, and on the interpreter with the same
+/// defaulted schedule; returns both outputs, the logical inputs, and the CPU build's IR.
+fn run(g: &Gemm) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, String) {
+    let (sa, sb) = g.shapes();
+    let av = data(sa.iter().product::<i64>() as usize, (g.m * 31 + g.k) as u64);
+    let bv = data(sb.iter().product::<i64>() as usize, (g.n * 17 + g.k) as u64);
+    let dt = g.dtype();
+    let args = g.program();
+    let plain = Schedule::new(&args[2..]).unwrap();
+    let mut defaulted = plain.clone();
+    apply_default_cpu(&mut defaulted).unwrap();
+    let call = |s: &Schedule, target: &Target| {
+        let m = build(s, &args, target, "g").unwrap_or_else(|e| panic!("{g:?}: {e}"));
+        let f = m.get_function("g").unwrap();
+        let out = f
+            .call(&[
+                Value::Tensor(operand(&av, &sa, dt, g.strided)),
+                Value::Tensor(operand(&bv, &sb, dt, g.strided)),
+            ])
+            .unwrap_or_else(|e| panic!("{g:?} on {target}: {e}"));
+        (
+            to_f64(out.as_tensor().unwrap(), dt),
+            m.get_source("ir").unwrap_or_default(),
+        )
+    };
+    let (cpu, ir) = call(&plain, &Target::cpu());
+    let (interp, _) = call(&defaulted, &Target::interp());
+    (cpu, interp, av, bv, ir)
+}
+
+/// C against float64 maths within `(k + 1) * eps * sum |a b|` (docs/cpu.md).
+fn check_maths(g: &Gemm, got: &[f64], av: &[f64], bv: &[f64]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    let round = |x: f64| if g.f64 { x } else { x as f32 as f64 };
+    let eps = if g.f64 {
+        f64::EPSILON
+    } else {
+        f32::EPSILON as f64
+    };
+    let batches = g.batch.max(1);
+    for b in 0..batches {
+        for i in 0..m {
+            for j in 0..n {
+                let (mut x, mut mag) = (0f64, 0f64);
+                for p in 0..k {
+                    let ai = if g.a_t { p * m + i } else { i * k + p } + b * m * k;
+                    let bb = if g.b_batched { b * k * n } else { 0 };
+                    let bi = if g.b_t { j * k + p } else { p * n + j } + bb;
+                    let mut fa = round(av[ai as usize]);
+                    if g.prologue {
+                        fa = round(round(fa * 0.5) + 1.0);
+                    }
+                    let t = fa * round(bv[bi as usize]);
+                    x += t;
+                    mag += t.abs();
+                }
+                let got = got[(b * m * n + i * n + j) as usize];
+                let tol = (k as f64 + 2.0) * eps * mag + 1e-300;
+                assert!(
+                    (got - x).abs() <= tol,
+                    "{g:?}: C[{b},{i},{j}] = {got}, expected {x} (tolerance {tol})"
+                );
+            }
+        }
+    }
+}
+
+fn check(g: &Gemm) {
+    let (cpu, interp, av, bv, ir) = run(g);
+    assert!(
+        cpu.iter()
+            .zip(&interp)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "{g:?}: cpu != interp of the defaulted schedule"
+    );
+    check_maths(g, &cpu, &av, &bv);
+    let work = g.m * g.n * g.k * g.batch.max(1);
+    if g.symbolic || work >= rivet_compiler::kernels::cpu_default::MIN_GEMM_WORK {
+        assert!(ir.contains("call gemm_update"), "{g:?}: not packed:\n{ir}");
+    }
+}
+
+fn base(m: i64, n: i64, k: i64) -> Gemm {
+    Gemm {
+        m,
+        n,
+        k,
+        batch: 0,
+        b_batched: true,
+        a_t: false,
+        b_t: false,
+        symbolic: true,
+        prologue: false,
+        strided: false,
+        f64: false,
+    }
+}
+
+#[test]
+fn default_gemm_at_hostile_sizes() {
+    let sizes = [1i64, 3, 17, 97];
+    for symbolic in [true, false] {
+        for &m in &sizes {
+            for &n in &sizes {
+                for &k in &[1i64, 17, 97, 300] {
+                    check(&Gemm {
+                        symbolic,
+                        ..base(m, n, k)
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn default_gemm_layouts_batches_prologue_f64() {
+    for (a_t, b_t, strided) in [
+        (true, false, false),
+        (false, true, true),
+        (true, true, true),
+    ] {
+        for (m, n, k) in [(17, 97, 3), (97, 17, 97), (3, 1, 17), (24, 64, 300)] {
+            for symbolic in [true, false] {
+                check(&Gemm {
+                    a_t,
+                    b_t,
+                    strided,
+                    symbolic,
+                    ..base(m, n, k)
+                });
+            }
+        }
+    }
+    for b_batched in [true, false] {
+        for symbolic in [true, false] {
+            check(&Gemm {
+                batch: 3,
+                b_batched,
+                symbolic,
+                ..base(17, 40, 33)
+            });
+        }
+    }
+    check(&Gemm {
+        prologue: true,
+        ..base(30, 50, 70)
+    });
+    for symbolic in [true, false] {
+        check(&Gemm {
+            f64: true,
+            symbolic,
+            ..base(29, 17, 300)
+        });
+    }
+}
+
+#[test]
+fn default_gemm_1023() {
+    for (a_t, b_t, strided) in [(false, false, false), (true, true, true)] {
+        let g = Gemm {
+            a_t,
+            b_t,
+            strided,
+            ..base(1023, 1023, 1023)
+        };
+        let (cpu, _, av, bv, _) = run(&Gemm {
+            symbolic: false,
+            ..g.clone()
+        });
+        // Rows around the tile edges only (the full float64 reference is 1e9 products).
+        let rows = [0i64, 11, 12, 1011, 1022];
+        let pick = |v: &[f64]| -> Vec<f64> {
+            rows.iter()
+                .flat_map(|&i| v[(i * 1023) as usize..((i + 1) * 1023) as usize].to_vec())
+                .collect()
+        };
+        let sub = Gemm {
+            m: rows.len() as i64,
+            ..g.clone()
+        };
+        // The reference of the picked rows: A's rows picked in the logical layout.
+        let a_rows: Vec<f64> = if a_t {
+            (0..1023)
+                .flat_map(|p| rows.iter().map(move |&i| (p, i)))
+                .map(|(p, i)| av[(p * 1023 + i) as usize])
+                .collect()
+        } else {
+            pick(&av)
+        };
+        check_maths(&sub, &pick(&cpu), &a_rows, &bv);
+    }
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn gemm() -> impl Strategy<Value = Gemm> {
+        let dim = prop_oneof![Just(1i64), Just(12), Just(13), Just(32), Just(33), 1i64..50];
+        let depth = prop_oneof![Just(1i64), Just(255), Just(256), Just(257), 1i64..40];
+        (
+            (dim.clone(), dim, depth),
+            (0i64..3, any::<bool>(), any::<bool>(), any::<bool>()),
+            (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        )
+            .prop_map(
+                |((m, n, k), (batch, b_batched, a_t, b_t), (symbolic, prologue, strided, f64))| {
+                    Gemm {
+                        m,
+                        n,
+                        k,
+                        batch,
+                        b_batched,
+                        a_t,
+                        b_t,
+                        symbolic,
+                        prologue,
+                        strided,
+                        f64,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(24)
+        ))]
+        #[test]
+        fn default_gemm_equals_the_interpreter(g in gemm()) {
+            check(&g);
+        }
+    }
+}
+
+/// The property above once per micro-kernel variant this CPU has, each forced with
+/// `RIVET_MICROKERNEL` in a child process (the choice is made once per process).
+#[test]
+fn every_variant_runs_the_default_gemm() {
+    use rivet_compiler::codegen::microkernel::Variant;
+    if std::env::var("RIVET_MICROKERNEL").is_ok() {
+        return;
+    }
+    for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "props::default_gemm_equals_the_interpreter",
+                "--test-threads=1",
+            ])
+            .env("RIVET_MICROKERNEL", v.name())
+            .env("PROPTEST_CASES", "8")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{}: {text}{}",
+            v.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Non-GEMM stages: the library's softmax, layer_norm, sums and elementwise kernels (through
+/// the default CPU schedule) equal the interpreter running the schedule as written, bit for
+/// bit, including sizes past a parallel chunk and odd vector tails.
+#[test]
+fn default_injective_and_reductions_equal_the_interpreter() {
+    use rivet_compiler::kernels::defs;
+    let cases: Vec<(defs::Def, Vec<Vec<i64>>)> = vec![
+        (defs::softmax(DType::F32, 2, 1).unwrap(), vec![vec![3, 17]]),
+        (defs::softmax(DType::F32, 2, 0).unwrap(), vec![vec![5, 9]]),
+        (
+            defs::layer_norm(DType::F32, 2, 1e-5).unwrap(),
+            vec![vec![7, 33], vec![33], vec![33]],
+        ),
+        (
+            defs::reduce("sum", DType::F32, 2, 0, false).unwrap(),
+            vec![vec![19, 23]],
+        ),
+        (
+            defs::reduce("max", DType::F64, 3, 2, true).unwrap(),
+            vec![vec![2, 3, 41]],
+        ),
+        (
+            defs::gelu(DType::F32, 1).unwrap(),
+            vec![vec![16384 * 2 + 7]],
+        ),
+        (defs::gelu(DType::F32, 3).unwrap(), vec![vec![1, 2, 37]]),
+        (defs::relu(DType::F64, 2).unwrap(), vec![vec![1, 1]]),
+    ];
+    for (def, shapes) in cases {
+        let outs = [Target::cpu(), Target::interp()].map(|target| {
+            let s = Schedule::new(std::slice::from_ref(def.out())).unwrap();
+            let f = build(&s, &def.args, &target, "k")
+                .unwrap()
+                .get_function("k")
+                .unwrap();
+            let ins: Vec<Value> = shapes
+                .iter()
+                .enumerate()
+                .map(|(x, sh)| {
+                    let v = data(sh.iter().product::<i64>() as usize, x as u64 + 7);
+                    Value::Tensor(operand(&v, sh, def.args[x].dtype(), false))
+                })
+                .collect();
+            let out = f.call(&ins).unwrap();
+            to_f64(out.as_tensor().unwrap(), def.out().dtype())
+        });
+        assert!(
+            outs[0]
+                .iter()
+                .zip(&outs[1])
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}: cpu (default schedule) != interp",
+            def.name
+        );
+    }
+}
