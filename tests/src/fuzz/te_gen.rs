@@ -556,10 +556,19 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     }
     let mut args_te: Vec<Te> = p.inputs.iter().map(|i| i.te.clone()).collect();
     args_te.push(p.out.clone());
-    let built: Vec<_> = rivet_tests::backend_names()
-        .iter()
-        .map(|t| build(&s, &args_te, t, "f"))
-        .collect();
+    // The interpreter runs the program as written and the CPU applies its default schedule
+    // to an untouched one (inlining, packing): the interpreter gets the same defaulted
+    // schedule, so both run one program (the default itself is checked against plain nests
+    // in tests/tests/cpu_default.rs).
+    let mut defaulted = s.clone();
+    let built: Vec<_> =
+        match rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut defaulted) {
+            Ok(()) => rivet_tests::backend_names()
+                .iter()
+                .map(|t| build(&defaulted, &args_te, t, "f"))
+                .collect(),
+            Err(e) => vec![Err(e.clone()), Err(e)],
+        };
     let (mi, mc) = match (&built[0], &built[1]) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(a), Err(b)) => {
