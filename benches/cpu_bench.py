@@ -17,7 +17,8 @@ Cases (f32):
     schedule (../shared/anchors/tvm_sched.py, AVX-512 target; skipped when TVM or the anchor
     is missing), rivet with no schedule, rivet.kernels.matmul, rivet's tensorized blocked GEMM
     (compiler/examples/gemm_tensorized.py; micro-kernel chosen by CPU features) and the same
-    with RIVET_MICROKERNEL=portable (no SIMD micro-kernel);
+    with RIVET_MICROKERNEL=portable (no SIMD micro-kernel), and the same blocked GEMM with
+    tensorize off (rivet_cranelift: the register tile is Cranelift f32x4 code);
   add of 2^24 floats and gelu(x + bias) (2^24, bias 1024): numpy, torch, rivet (GB/s counted as
     the bytes each must move: 12 and 8 bytes per element);
   row softmax and layer_norm 4096 x 1024: torch, rivet.kernels;
@@ -42,7 +43,7 @@ DEFAULT_PNG = os.path.join(HERE, "cpu_bench.png")
 ANCHOR = os.path.join(ROOT, "..", "shared", "anchors")
 
 GEMM_LIBS = ["numpy", "torch", "tvm_hand", "rivet_default", "rivet_matmul", "rivet_tensorized",
-             "rivet_tensorized_portable"]
+             "rivet_tensorized_portable", "rivet_cranelift"]
 
 
 def thread_env(threads):
@@ -113,7 +114,7 @@ def gemm_case(lib, n, threads):
             sys.path.insert(0, os.path.join(ROOT, "compiler", "examples"))
             from gemm_tensorized import gemm
 
-            f = gemm(n, n, n)
+            f = gemm(n, n, n, tensorize=(lib != "rivet_cranelift"))
         run = lambda: f(a, b, c)  # noqa: E731
     med, lo, hi, reps = timed(run)
     err = float(np.max(np.abs(c - ref)) / max(1.0, np.max(np.abs(ref))))
@@ -285,8 +286,6 @@ def plan(args):
         for n in args.sizes:
             for threads in (1, 2):
                 for lib in GEMM_LIBS:
-                    if lib == "rivet_default" and n > 1024:
-                        continue  # about a minute per run with no schedule; 1024 says enough
                     specs.append((f"gemm:{lib}:{n}:{threads}", threads))
     if args.only in (None, "elementwise"):
         for lib in ("numpy", "torch", "rivet"):

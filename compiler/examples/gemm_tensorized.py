@@ -16,7 +16,10 @@ from rivet import te
 MR, NR, KC = 12, 32, 256
 
 
-def gemm(m, n, k, a_t=False, b_t=False):
+def gemm(m, n, k, a_t=False, b_t=False, tensorize=True):
+    """`tensorize=False`: the same packing and blocking, the register tile left to Cranelift
+    (rows, products, then 32 columns as f32x4 vectors): the pure-Cranelift figure of the
+    benchmarks."""
     mo, no = -(-m // MR), -(-n // NR)
     kc = min(KC, max(k, 1))
     kp = -(-k // kc) * kc
@@ -45,9 +48,13 @@ def gemm(m, n, k, a_t=False, b_t=False):
     io, ii = s[Cp].split(i, factor=MR)
     jo, ji = s[Cp].split(j, factor=NR)
     po, pi = s[Cp].split(p, factor=kc)
-    s[Cp].reorder(jo, po, io, ii, ji, pi)
     s[Cp].parallel(jo)
-    s[Cp].tensorize(ii, "gemm_update")
+    if tensorize:
+        s[Cp].reorder(jo, po, io, ii, ji, pi)
+        s[Cp].tensorize(ii, "gemm_update")
+    else:
+        s[Cp].reorder(jo, po, io, ii, pi, ji)
+        s[Cp].vectorize(ji)
     s[Ap].parallel(Ap.op.axis[0])
     if b_t:
         s[Bp].parallel(Bp.op.axis[0])

@@ -11,6 +11,7 @@ pub mod simplify;
 pub mod split;
 pub mod sync;
 pub mod tensorize;
+pub mod tile_fold;
 pub mod vectorize;
 pub mod work;
 
@@ -98,6 +99,8 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         Source::Schedule { sched, args, name } => {
             let mut nest = nest::build_nest(sched, args, name)?;
             dump(name, 0, "nest.ir", &nest.to_string());
+            // 1a. Tile divisions folded where the loop ranges make it exact.
+            tile_fold::fold(&mut nest);
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
             //     a loaded module proves the calls again). Before FMA contraction, which
             //     would hide the `C + A * B` the intrinsics match.

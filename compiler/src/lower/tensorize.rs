@@ -180,7 +180,7 @@ fn match_nest(func: &PrimFunc, s: &Stmt, intrin: Intrin) -> std::result::Result<
 /// the nest's loops (`ranges`: variable and constant extent) with `0 <= c` and `c + extent <=
 /// K`, and every other term's coefficient a multiple of K (module header). Exact under those
 /// ranges; anything else is left as it is.
-fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
+pub(crate) fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
     e.rewrite(&mut |n| {
         let ExprKind::Binary(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, k) = n.kind() else {
             return None;
