@@ -139,8 +139,26 @@ pub fn build_with<T: ToTarget + ?Sized>(
     } else if target.kind == TargetKind::Cpu && !opts.as_written {
         let mut s = sched.clone();
         crate::kernels::cpu_default::apply_default_cpu(&mut s)?;
-        defaulted = s;
-        &defaulted
+        // A program the default cannot build (a dim no argument binds, an access proven out
+        // of bounds, a temporary over the limit...) is built as written: the error, if any,
+        // then names the user's stages and indices, never the default's packed or lane stages.
+        let built = on_compile_stack(|| {
+            compile_here(
+                lower::Source::Schedule {
+                    sched: &s,
+                    args,
+                    name,
+                },
+                &target,
+                opts,
+            )
+        });
+        if let Ok(c) = built {
+            return Ok(Module {
+                funcs: vec![Arc::new(c)],
+            });
+        }
+        sched
     } else {
         sched
     };

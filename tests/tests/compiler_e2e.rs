@@ -654,7 +654,20 @@ fn register_accumulated_reductions_round_like_the_tensor() {
                     .unwrap();
             }
             for target in backends() {
-                let m_ = build(&s, &[a.clone(), c.clone()], &target, "sq").unwrap();
+                // As written: the default CPU schedule would sum in lane partials (another
+                // order); this test is about the register accumulation of the plain nest.
+                let opts = rivet_compiler::build::Options {
+                    as_written: true,
+                    ..rivet_compiler::build::Options::from_env()
+                };
+                let m_ = rivet_compiler::build::build_with(
+                    &s,
+                    &[a.clone(), c.clone()],
+                    &target,
+                    "sq",
+                    opts,
+                )
+                .unwrap();
                 let ir = m_.get_source("ir").unwrap();
                 assert_eq!(ir.contains("C.acc"), !reduction_outside, "{ir}");
                 let out = m_

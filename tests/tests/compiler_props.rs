@@ -1862,6 +1862,10 @@ fn run_case_with(
     let build = |s: &Schedule, args: &[Te], target: &rivet_compiler::Target, name: &str| {
         let mut o = rivet_compiler::build::Options::from_env();
         o.fma = fma;
+        // The schedules here, untouched ones included, are compared bit for bit with the
+        // interpreter and the Rust reference as written; the default CPU schedule (which
+        // inlines and reassociates) has its own properties in tests/tests/cpu_default.rs.
+        o.as_written = true;
         rivet_compiler::build::build_with(s, args, target, name, o)
     };
     let mut rng = Rng(seed);

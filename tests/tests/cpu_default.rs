@@ -454,14 +454,41 @@ fn every_variant_runs_the_default_gemm() {
     }
 }
 
-/// Non-GEMM stages: the library's softmax, layer_norm, sums and elementwise kernels (through
-/// the default CPU schedule) equal the interpreter running the schedule as written, bit for
-/// bit, including sizes past a parallel chunk and odd vector tails.
+/// Non-GEMM stages: the library's softmax, layer_norm, sums and elementwise kernels through the
+/// default CPU schedule equal the interpreter running the same defaulted schedule bit for bit,
+/// and the program as written within reassociation rounding (lane-partial sums: `k * eps`
+/// relative to the sum of magnitudes; max and exact ops bit for bit), including sizes past a
+/// parallel chunk, odd vector tails, reductions shorter than the lanes and symbolic ones.
 #[test]
 fn default_injective_and_reductions_equal_the_interpreter() {
     use rivet_compiler::kernels::defs;
     let cases: Vec<(defs::Def, Vec<Vec<i64>>)> = vec![
         (defs::softmax(DType::F32, 2, 1).unwrap(), vec![vec![3, 17]]),
+        (
+            defs::softmax(DType::F32, 2, 1).unwrap(),
+            vec![vec![5, 1000]],
+        ),
+        (defs::softmax(DType::F64, 2, 1).unwrap(), vec![vec![2, 33]]),
+        (
+            defs::reduce("sum", DType::F32, 2, 1, false).unwrap(),
+            vec![vec![4, 16 * 5 + 3]],
+        ),
+        (
+            defs::reduce("sum", DType::F32, 1, 0, false).unwrap(),
+            vec![vec![16 * 7]],
+        ),
+        (
+            defs::reduce("max", DType::F32, 2, 1, true).unwrap(),
+            vec![vec![3, 31]],
+        ),
+        (
+            defs::reduce("max", DType::F32, 2, 1, true).unwrap(),
+            vec![vec![3, 0]],
+        ),
+        (
+            defs::layer_norm(DType::F32, 2, 1e-5).unwrap(),
+            vec![vec![9, 1025], vec![1025], vec![1025]],
+        ),
         (defs::softmax(DType::F32, 2, 0).unwrap(), vec![vec![5, 9]]),
         (
             defs::layer_norm(DType::F32, 2, 1e-5).unwrap(),
@@ -483,8 +510,18 @@ fn default_injective_and_reductions_equal_the_interpreter() {
         (defs::relu(DType::F64, 2).unwrap(), vec![vec![1, 1]]),
     ];
     for (def, shapes) in cases {
-        let outs = [Target::cpu(), Target::interp()].map(|target| {
-            let s = Schedule::new(std::slice::from_ref(def.out())).unwrap();
+        // The CPU (default applied by build), the interpreter on the defaulted schedule, the
+        // interpreter on the schedule as written.
+        let outs = [0, 1, 2].map(|which| {
+            let mut s = Schedule::new(std::slice::from_ref(def.out())).unwrap();
+            if which == 1 {
+                apply_default_cpu(&mut s).unwrap();
+            }
+            let target = if which == 0 {
+                Target::cpu()
+            } else {
+                Target::interp()
+            };
             let f = build(&s, &def.args, &target, "k")
                 .unwrap()
                 .get_function("k")
@@ -505,8 +542,24 @@ fn default_injective_and_reductions_equal_the_interpreter() {
                 .iter()
                 .zip(&outs[1])
                 .all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{}: cpu (default schedule) != interp",
+            "{} {shapes:?}: cpu (default schedule) != interp (defaulted schedule)",
             def.name
         );
+        let k = shapes[0].last().copied().unwrap_or(1).max(1) as f64;
+        let eps = if def.out().dtype() == DType::F64 {
+            f64::EPSILON
+        } else {
+            f32::EPSILON as f64
+        };
+        for (x, y) in outs[0].iter().zip(&outs[2]) {
+            // Relative to the output's magnitude plus the inputs' scale (data in [-1, 1)):
+            // reassociation of k terms, then the ops after the sums.
+            let tol = 4.0 * (k + 2.0) * eps * (y.abs() + k);
+            assert!(
+                x.to_bits() == y.to_bits() || (x - y).abs() <= tol,
+                "{} {shapes:?}: {x} vs {y} as written (tolerance {tol})",
+                def.name
+            );
+        }
     }
 }

@@ -12,7 +12,11 @@
 //!    work (symbolic sizes, or at least `MIN_GEMM_WORK` multiply-adds) becomes the packed,
 //!    tensorized GEMM (`packed_gemm::rewrite`): operands packed into panels, the register tile
 //!    a micro-kernel chosen at run time by CPU features, parallel over column panels.
-//! 3. Every other stage: its outermost data loop is parallel (the pool is used only when the
+//! 3. A float sum / max / min over one axis read contiguously, with at least 32 terms or a
+//!    symbolic count, is computed in `lane_reduce::LANES` lane partials (a vector loop with
+//!    independent accumulators), then a tail and a combination (`lane_reduce`): float sums
+//!    then differ from the plain nest by reassociation.
+//! 4. Every other stage: its outermost data loop is parallel (the pool is used only when the
 //!    work pays, `lower::work`); an injective stage's innermost data axis is vectorized (the
 //!    shared `vectorize` pass strip-mines it, tails and strided layouts stay correct). A 1-d
 //!    injective stage is split into chunks of `CHUNK` elements: chunks parallel, each
@@ -20,8 +24,8 @@
 //!    data axis, vectorized. Other reductions accumulate in registers (the loop nest's register accumulation,
 //!    in the definition's order, so results are those of the plain nest bit for bit).
 
-use super::packed_gemm;
 use super::strategy::unscheduled;
+use super::{lane_reduce, packed_gemm};
 use crate::error::Result;
 use crate::ir::expr::{ExprKind, UnOp, Var};
 use crate::schedule::Schedule;
@@ -90,6 +94,10 @@ pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
         let t = s.current(t);
         if let Some(m) = packed_gemm::match_matmul(&t).filter(|_| worth_packing(&t)) {
             packed_gemm::rewrite(s, &t, &m)?;
+            continue;
+        }
+        if lane_reduce::matches(&t) {
+            lane_reduce::rewrite(s, &t)?;
             continue;
         }
         plain(s, &t)?;

@@ -20,6 +20,7 @@
 
 pub mod cpu_default;
 pub mod defs;
+pub mod lane_reduce;
 pub mod packed_gemm;
 pub mod strategy;
 pub mod tensorized;

@@ -99,8 +99,6 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         Source::Schedule { sched, args, name } => {
             let mut nest = nest::build_nest(sched, args, name)?;
             dump(name, 0, "nest.ir", &nest.to_string());
-            // 1a. Tile divisions folded where the loop ranges make it exact.
-            tile_fold::fold(&mut nest);
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
             //     a loaded module proves the calls again). Before FMA contraction, which
             //     would hide the `C + A * B` the intrinsics match.
@@ -135,6 +133,11 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     f.checks.clear();
     bounds::prove(&mut f)?;
     after(&f, 2, "bounds", false)?;
+    // 2b. Tile divisions folded where the loop ranges make it exact. After the proof, which
+    //     reads split guards structurally (`j.o * 4 + j.i < n` bounds the index it guards;
+    //     a folded `j.o` would lose that fact), like simplification below: both rewrite
+    //     expressions into exactly equal ones.
+    tile_fold::fold(&mut f);
     // 3. Simplification.
     f.body = simplify::simplify_stmt(&f.body);
     after(&f, 3, "simplify", false)?;

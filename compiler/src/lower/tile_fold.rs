@@ -1,10 +1,12 @@
-//! Pass (right after the loop nest): tile divisions folded. A split writes an index as
+//! Pass (after the bounds proof): tile divisions folded. A split writes an index as
 //! `outer * K + inner`; a stage that reads a tiled tensor (a packed panel `Ap[i // 12, p, i %
 //! 12]`) then divides it again. Where the loop ranges make it exact, `(K*e + c + v) // K`
 //! becomes `e` and `% K` becomes `c + v` (`tensorize::fold_tiles`: `v` a loop of constant
 //! extent at most `K - c` starting at 0, every other coefficient a multiple of K), so the
 //! access is affine in the loops: `vectorize` sees a contiguous ramp instead of a per-lane
-//! division, and the bounds proof a simpler index.
+//! division. It runs after the bounds proof, which matches split guards structurally against
+//! the indices they guard, and before simplification (which, like this pass, only rewrites
+//! expressions into exactly equal ones).
 //!
 //! Invariant: every rewrite is exact for every value the loops take, so the program computes
 //! the same values; loop variables are unique to their loop (a variable bound by loops of

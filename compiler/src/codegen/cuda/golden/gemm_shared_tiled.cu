@@ -46,8 +46,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
                 for (long long r_outer = 0; r_outer < (rivet_floordiv_i64((k - 1LL), 16LL) + 1LL); ++r_outer) {
                   __syncthreads();
                   for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
-                    if ((((((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) >= 0) && (((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) < m)) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) >= 0)) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) < k)) {
-                      A_shared[((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16) * A_shared_s0) + ((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16) * A_shared_s1)] = A[(((i_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16))) * A_s0) + (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16))) * A_s1)];
+                    if ((((((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) >= 0) && (((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) < m)) && (((r_outer * 16LL) + ((long long)j_inner_outer)) >= 0)) && (((r_outer * 16LL) + ((long long)j_inner_outer)) < k)) {
+                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * A_shared_s0) + (j_inner_outer * A_shared_s1)] = A[(((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) * A_s0) + (((r_outer * 16LL) + ((long long)j_inner_outer)) * A_s1)];
                     }
                   }
                   for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
@@ -130,8 +130,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
                 for (int r_outer = 0; r_outer < (((int)rivet_floordiv_i64((long long)(k - 1), (long long)16)) + 1); ++r_outer) {
                   __syncthreads();
                   for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
-                    if ((((((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) >= 0) && (((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) < m)) && (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) >= 0)) && (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) < k)) {
-                      A_shared[((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16) * A_shared_s0) + ((((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16) * A_shared_s1)] = A[(((i_outer * 64) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 16)) * A_s0) + (((r_outer * 16) + (((ax0_ax1_fused_outer * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 16)) * A_s1)];
+                    if ((((((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) >= 0) && (((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) < m)) && (((r_outer * 16) + j_inner_outer) >= 0)) && (((r_outer * 16) + j_inner_outer) < k)) {
+                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * A_shared_s0) + (j_inner_outer * A_shared_s1)] = A[(((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) * A_s0) + (((r_outer * 16) + j_inner_outer) * A_s1)];
                     }
                   }
                   for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
