@@ -185,7 +185,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         &func.name,
         6,
         &format!("{}.src", target.kind_name()),
-        &kernel.source(),
+        || kernel.source(),
     );
     Ok(Compiled {
         work: lower::work::Work::of(&func),

@@ -22,17 +22,18 @@ use crate::schedule::Schedule;
 use crate::target::Target;
 use crate::te::Tensor;
 
-/// Writes `text` to `$RIVET_DUMP/<func>.<step>.<what>` when RIVET_DUMP is set.
-pub fn dump(func: &str, step: usize, what: &str, text: &str) {
+/// Writes `text()` to `$RIVET_DUMP/<func>.<step>.<what>` when RIVET_DUMP is set (the text is
+/// made only then: printing the IR after every pass cost more than some passes).
+pub fn dump(func: &str, step: usize, what: &str, text: impl FnOnce() -> String) {
     if let Ok(dir) = std::env::var("RIVET_DUMP") {
         let dir = std::path::Path::new(&dir);
         let _ = std::fs::create_dir_all(dir);
-        let _ = std::fs::write(dir.join(format!("{func}.{step:02}.{what}")), text);
+        let _ = std::fs::write(dir.join(format!("{func}.{step:02}.{what}")), text());
     }
 }
 
 fn after(f: &PrimFunc, step: usize, pass: &str, flattened: bool) -> Result<()> {
-    dump(&f.name, step, &format!("{pass}.ir"), &f.to_string());
+    dump(&f.name, step, &format!("{pass}.ir"), || f.to_string());
     verify(f, flattened)
 }
 
@@ -98,7 +99,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     let nest = match src {
         Source::Schedule { sched, args, name } => {
             let mut nest = nest::build_nest(sched, args, name)?;
-            dump(name, 0, "nest.ir", &nest.to_string());
+            dump(name, 0, "nest.ir", || nest.to_string());
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
             //     a loaded module proves the calls again). Before FMA contraction, which
             //     would hide the `C + A * B` the intrinsics match.

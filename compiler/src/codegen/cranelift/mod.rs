@@ -190,11 +190,10 @@ impl CraneliftBackend {
         // SAFETY: `code` is the finalised entry function, generated with exactly this signature
         // (two pointer parameters, an i32 result, the host's default C calling convention).
         let entry = unsafe { std::mem::transmute::<*const u8, EntryFn>(code) };
-        let mut source = entry_text.clif;
         let mut disasm = entry_text.disasm;
+        let mut clif = vec![entry_text.clif];
         for b in bodies {
-            source.push('\n');
-            source.push_str(&b.clif);
+            clif.push(b.clif);
             disasm.push('\n');
             disasm.push_str(&b.disasm);
         }
@@ -205,7 +204,7 @@ impl CraneliftBackend {
             n_ints: int_slots(func).len(),
             name: func.name.clone(),
             sites,
-            source,
+            clif,
             disasm,
         })
     }
@@ -258,7 +257,8 @@ pub struct CraneliftKernel {
     name: String,
     /// Checked mode: the buffer name of each access site (`Fault::OutOfBounds::site`).
     sites: Vec<String>,
-    source: String,
+    /// Every generated function's CLIF (title, function), formatted by `source()`.
+    clif: Vec<(String, cranelift_codegen::ir::Function)>,
     disasm: String,
     // Owns the code `entry` points to (only ever dropped).
     _module: OwnedModule,
@@ -298,7 +298,12 @@ impl Kernel for CraneliftKernel {
     }
 
     fn source(&self) -> String {
-        self.source.clone()
+        let texts: Vec<String> = self
+            .clif
+            .iter()
+            .map(|(title, f)| format!("; {title}\n{}", f.display()))
+            .collect();
+        texts.join("\n")
     }
 }
 
@@ -353,9 +358,11 @@ impl CraneliftKernel {
     }
 }
 
-/// The text of one generated function.
+/// One generated function: its CLIF before compilation (formatted only when asked for:
+/// printing every function on every build cost more than compiling some of them), its title,
+/// and its disassembly when asked for at build.
 struct FuncText {
-    clif: String,
+    clif: (String, cranelift_codegen::ir::Function),
     disasm: String,
 }
 
@@ -430,7 +437,7 @@ impl<'f> Compiler<'f> {
 
     /// Compiles a finished function into the module; returns its texts.
     fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
-        let clif = format!("; {title}\n{}", ctx.func.display());
+        let clif = (title.to_string(), ctx.func.clone());
         ctx.set_disasm(self.disassemble);
         self.module.define_function(id, ctx).map_err(|e| match e {
             cranelift_module::ModuleError::Compilation(

@@ -140,7 +140,7 @@ impl CudaBackend {
                 func.name, k.name, k.shared_bytes
             )));
         }
-        crate::lower::dump(&func.name, 6, "cu", &gen.source);
+        crate::lower::dump(&func.name, 6, "cu", || gen.source.clone());
         let nv = self.nvrtc()?;
         let (mut ptx, mut cubin, mut log) = (None, None, String::new());
         if let Some(n) = &nv {
@@ -156,7 +156,7 @@ impl CudaBackend {
                 }
             }
             if let nvrtc::Output::Ptx(text) = &p.output {
-                crate::lower::dump(&func.name, 6, "ptx", text);
+                crate::lower::dump(&func.name, 6, "ptx", || text.to_string());
                 ptx = Some(text.clone());
             }
             if let nvrtc::Output::Cubin(bytes) = c.output {
