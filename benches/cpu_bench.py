@@ -361,10 +361,15 @@ def main():
     ap.add_argument("--only", choices=["gemm", "elementwise", "rowwise", "build"])
     ap.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
     ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--json", default=DEFAULT_JSON)
-    ap.add_argument("--png", default=DEFAULT_PNG)
+    ap.add_argument("--json", default=None, help=f"default {DEFAULT_JSON} (a partial run: out/cpu_bench_partial.json)")
+    ap.add_argument("--png", default=None, help=f"default {DEFAULT_PNG} (a partial run: no plot, so it never replaces the full run's)")
     ap.add_argument("--plot-only")
     a = ap.parse_args()
+    partial = a.only is not None or a.sizes != [256, 1024, 2048]
+    if a.json is None:
+        a.json = os.path.join(HERE, "out", "cpu_bench_partial.json") if partial else DEFAULT_JSON
+    if a.png is None and not (partial and not a.plot_only):
+        a.png = DEFAULT_PNG
     if a.worker:
         print(json.dumps(worker(a.worker)))
         return
@@ -392,8 +397,9 @@ def main():
     print()
     for spec, (x, ref) in ratios(results).items():
         print(f"{spec:<42} {x:6.2f}x {ref}")
-    plot(results, a.png)
-    print(f"wrote {a.json} and {a.png}")
+    if a.png:
+        plot(results, a.png)
+    print(f"wrote {a.json}" + (f" and {a.png}" if a.png else " (a partial run: no plot; --png PATH for one)"))
 
 
 if __name__ == "__main__":
