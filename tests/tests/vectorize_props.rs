@@ -458,6 +458,56 @@ fn elementwise_add_is_packed_simd() {
     assert!(ir.contains("ramp("), "{ir}");
 }
 
+/// float32 `exp` under `vectorize` is one `rivet_expf4` call per four lanes (libm's `expf`
+/// bit for bit), and computes the interpreter's bits, tails and fallback lanes included.
+#[test]
+fn float32_exp_is_four_lanes_per_call() {
+    let n = Expr::int(1003);
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let c = compute(&[n], |i| Expr::unary(UnOp::Exp, a2.idx(i)).unwrap(), "C").unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let j = c.axis()[0].var.clone();
+    s.stage(&c).unwrap().vectorize(&j).unwrap();
+    let args = [a, c];
+    let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
+    let clif = m.get_source("cranelift").unwrap();
+    // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the scalar tail
+    // and the strided-layout loop call `rivet_expf`, `(f32) -> f32`).
+    assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
+    let x: Vec<f32> = (0..1003)
+        .map(|k| match k % 50 {
+            0 => f32::NAN,
+            1 => 100.0,
+            2 => -120.0,
+            3 => 1e-9,
+            _ => (k as f32 - 500.0) / 7.0,
+        })
+        .collect();
+    let run = |target: &str| {
+        let f = build_with(&s, &args, target, "e", Options::default())
+            .unwrap()
+            .get_function("e")
+            .unwrap();
+        let out = f
+            .call(&[rivet_runtime::Value::Tensor(
+                rivet_runtime::Tensor::from_slice(&x, &[1003]).unwrap(),
+            )])
+            .unwrap();
+        out.as_tensor().unwrap().to_vec::<f32>().unwrap()
+    };
+    let (cpu, interp) = (run("cpu"), run("interp"));
+    for k in 0..1003 {
+        assert!(
+            cpu[k].to_bits() == interp[k].to_bits() || (cpu[k].is_nan() && interp[k].is_nan()),
+            "exp({}) = {} on cpu, {} on interp",
+            x[k],
+            cpu[k],
+            interp[k]
+        );
+    }
+}
+
 /// Extents that leave every tail length, with the output compared element by element.
 #[test]
 fn tails_of_every_length() {

@@ -9,6 +9,7 @@
 
 pub mod cranelift;
 pub mod cuda;
+pub mod expf4;
 pub mod host;
 pub mod interp;
 pub mod math;

@@ -203,6 +203,21 @@ unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
     unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(0) as usize) }
 }
 
+/// Four float32 `exp`s in place (`codegen::expf4`: bit for bit the scalar `rivet_expf`), for
+/// packed f32x4 vector code.
+///
+/// # Safety
+/// `p` must be valid for reads and writes of four f32 (generated code passes a 16-byte stack
+/// slot).
+unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
+    // SAFETY: the caller's contract.
+    let x = unsafe { p.cast::<[f32; 4]>().read_unaligned() };
+    let y = crate::codegen::expf4::expf4(x);
+    // SAFETY: as above.
+    unsafe { p.cast::<[f32; 4]>().write_unaligned(y) };
+    0
+}
+
 /// Checked mode: records an out-of-bounds access (the generated code then returns).
 extern "C" fn rivet_oob(site: i64, dim: i64, index: i64, extent: i64) {
     set_fault(Fault::OutOfBounds {
@@ -239,6 +254,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_alloc", rivet_alloc as *const u8),
         ("rivet_free", rivet_free as *const u8),
         ("rivet_zero", rivet_zero as *const u8),
+        ("rivet_expf4", rivet_expf4 as *const u8),
         ("rivet_oob", rivet_oob as *const u8),
         ("rivet_f16_to_f32", rivet_f16_to_f32 as *const u8),
         ("rivet_f32_to_f16", rivet_f32_to_f16 as *const u8),
