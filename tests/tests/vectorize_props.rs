@@ -508,6 +508,85 @@ fn float32_exp_is_four_lanes_per_call() {
     }
 }
 
+/// Float max / min under `vectorize` are packed (`cmpps` + bit selects) and keep the scalar
+/// rules bit for bit: NaN from either side, the second operand on ties (so `max(-0, +0)` is
+/// `+0` and `max(+0, -0)` is `-0`), for float32 and float64.
+#[test]
+fn packed_float_min_max_keep_the_scalar_rules() {
+    let vals = [
+        0.0f64,
+        -0.0,
+        1.5,
+        -2.25,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e-310,
+    ];
+    let n = (vals.len() * vals.len()) as i64;
+    let (xs, ys): (Vec<f64>, Vec<f64>) = vals
+        .iter()
+        .flat_map(|&x| vals.iter().map(move |&y| (x, y)))
+        .unzip();
+    for dt in [DType::F32, DType::F64] {
+        for op in [BinOp::Max, BinOp::Min] {
+            let a = placeholder(&[Expr::int(n)], dt, "A").unwrap();
+            let b = placeholder(&[Expr::int(n)], dt, "B").unwrap();
+            let (a2, b2) = (a.clone(), b.clone());
+            let c = compute(
+                &[Expr::int(n)],
+                |i| Expr::binary(op, a2.idx(i), b2.idx(i)).unwrap(),
+                "C",
+            )
+            .unwrap();
+            let mut s = Schedule::new(&[c.clone()]).unwrap();
+            let j = c.axis()[0].var.clone();
+            s.stage(&c).unwrap().vectorize(&j).unwrap();
+            let args = [a, b, c];
+            let tensor = |v: &[f64]| match dt {
+                DType::F32 => {
+                    let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                    rivet_runtime::Tensor::from_slice(&w, &[n]).unwrap()
+                }
+                _ => rivet_runtime::Tensor::from_slice(v, &[n]).unwrap(),
+            };
+            let run = |target: &str| {
+                let m = build_with(&s, &args, target, "m", Options::default()).unwrap();
+                let out = m
+                    .get_function("m")
+                    .unwrap()
+                    .call(&[
+                        rivet_runtime::Value::Tensor(tensor(&xs)),
+                        rivet_runtime::Value::Tensor(tensor(&ys)),
+                    ])
+                    .unwrap();
+                let t = out.as_tensor().unwrap().clone();
+                let bits: Vec<u64> = match dt {
+                    DType::F32 => t
+                        .to_vec::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits() as u64)
+                        .collect(),
+                    _ => t
+                        .to_vec::<f64>()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect(),
+                };
+                (bits, m.get_source("cranelift").unwrap_or_default())
+            };
+            let ((cpu, clif), (interp, _)) = (run("cpu"), run("interp"));
+            assert!(
+                clif.contains("bitselect"),
+                "{dt} {op:?} not packed:\n{clif}"
+            );
+            assert_eq!(cpu, interp, "{dt} {op:?}: cpu != interp");
+        }
+    }
+}
+
 /// Extents that leave every tail length, with the output compared element by element.
 #[test]
 fn tails_of_every_length() {

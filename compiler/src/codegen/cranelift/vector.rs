@@ -5,11 +5,11 @@
 //! fills 128 bits and every node under it has a SIMD instruction with exactly the scalar
 //! semantics: contiguous loads (`ramp(b, 1, n)` index), broadcasts, `+ - *` and float `/`,
 //! float negation, `abs` and `sqrt` (IEEE operations, correctly rounded lane by lane, so
-//! bit-identical with the scalar code and the interpreter), and float32 `exp` (one call of
+//! bit-identical with the scalar code and the interpreter), float min / max (the scalar
+//! rule as masks and bit selects, `packed_minmax`), and float32 `exp` (one call of
 //! `rivet_expf4` per four lanes: `codegen::expf4`, libm's `expf` bit for bit, checked on every
 //! float of its main range). Everything else — gathers
-//! (other ramps, computed vector indices), float min/max (the interpreter's NaN and signed
-//! zero rules), casts, comparisons, selects, integer division, other transcendentals (libm calls),
+//! (other ramps, computed vector indices), casts, comparisons, selects, integer division, other transcendentals (libm calls),
 //! float16 / bfloat16 and bool — is computed lane by lane with the scalar code generation,
 //! extracting lanes from any packed operand, so its results are the scalar results.
 //!
@@ -66,7 +66,11 @@ fn packed(e: &Expr) -> bool {
         }
         ExprKind::Binary(op, a, b) => {
             let op_ok = if dt.is_float() {
-                matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div)
+                // min / max: compare, blend, then NaN where unordered (`packed_minmax`).
+                matches!(
+                    op,
+                    BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Min | BinOp::Max
+                )
             } else {
                 int_ok(*op)
             };
@@ -178,6 +182,11 @@ impl FnGen<'_, '_> {
                 let (addr, _) = self.address_of(*buf, b)?;
                 self.b.ins().load(ty, flags(), addr, 0)
             }
+            ExprKind::Binary(op @ (BinOp::Min | BinOp::Max), a, b) if dt.is_float() => {
+                let x = self.packed_value(a)?;
+                let y = self.packed_value(b)?;
+                self.packed_minmax(*op == BinOp::Max, x, y, dt)
+            }
             ExprKind::Binary(op, a, b) => {
                 let x = self.packed_value(a)?;
                 let y = self.packed_value(b)?;
@@ -230,6 +239,33 @@ impl FnGen<'_, '_> {
         };
         self.vmemo.insert(key, v);
         Ok(v)
+    }
+
+    /// Float `max` / `min` of packed `x`, `y` with the scalar code's semantics lane by lane
+    /// (`expr.rs`, `fminmax`; `codegen::math::fmax`): `x > y ? x : y` (`<` for min), then NaN
+    /// where either lane is NaN: `cmpps` masks and bit selects.
+    fn packed_minmax(&mut self, max: bool, x: Value, y: Value, dt: DType) -> Value {
+        use cranelift_codegen::ir::condcodes::FloatCC;
+        use cranelift_codegen::ir::{Endianness, MemFlagsData};
+        let ty = self.b.func.dfg.value_type(x);
+        let lanes = MemFlagsData::new().with_endianness(Endianness::Little);
+        let cc = if max {
+            FloatCC::GreaterThan
+        } else {
+            FloatCC::LessThan
+        };
+        let pick = self.b.ins().fcmp(cc, x, y);
+        let pick = self.b.ins().bitcast(ty, lanes, pick);
+        let r = self.b.ins().bitselect(pick, x, y);
+        let uno = self.b.ins().fcmp(FloatCC::Unordered, x, y);
+        let uno = self.b.ins().bitcast(ty, lanes, uno);
+        let nan = if dt == DType::F64 {
+            self.b.ins().f64const(f64::NAN)
+        } else {
+            self.b.ins().f32const(f32::NAN)
+        };
+        let nan = self.b.ins().splat(ty, nan);
+        self.b.ins().bitselect(uno, nan, r)
     }
 
     /// Lane `l` of `e`, as a scalar value of `e`'s dtype.
