@@ -122,3 +122,20 @@ def test_the_users_schedule_wins_and_the_default_can_be_turned_off():
     env = dict(os.environ, RIVET_DEFAULT_SCHEDULE="0", PYTHONPATH=os.path.dirname(__file__))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("k", [2**40, 2**45])
+def test_default_gemm_with_a_hostile_depth_is_a_memory_error(k):
+    # Broadcast views (stride 0) of a reduction depth near 2^40 / 2^45: the plain nest would run
+    # 2^42+ multiply-adds; the packed GEMM's panels cannot be allocated (refused by the system,
+    # or over MAX_ALLOC_BYTES) and the call says so before anything is written.
+    f = rivet.kernels.matmul("float32")
+    a = torch.ones(2, 1).expand(2, k)
+    b = torch.ones(1, 2).expand(k, 2)
+    c = torch.full((2, 2), float("nan"))
+    with pytest.raises(rivet.MemoryError, match="MAX_ALLOC_BYTES"):
+        f(a, b, c)
+    assert torch.isnan(c).all()
+    # The function still works afterwards.
+    f(torch.ones(2, 3), torch.ones(3, 2), c)
+    assert (c == 3).all()

@@ -46,3 +46,29 @@ impl Default for SeedGemm {
         SeedGemm::new()
     }
 }
+
+/// Runs the test `name` of the current test binary once per micro-kernel variant this CPU has,
+/// each forced with `RIVET_MICROKERNEL` in a child process (the choice is made once per
+/// process), with `PROPTEST_CASES=8`; asserts each child passed exactly that test. Returns
+/// without doing anything inside such a child (the property itself runs there).
+pub fn run_per_microkernel_variant(name: &str) {
+    use rivet_compiler::codegen::microkernel::Variant;
+    if std::env::var("RIVET_MICROKERNEL").is_ok() {
+        return;
+    }
+    for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1"])
+            .env("RIVET_MICROKERNEL", v.name())
+            .env("PROPTEST_CASES", "8")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{}: {text}{}",
+            v.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -429,29 +429,7 @@ mod props {
 /// `RIVET_MICROKERNEL` in a child process (the choice is made once per process).
 #[test]
 fn every_variant_runs_the_default_gemm() {
-    use rivet_compiler::codegen::microkernel::Variant;
-    if std::env::var("RIVET_MICROKERNEL").is_ok() {
-        return;
-    }
-    for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "props::default_gemm_equals_the_interpreter",
-                "--test-threads=1",
-            ])
-            .env("RIVET_MICROKERNEL", v.name())
-            .env("PROPTEST_CASES", "8")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{}: {text}{}",
-            v.name(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    rivet_tests::run_per_microkernel_variant("props::default_gemm_equals_the_interpreter");
 }
 
 /// Non-GEMM stages: the library's softmax, layer_norm, sums and elementwise kernels through the

@@ -431,24 +431,39 @@ proptest! {
     }
 }
 
-/// The Cranelift code of an elementwise f32 add holds packed SIMD: 16-byte loads, an `fadd`
-/// of `f32x4` and a 16-byte store.
-#[test]
-fn elementwise_add_is_packed_simd() {
-    let n = Expr::int(1000);
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
+/// `C[i] = body([X0[i], X1[i], ...])` over `n` elements of `dt` with `i` vectorized: the
+/// tensors `[X0, .., C]` (call order) and the schedule.
+fn vectorized_1d(
+    n: i64,
+    dt: DType,
+    inputs: usize,
+    body: impl Fn(Vec<Expr>) -> Expr,
+) -> (Vec<Te>, Schedule) {
+    let mut args: Vec<Te> = (0..inputs)
+        .map(|k| placeholder(&[Expr::int(n)], dt, &format!("X{k}")).unwrap())
+        .collect();
+    let ins = args.clone();
     let c = compute(
-        &[n],
-        |i| Expr::binary(BinOp::Add, a2.idx(i), b2.idx(i)).unwrap(),
+        &[Expr::int(n)],
+        |i| body(ins.iter().map(|x| x.idx(i)).collect()),
         "C",
     )
     .unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let j = c.axis()[0].var.clone();
     s.stage(&c).unwrap().vectorize(&j).unwrap();
-    let m = build_with(&s, &[a, b, c], "cpu", "add", Options::default()).unwrap();
+    args.push(c);
+    (args, s)
+}
+
+/// The Cranelift code of an elementwise f32 add holds packed SIMD: 16-byte loads, an `fadd`
+/// of `f32x4` and a 16-byte store.
+#[test]
+fn elementwise_add_is_packed_simd() {
+    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
+        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
+    });
+    let m = build_with(&s, &args, "cpu", "add", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
     for want in ["load.f32x4", "fadd", "store notrap"] {
         assert!(clif.contains(want), "no `{want}` in:\n{clif}");
@@ -462,14 +477,9 @@ fn elementwise_add_is_packed_simd() {
 /// bit for bit), and computes the interpreter's bits, tails and fallback lanes included.
 #[test]
 fn float32_exp_is_four_lanes_per_call() {
-    let n = Expr::int(1003);
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = compute(&[n], |i| Expr::unary(UnOp::Exp, a2.idx(i)).unwrap(), "C").unwrap();
-    let mut s = Schedule::new(&[c.clone()]).unwrap();
-    let j = c.axis()[0].var.clone();
-    s.stage(&c).unwrap().vectorize(&j).unwrap();
-    let args = [a, c];
+    let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| {
+        Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
+    });
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
     // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the scalar tail
@@ -530,19 +540,9 @@ fn packed_float_min_max_keep_the_scalar_rules() {
         .unzip();
     for dt in [DType::F32, DType::F64] {
         for op in [BinOp::Max, BinOp::Min] {
-            let a = placeholder(&[Expr::int(n)], dt, "A").unwrap();
-            let b = placeholder(&[Expr::int(n)], dt, "B").unwrap();
-            let (a2, b2) = (a.clone(), b.clone());
-            let c = compute(
-                &[Expr::int(n)],
-                |i| Expr::binary(op, a2.idx(i), b2.idx(i)).unwrap(),
-                "C",
-            )
-            .unwrap();
-            let mut s = Schedule::new(&[c.clone()]).unwrap();
-            let j = c.axis()[0].var.clone();
-            s.stage(&c).unwrap().vectorize(&j).unwrap();
-            let args = [a, b, c];
+            let (args, s) = vectorized_1d(n, dt, 2, |x| {
+                Expr::binary(op, x[0].clone(), x[1].clone()).unwrap()
+            });
             let tensor = |v: &[f64]| match dt {
                 DType::F32 => {
                     let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
@@ -613,23 +613,13 @@ fn tails_of_every_length() {
 fn elementwise_add_disassembles_to_packed_adds() {
     use rivet_compiler::codegen::cranelift::CraneliftBackend;
     use rivet_compiler::lower::{lower, Source};
-    let n = Expr::int(1000);
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
-    let c = compute(
-        &[n],
-        |i| Expr::binary(BinOp::Add, a2.idx(i), b2.idx(i)).unwrap(),
-        "C",
-    )
-    .unwrap();
-    let mut s = Schedule::new(&[c.clone()]).unwrap();
-    let j = c.axis()[0].var.clone();
-    s.stage(&c).unwrap().vectorize(&j).unwrap();
+    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
+        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
+    });
     let func = lower(
         Source::Schedule {
             sched: &s,
-            args: &[a, b, c],
+            args: &args,
             name: "add",
         },
         &rivet_compiler::Target::cpu(),
