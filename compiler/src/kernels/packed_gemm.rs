@@ -84,8 +84,9 @@ pub fn match_matmul(t: &Tensor) -> Option<Matmul> {
     })
 }
 
-/// `ceil(e / k)` for `k > 0`, as the schedule writes it (0 for `e <= 0`... of the form the
-/// loop nest's divisibility rule recognises).
+/// `ceil(e / k)` for `k > 0`, written `(e - 1) // k + 1` as `schedule::split_extents` writes a
+/// split's outer extent, so that `nest::split_divides` recognises `ceil_div(e, k) * k` split by
+/// `k` (0 for `e = 0`; negative for a negative `e`, where every loop over it is empty).
 fn ceil_div(e: &Expr, k: i64) -> Expr {
     simplify(
         &e.sub(&Expr::int(1))
