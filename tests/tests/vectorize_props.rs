@@ -473,49 +473,109 @@ fn elementwise_add_is_packed_simd() {
     assert!(ir.contains("ramp("), "{ir}");
 }
 
-/// float32 `exp` under `vectorize` is one `rivet_expf4` call per four lanes (libm's `expf`
-/// bit for bit), and computes the interpreter's bits, tails and fallback lanes included.
+/// The float32 `exp` of a vectorized 1-d stage over `x`, run on `target`.
+fn vector_exp(x: &[f32], target: &str) -> Vec<f32> {
+    let n = x.len() as i64;
+    let (args, s) = vectorized_1d(n, DType::F32, 1, |x| {
+        Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
+    });
+    let f = build_with(&s, &args, target, "e", Options::default())
+        .unwrap()
+        .get_function("e")
+        .unwrap();
+    let out = f
+        .call(&[rivet_runtime::Value::Tensor(
+            rivet_runtime::Tensor::from_slice(x, &[n]).unwrap(),
+        )])
+        .unwrap();
+    out.as_tensor().unwrap().to_vec::<f32>().unwrap()
+}
+
+fn assert_same_bits(x: &[f32], got: &[f32], want: impl Fn(usize) -> f32, what: &str) {
+    for k in 0..x.len() {
+        let w = want(k);
+        assert!(
+            got[k].to_bits() == w.to_bits() || (got[k].is_nan() && w.is_nan()),
+            "exp({:e} = {:#x}) = {:e} on cpu, {:e} by {what}",
+            x[k],
+            x[k].to_bits(),
+            got[k],
+            w
+        );
+    }
+}
+
+/// float32 `exp` under `vectorize` is packed inline (`vector_exp.rs`: libm's `expf` as f32x4
+/// instructions, with `rivet_expf4` only in a cold block for lanes outside the main range),
+/// and computes the interpreter's bits: tails, fallback lanes mixed into vectors, and a sweep
+/// of every 127th float32 of the main range, both signs.
 #[test]
-fn float32_exp_is_four_lanes_per_call() {
+fn float32_exp_is_packed_inline_and_exact() {
     let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| {
         Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
     });
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
-    // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the scalar tail
-    // and the strided-layout loop call `rivet_expf`, `(f32) -> f32`).
+    assert!(
+        clif.contains("fdiv.f32x4") || clif.contains("= fdiv v"),
+        "{clif}"
+    );
+    assert!(clif.contains("vall_true"), "{clif}");
+    // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the cold block's).
     assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
-    let x: Vec<f32> = (0..1003)
+    let mut x: Vec<f32> = (0..1003)
         .map(|k| match k % 50 {
             0 => f32::NAN,
             1 => 100.0,
             2 => -120.0,
             3 => 1e-9,
+            4 => f32::INFINITY,
+            5 => -0.0,
             _ => (k as f32 - 500.0) / 7.0,
         })
         .collect();
-    let run = |target: &str| {
-        let f = build_with(&s, &args, target, "e", Options::default())
-            .unwrap()
-            .get_function("e")
-            .unwrap();
-        let out = f
-            .call(&[rivet_runtime::Value::Tensor(
-                rivet_runtime::Tensor::from_slice(&x, &[1003]).unwrap(),
-            )])
-            .unwrap();
-        out.as_tensor().unwrap().to_vec::<f32>().unwrap()
-    };
-    let (cpu, interp) = (run("cpu"), run("interp"));
-    for k in 0..1003 {
-        assert!(
-            cpu[k].to_bits() == interp[k].to_bits() || (cpu[k].is_nan() && interp[k].is_nan()),
-            "exp({}) = {} on cpu, {} on interp",
-            x[k],
-            cpu[k],
-            interp[k]
-        );
+    let (cpu, interp) = (vector_exp(&x, "cpu"), vector_exp(&x, "interp"));
+    assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
+    // The thresholds of libm's branches (main range, |x| > 0.5 ln2, > 1.5 ln2), either side.
+    x.clear();
+    for t in [0x3900_0000u32, 0x3eb1_7218, 0x3f85_1592, 0x42ae_ac50] {
+        for d in 0..3u32 {
+            x.push(f32::from_bits(t - 1 + d));
+            x.push(-f32::from_bits(t - 1 + d));
+        }
     }
+    let mut b = 0x3900_0001u32;
+    while b < 0x42ae_ac50 {
+        x.push(f32::from_bits(b));
+        x.push(-f32::from_bits(b));
+        b += 127;
+    }
+    let (cpu, interp) = (vector_exp(&x, "cpu"), vector_exp(&x, "interp"));
+    assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
+}
+
+/// Every float32 of `exp`'s main range, both signs (324 million values, in 2^24 chunks; about
+/// a minute in release): `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
+/// The scalar `exp` of every backend and the interpreter is `libm::expf` (`codegen::math`).
+#[test]
+#[ignore]
+fn float32_exp_is_exact_on_every_main_range_float() {
+    let mut x = Vec::with_capacity(1 << 24);
+    let mut b = 0x3900_0001u32;
+    let flush = |x: &mut Vec<f32>| {
+        let cpu = vector_exp(x, "cpu");
+        assert_same_bits(x, &cpu, |k| libm::expf(x[k]), "libm::expf");
+        x.clear();
+    };
+    while b < 0x42ae_ac50 {
+        x.push(f32::from_bits(b));
+        x.push(-f32::from_bits(b));
+        if x.len() >= 1 << 24 {
+            flush(&mut x);
+        }
+        b += 1;
+    }
+    flush(&mut x);
 }
 
 /// Float max / min under `vectorize` are packed (`cmpps` + bit selects) and keep the scalar

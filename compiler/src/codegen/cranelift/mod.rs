@@ -54,6 +54,7 @@ mod tests;
 #[cfg(test)]
 mod tests_faults;
 mod vector;
+mod vector_exp;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};

@@ -6,9 +6,9 @@
 //! semantics: contiguous loads (`ramp(b, 1, n)` index), broadcasts, `+ - *` and float `/`,
 //! float negation, `abs` and `sqrt` (IEEE operations, correctly rounded lane by lane, so
 //! bit-identical with the scalar code and the interpreter), float min / max (the scalar
-//! rule as masks and bit selects, `packed_minmax`), and float32 `exp` (one call of
-//! `rivet_expf4` per four lanes: `codegen::expf4`, libm's `expf` bit for bit, checked on every
-//! float of its main range). Everything else — gathers
+//! rule as masks and bit selects, `packed_minmax`), and float32 `exp` (inline,
+//! `vector_exp.rs`: `codegen::expf4`'s sequence, libm's `expf` bit for bit, checked on every
+//! float of its main range; other lanes call `rivet_expf4`). Everything else — gathers
 //! (other ramps, computed vector indices), casts, comparisons, selects, integer division, other transcendentals (libm calls),
 //! float16 / bfloat16 and bool — is computed lane by lane with the scalar code generation,
 //! extracting lanes from any packed operand, so its results are the scalar results.
@@ -79,7 +79,7 @@ fn packed(e: &Expr) -> bool {
         ExprKind::Unary(op, a) => {
             let op_ok = if dt.is_float() {
                 matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt)
-                    // float32 exp four lanes at a time (`rivet_expf4`, libm's bits).
+                    // float32 exp four lanes at a time (inline, `vector_exp.rs`: libm's bits).
                     || (*op == UnOp::Exp && dt == DType::F32 && e.lanes() == 4)
             } else {
                 *op == UnOp::Neg || (*op == UnOp::Abs && is_unsigned(dt))
@@ -203,24 +203,8 @@ impl FnGen<'_, '_> {
                 }
             }
             ExprKind::Unary(UnOp::Exp, a) if dt == DType::F32 && e.lanes() == 4 => {
-                // Through a 16-byte stack slot: `rivet_expf4` takes the four lanes in place.
                 let x = self.packed_value(a)?;
-                let slot =
-                    self.b
-                        .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
-                            cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
-                            16,
-                            4,
-                        ));
-                let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
-                self.b.ins().store(flags(), x, ptr, 0);
-                self.call1(
-                    "rivet_expf4",
-                    &[super::PTR],
-                    cranelift_codegen::ir::types::I32,
-                    &[ptr],
-                )?;
-                self.b.ins().load(ty, flags(), ptr, 0)
+                self.packed_expf(x)?
             }
             ExprKind::Unary(op, a) => {
                 let x = self.packed_value(a)?;
