@@ -473,12 +473,10 @@ fn elementwise_add_is_packed_simd() {
     assert!(ir.contains("ramp("), "{ir}");
 }
 
-/// The float32 `exp` of a vectorized 1-d stage over `x`, run on `target`.
-fn vector_exp(x: &[f32], target: &str) -> Vec<f32> {
+/// `op` (float32) of a vectorized 1-d stage over `x`, run on `target`.
+fn vector_unary(op: UnOp, x: &[f32], target: &str) -> Vec<f32> {
     let n = x.len() as i64;
-    let (args, s) = vectorized_1d(n, DType::F32, 1, |x| {
-        Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
-    });
+    let (args, s) = vectorized_1d(n, DType::F32, 1, |x| Expr::unary(op, x[0].clone()).unwrap());
     let f = build_with(&s, &args, target, "e", Options::default())
         .unwrap()
         .get_function("e")
@@ -496,7 +494,7 @@ fn assert_same_bits(x: &[f32], got: &[f32], want: impl Fn(usize) -> f32, what: &
         let w = want(k);
         assert!(
             got[k].to_bits() == w.to_bits() || (got[k].is_nan() && w.is_nan()),
-            "exp({:e} = {:#x}) = {:e} on cpu, {:e} by {what}",
+            "f({:e} = {:#x}) = {:e} on cpu, {:e} by {what}",
             x[k],
             x[k].to_bits(),
             got[k],
@@ -534,7 +532,10 @@ fn float32_exp_is_packed_inline_and_exact() {
             _ => (k as f32 - 500.0) / 7.0,
         })
         .collect();
-    let (cpu, interp) = (vector_exp(&x, "cpu"), vector_exp(&x, "interp"));
+    let (cpu, interp) = (
+        vector_unary(UnOp::Exp, &x, "cpu"),
+        vector_unary(UnOp::Exp, &x, "interp"),
+    );
     assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
     // The thresholds of libm's branches (main range, |x| > 0.5 ln2, > 1.5 ln2), either side.
     x.clear();
@@ -550,7 +551,10 @@ fn float32_exp_is_packed_inline_and_exact() {
         x.push(-f32::from_bits(b));
         b += 127;
     }
-    let (cpu, interp) = (vector_exp(&x, "cpu"), vector_exp(&x, "interp"));
+    let (cpu, interp) = (
+        vector_unary(UnOp::Exp, &x, "cpu"),
+        vector_unary(UnOp::Exp, &x, "interp"),
+    );
     assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
 }
 
@@ -563,7 +567,7 @@ fn float32_exp_is_exact_on_every_main_range_float() {
     let mut x = Vec::with_capacity(1 << 24);
     let mut b = 0x3900_0001u32;
     let flush = |x: &mut Vec<f32>| {
-        let cpu = vector_exp(x, "cpu");
+        let cpu = vector_unary(UnOp::Exp, x, "cpu");
         assert_same_bits(x, &cpu, |k| libm::expf(x[k]), "libm::expf");
         x.clear();
     };
@@ -576,6 +580,57 @@ fn float32_exp_is_exact_on_every_main_range_float() {
         b += 1;
     }
     flush(&mut x);
+}
+
+/// float32 `erf` under `vectorize` is one `rivet_erff4` call per four lanes (libm's `erff`
+/// bit for bit, `codegen::erff4`) and computes the interpreter's bits: each of libm's branches
+/// and their thresholds, lanes of different branches in one vector, the lanes libm treats
+/// apart (tiny, NaN, infinities) and a sweep of every 127th float32 from 2^-28 up.
+#[test]
+fn float32_erf_is_four_lanes_per_call_and_exact() {
+    let (args, s) = vectorized_1d(8, DType::F32, 1, |x| {
+        Expr::unary(UnOp::Erf, x[0].clone()).unwrap()
+    });
+    let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
+    let clif = m.get_source("cranelift").unwrap();
+    assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
+    let mut x = vec![
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-30,
+        0.3,
+        -1.0,
+        2.0,
+        -3.5,
+        7.0,
+        1e30,
+    ];
+    for t in [
+        0x3180_0000u32,
+        0x3f58_0000,
+        0x3fa0_0000,
+        0x4036_db6d,
+        0x40c0_0000,
+    ] {
+        for d in 0..3u32 {
+            x.push(f32::from_bits(t - 1 + d));
+            x.push(-f32::from_bits(t - 1 + d));
+        }
+    }
+    let mut b = 0x3180_0000u32;
+    while b < 0x7f80_0000 {
+        x.push(f32::from_bits(b));
+        x.push(-f32::from_bits(b));
+        b += 127;
+    }
+    let (cpu, interp) = (
+        vector_unary(UnOp::Erf, &x, "cpu"),
+        vector_unary(UnOp::Erf, &x, "interp"),
+    );
+    assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
 }
 
 /// Float max / min under `vectorize` are packed (`cmpps` + bit selects) and keep the scalar

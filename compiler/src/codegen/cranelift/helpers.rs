@@ -218,6 +218,20 @@ unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
     0
 }
 
+/// Four float32 `erf`s in place (`codegen::erff4`: bit for bit the scalar `rivet_erff`), for
+/// packed f32x4 vector code.
+///
+/// # Safety
+/// As `rivet_expf4`.
+unsafe extern "C" fn rivet_erff4(p: *mut f32) -> i32 {
+    // SAFETY: the caller's contract.
+    let x = unsafe { p.cast::<[f32; 4]>().read_unaligned() };
+    let y = crate::codegen::erff4::erff4(x);
+    // SAFETY: as above.
+    unsafe { p.cast::<[f32; 4]>().write_unaligned(y) };
+    0
+}
+
 /// Checked mode: records an out-of-bounds access (the generated code then returns).
 extern "C" fn rivet_oob(site: i64, dim: i64, index: i64, extent: i64) {
     set_fault(Fault::OutOfBounds {
@@ -255,6 +269,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_free", rivet_free as *const u8),
         ("rivet_zero", rivet_zero as *const u8),
         ("rivet_expf4", rivet_expf4 as *const u8),
+        ("rivet_erff4", rivet_erff4 as *const u8),
         ("rivet_oob", rivet_oob as *const u8),
         ("rivet_f16_to_f32", rivet_f16_to_f32 as *const u8),
         ("rivet_f32_to_f16", rivet_f32_to_f16 as *const u8),

@@ -8,7 +8,8 @@
 //! bit-identical with the scalar code and the interpreter), float min / max (the scalar
 //! rule as masks and bit selects, `packed_minmax`), and float32 `exp` (inline,
 //! `vector_exp.rs`: `codegen::expf4`'s sequence, libm's `expf` bit for bit, checked on every
-//! float of its main range; other lanes call `rivet_expf4`). Everything else — gathers
+//! float of its main range; other lanes call `rivet_expf4`), float32 `erf` (one call of
+//! `rivet_erff4` per four lanes: `codegen::erff4`, libm's `erff` bit for bit). Everything else — gathers
 //! (other ramps, computed vector indices), casts, comparisons, selects, integer division, other transcendentals (libm calls),
 //! float16 / bfloat16 and bool — is computed lane by lane with the scalar code generation,
 //! extracting lanes from any packed operand, so its results are the scalar results.
@@ -81,6 +82,8 @@ fn packed(e: &Expr) -> bool {
                 matches!(op, UnOp::Neg | UnOp::Abs | UnOp::Sqrt)
                     // float32 exp four lanes at a time (inline, `vector_exp.rs`: libm's bits).
                     || (*op == UnOp::Exp && dt == DType::F32 && e.lanes() == 4)
+                    // float32 erf, one `rivet_erff4` call per four lanes (libm's bits).
+                    || (*op == UnOp::Erf && dt == DType::F32 && e.lanes() == 4)
             } else {
                 *op == UnOp::Neg || (*op == UnOp::Abs && is_unsigned(dt))
             };
@@ -205,6 +208,10 @@ impl FnGen<'_, '_> {
             ExprKind::Unary(UnOp::Exp, a) if dt == DType::F32 && e.lanes() == 4 => {
                 let x = self.packed_value(a)?;
                 self.packed_expf(x)?
+            }
+            ExprKind::Unary(UnOp::Erf, a) if dt == DType::F32 && e.lanes() == 4 => {
+                let x = self.packed_value(a)?;
+                self.packed_call4("rivet_erff4", x)?
             }
             ExprKind::Unary(op, a) => {
                 let x = self.packed_value(a)?;

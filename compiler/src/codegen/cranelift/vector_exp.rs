@@ -6,6 +6,8 @@
 //! same order (Cranelift never contracts a multiply and an add), so its lanes equal libm's
 //! `expf`. Lanes outside libm's main range (`|x| <= 2^-14`, `|x| >= 87.3`, NaN, infinities)
 //! send all four to `rivet_expf4` (a cold block), which falls back to the scalar function.
+//! float32 `erf` (libm's four branches and two `expf`s per lane) is one call of `rivet_erff4`
+//! per four lanes (`codegen::erff4`), `packed_call4`.
 
 use super::expr::flags;
 use super::FnGen;
@@ -114,7 +116,18 @@ impl FnGen<'_, '_> {
         self.b.ins().jump(join, &[BlockArg::Value(y)]);
 
         self.b.switch_to_block(slow);
-        // Through a 16-byte stack slot: `rivet_expf4` takes the four lanes in place.
+        let y = self.packed_call4("rivet_expf4", x)?;
+        self.b.ins().jump(join, &[BlockArg::Value(y)]);
+
+        self.b.seal_block(join);
+        self.b.switch_to_block(join);
+        Ok(out)
+    }
+
+    /// `helper(x)` for a packed 128-bit `x`, through a 16-byte stack slot: the helper
+    /// (`rivet_expf4`, `rivet_erff4`: `(ptr) -> i32`) replaces the four lanes in place.
+    pub(super) fn packed_call4(&mut self, helper: &'static str, x: Value) -> Result<Value> {
+        let ty = self.b.func.dfg.value_type(x);
         let slot = self
             .b
             .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
@@ -124,12 +137,7 @@ impl FnGen<'_, '_> {
             ));
         let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
         self.b.ins().store(flags(), x, ptr, 0);
-        self.call1("rivet_expf4", &[super::PTR], I32, &[ptr])?;
-        let y = self.b.ins().load(F32X4, flags(), ptr, 0);
-        self.b.ins().jump(join, &[BlockArg::Value(y)]);
-
-        self.b.seal_block(join);
-        self.b.switch_to_block(join);
-        Ok(out)
+        self.call1(helper, &[super::PTR], I32, &[ptr])?;
+        Ok(self.b.ins().load(ty, flags(), ptr, 0))
     }
 }
