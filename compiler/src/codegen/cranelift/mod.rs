@@ -46,6 +46,7 @@
 
 mod expr;
 mod helpers;
+mod hoist;
 mod intrin;
 mod parallel;
 mod stmt;
@@ -515,6 +516,9 @@ struct FnGen<'a, 'f> {
     /// Values computed for the vector statement being generated, by node address and lane
     /// (`vector.rs`); emptied before and after each one.
     vmemo: HashMap<(usize, u32), cranelift_codegen::ir::Value>,
+    /// Loop-invariant broadcast values computed before the loop running now (`hoist.rs`), by
+    /// the address of their expression node.
+    hoisted: HashMap<usize, cranelift_codegen::ir::Value>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -534,6 +538,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             stack_bytes: 0,
             reg_locals: HashMap::new(),
             vmemo: HashMap::new(),
+            hoisted: HashMap::new(),
         }
     }
 

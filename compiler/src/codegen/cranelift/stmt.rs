@@ -142,7 +142,8 @@ impl FnGen<'_, '_> {
     }
 
     /// `for var in lo..hi { body }`, tested at the loop top (the exit reads the header's
-    /// state; no block arguments on the conditional branch).
+    /// state; no block arguments on the conditional branch); the loop-invariant scalars of its
+    /// vector statements computed once before it (`hoist.rs`).
     pub(super) fn counted_loop(
         &mut self,
         var: &Var,
@@ -150,6 +151,36 @@ impl FnGen<'_, '_> {
         hi: Value,
         body: &Stmt,
     ) -> Result<()> {
+        let invariant = super::hoist::invariant_broadcasts(var, body);
+        if invariant.is_empty() {
+            return self.plain_counted_loop(var, lo, hi, body);
+        }
+        // The invariant scalars of its vector statements first, only when the loop runs.
+        let pre = self.b.create_block();
+        let after = self.b.create_block();
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
+        self.b.ins().brif(go, pre, &[], after, &[]);
+        self.b.seal_block(pre);
+        self.b.switch_to_block(pre);
+        let mut keys = Vec::with_capacity(invariant.len());
+        for e in &invariant {
+            let v = self.expr(e)?;
+            let key = std::sync::Arc::as_ptr(&e.0) as usize;
+            self.hoisted.insert(key, v);
+            keys.push(key);
+        }
+        let r = self.plain_counted_loop(var, lo, hi, body);
+        for k in keys {
+            self.hoisted.remove(&k);
+        }
+        r?;
+        self.b.ins().jump(after, &[]);
+        self.b.seal_block(after);
+        self.b.switch_to_block(after);
+        Ok(())
+    }
+
+    fn plain_counted_loop(&mut self, var: &Var, lo: Value, hi: Value, body: &Stmt) -> Result<()> {
         let header = self.b.create_block();
         let body_b = self.b.create_block();
         let exit = self.b.create_block();

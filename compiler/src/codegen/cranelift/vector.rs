@@ -158,6 +158,9 @@ impl FnGen<'_, '_> {
         if let Some(v) = self.vmemo.get(&key) {
             return Ok(*v);
         }
+        if let Some(v) = self.hoisted.get(&key.0) {
+            return Ok(*v);
+        }
         let v = self.expr(e)?;
         self.vmemo.insert(key, v);
         Ok(v)

@@ -1,0 +1,108 @@
+//! Loop-invariant scalars of vector statements, computed once before their loop.
+//!
+//! A vector statement evaluates the scalar under each `broadcast` once per statement, that is
+//! once per iteration of its loop: layer_norm's row mean and `rsqrt(var + eps)`, softmax's row
+//! maximum and sum were loaded and recomputed for every four elements (Cranelift's own code
+//! motion moves pure instructions, never loads). `invariant_broadcasts` finds, for a loop, the
+//! broadcast values of the vector stores directly in its body (not in nested loops) that
+//! cannot change inside it; `FnGen::counted_loop` computes them in a preheader that runs only
+//! when the loop runs at least once (a load the bounds proof allowed inside the loop is never
+//! made for an empty one), and `FnGen::scalar` takes them from `FnGen::hoisted`.
+//!
+//! A value is invariant when: no variable bound inside the loop (its own, `let`s, inner loops)
+//! occurs in it; no buffer it loads is written anywhere in the loop body (outputs never share
+//! memory with other arguments, the runtime's rule, and locals are separate allocations, so a
+//! buffer the body does not write keeps its contents); and it has no integer division or
+//! remainder (whose behaviour on zero stays where the program puts it). A value without a load
+//! or a division is left alone: Cranelift hoists pure instructions itself.
+
+use crate::ir::{BinOp, BufId, Expr, ExprKind, Stmt, Var};
+use std::collections::HashSet;
+
+/// The distinct broadcast values of the vector stores directly in `body` (the body of the
+/// loop over `var`) that are invariant in the loop (module doc).
+pub(super) fn invariant_broadcasts(var: &Var, body: &Stmt) -> Vec<Expr> {
+    let mut bound: HashSet<u32> = HashSet::from([var.id]);
+    let mut written: HashSet<BufId> = HashSet::new();
+    let mut opaque = false;
+    body.visit(&mut |s| match s {
+        Stmt::For { var, .. } | Stmt::Let { var, .. } => {
+            bound.insert(var.id);
+        }
+        Stmt::Store { buf, .. } => {
+            written.insert(*buf);
+        }
+        Stmt::Call { regions, .. } => written.extend(regions.iter().map(|r| r.buf)),
+        Stmt::AllReduce { .. } | Stmt::Launch { .. } => {
+            // Not in CPU loop bodies; make nothing invariant if they ever are.
+            opaque = true;
+        }
+        _ => {}
+    });
+    if opaque {
+        return Vec::new();
+    }
+    let mut out: Vec<Expr> = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    direct_vector_stores(body, &mut |value| {
+        value.visit(&mut |n| {
+            if let ExprKind::Broadcast { value: v, .. } = n.kind() {
+                let key = std::sync::Arc::as_ptr(&v.0) as usize;
+                if seen.insert(key) && worth_hoisting(v) && invariant(v, &bound, &written) {
+                    out.push(v.clone());
+                }
+            }
+        })
+    });
+    out
+}
+
+/// Calls `f` on the value of each vector store in `s`, not descending into loops.
+fn direct_vector_stores(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
+    match s {
+        Stmt::Store { value, .. } if value.is_vector() => f(value),
+        Stmt::Seq(v) => v.iter().for_each(|s| direct_vector_stores(s, f)),
+        Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => direct_vector_stores(body, f),
+        Stmt::If {
+            then, otherwise, ..
+        } => {
+            direct_vector_stores(then, f);
+            if let Some(o) = otherwise {
+                direct_vector_stores(o, f)
+            }
+        }
+        _ => {}
+    }
+}
+
+fn worth_hoisting(e: &Expr) -> bool {
+    let mut any = false;
+    e.visit(&mut |n| {
+        any |= matches!(
+            n.kind(),
+            ExprKind::Load { .. } | ExprKind::Unary(..) | ExprKind::Binary(BinOp::Div, ..)
+        )
+    });
+    any
+}
+
+fn invariant(e: &Expr, bound: &HashSet<u32>, written: &HashSet<BufId>) -> bool {
+    let mut ok = !e.is_vector();
+    e.visit(&mut |n| match n.kind() {
+        ExprKind::Var(v) if bound.contains(&v.id) => ok = false,
+        ExprKind::Load { buf, .. } if written.contains(buf) => ok = false,
+        ExprKind::Binary(BinOp::Div | BinOp::FloorDiv | BinOp::FloorMod, a, _)
+            if !a.dtype().is_float() =>
+        {
+            ok = false
+        }
+        // Only plain data: anything the CPU backend does not evaluate as a scalar stays put.
+        ExprKind::Read { .. }
+        | ExprKind::Reduce { .. }
+        | ExprKind::Invalid(_)
+        | ExprKind::Ramp { .. }
+        | ExprKind::Broadcast { .. } => ok = false,
+        _ => {}
+    });
+    ok
+}
