@@ -263,6 +263,9 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         order.extend([bax[n - 2].clone(), bax[n - 3].clone(), bax[n - 1].clone()]);
         st.reorder(&order)?;
         st.parallel(&order[0])?;
+        // A panel row is a contiguous copy of a row of B: packed when B's rows are compact
+        // (a pad-guarded panel, N not a multiple of NR, stays scalar: the guard's load).
+        st.vectorize(&bax[n - 1])?;
     } else {
         st.parallel(&bax[0])?;
     }
