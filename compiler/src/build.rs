@@ -150,7 +150,10 @@ pub fn build_with<T: ToTarget + ?Sized>(
                     name,
                 },
                 &target,
-                opts,
+                lower::Options {
+                    fuse_rows: std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0"),
+                    ..opts
+                },
             )
         });
         if let Ok(c) = built {

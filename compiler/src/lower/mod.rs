@@ -5,6 +5,7 @@
 pub mod bounds;
 pub mod flatten;
 pub mod fma;
+pub mod fuse_rows;
 pub mod interval;
 pub mod nest;
 pub mod simplify;
@@ -58,6 +59,10 @@ pub struct Options {
     /// (`kernels::cpu_default`) for a schedule the user left untouched
     /// (`RIVET_DEFAULT_SCHEDULE=0`, `build(..., default_schedule=False)`).
     pub as_written: bool,
+    /// Fuse consecutive root-level parallel loops over the same rows (`lower::fuse_rows`):
+    /// set by `build` for a program under the default CPU schedule, never for a schedule the
+    /// user wrote.
+    pub fuse_rows: bool,
 }
 
 impl Options {
@@ -70,6 +75,7 @@ impl Options {
                 .is_ok_and(|v| v == "0")
                 .then_some(0),
             as_written: std::env::var("RIVET_DEFAULT_SCHEDULE").is_ok_and(|v| v == "0"),
+            fuse_rows: false,
         }
     }
 }
@@ -119,6 +125,12 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
             //     loaded module computes the same.
             if opts.fma {
                 fma::contract_func(&mut nest);
+            }
+            // 1d. Row fusion of the default CPU schedule's parallel loops; part of the nest,
+            //     so a loaded module runs (and proves) the fused loops.
+            if opts.fuse_rows && target.kind == crate::target::TargetKind::Cpu {
+                fuse_rows::fuse(&mut nest);
+                dump(name, 0, "fused.ir", || nest.to_string());
             }
             nest
         }

@@ -1,0 +1,191 @@
+//! Row fusion: consecutive root-level parallel loops over the same range whose iterations
+//! each touch only their own row of every buffer the loops write become one parallel loop.
+//!
+//! What the default CPU schedule (`kernels::cpu_default`) makes of a row-wise program —
+//! softmax's maximum (its lane partials, tail and combination), exponentials, sum and
+//! quotient; layer_norm's two sums and the normalisation — is one parallel loop over the rows
+//! per stage: each sweeps the whole tensor, so a 4096 x 1024 softmax read or wrote 16 MiB ten
+//! times from memory. Fused, one thread runs every stage on a row while it is in its cache.
+//!
+//! Legal when, in every loop of the group, every access (load or store) to a buffer that any
+//! loop of the group stores to has the loop's own variable as its first index (after
+//! simplification): iteration `v` of every loop then reads and writes only row `v` of those
+//! buffers, so running the loops' bodies one after the other per row computes exactly what
+//! running the loops one after the other does — same operations on the same values in the
+//! same order per element; buffers no loop writes cannot change. A loop with an intrinsic
+//! call (whose regions are not plain indexed accesses) is never fused. The fused loop is still
+//! race-free by `verify_parallel`'s disjointness rule (a slot holding `v` in every access), and
+//! the bounds proof runs after this pass, on the fused loop.
+//!
+//! Runs only on programs under the default CPU schedule (`Options::fuse_rows`); a schedule
+//! the user wrote keeps its loop structure.
+
+use crate::ir::expr::{BufId, Expr, ExprKind, Var};
+use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
+use crate::lower::simplify::simplify;
+use std::collections::HashSet;
+
+/// Fuses the groups of `f`'s root-level parallel loops that the rule (module doc) allows.
+pub fn fuse(f: &mut PrimFunc) {
+    f.body = fuse_stmt(&f.body);
+}
+
+/// Root level: through the `Allocate`s of the function's locals, to the sequence of nests.
+fn fuse_stmt(s: &Stmt) -> Stmt {
+    match s {
+        Stmt::Allocate { buf, body } => Stmt::Allocate {
+            buf: *buf,
+            body: Box::new(fuse_stmt(body)),
+        },
+        // A stage's nests (a reduction's init and update) come as a sequence of their own:
+        // spliced, so loops of different stages can meet.
+        Stmt::Seq(items) => {
+            let mut flat = Vec::new();
+            splice(items, &mut flat);
+            Stmt::seq(fuse_seq(&flat))
+        }
+        other => other.clone(),
+    }
+}
+
+fn splice(items: &[Stmt], out: &mut Vec<Stmt>) {
+    for s in items {
+        match s {
+            Stmt::Seq(inner) => splice(inner, out),
+            other => out.push(other.clone()),
+        }
+    }
+}
+
+struct Loop<'a> {
+    var: &'a Var,
+    min: Expr,
+    extent: Expr,
+    body: &'a Stmt,
+}
+
+fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
+    match s {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            kind: ForKind::Parallel,
+        } => Some(Loop {
+            var,
+            min: simplify(min),
+            extent: simplify(extent),
+            body,
+        }),
+        _ => None,
+    }
+}
+
+fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < items.len() {
+        let Some(first) = as_parallel(&items[k]) else {
+            out.push(fuse_stmt(&items[k]));
+            k += 1;
+            continue;
+        };
+        let mut group = vec![first];
+        let mut next = k + 1;
+        while next < items.len() {
+            let Some(l) = as_parallel(&items[next]) else {
+                break;
+            };
+            if l.min != group[0].min || l.extent != group[0].extent {
+                break;
+            }
+            group.push(l);
+            if !row_local(&group) {
+                group.pop();
+                break;
+            }
+            next += 1;
+        }
+        if group.len() == 1 {
+            out.push(items[k].clone());
+        } else {
+            out.push(fused(&group));
+        }
+        k = next;
+    }
+    out
+}
+
+/// The group's loops as one loop over the first one's variable.
+fn fused(group: &[Loop<'_>]) -> Stmt {
+    let v = group[0].var.clone();
+    let ve = Expr::var(&v);
+    let bodies: Vec<Stmt> = group
+        .iter()
+        .map(|l| {
+            if l.var == &v {
+                return l.body.clone();
+            }
+            let old = l.var.clone();
+            l.body.rewrite(
+                &mut |e| e.substitute(&|x| (*x == old).then(|| ve.clone())),
+                &mut |s| s,
+            )
+        })
+        .collect();
+    Stmt::For {
+        var: v,
+        min: group[0].min.clone(),
+        extent: group[0].extent.clone(),
+        body: Box::new(Stmt::seq(bodies)),
+        kind: ForKind::Parallel,
+    }
+}
+
+/// The legality rule of the module doc for `group`.
+fn row_local(group: &[Loop<'_>]) -> bool {
+    let mut written: HashSet<BufId> = HashSet::new();
+    // Buffers allocated inside a body are private to one iteration of its loop.
+    let mut private: HashSet<BufId> = HashSet::new();
+    let mut opaque = false;
+    for l in group {
+        l.body.visit(&mut |s| match s {
+            Stmt::Store { buf, .. } => {
+                written.insert(*buf);
+            }
+            Stmt::Allocate { buf, .. } => {
+                private.insert(*buf);
+            }
+            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
+                opaque = true
+            }
+            _ => {}
+        });
+    }
+    if opaque {
+        return false;
+    }
+    written.retain(|b| !private.contains(b));
+    group.iter().all(|l| {
+        let own = |indices: &[Expr]| {
+            indices
+                .first()
+                .is_some_and(|i| simplify(i).as_var() == Some(l.var))
+        };
+        let mut ok = true;
+        l.body.visit(&mut |s| {
+            if let Stmt::Store { buf, indices, .. } = s {
+                ok &= !written.contains(buf) || own(indices);
+            }
+        });
+        l.body.visit_exprs(&mut |e| {
+            e.visit(&mut |n| {
+                if let ExprKind::Load { buf, indices } = n.kind() {
+                    ok &= !written.contains(buf) || own(indices);
+                }
+            })
+        });
+        ok
+    })
+}
