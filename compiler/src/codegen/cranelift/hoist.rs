@@ -19,6 +19,20 @@
 use crate::ir::{BinOp, BufId, Expr, ExprKind, Stmt, Var};
 use std::collections::HashSet;
 
+/// Loops of a constant trip count up to this, whose body is only vector stores, are unrolled
+/// (`FnGen::unrolled`).
+pub(super) const UNROLL_MAX: i64 = 4;
+
+/// True when `s` is vector stores (under `let`s and sequences) and nothing else.
+pub(super) fn only_vector_stores(s: &Stmt) -> bool {
+    match s {
+        Stmt::Store { value, .. } => value.is_vector(),
+        Stmt::Seq(v) => v.iter().all(only_vector_stores),
+        Stmt::Let { body, .. } => only_vector_stores(body),
+        _ => false,
+    }
+}
+
 /// The distinct broadcast values of the vector stores directly in `body` (the body of the
 /// loop over `var`) that are invariant in the loop (module doc).
 pub(super) fn invariant_broadcasts(var: &Var, body: &Stmt) -> Vec<Expr> {

@@ -116,6 +116,13 @@ impl FnGen<'_, '_> {
                         var.name
                     )));
                 }
+                if let (Some(lo), Some(n)) = (min.as_int(), extent.as_int()) {
+                    if (1..=super::hoist::UNROLL_MAX).contains(&n)
+                        && super::hoist::only_vector_stores(body)
+                    {
+                        return self.unrolled(var, lo, n, body);
+                    }
+                }
                 let lo = self.expr(min)?;
                 let lo = self.index_i64(lo, min.dtype());
                 let ext = self.expr(extent)?;
@@ -178,6 +185,35 @@ impl FnGen<'_, '_> {
         self.b.seal_block(after);
         self.b.switch_to_block(after);
         Ok(())
+    }
+
+    /// `for var in [lo, lo + n)` with a constant `n` of at most `hoist::UNROLL_MAX` over vector
+    /// stores: the body `n` times with `var` a constant (the vectorize pass's strip of a
+    /// 16-lane partial sum is four f32x4 iterations: no counter, no branch, constant offsets),
+    /// its loop-invariant scalars computed once first.
+    fn unrolled(&mut self, var: &Var, lo: i64, n: i64, body: &Stmt) -> Result<()> {
+        let invariant = super::hoist::invariant_broadcasts(var, body);
+        let mut keys = Vec::with_capacity(invariant.len());
+        for e in &invariant {
+            let v = self.expr(e)?;
+            let key = std::sync::Arc::as_ptr(&e.0) as usize;
+            self.hoisted.insert(key, v);
+            keys.push(key);
+        }
+        let mut r = Ok(());
+        for k in 0..n {
+            let c = self.b.ins().iconst(types::I64, lo + k);
+            let old = self.bind_var(var.id, c);
+            r = self.stmt(body);
+            self.restore_var(var.id, old);
+            if r.is_err() {
+                break;
+            }
+        }
+        for k in keys {
+            self.hoisted.remove(&k);
+        }
+        r
     }
 
     fn plain_counted_loop(&mut self, var: &Var, lo: Value, hi: Value, body: &Stmt) -> Result<()> {
