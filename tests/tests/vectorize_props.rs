@@ -582,16 +582,25 @@ fn float32_exp_is_exact_on_every_main_range_float() {
     flush(&mut x);
 }
 
-/// float32 `erf` under `vectorize` is one `rivet_erff4` call per four lanes (libm's `erff`
-/// bit for bit, `codegen::erff4`) and computes the interpreter's bits: each of libm's branches
-/// and their thresholds, lanes of different branches in one vector, the lanes libm treats
-/// apart (tiny, NaN, infinities) and a sweep of every 127th float32 from 2^-28 up.
+/// float32 `erf` under `vectorize` gets 16 lanes on a CPU with AVX-512 and one `rivet_erff16`
+/// call per sixteen (else four lanes, one `rivet_erff4` call each) (`codegen::erff16`: libm's `erff` bit for bit, AVX-512 where the CPU has it), and
+/// computes the interpreter's bits: each of libm's branches and their thresholds, lanes of
+/// different branches in one vector, the lanes libm treats apart (tiny, NaN, infinities), a
+/// tail, and a sweep of every 127th float32 from 2^-28 up.
 #[test]
-fn float32_erf_is_four_lanes_per_call_and_exact() {
-    let (args, s) = vectorized_1d(8, DType::F32, 1, |x| {
+fn float32_erf_is_sixteen_lanes_per_call_and_exact() {
+    let (args, s) = vectorized_1d(64, DType::F32, 1, |x| {
         Expr::unary(UnOp::Erf, x[0].clone()).unwrap()
     });
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
+    let ir = m.get_source("ir").unwrap();
+    // Sixteen lanes where the CPU has AVX-512 (and RIVET_ERF16 is not `portable`), else four.
+    let lanes = if rivet_compiler::codegen::erff16::wide() {
+        16
+    } else {
+        4
+    };
+    assert!(ir.contains(&format!(", 1, {lanes})]")), "{ir}");
     let clif = m.get_source("cranelift").unwrap();
     assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
     let mut x = vec![
@@ -625,6 +634,10 @@ fn float32_erf_is_four_lanes_per_call_and_exact() {
         x.push(f32::from_bits(b));
         x.push(-f32::from_bits(b));
         b += 127;
+    }
+    x.push(0.25); // a tail after the 16-lane chunks
+    if x.len() % 16 == 0 {
+        x.push(-0.5);
     }
     let (cpu, interp) = (
         vector_unary(UnOp::Erf, &x, "cpu"),

@@ -22,22 +22,22 @@ pub fn erff4(x: [f32; 4]) -> [f32; 4] {
 }
 
 // libm's coefficients (erff.rs), by their bits.
-const ERX: f32 = f32::from_bits(0x3f58_560b);
-const PP: [f32; 5] = [
+pub(crate) const ERX: f32 = f32::from_bits(0x3f58_560b);
+pub(crate) const PP: [f32; 5] = [
     f32::from_bits(0x3e03_75d4),
     f32::from_bits(0xbea6_6beb),
     f32::from_bits(0xbce9_528f),
     f32::from_bits(0xbbbd_1489),
     f32::from_bits(0xb7c7_56b1),
 ];
-const QQ: [f32; 5] = [
+pub(crate) const QQ: [f32; 5] = [
     f32::from_bits(0x3ecb_bbce),
     f32::from_bits(0x3d85_2a63),
     f32::from_bits(0x3ba6_8116),
     f32::from_bits(0x390a_ee49),
     f32::from_bits(0xb684_e21a),
 ];
-const PA: [f32; 7] = [
+pub(crate) const PA: [f32; 7] = [
     f32::from_bits(0xbb1a_cdc6),
     f32::from_bits(0x3ed4_6805),
     f32::from_bits(0xbebe_9208),
@@ -46,7 +46,7 @@ const PA: [f32; 7] = [
     f32::from_bits(0x3d11_51b3),
     f32::from_bits(0xbb0d_f9c0),
 ];
-const QA: [f32; 6] = [
+pub(crate) const QA: [f32; 6] = [
     f32::from_bits(0x3dd9_f331),
     f32::from_bits(0x3f0a_5785),
     f32::from_bits(0x3d93_1ae7),
@@ -54,7 +54,7 @@ const QA: [f32; 6] = [
     f32::from_bits(0x3c5f_6e13),
     f32::from_bits(0x3c44_5aa3),
 ];
-const RA: [f32; 8] = [
+pub(crate) const RA: [f32; 8] = [
     f32::from_bits(0xbc21_a093),
     f32::from_bits(0xbf31_a0b7),
     f32::from_bits(0xc128_f022),
@@ -64,7 +64,7 @@ const RA: [f32; 8] = [
     f32::from_bits(0xc2a2_932b),
     f32::from_bits(0xc11d_077e),
 ];
-const SA: [f32; 8] = [
+pub(crate) const SA: [f32; 8] = [
     f32::from_bits(0x419d_35ce),
     f32::from_bits(0x4309_a863),
     f32::from_bits(0x43d9_486f),
@@ -74,7 +74,7 @@ const SA: [f32; 8] = [
     f32::from_bits(0x40d2_3f7c),
     f32::from_bits(0xbd77_7f97),
 ];
-const RB: [f32; 7] = [
+pub(crate) const RB: [f32; 7] = [
     f32::from_bits(0xbc21_a092),
     f32::from_bits(0xbf4c_9dd4),
     f32::from_bits(0xc18e_104b),
@@ -83,7 +83,7 @@ const RB: [f32; 7] = [
     f32::from_bits(0xc480_230b),
     f32::from_bits(0xc3f1_c275),
 ];
-const SB: [f32; 7] = [
+pub(crate) const SB: [f32; 7] = [
     f32::from_bits(0x41f2_b459),
     f32::from_bits(0x43a2_e571),
     f32::from_bits(0x44c0_1759),

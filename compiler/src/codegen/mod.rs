@@ -9,6 +9,7 @@
 
 pub mod cranelift;
 pub mod cuda;
+pub mod erff16;
 pub mod erff4;
 pub mod expf4;
 pub mod host;

@@ -48,10 +48,13 @@ use rivet_runtime::DType;
 
 /// Vectorizes every `Vectorized` loop of `func` it can (module header), by vectors of
 /// `bytes` bytes (`Target::vectorize_bytes`); `None` leaves the function as it is.
-pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>) {
+/// `wide_erf`: a loop storing float32 values that compute float32 `erf` gets `ERF_LANES`
+/// lanes instead (the CPU: one `rivet_erff16` call per sixteen lanes, `codegen::erff16`).
+pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>, wide_erf: bool) {
     let Some(bytes) = bytes else {
         return;
     };
+    let width = Width { bytes, wide_erf };
     func.body = func.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::For {
             var,
@@ -59,7 +62,7 @@ pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>) {
             extent,
             kind: ForKind::Vectorized,
             body,
-        } => match vectorize_guarded(&var, &min, &extent, &body, bytes) {
+        } => match vectorize_guarded(&var, &min, &extent, &body, width) {
             Some(v) => v,
             None => Stmt::For {
                 var,
@@ -79,14 +82,20 @@ pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>) {
 /// loop of no iterations, has no effect), and a conjunct `v + r < x` (or `<=`) holds exactly
 /// for a prefix of the iterations, so it becomes a shorter extent. The loop then runs exactly
 /// the iterations whose guard held, in the same order.
-fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32) -> Option<Stmt> {
+fn vectorize_guarded(
+    v: &Var,
+    min: &Expr,
+    extent: &Expr,
+    body: &Stmt,
+    width: Width,
+) -> Option<Stmt> {
     let Stmt::If {
         cond,
         then,
         otherwise: None,
     } = body
     else {
-        return vectorize_loop(v, min, extent, body, bytes);
+        return vectorize_loop(v, min, extent, body, width);
     };
     if has_load(cond) {
         return None;
@@ -154,7 +163,7 @@ fn vectorize_guarded(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32
         ext = ext.min_(&limit.sub(min));
     }
     let ext = simplify(&ext);
-    let mut inner = vectorize_loop(v, min, &ext, then, bytes)?;
+    let mut inner = vectorize_loop(v, min, &ext, then, width)?;
     if let Some(c) = no_wrap
         .into_iter()
         .reduce(|a, b| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool))
@@ -281,7 +290,17 @@ fn loads(e: &Expr, out: &mut Vec<(BufId, Expr)>) {
     });
 }
 
-fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32) -> Option<Stmt> {
+/// Lanes of a float32 loop computing `erf` on the CPU (`vectorize`'s `wide_erf`).
+pub const ERF_LANES: u32 = 16;
+
+/// The vector width of the pass (`vectorize`).
+#[derive(Clone, Copy)]
+struct Width {
+    bytes: u32,
+    wide_erf: bool,
+}
+
+fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, width: Width) -> Option<Stmt> {
     let mut sts = Vec::new();
     stores(body, &mut sts)?;
     if sts.is_empty() {
@@ -289,7 +308,18 @@ fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, bytes: u32) -
     }
     // Lanes: the widest stored element fills the vector.
     let widest = sts.iter().map(|(_, _, x)| x.dtype().size()).max()? as u32;
-    let lanes = bytes / widest.max(1);
+    let computes_erf = |e: &Expr| {
+        let mut yes = false;
+        e.visit(&mut |n| {
+            yes |= matches!(n.kind(), ExprKind::Unary(crate::ir::UnOp::Erf, a) if a.dtype() == DType::F32)
+        });
+        yes
+    };
+    let lanes = if width.wide_erf && widest == 4 && sts.iter().any(|(_, _, x)| computes_erf(x)) {
+        ERF_LANES
+    } else {
+        width.bytes / widest.max(1)
+    };
     if !(2..=crate::ir::verify::MAX_LANES).contains(&lanes) {
         return None;
     }
@@ -649,7 +679,7 @@ mod tests {
             unreachable!()
         };
         *kind = ForKind::Vectorized;
-        vectorize(&mut f, Some(16));
+        vectorize(&mut f, Some(16), false);
         verify(&f, true).unwrap();
         f.to_string()
     }

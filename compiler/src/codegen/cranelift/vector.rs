@@ -263,7 +263,7 @@ impl FnGen<'_, '_> {
     }
 
     /// Lane `l` of `e`, as a scalar value of `e`'s dtype.
-    fn lane(&mut self, e: &Expr, l: u32) -> Result<Value> {
+    pub(super) fn lane(&mut self, e: &Expr, l: u32) -> Result<Value> {
         if !e.is_vector() {
             return self.scalar(e);
         }
@@ -287,6 +287,16 @@ impl FnGen<'_, '_> {
                 self.b.ins().iadd(b, off)
             }
             ExprKind::Broadcast { value, .. } => self.scalar(value)?,
+            // Sixteen lanes of float32 erf: one `rivet_erff16` call computes all of them.
+            ExprKind::Unary(UnOp::Erf, a)
+                if dt == DType::F32 && e.lanes() == crate::lower::vectorize::ERF_LANES =>
+            {
+                let all = self.erf16_lanes(a)?;
+                for (k, v) in all.iter().enumerate() {
+                    self.vmemo.insert((key.0, k as u32), *v);
+                }
+                all[l as usize]
+            }
             ExprKind::Unary(op, a) => {
                 let x = self.lane(a, l)?;
                 self.unary(*op, x, a.dtype())?

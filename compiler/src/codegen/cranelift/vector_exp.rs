@@ -7,7 +7,8 @@
 //! `expf`. Lanes outside libm's main range (`|x| <= 2^-14`, `|x| >= 87.3`, NaN, infinities)
 //! send all four to `rivet_expf4` (a cold block), which falls back to the scalar function.
 //! float32 `erf` (libm's four branches and two `expf`s per lane) is one call of `rivet_erff4`
-//! per four lanes (`codegen::erff4`), `packed_call4`.
+//! per four lanes (`codegen::erff4`), `packed_call4`; a 16-lane float32 `erf` (the CPU's
+//! vectorize pass gives erf loops 16 lanes) one call of `rivet_erff16`, `erf16_lanes`.
 
 use super::expr::flags;
 use super::FnGen;
@@ -139,5 +140,29 @@ impl FnGen<'_, '_> {
         self.b.ins().store(flags(), x, ptr, 0);
         self.call1(helper, &[super::PTR], I32, &[ptr])?;
         Ok(self.b.ins().load(ty, flags(), ptr, 0))
+    }
+
+    /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `ERF_LANES` lanes, computed lane by
+    /// lane): through a 64-byte stack slot, one `rivet_erff16` call (`codegen::erff16`,
+    /// AVX-512 where the CPU has it), libm's bits.
+    pub(super) fn erf16_lanes(&mut self, a: &crate::ir::Expr) -> Result<Vec<Value>> {
+        use cranelift_codegen::ir::types::F32;
+        let n = crate::lower::vectorize::ERF_LANES;
+        let slot = self
+            .b
+            .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
+                cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
+                4 * n,
+                6,
+            ));
+        let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
+        for l in 0..n {
+            let x = self.lane(a, l)?;
+            self.b.ins().store(flags(), x, ptr, (4 * l) as i32);
+        }
+        self.call1("rivet_erff16", &[super::PTR], I32, &[ptr])?;
+        Ok((0..n)
+            .map(|l| self.b.ins().load(F32, flags(), ptr, (4 * l) as i32))
+            .collect())
     }
 }

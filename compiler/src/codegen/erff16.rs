@@ -1,0 +1,318 @@
+//! Sixteen float32 `erf`s at once, bit for bit `libm::erff`: `erff4`'s algorithm on AVX-512
+//! registers, chosen at run time (`is_x86_feature_detected!`), else four `erff4` calls.
+//!
+//! Why sixteen: `erf` is the cost of a GELU, and with 128-bit vectors (all Cranelift emits)
+//! each call of `rivet_erff4` computes four lanes; one AVX-512 call computes sixteen with the
+//! same instruction count. The CPU's vectorize pass gives a float32 loop that computes `erf`
+//! sixteen lanes (`lower::vectorize`), and the Cranelift code makes one `rivet_erff16` call
+//! per sixteen (`cranelift/vector.rs`, `erf16_lanes`).
+//!
+//! Same float32 operations in the same order as libm, lane by lane (Rust never contracts a
+//! multiply and an add; masked blends pick each lane's branch), `expf` as `expf4` computes it
+//! (libm's sequence) on sixteen lanes. Lanes libm treats apart (`|x| < 2^-28`, NaN,
+//! infinities for `erf`; outside `2^-14 < |x| < 87.3` for `exp`) take the scalar function,
+//! lane by lane.
+
+/// `erff` of each of the sixteen lanes, equal in bits to `libm::erff`.
+pub fn erff16(x: [f32; 16]) -> [f32; 16] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && !portable() {
+            // SAFETY: AVX-512F is present (checked just above).
+            return unsafe { avx512::erff16(x) };
+        }
+    }
+    by_fours(x)
+}
+
+/// Whether the CPU's vectorize pass gives float32 `erf` loops sixteen lanes: only where the
+/// sixteen run as one AVX-512 computation (with `erff4` four at a time, the 4-lane packed loop
+/// is faster: the rest of its body stays packed). Decided where the code is compiled, which
+/// is where it runs (modules are compiled when loaded).
+pub fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && !portable()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Four `erff4` calls (machines without AVX-512, or `RIVET_ERF16=portable`).
+pub fn by_fours(x: [f32; 16]) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    for q in 0..4 {
+        let mut v = [0f32; 4];
+        v.copy_from_slice(&x[4 * q..4 * q + 4]);
+        out[4 * q..4 * q + 4].copy_from_slice(&super::erff4::erff4(v));
+    }
+    out
+}
+
+/// `RIVET_ERF16=portable` forces the four-call path (tests cover both on one machine).
+fn portable() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var("RIVET_ERF16").is_ok_and(|v| v == "portable"))
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::super::erff4::{ERX, PA, PP, QA, QQ, RA, RB, SA, SB};
+    use std::arch::x86_64::*;
+
+    /// libm's `expf` on sixteen lanes (`expf4`'s sequence); lanes outside its main range
+    /// take `libm::expf`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn expf16(x: __m512) -> __m512 {
+        const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+        const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+        const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
+        const P1: f32 = 1.666_662_5e-1;
+        const P2: f32 = -2.766_733_3e-3;
+        let seti = _mm512_set1_epi32;
+        let set = _mm512_set1_ps;
+        let bits = _mm512_castps_si512(x);
+        let hx = _mm512_and_si512(bits, seti(0x7fff_ffff));
+        let main = _mm512_cmpgt_epi32_mask(hx, seti(0x3900_0000))
+            & _mm512_cmplt_epi32_mask(hx, seti(0x42ae_ac50));
+        let sign = _mm512_srli_epi32::<31>(bits);
+        let half = _mm512_castsi512_ps(_mm512_or_si512(
+            seti(0.5f32.to_bits() as i32),
+            _mm512_slli_epi32::<31>(sign),
+        ));
+        let k_big = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(set(INV_LN2), x), half));
+        let k_mid = _mm512_sub_epi32(seti(1), _mm512_add_epi32(sign, sign));
+        let big = _mm512_cmpgt_epi32_mask(hx, seti(0x3f85_1592));
+        let mid = _mm512_cmpgt_epi32_mask(hx, seti(0x3eb1_7218));
+        // big ? k_big : (mid ? k_mid : 0).
+        let k = _mm512_mask_blend_epi32(big, _mm512_maskz_mov_epi32(mid, k_mid), k_big);
+        let kf = _mm512_cvtepi32_ps(k);
+        let hi = _mm512_sub_ps(x, _mm512_mul_ps(kf, set(LN2_HI)));
+        let lo = _mm512_mul_ps(kf, set(LN2_LO));
+        let r = _mm512_sub_ps(hi, lo);
+        let rr = _mm512_mul_ps(r, r);
+        let poly = _mm512_add_ps(set(P1), _mm512_mul_ps(rr, set(P2)));
+        let c = _mm512_sub_ps(r, _mm512_mul_ps(rr, poly));
+        let q = _mm512_div_ps(_mm512_mul_ps(r, c), _mm512_sub_ps(set(2.0), c));
+        let y = _mm512_add_ps(set(1.0), _mm512_add_ps(_mm512_sub_ps(q, lo), hi));
+        let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k, seti(127))));
+        let y = _mm512_mul_ps(y, scale);
+        if main == 0xFFFF {
+            return y;
+        }
+        let (mut xs, mut ys) = ([0f32; 16], [0f32; 16]);
+        // SAFETY: sixteen floats each.
+        unsafe {
+            _mm512_storeu_ps(xs.as_mut_ptr(), x);
+            _mm512_storeu_ps(ys.as_mut_ptr(), y);
+        }
+        for l in 0..16 {
+            if main & (1 << l) == 0 {
+                ys[l] = libm::expf(xs[l]);
+            }
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_loadu_ps(ys.as_ptr()) }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn erff16(x16: [f32; 16]) -> [f32; 16] {
+        let seti = _mm512_set1_epi32;
+        let set = _mm512_set1_ps;
+        // SAFETY: sixteen floats.
+        let x = unsafe { _mm512_loadu_ps(x16.as_ptr()) };
+        let bits = _mm512_castps_si512(x);
+        let ix = _mm512_and_si512(bits, seti(0x7fff_ffff));
+        let below = |t: i32| _mm512_cmplt_epi32_mask(ix, seti(t));
+        // p0 + z * (p1 + z * (... + z * pn)), innermost first, as libm writes it.
+        let horner = |z: __m512, c: &[f32]| {
+            let mut acc = set(c[c.len() - 1]);
+            for &k in c[..c.len() - 1].iter().rev() {
+                acc = _mm512_add_ps(set(k), _mm512_mul_ps(z, acc));
+            }
+            acc
+        };
+        let one_plus =
+            |z: __m512, c: &[f32]| _mm512_add_ps(set(1.0), _mm512_mul_ps(z, horner(z, c)));
+        let sign = _mm512_and_si512(bits, seti(i32::MIN));
+        // `sign ? -y : y` as a flip of y's sign bit (y >= 0 wherever it is used).
+        let signed =
+            |y: __m512| _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(y), sign));
+        let ax = _mm512_castsi512_ps(ix);
+        let (m_a, m_b, m_c) = (below(0x3f58_0000), below(0x3fa0_0000), below(0x40c0_0000));
+        // |x| >= 6: 1 - 2^-120.
+        let mut y = signed(_mm512_sub_ps(set(1.0), set(f32::from_bits(0x0380_0000))));
+        // 1.25 <= |x| < 6: 1 - erfc, erfc = expf(-z z - 0.5625) expf((z - x)(z + x) + r / s) / x.
+        let m_cd = m_c & !m_b;
+        if m_cd != 0 {
+            // Other lanes compute with |x| = 2 (in range: no NaN, no expf fallback).
+            let xa = _mm512_mask_blend_ps(m_cd, set(2.0), ax);
+            let s = _mm512_div_ps(set(1.0), _mm512_mul_ps(xa, xa));
+            let near = _mm512_cmplt_epi32_mask(_mm512_castps_si512(xa), seti(0x4036_db6d));
+            let (near_cd, far_cd) = (m_cd & near, m_cd & !near);
+            let (r, big_s) = match (near_cd != 0, far_cd != 0) {
+                (true, false) => (horner(s, &RA), one_plus(s, &SA)),
+                (false, true) => (horner(s, &RB), one_plus(s, &SB)),
+                _ => (
+                    _mm512_mask_blend_ps(near, horner(s, &RB), horner(s, &RA)),
+                    _mm512_mask_blend_ps(near, one_plus(s, &SB), one_plus(s, &SA)),
+                ),
+            };
+            let z = _mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_castps_si512(xa),
+                seti(0xffff_e000u32 as i32),
+            ));
+            let neg_z =
+                _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(z), seti(i32::MIN)));
+            let e1 = _mm512_sub_ps(_mm512_mul_ps(neg_z, z), set(0.5625));
+            let e2 = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_sub_ps(z, xa), _mm512_add_ps(z, xa)),
+                _mm512_div_ps(r, big_s),
+            );
+            // SAFETY: AVX-512F is enabled here.
+            let (x1, x2) = unsafe { (expf16(e1), expf16(e2)) };
+            let erfc = _mm512_div_ps(_mm512_mul_ps(x1, x2), xa);
+            y = _mm512_mask_blend_ps(m_cd, y, signed(_mm512_sub_ps(set(1.0), erfc)));
+        }
+        // 0.84375 <= |x| < 1.25: 1 - erfc1, erfc1 = (1 - ERX) - p / q with s = |x| - 1.
+        let m_b_only = m_b & !m_a;
+        if m_b_only != 0 {
+            let s = _mm512_sub_ps(ax, set(1.0));
+            let p = horner(s, &PA);
+            let q = one_plus(s, &QA);
+            let erfc = _mm512_sub_ps(_mm512_sub_ps(set(1.0), set(ERX)), _mm512_div_ps(p, q));
+            y = _mm512_mask_blend_ps(m_b_only, y, signed(_mm512_sub_ps(set(1.0), erfc)));
+        }
+        // |x| < 0.84375: x + x * (r / s) with z = x * x.
+        if m_a != 0 {
+            let z = _mm512_mul_ps(x, x);
+            let r = horner(z, &PP);
+            let s = one_plus(z, &QQ);
+            let ya = _mm512_add_ps(x, _mm512_mul_ps(x, _mm512_div_ps(r, s)));
+            y = _mm512_mask_blend_ps(m_a, y, ya);
+        }
+        let mut out = [0f32; 16];
+        // SAFETY: sixteen floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), y) };
+        // libm's special cases: |x| < 2^-28, NaN and infinities.
+        let regular = !below(0x3180_0000) & below(0x7f80_0000);
+        if regular != 0xFFFF {
+            for l in 0..16 {
+                if regular & (1 << l) == 0 {
+                    out[l] = libm::erff(x16[l]);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{by_fours, erff16};
+
+    fn check(xs: &[f32]) {
+        let avx = cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx512f");
+        for c in xs.chunks(16) {
+            let mut x = [0f32; 16];
+            x[..c.len()].copy_from_slice(c);
+            let ys = [erff16(x), by_fours(x)];
+            for y in ys.iter().take(if avx { 2 } else { 1 }) {
+                for l in 0..16 {
+                    let want = libm::erff(x[l]);
+                    assert!(
+                        y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
+                        "erff16({:e} = {:#x}) = {:e}, libm::erff = {:e}",
+                        x[l],
+                        x[l].to_bits(),
+                        y[l],
+                        want
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every 61st float from 2^-28 up, both signs, the thresholds, and the special lanes mixed
+    /// into vectors of regular ones (the AVX-512 path and the four-call path where AVX-512
+    /// exists; the four-call path elsewhere).
+    #[test]
+    fn erff16_equals_libm_bit_for_bit() {
+        let mut xs = Vec::new();
+        let mut b = 0x3180_0000u32;
+        while b < 0x7f80_0000 {
+            xs.push(f32::from_bits(b));
+            xs.push(-f32::from_bits(b));
+            b += 61;
+        }
+        for t in [
+            0x3180_0000u32,
+            0x3f58_0000,
+            0x3fa0_0000,
+            0x4036_db6d,
+            0x40c0_0000,
+        ] {
+            for d in 0..3u32 {
+                for s in [1.0f32, -1.0] {
+                    xs.push(s * f32::from_bits(t - 1 + d));
+                }
+            }
+        }
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+            0.5,
+            7.0,
+        ]);
+        check(&xs);
+        check(&[
+            1.0,
+            f32::NAN,
+            -2.0,
+            3.0,
+            1e-20,
+            0.3,
+            -0.7,
+            50.0,
+            0.1,
+            1.0,
+            2.5,
+            5.9,
+            -0.0,
+            4.0,
+            -1.1,
+            f32::INFINITY,
+        ]);
+    }
+
+    /// Every float32 from 2^-28 to infinity, both signs:
+    /// `cargo test --release -p rivet-compiler erff16 -- --ignored`.
+    #[test]
+    #[ignore]
+    fn erff16_equals_libm_on_every_regular_float() {
+        let mut xs = Vec::with_capacity(1 << 20);
+        let mut b = 0x3180_0000u32;
+        while b < 0x7f80_0000 {
+            xs.push(f32::from_bits(b));
+            xs.push(-f32::from_bits(b));
+            if xs.len() >= 1 << 20 {
+                check(&xs);
+                xs.clear();
+            }
+            b += 1;
+        }
+        check(&xs);
+    }
+}
