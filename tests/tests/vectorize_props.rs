@@ -879,3 +879,105 @@ fn loop_invariant_row_scalars_match_the_interpreter() {
         }
     }
 }
+
+/// A 16-lane float32 loop (one that computes `erf`, on an AVX-512 CPU) is computed as four
+/// f32x4 registers per value (`cranelift/vector_quad.rs`): loads, broadcasts, `+ - * /`,
+/// min / max, negation, `abs`, `sqrt`, `exp` (one 16-lane call) and `erf` give the
+/// interpreter's bits, with tails, and on a strided view (the scalar loop).
+#[test]
+fn sixteen_lane_float32_loops_match_the_interpreter() {
+    let n = te_var("n");
+    let x = placeholder(&[n.clone()], DType::F32, "X").unwrap();
+    let s = placeholder(&[], DType::F32, "S").unwrap();
+    let (x1, s1) = (x.clone(), s.clone());
+    let c = |v: f64| Expr::constant(v, DType::F32);
+    let y = compute(
+        &[n],
+        |i| {
+            let v = x1.idx(i);
+            let un = |op, e| Expr::unary(op, e).unwrap();
+            let bin = |op, a, b| Expr::binary(op, a, b).unwrap();
+            let erf = un(UnOp::Erf, bin(BinOp::Mul, v.clone(), c(0.7)));
+            let ex = un(UnOp::Exp, bin(BinOp::Mul, v.clone(), c(0.5)));
+            let mm = bin(BinOp::Min, bin(BinOp::Max, v.clone(), c(0.1)), s1.idx(&[]));
+            let root = un(
+                UnOp::Sqrt,
+                bin(BinOp::Add, un(UnOp::Abs, v.clone()), c(1.0)),
+            );
+            bin(
+                BinOp::Sub,
+                bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, erf, ex),
+                    bin(BinOp::Div, mm, root),
+                ),
+                un(UnOp::Neg, v),
+            )
+        },
+        "Y",
+    )
+    .unwrap();
+    let mut sch = Schedule::new(&[y.clone()]).unwrap();
+    let j = y.axis()[0].var.clone();
+    sch.stage(&y).unwrap().vectorize(&j).unwrap();
+    let args = [x, s, y];
+    let module = build_with(&sch, &args, "cpu", "f", Options::default()).unwrap();
+    if rivet_compiler::codegen::erff16::wide() {
+        let ir = module.get_source("ir").unwrap();
+        assert!(ir.contains(", 1, 16)]"), "{ir}");
+        // Quads: the 16-lane loads are four f32x4 loads (lane by lane there would be none).
+        let clif = module.get_source("cranelift").unwrap();
+        assert!(clif.contains("load.f32x4"), "{clif}");
+    }
+    let cpu = module.get_function("f").unwrap();
+    let interp = build_with(&sch, &args, "interp", "f", Options::default())
+        .unwrap()
+        .get_function("f")
+        .unwrap();
+    for (len, strided) in [
+        (0usize, false),
+        (5, false),
+        (16, false),
+        (47, false),
+        (1000, false),
+        (37, true),
+    ] {
+        let vals: Vec<f32> = (0..2 * len + 1)
+            .map(|k| match k % 29 {
+                0 => f32::NAN,
+                1 => 40.0,
+                2 => -0.0,
+                _ => (k as f32 - 300.0) * 0.043,
+            })
+            .collect();
+        let xt = if strided {
+            Tensor::from_slice(&vals, &[vals.len() as i64])
+                .unwrap()
+                .as_strided(&[len as i64], &[2], 1)
+                .unwrap()
+        } else {
+            Tensor::from_slice(&vals[..len], &[len as i64]).unwrap()
+        };
+        let st = Tensor::from_slice(&[0.75f32], &[]).unwrap();
+        let run = |f: &rivet_runtime::Function| {
+            let out = f
+                .call(&[Value::Tensor(xt.clone()), Value::Tensor(st.clone())])
+                .unwrap();
+            out.as_tensor().unwrap().to_vec::<f32>().unwrap()
+        };
+        let (a, b) = (run(&cpu), run(&interp));
+        assert_eq!(a.len(), len);
+        for k in 0..len {
+            assert!(
+                a[k].to_bits() == b[k].to_bits() || (a[k].is_nan() && b[k].is_nan()),
+                "len {len} strided {strided} element {k}: cpu {} interp {}",
+                a[k],
+                b[k]
+            );
+        }
+    }
+}
+
+fn te_var(name: &str) -> Expr {
+    rivet_compiler::te::var(name)
+}

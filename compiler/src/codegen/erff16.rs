@@ -25,6 +25,57 @@ pub fn erff16(x: [f32; 16]) -> [f32; 16] {
     by_fours(x)
 }
 
+/// `expf` of each of the sixteen lanes, equal in bits to `libm::expf` (`expf4`'s sequence on
+/// AVX-512 registers, else four `expf4` calls).
+pub fn expf16(x: [f32; 16]) -> [f32; 16] {
+    let mut y = x;
+    // SAFETY: `y` holds sixteen floats.
+    unsafe { expf16_in_place(y.as_mut_ptr()) };
+    y
+}
+
+/// `expf16` of the sixteen floats at `p`, in place (the generated code's helper).
+///
+/// # Safety
+/// `p` must be valid for reads and writes of sixteen f32.
+pub unsafe fn expf16_in_place(p: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && !portable() {
+            // SAFETY: AVX-512F is present; the caller's contract for `p`.
+            return unsafe { avx512::expf16_at(p) };
+        }
+    }
+    for q in 0..4 {
+        // SAFETY: the caller's contract: four floats at `p + 4q`.
+        unsafe {
+            let v = p.add(4 * q).cast::<[f32; 4]>().read_unaligned();
+            p.add(4 * q)
+                .cast::<[f32; 4]>()
+                .write_unaligned(super::expf4::expf4(v));
+        }
+    }
+}
+
+/// `erff16` of the sixteen floats at `p`, in place (the generated code's helper).
+///
+/// # Safety
+/// `p` must be valid for reads and writes of sixteen f32.
+pub unsafe fn erff16_in_place(p: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && !portable() {
+            // SAFETY: AVX-512F is present; the caller's contract for `p`.
+            return unsafe { avx512::erff16_at(p) };
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        let x = p.cast::<[f32; 16]>().read_unaligned();
+        p.cast::<[f32; 16]>().write_unaligned(by_fours(x));
+    }
+}
+
 /// Whether the CPU's vectorize pass gives float32 `erf` loops sixteen lanes: only where the
 /// sixteen run as one AVX-512 computation (with `erff4` four at a time, the 4-lane packed loop
 /// is faster: the rest of its body stays packed). Decided where the code is compiled, which
@@ -121,8 +172,32 @@ pub(crate) mod avx512 {
         unsafe { _mm512_loadu_ps(ys.as_ptr()) }
     }
 
+    /// `expf16` in place at `p` (loads and stores inlined into the AVX-512 code).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `p` valid for reads and writes of sixteen f32.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn expf16_at(p: *mut f32) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_storeu_ps(p, expf16(_mm512_loadu_ps(p))) }
+    }
+
+    /// `erff16` in place at `p`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `p` valid for reads and writes of sixteen f32.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn erff16_at(p: *mut f32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let y = erff16(p.cast::<[f32; 16]>().read_unaligned());
+            p.cast::<[f32; 16]>().write_unaligned(y);
+        }
+    }
+
     /// # Safety
     /// The CPU must have AVX-512F.
+    #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn erff16(x16: [f32; 16]) -> [f32; 16] {
         let seti = _mm512_set1_epi32;
@@ -217,7 +292,50 @@ pub(crate) mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::{by_fours, erff16};
+    use super::{by_fours, erff16, expf16};
+
+    /// `expf16` (the AVX-512 path where it exists, else four `expf4`s) against libm: every
+    /// 61st float of the main range, both signs, and the lanes outside it mixed in.
+    #[test]
+    fn expf16_equals_libm_bit_for_bit() {
+        let mut xs = Vec::new();
+        let mut b = 0x3900_0001u32;
+        while b < 0x42ae_ac50 {
+            xs.push(f32::from_bits(b));
+            xs.push(-f32::from_bits(b));
+            b += 61;
+        }
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+            88.0,
+            -103.0,
+            -200.0,
+            0.5,
+            f32::MIN_POSITIVE,
+        ]);
+        xs.extend([1.0, 2.0, f32::NAN, -3.0]);
+        for c in xs.chunks(16) {
+            let mut x = [0.5f32; 16];
+            x[..c.len()].copy_from_slice(c);
+            let y = expf16(x);
+            for l in 0..16 {
+                let want = libm::expf(x[l]);
+                assert!(
+                    y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
+                    "expf16({:e} = {:#x}) = {:e}, libm::expf = {:e}",
+                    x[l],
+                    x[l].to_bits(),
+                    y[l],
+                    want
+                );
+            }
+        }
+    }
 
     fn check(xs: &[f32]) {
         let avx = cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx512f");

@@ -163,7 +163,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width.
         let width = opts.vector_bytes.or(target.vectorize_bytes());
         // A float32 loop computing `erf` gets 16 lanes off the GPU where the CPU has AVX-512:
-        // one 16-lane `erf` computation instead of four 4-lane ones.
+        // one 16-lane computation of it instead of four 4-lane ones.
         vectorize::vectorize(
             &mut f,
             width.filter(|&w| w > 0),

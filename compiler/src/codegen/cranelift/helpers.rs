@@ -218,6 +218,18 @@ unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
     0
 }
 
+/// Sixteen float32 `exp`s in place (`codegen::erff16::expf16`: bit for bit the scalar
+/// `rivet_expf`; AVX-512 when the CPU has it), for 16-lane vector code.
+///
+/// # Safety
+/// `p` must be valid for reads and writes of sixteen f32 (generated code passes a 64-byte
+/// stack slot).
+unsafe extern "C" fn rivet_expf16(p: *mut f32) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe { crate::codegen::erff16::expf16_in_place(p) };
+    0
+}
+
 /// Sixteen float32 `erf`s in place (`codegen::erff16`: bit for bit the scalar `rivet_erff`;
 /// AVX-512 when the CPU has it), for 16-lane vector code.
 ///
@@ -226,10 +238,7 @@ unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
 /// stack slot).
 unsafe extern "C" fn rivet_erff16(p: *mut f32) -> i32 {
     // SAFETY: the caller's contract.
-    let x = unsafe { p.cast::<[f32; 16]>().read_unaligned() };
-    let y = crate::codegen::erff16::erff16(x);
-    // SAFETY: as above.
-    unsafe { p.cast::<[f32; 16]>().write_unaligned(y) };
+    unsafe { crate::codegen::erff16::erff16_in_place(p) };
     0
 }
 
@@ -286,6 +295,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_expf4", rivet_expf4 as *const u8),
         ("rivet_erff4", rivet_erff4 as *const u8),
         ("rivet_erff16", rivet_erff16 as *const u8),
+        ("rivet_expf16", rivet_expf16 as *const u8),
         ("rivet_oob", rivet_oob as *const u8),
         ("rivet_f16_to_f32", rivet_f16_to_f32 as *const u8),
         ("rivet_f32_to_f16", rivet_f32_to_f16 as *const u8),

@@ -56,6 +56,7 @@ mod tests;
 mod tests_faults;
 mod vector;
 mod vector_exp;
+mod vector_quad;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};

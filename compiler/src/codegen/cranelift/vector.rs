@@ -129,6 +129,9 @@ impl FnGen<'_, '_> {
         value: &Expr,
         dt: DType,
     ) -> Result<()> {
+        if let (Some(base), true) = (contiguous_base(index), super::vector_quad::quad(value)) {
+            return self.quad_store(buf, base, value);
+        }
         if let (Some(base), true) = (contiguous_base(index), packed(value)) {
             let v = self.packed_value(value)?;
             let b = self.scalar(base)?;
@@ -153,7 +156,7 @@ impl FnGen<'_, '_> {
     }
 
     /// A scalar expression inside a vector statement (computed once per statement).
-    fn scalar(&mut self, e: &Expr) -> Result<Value> {
+    pub(super) fn scalar(&mut self, e: &Expr) -> Result<Value> {
         let key = (std::sync::Arc::as_ptr(&e.0) as usize, u32::MAX);
         if let Some(v) = self.vmemo.get(&key) {
             return Ok(*v);
@@ -238,7 +241,7 @@ impl FnGen<'_, '_> {
     /// Float `max` / `min` of packed `x`, `y` with the scalar code's semantics lane by lane
     /// (`expr.rs`, `fminmax`; `codegen::math::fmax`): `x > y ? x : y` (`<` for min), then NaN
     /// where either lane is NaN: `cmpps` masks and bit selects.
-    fn packed_minmax(&mut self, max: bool, x: Value, y: Value, dt: DType) -> Value {
+    pub(super) fn packed_minmax(&mut self, max: bool, x: Value, y: Value, dt: DType) -> Value {
         use cranelift_codegen::ir::condcodes::FloatCC;
         use cranelift_codegen::ir::{Endianness, MemFlagsData};
         let ty = self.b.func.dfg.value_type(x);
@@ -289,7 +292,7 @@ impl FnGen<'_, '_> {
             ExprKind::Broadcast { value, .. } => self.scalar(value)?,
             // Sixteen lanes of float32 erf: one `rivet_erff16` call computes all of them.
             ExprKind::Unary(UnOp::Erf, a)
-                if dt == DType::F32 && e.lanes() == crate::lower::vectorize::ERF_LANES =>
+                if dt == DType::F32 && e.lanes() == crate::lower::vectorize::WIDE_LANES =>
             {
                 let all = self.erf16_lanes(a)?;
                 for (k, v) in all.iter().enumerate() {

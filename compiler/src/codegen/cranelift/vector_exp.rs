@@ -142,12 +142,12 @@ impl FnGen<'_, '_> {
         Ok(self.b.ins().load(ty, flags(), ptr, 0))
     }
 
-    /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `ERF_LANES` lanes, computed lane by
+    /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `WIDE_LANES` lanes, computed lane by
     /// lane): through a 64-byte stack slot, one `rivet_erff16` call (`codegen::erff16`,
     /// AVX-512 where the CPU has it), libm's bits.
     pub(super) fn erf16_lanes(&mut self, a: &crate::ir::Expr) -> Result<Vec<Value>> {
         use cranelift_codegen::ir::types::F32;
-        let n = crate::lower::vectorize::ERF_LANES;
+        let n = crate::lower::vectorize::WIDE_LANES;
         let slot = self
             .b
             .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
