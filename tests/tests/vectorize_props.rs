@@ -981,3 +981,65 @@ fn sixteen_lane_float32_loops_match_the_interpreter() {
 fn te_var(name: &str) -> Expr {
     rivet_compiler::te::var(name)
 }
+
+/// A row of a register tile accumulated over `k` (`C[i, jo*32 + ji] += A[i, k] * B[k, ...]`,
+/// `ji` vectorized: eight f32x4 stores unrolled, `lower/unroll.rs`) is kept in registers across
+/// the `k` loop (`codegen/cranelift/hoist.rs`, `loop_carried`), and 16-lane partial sums whose
+/// layout test sits inside their `ko` loop are unswitched first (`lower/unswitch.rs`): both
+/// give the interpreter's bits, at sizes with and without ragged tiles, and for strided
+/// operands (the scalar version).
+#[test]
+fn loop_carried_vectors_match_the_interpreter() {
+    for (m, n, kk) in [(1i64, 32i64, 1i64), (3, 64, 17), (5, 96, 40), (2, 45, 7)] {
+        let a = placeholder(&[Expr::int(m), Expr::int(kk)], DType::F32, "A").unwrap();
+        let b = placeholder(&[Expr::int(kk), Expr::int(n)], DType::F32, "B").unwrap();
+        let k = rivet_compiler::te::reduce_axis(Expr::int(0), Expr::int(kk), "k").unwrap();
+        let (a1, b1) = (a.clone(), b.clone());
+        let c = compute(
+            &[Expr::int(m), Expr::int(n)],
+            |i| {
+                rivet_compiler::te::ok(rivet_compiler::te::sum(
+                    a1.idx(&[i[0].clone(), rivet_compiler::te::ax(&k)])
+                        * b1.idx(&[rivet_compiler::te::ax(&k), i[1].clone()]),
+                    std::slice::from_ref(&k),
+                ))
+            },
+            "C",
+        )
+        .unwrap();
+        let mut s = Schedule::new(&[c.clone()]).unwrap();
+        let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
+        let st = s.stage(&c).unwrap();
+        let (jo, ji) = st.split(&j, Some(Expr::int(32)), None).unwrap();
+        st.reorder(&[i, jo, k.var.clone(), ji.clone()]).unwrap();
+        st.vectorize(&ji).unwrap();
+        let args = [a, b, c];
+        let run = |target: &str, strided: bool| {
+            let f = build_with(&s, &args, target, "g", Options::default())
+                .unwrap()
+                .get_function("g")
+                .unwrap();
+            let av: Vec<f32> = (0..m * kk).map(|x| ((x * 7) % 13) as f32 * 0.25 - 1.0).collect();
+            let bv: Vec<f32> = (0..kk * n).map(|x| ((x * 5) % 11) as f32 * 0.5 - 2.0).collect();
+            let at = Tensor::from_slice(&av, &[m, kk]).unwrap();
+            let bt = if strided {
+                let wide: Vec<f32> = bv.iter().flat_map(|&x| [x, f32::NAN]).collect();
+                Tensor::from_slice(&wide, &[2 * kk * n])
+                    .unwrap()
+                    .as_strided(&[kk, n], &[2 * n, 2], 0)
+                    .unwrap()
+            } else {
+                Tensor::from_slice(&bv, &[kk, n]).unwrap()
+            };
+            let out = f.call(&[Value::Tensor(at), Value::Tensor(bt)]).unwrap();
+            out.as_tensor().unwrap().to_vec::<f32>().unwrap()
+        };
+        for strided in [false, true] {
+            let (x, y) = (run("cpu", strided), run("interp", strided));
+            assert!(
+                x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{m}x{n}x{kk} strided {strided}: cpu {x:?} != interp {y:?}"
+            );
+        }
+    }
+}

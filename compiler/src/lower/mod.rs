@@ -13,6 +13,8 @@ pub mod split;
 pub mod sync;
 pub mod tensorize;
 pub mod tile_fold;
+pub mod unroll;
+pub mod unswitch;
 pub mod vectorize;
 pub mod work;
 
@@ -171,6 +173,15 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         );
         f.body = simplify::simplify_stmt(&f.body);
         after(&f, 4, "vectorize", true)?;
+        // 4c. On the CPU, the layout tests of vector loops moved out of the serial loops around
+        //     them, and short loops of vector stores unrolled (both let the code generator keep
+        //     loop-carried vectors in registers).
+        if target.kind == crate::target::TargetKind::Cpu {
+            unswitch::unswitch(&mut f);
+            unroll::unroll(&mut f);
+            f.body = simplify::simplify_stmt(&f.body);
+            after(&f, 4, "unroll", true)?;
+        }
     }
     // 5. The host/device split: parallel loops and GPU kernels outlined, with their captures.
     //    Every target runs the same passes; backends differ in how they run a `Launch`.

@@ -19,20 +19,6 @@
 use crate::ir::{BinOp, BufId, Expr, ExprKind, Stmt, Var};
 use std::collections::HashSet;
 
-/// Loops of a constant trip count up to this, whose body is only vector stores, are unrolled
-/// (`FnGen::unrolled`).
-pub(super) const UNROLL_MAX: i64 = 4;
-
-/// True when `s` is vector stores (under `let`s and sequences) and nothing else.
-pub(super) fn only_vector_stores(s: &Stmt) -> bool {
-    match s {
-        Stmt::Store { value, .. } => value.is_vector(),
-        Stmt::Seq(v) => v.iter().all(only_vector_stores),
-        Stmt::Let { body, .. } => only_vector_stores(body),
-        _ => false,
-    }
-}
-
 /// The distinct broadcast values of the vector stores directly in `body` (the body of the
 /// loop over `var`) that are invariant in the loop (module doc).
 pub(super) fn invariant_broadcasts(var: &Var, body: &Stmt) -> Vec<Expr> {
@@ -119,4 +105,101 @@ fn invariant(e: &Expr, bound: &HashSet<u32>, written: &HashSet<BufId>) -> bool {
         _ => {}
     });
     ok
+}
+
+/// Loop-carried vectors kept in registers: the `(buffer, index)` of the vector stores directly
+/// in `body` (the body of the loop over `var`, through sequences and `let`s) whose index is a
+/// contiguous ramp that cannot change inside the loop, when every access to that buffer
+/// anywhere in the loop is at one of those indices (as a vector of the same lanes) and the
+/// indices of one buffer are at least a vector apart (constant differences): then the
+/// buffer's elements there are only ever read and written whole, by this loop, so a register
+/// per index holds them from before the loop (one load) to after it (one store). A 16-lane
+/// partial sum accumulated over a row (`S.lanes[.., l.v * 4 ..]` in `for ko`) and a row of a
+/// register tile accumulated over `p` are such. `packed`: whether the code generator computes
+/// a value as one packed register (`vector.rs`); stores of other values are not candidates.
+pub(super) fn loop_carried(
+    var: &Var,
+    body: &Stmt,
+    packed: &dyn Fn(&Expr) -> bool,
+) -> Vec<(BufId, Expr)> {
+    let mut bound: HashSet<u32> = HashSet::from([var.id]);
+    let mut opaque = false;
+    body.visit(&mut |s| match s {
+        Stmt::For { var, .. } | Stmt::Let { var, .. } => {
+            bound.insert(var.id);
+        }
+        Stmt::Call { .. }
+        | Stmt::AllReduce { .. }
+        | Stmt::Launch { .. }
+        | Stmt::Allocate { .. } => opaque = true,
+        _ => {}
+    });
+    if opaque {
+        return Vec::new();
+    }
+    let mut cands: Vec<(BufId, Expr)> = Vec::new();
+    direct_stores(body, &mut |buf, index, value| {
+        let invariant_ramp = matches!(index.kind(), ExprKind::Ramp { base, stride, .. }
+            if stride.as_int() == Some(1) && invariant(base, &bound, &HashSet::new()));
+        if invariant_ramp && packed(value) && !cands.iter().any(|(b, i)| *b == buf && i == index) {
+            cands.push((buf, index.clone()));
+        }
+    });
+    // Every access to a candidate's buffer in the loop must be at one of its indices.
+    let mut refused: HashSet<BufId> = HashSet::new();
+    let at_candidate = |buf: BufId, index: &[Expr]| {
+        index.len() == 1 && cands.iter().any(|(b, i)| *b == buf && *i == index[0])
+    };
+    body.visit(&mut |s| {
+        if let Stmt::Store { buf, indices, .. } = s {
+            if !at_candidate(*buf, indices) {
+                refused.insert(*buf);
+            }
+        }
+    });
+    body.visit_exprs(&mut |e| {
+        e.visit(&mut |n| {
+            if let ExprKind::Load { buf, indices } = n.kind() {
+                if !at_candidate(*buf, indices) {
+                    refused.insert(*buf);
+                }
+            }
+        })
+    });
+    // Distinct indices of one buffer must not overlap.
+    for (k, (b1, i1)) in cands.iter().enumerate() {
+        for (b2, i2) in &cands[k + 1..] {
+            if b1 != b2 {
+                continue;
+            }
+            let (ExprKind::Ramp { base: x, lanes, .. }, ExprKind::Ramp { base: y, .. }) =
+                (i1.kind(), i2.kind())
+            else {
+                refused.insert(*b1);
+                continue;
+            };
+            let apart = crate::lower::simplify::simplify(&x.sub(y))
+                .as_int()
+                .is_some_and(|d| d.unsigned_abs() >= u64::from(*lanes));
+            if !apart {
+                refused.insert(*b1);
+            }
+        }
+    }
+    cands.retain(|(b, _)| !refused.contains(b));
+    cands
+}
+
+/// Calls `f` on each store directly in `s` (through sequences and `let`s).
+fn direct_stores(s: &Stmt, f: &mut dyn FnMut(BufId, &Expr, &Expr)) {
+    match s {
+        Stmt::Store {
+            buf,
+            indices,
+            value,
+        } if indices.len() == 1 => f(*buf, &indices[0], value),
+        Stmt::Seq(v) => v.iter().for_each(|s| direct_stores(s, f)),
+        Stmt::Let { body, .. } => direct_stores(body, f),
+        _ => {}
+    }
 }

@@ -520,6 +520,9 @@ struct FnGen<'a, 'f> {
     /// Loop-invariant broadcast values computed before the loop running now (`hoist.rs`), by
     /// the address of their expression node.
     hoisted: HashMap<usize, cranelift_codegen::ir::Value>,
+    /// Loop-carried vectors held in registers while their loop runs (`hoist::loop_carried`):
+    /// buffer, index (a contiguous ramp), the variable.
+    promoted: Vec<(BufId, crate::ir::Expr, Variable)>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -540,6 +543,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             reg_locals: HashMap::new(),
             vmemo: HashMap::new(),
             hoisted: HashMap::new(),
+            promoted: Vec::new(),
         }
     }
 

@@ -116,13 +116,6 @@ impl FnGen<'_, '_> {
                         var.name
                     )));
                 }
-                if let (Some(lo), Some(n)) = (min.as_int(), extent.as_int()) {
-                    if (1..=super::hoist::UNROLL_MAX).contains(&n)
-                        && super::hoist::only_vector_stores(body)
-                    {
-                        return self.unrolled(var, lo, n, body);
-                    }
-                }
                 let lo = self.expr(min)?;
                 let lo = self.index_i64(lo, min.dtype());
                 let ext = self.expr(extent)?;
@@ -159,10 +152,12 @@ impl FnGen<'_, '_> {
         body: &Stmt,
     ) -> Result<()> {
         let invariant = super::hoist::invariant_broadcasts(var, body);
-        if invariant.is_empty() {
+        let carried = super::hoist::loop_carried(var, body, &super::vector::packed);
+        if invariant.is_empty() && carried.is_empty() {
             return self.plain_counted_loop(var, lo, hi, body);
         }
-        // The invariant scalars of its vector statements first, only when the loop runs.
+        // The invariant scalars of its vector statements and the loop-carried vectors first,
+        // only when the loop runs.
         let pre = self.b.create_block();
         let after = self.b.create_block();
         let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
@@ -176,44 +171,32 @@ impl FnGen<'_, '_> {
             self.hoisted.insert(key, v);
             keys.push(key);
         }
+        let mut regs = Vec::with_capacity(carried.len());
+        for (buf, index) in &carried {
+            let (addr, ty) = self.vector_address(*buf, index)?;
+            let v = self.b.ins().load(ty, super::expr::flags(), addr, 0);
+            let reg = self.fresh_var(ty);
+            self.b.def_var(reg, v);
+            regs.push((addr, reg, ty));
+            self.promoted.push((*buf, index.clone(), reg));
+        }
         let r = self.plain_counted_loop(var, lo, hi, body);
         for k in keys {
             self.hoisted.remove(&k);
         }
+        let n = self.promoted.len();
+        self.promoted.truncate(n - carried.len());
         r?;
+        // After the last iteration: the registers back to memory.
+        for (addr, reg, ty) in regs {
+            let v = self.b.use_var(reg);
+            self.b.ins().store(super::expr::flags(), v, addr, 0);
+            self.free_vars.entry(ty).or_default().push(reg);
+        }
         self.b.ins().jump(after, &[]);
         self.b.seal_block(after);
         self.b.switch_to_block(after);
         Ok(())
-    }
-
-    /// `for var in [lo, lo + n)` with a constant `n` of at most `hoist::UNROLL_MAX` over vector
-    /// stores: the body `n` times with `var` a constant (the vectorize pass's strip of a
-    /// 16-lane partial sum is four f32x4 iterations: no counter, no branch, constant offsets),
-    /// its loop-invariant scalars computed once first.
-    fn unrolled(&mut self, var: &Var, lo: i64, n: i64, body: &Stmt) -> Result<()> {
-        let invariant = super::hoist::invariant_broadcasts(var, body);
-        let mut keys = Vec::with_capacity(invariant.len());
-        for e in &invariant {
-            let v = self.expr(e)?;
-            let key = std::sync::Arc::as_ptr(&e.0) as usize;
-            self.hoisted.insert(key, v);
-            keys.push(key);
-        }
-        let mut r = Ok(());
-        for k in 0..n {
-            let c = self.b.ins().iconst(types::I64, lo + k);
-            let old = self.bind_var(var.id, c);
-            r = self.stmt(body);
-            self.restore_var(var.id, old);
-            if r.is_err() {
-                break;
-            }
-        }
-        for k in keys {
-            self.hoisted.remove(&k);
-        }
-        r
     }
 
     fn plain_counted_loop(&mut self, var: &Var, lo: Value, hi: Value, body: &Stmt) -> Result<()> {

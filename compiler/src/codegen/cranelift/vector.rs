@@ -49,7 +49,7 @@ fn contiguous_base(index: &Expr) -> Option<&Expr> {
 }
 
 /// True when `e` is computed as one packed SIMD value (module header).
-fn packed(e: &Expr) -> bool {
+pub(super) fn packed(e: &Expr) -> bool {
     let dt = e.dtype();
     if !e.is_vector() || simd_ty(dt, e.lanes()).is_none() {
         return false;
@@ -132,6 +132,11 @@ impl FnGen<'_, '_> {
         if let (Some(base), true) = (contiguous_base(index), super::vector_quad::quad(value)) {
             return self.quad_store(buf, base, value);
         }
+        if let (Some(reg), true) = (self.promoted_var(buf, index), packed(value)) {
+            let v = self.packed_value(value)?;
+            self.b.def_var(reg, v);
+            return Ok(());
+        }
         if let (Some(base), true) = (contiguous_base(index), packed(value)) {
             let v = self.packed_value(value)?;
             let b = self.scalar(base)?;
@@ -153,6 +158,28 @@ impl FnGen<'_, '_> {
             self.store_at(addr, dt, v)?;
         }
         Ok(())
+    }
+
+    /// The register holding `buf[index]` in the loop running now (`hoist::loop_carried`).
+    fn promoted_var(&self, buf: BufId, index: &Expr) -> Option<cranelift_frontend::Variable> {
+        self.promoted
+            .iter()
+            .rev()
+            .find(|(b, i, _)| *b == buf && i == index)
+            .map(|(_, _, v)| *v)
+    }
+
+    /// The address and packed type of the contiguous vector access `buf[index]`.
+    pub(super) fn vector_address(&mut self, buf: BufId, index: &Expr) -> Result<(Value, Type)> {
+        let base = contiguous_base(index)
+            .ok_or_else(|| internal(format!("a register vector at a gather: {index}")))?;
+        let dt = self.buf_dtype(buf)?;
+        let ty = simd_ty(dt, index.lanes())
+            .ok_or_else(|| internal(format!("no SIMD type for {} lanes of {dt}", index.lanes())))?;
+        let b = self.expr(base)?;
+        let b = self.index_to_i64(b, base.dtype());
+        let (addr, _) = self.address_of(buf, b)?;
+        Ok((addr, ty))
     }
 
     /// A scalar expression inside a vector statement (computed once per statement).
@@ -182,6 +209,10 @@ impl FnGen<'_, '_> {
             ExprKind::Broadcast { value, .. } => {
                 let x = self.scalar(value)?;
                 self.b.ins().splat(ty, x)
+            }
+            ExprKind::Load { buf, indices } if self.promoted_var(*buf, &indices[0]).is_some() => {
+                let reg = self.promoted_var(*buf, &indices[0]).expect("checked");
+                self.b.use_var(reg)
             }
             ExprKind::Load { buf, indices } => {
                 let base = contiguous_base(&indices[0])
