@@ -176,10 +176,11 @@ fn match_nest(func: &PrimFunc, s: &Stmt, intrin: Intrin) -> std::result::Result<
     }
 }
 
-/// Folds `(K*e + c + v) // K` to `e` and `(K*e + c + v) % K` to `c + v` where `v` is one of
-/// the nest's loops (`ranges`: variable and constant extent) with `0 <= c` and `c + extent <=
-/// K`, and every other term's coefficient a multiple of K (module header). Exact under those
-/// ranges; anything else is left as it is.
+/// Folds `(K*e + c + s) // K` to `e` and `(K*e + c + s) % K` to `c + s` where `s` is a sum of
+/// the nest's loops (`ranges`: variable and constant extent, from 0) with positive
+/// coefficients, `0 <= c` and the largest value of `c + s` below K, and every other term's
+/// coefficient a multiple of K (module header). Exact under those ranges; anything else is
+/// left as it is.
 pub(crate) fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
     e.rewrite(&mut |n| {
         let ExprKind::Binary(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, k) = n.kind() else {
@@ -187,22 +188,32 @@ pub(crate) fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
         };
         let k = k.as_int().filter(|k| *k > 0)?;
         let l = linear(a)?;
-        let mut v = None;
+        // `a = k * (rest) + (small) + c` where `small` is loop variables from 0 with constant
+        // extents and positive coefficients whose largest value plus `c` stays below `k`
+        // (a split of a split: `jo * 32 + jio * 8 + jii` over `jio < 4`, `jii < 8`).
+        let mut small = Vec::new();
         let mut rest = Vec::new();
+        let mut top = l.constant;
+        if top < 0 {
+            return None;
+        }
         for (t, c) in &l.terms {
+            if c % k == 0 {
+                rest.push((t.clone(), c / k));
+                continue;
+            }
             let ext = ranges
                 .iter()
                 .find(|(x, _)| t.as_var() == Some(*x))
-                .and_then(|(_, e)| *e);
-            match (ext, c) {
-                (Some(ext), 1) if v.is_none() => v = Some((t.clone(), ext)),
-                _ if c % k == 0 => rest.push((t.clone(), c / k)),
-                _ => return None,
+                .and_then(|(_, e)| *e)
+                .filter(|e| *e >= 1)?;
+            if *c <= 0 {
+                return None;
             }
+            top = top.checked_add(c.checked_mul(ext - 1)?)?;
+            small.push((t.clone(), *c));
         }
-        let (t, ext) = v?;
-        let c = l.constant;
-        if c < 0 || c.checked_add(ext)? > k {
+        if small.is_empty() || top >= k {
             return None;
         }
         Some(if *op == BinOp::FloorDiv {
@@ -212,7 +223,11 @@ pub(crate) fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
             }
             .to_expr()
         } else {
-            t.add(&Expr::int(c))
+            Linear {
+                terms: small,
+                constant: l.constant,
+            }
+            .to_expr()
         })
     })
 }
@@ -416,5 +431,40 @@ mod tests {
         // A coefficient that is not a multiple of K: left alone.
         let odd = Expr::var(&io).mul(&Expr::int(5)).add(&Expr::var(&ii));
         assert_eq!(fold(&odd.floordiv(&k12), 12), simplify(&odd.floordiv(&k12)));
+    }
+
+    /// A tile split again (`jo * 32 + jio * 8 + jii`): folded when the inner loops' largest
+    /// value stays below K, left alone when it can reach K, or with a loop of unknown extent.
+    #[test]
+    fn tiles_split_again_fold_when_their_sum_stays_below_k() {
+        let (jo, jio, jii) = (Var::new("jo"), Var::new("jio"), Var::new("jii"));
+        let j = Expr::var(&jo)
+            .mul(&Expr::int(32))
+            .add(&Expr::var(&jio).mul(&Expr::int(8)))
+            .add(&Expr::var(&jii));
+        let k = Expr::int(32);
+        let fold = |e: &Expr, a: Option<i64>, b: Option<i64>| {
+            simplify(&fold_tiles(e, &[(&jio, a), (&jii, b)]))
+        };
+        assert_eq!(fold(&j.floordiv(&k), Some(4), Some(8)), Expr::var(&jo));
+        assert_eq!(
+            fold(&j.floormod(&k), Some(4), Some(8)),
+            simplify(&Expr::int(8).mul(&Expr::var(&jio)).add(&Expr::var(&jii)))
+        );
+        // 8 * 4 + 8 - 1 = 39 >= 32: the sum can carry.
+        assert_eq!(
+            fold(&j.floordiv(&k), Some(5), Some(8)),
+            simplify(&j.floordiv(&k))
+        );
+        assert_eq!(
+            fold(&j.floormod(&k), Some(4), None),
+            simplify(&j.floormod(&k))
+        );
+        // A negative coefficient on a small term: left alone.
+        let neg = Expr::var(&jo).mul(&Expr::int(32)).sub(&Expr::var(&jii));
+        assert_eq!(
+            fold(&neg.floordiv(&k), Some(4), Some(8)),
+            simplify(&neg.floordiv(&k))
+        );
     }
 }

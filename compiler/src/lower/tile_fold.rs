@@ -1,8 +1,9 @@
 //! Pass (after the bounds proof): tile divisions folded. A split writes an index as
 //! `outer * K + inner`; a stage that reads a tiled tensor (a packed panel `Ap[i // 12, p, i %
-//! 12]`) then divides it again. Where the loop ranges make it exact, `(K*e + c + v) // K`
-//! becomes `e` and `% K` becomes `c + v` (`tensorize::fold_tiles`: `v` a loop of constant
-//! extent at most `K - c` starting at 0, every other coefficient a multiple of K), so the
+//! 12]`) then divides it again. Where the loop ranges make it exact, `(K*e + c + s) // K`
+//! becomes `e` and `% K` becomes `c + s` (`tensorize::fold_tiles`: `s` a sum of loops from 0
+//! of constant extents with positive coefficients whose largest value plus `c` is below K —
+//! a tile split again, `jo * 32 + jio * 8 + jii` — every other coefficient a multiple of K), so the
 //! access is affine in the loops: `vectorize` sees a contiguous ramp instead of a per-lane
 //! division. It runs after the bounds proof, which matches split guards structurally against
 //! the indices they guard, and before simplification (which, like this pass, only rewrites
