@@ -1019,8 +1019,12 @@ fn loop_carried_vectors_match_the_interpreter() {
                 .unwrap()
                 .get_function("g")
                 .unwrap();
-            let av: Vec<f32> = (0..m * kk).map(|x| ((x * 7) % 13) as f32 * 0.25 - 1.0).collect();
-            let bv: Vec<f32> = (0..kk * n).map(|x| ((x * 5) % 11) as f32 * 0.5 - 2.0).collect();
+            let av: Vec<f32> = (0..m * kk)
+                .map(|x| ((x * 7) % 13) as f32 * 0.25 - 1.0)
+                .collect();
+            let bv: Vec<f32> = (0..kk * n)
+                .map(|x| ((x * 5) % 11) as f32 * 0.5 - 2.0)
+                .collect();
             let at = Tensor::from_slice(&av, &[m, kk]).unwrap();
             let bt = if strided {
                 let wide: Vec<f32> = bv.iter().flat_map(|&x| [x, f32::NAN]).collect();
