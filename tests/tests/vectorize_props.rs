@@ -984,13 +984,22 @@ fn te_var(name: &str) -> Expr {
 
 /// A row of a register tile accumulated over `k` (`C[i, jo*32 + ji] += A[i, k] * B[k, ...]`,
 /// `ji` vectorized: eight f32x4 stores unrolled, `lower/unroll.rs`) is kept in registers across
-/// the `k` loop (`codegen/cranelift/hoist.rs`, `loop_carried`), and 16-lane partial sums whose
+/// the `k` loop (`codegen/cranelift/hoist.rs`, `loop_carried`), as is a tile of several rows
+/// (rows `C.s0` apart: `other_rows`), and 16-lane partial sums whose
 /// layout test sits inside their `ko` loop are unswitched first (`lower/unswitch.rs`): both
 /// give the interpreter's bits, at sizes with and without ragged tiles, and for strided
 /// operands (the scalar version).
 #[test]
 fn loop_carried_vectors_match_the_interpreter() {
-    for (m, n, kk) in [(1i64, 32i64, 1i64), (3, 64, 17), (5, 96, 40), (2, 45, 7)] {
+    for (m, n, kk, rows) in [
+        (1i64, 32i64, 1i64, 1i64),
+        (3, 64, 17, 1),
+        (5, 96, 40, 1),
+        (2, 45, 7, 1),
+        (4, 16, 9, 4),
+        (6, 24, 33, 3),
+        (5, 17, 5, 2),
+    ] {
         let a = placeholder(&[Expr::int(m), Expr::int(kk)], DType::F32, "A").unwrap();
         let b = placeholder(&[Expr::int(kk), Expr::int(n)], DType::F32, "B").unwrap();
         let k = rivet_compiler::te::reduce_axis(Expr::int(0), Expr::int(kk), "k").unwrap();
@@ -1010,9 +1019,19 @@ fn loop_carried_vectors_match_the_interpreter() {
         let mut s = Schedule::new(&[c.clone()]).unwrap();
         let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
         let st = s.stage(&c).unwrap();
-        let (jo, ji) = st.split(&j, Some(Expr::int(32)), None).unwrap();
-        st.reorder(&[i, jo, k.var.clone(), ji.clone()]).unwrap();
-        st.vectorize(&ji).unwrap();
+        if rows > 1 {
+            // A rows x 8 tile: rows unrolled, two f32x4 per row, `C.s0` apart row to row.
+            let (io, ii) = st.split(&i, Some(Expr::int(rows)), None).unwrap();
+            let (jo, ji) = st.split(&j, Some(Expr::int(8)), None).unwrap();
+            st.reorder(&[io, jo, k.var.clone(), ii.clone(), ji.clone()])
+                .unwrap();
+            st.unroll(&ii).unwrap();
+            st.vectorize(&ji).unwrap();
+        } else {
+            let (jo, ji) = st.split(&j, Some(Expr::int(32)), None).unwrap();
+            st.reorder(&[i, jo, k.var.clone(), ji.clone()]).unwrap();
+            st.vectorize(&ji).unwrap();
+        }
         let args = [a, b, c];
         let run = |target: &str, strided: bool| {
             let f = build_with(&s, &args, target, "g", Options::default())

@@ -111,7 +111,8 @@ fn invariant(e: &Expr, bound: &HashSet<u32>, written: &HashSet<BufId>) -> bool {
 /// in `body` (the body of the loop over `var`, through sequences and `let`s) whose index is a
 /// contiguous ramp that cannot change inside the loop, when every access to that buffer
 /// anywhere in the loop is at one of those indices (as a vector of the same lanes) and the
-/// indices of one buffer are at least a vector apart (constant differences): then the
+/// indices of one buffer are at least a vector apart (constant differences) or in different
+/// rows (`other_rows`): then the
 /// buffer's elements there are only ever read and written whole, by this loop, so a register
 /// per index holds them from before the loop (one load) to after it (one store). A 16-lane
 /// partial sum accumulated over a row (`S.lanes[.., l.v * 4 ..]` in `for ko`) and a row of a
@@ -121,6 +122,7 @@ pub(super) fn loop_carried(
     var: &Var,
     body: &Stmt,
     packed: &dyn Fn(&Expr) -> bool,
+    func: &crate::ir::PrimFunc,
 ) -> Vec<(BufId, Expr)> {
     let mut bound: HashSet<u32> = HashSet::from([var.id]);
     let mut opaque = false;
@@ -178,9 +180,11 @@ pub(super) fn loop_carried(
                 refused.insert(*b1);
                 continue;
             };
-            let apart = crate::lower::simplify::simplify(&x.sub(y))
+            let diff = crate::lower::simplify::simplify(&x.sub(y));
+            let apart = diff
                 .as_int()
-                .is_some_and(|d| d.unsigned_abs() >= u64::from(*lanes));
+                .is_some_and(|d| d.unsigned_abs() >= u64::from(*lanes))
+                || other_rows(func, *b1, &diff);
             if !apart {
                 refused.insert(*b1);
             }
@@ -188,6 +192,45 @@ pub(super) fn loop_carried(
     }
     cands.retain(|(b, _)| !refused.contains(b));
     cands
+}
+
+/// Whether two contiguous vectors of `buf` whose first offsets differ by `diff` lie in
+/// different rows: `diff` is `k * S` for a constant `k != 0` and `S` the stride variable of a
+/// dimension of `buf` other than its last (checked by evaluating `diff` at S = 0, 1, 2). Flattened offsets are `sum(index_d * S_d)` with
+/// indices that never mention strides, so the two accesses' logical indices differ by exactly
+/// `k` in that dimension and agree in every other, for every lane: distinct elements. Distinct
+/// in-bounds elements of a buffer the function writes have distinct addresses — an output
+/// parameter is checked free of self-overlap at call time, a local is compact — so the vectors
+/// never share memory. (The lanes run along the last dimension, whose stride the vector loop's
+/// layout test made 1.)
+fn other_rows(func: &crate::ir::PrimFunc, buf: BufId, diff: &Expr) -> bool {
+    let Some(b) = func.buffers.iter().find(|b| b.id == buf) else {
+        return false;
+    };
+    let writable = matches!(
+        b.kind,
+        crate::ir::BufKind::Local | crate::ir::BufKind::Param { output: true }
+    );
+    if !writable {
+        return false;
+    }
+    // `diff` is `k * S + c` when it is c, c + k and c + 2k at S = 0, 1, 2 (it is a polynomial
+    // of degree at most 1 in S: indices never mention strides; the third point rules out S^2
+    // terms anyway); `c` is what the other dims contribute (here constants: the contiguous
+    // dim's offsets, its stride made 1 by the layout test).
+    let at = |s: &Var, v: i64| {
+        crate::lower::simplify::simplify(&diff.substitute(&|x| (x == s).then(|| Expr::int(v))))
+            .as_int()
+    };
+    b.strides
+        .iter()
+        .any(|s| match (at(s, 0), at(s, 1), at(s, 2)) {
+            (Some(a0), Some(a1), Some(a2)) => {
+                let k = a1.checked_sub(a0);
+                k.is_some_and(|k| k != 0) && a2.checked_sub(a1) == k
+            }
+            _ => false,
+        })
 }
 
 /// Calls `f` on each store directly in `s` (through sequences and `let`s).

@@ -152,7 +152,7 @@ impl FnGen<'_, '_> {
         body: &Stmt,
     ) -> Result<()> {
         let invariant = super::hoist::invariant_broadcasts(var, body);
-        let carried = super::hoist::loop_carried(var, body, &super::vector::packed);
+        let carried = super::hoist::loop_carried(var, body, &super::vector::packed, self.func);
         if invariant.is_empty() && carried.is_empty() {
             return self.plain_counted_loop(var, lo, hi, body);
         }

@@ -57,7 +57,9 @@ fn run(variant: Variant, cs: &Case) -> (Vec<f32>, Vec<f32>, Vec<f64>) {
     } else {
         (nr as isize + 5, 1)
     };
-    let clen = 7 + mr * nr * 3 + 2 * (mr + nr) + 16;
+    // Room for the whole tile at its strides, plus a margin after it (a fixed formula here once
+    // missed the last element for tall, one-column tiles: mr = 24, nr = 1).
+    let clen = 7 + mr * c_rs as usize + nr * c_cs as usize + 16;
     let c0 = 7;
     let c_init = rng.vec(clen);
     let mut c = c_init.clone();
