@@ -248,7 +248,7 @@ impl FnGen<'_, '_> {
             }
             ExprKind::Unary(UnOp::Erf, a) if dt == DType::F32 && e.lanes() == 4 => {
                 let x = self.packed_value(a)?;
-                self.packed_call4("rivet_erff4", x)?
+                self.slot_call("rivet_erff4", &[x])?[0]
             }
             ExprKind::Unary(op, a) => {
                 let x = self.packed_value(a)?;

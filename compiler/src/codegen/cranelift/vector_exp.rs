@@ -7,7 +7,7 @@
 //! `expf`. Lanes outside libm's main range (`|x| <= 2^-14`, `|x| >= 87.3`, NaN, infinities)
 //! send all four to `rivet_expf4` (a cold block), which falls back to the scalar function.
 //! float32 `erf` (libm's four branches and two `expf`s per lane) is one call of `rivet_erff4`
-//! per four lanes (`codegen::erff4`), `packed_call4`; a 16-lane float32 `erf` (the CPU's
+//! per four lanes (`codegen::erff4`), `slot_call`; a 16-lane float32 `erf` (the CPU's
 //! vectorize pass gives erf loops 16 lanes) one call of `rivet_erff16`, `erf16_lanes`.
 
 use super::expr::flags;
@@ -117,7 +117,7 @@ impl FnGen<'_, '_> {
         self.b.ins().jump(join, &[BlockArg::Value(y)]);
 
         self.b.switch_to_block(slow);
-        let y = self.packed_call4("rivet_expf4", x)?;
+        let y = self.slot_call("rivet_expf4", &[x])?[0];
         self.b.ins().jump(join, &[BlockArg::Value(y)]);
 
         self.b.seal_block(join);
@@ -125,44 +125,52 @@ impl FnGen<'_, '_> {
         Ok(out)
     }
 
-    /// `helper(x)` for a packed 128-bit `x`, through a 16-byte stack slot: the helper
-    /// (`rivet_expf4`, `rivet_erff4`: `(ptr) -> i32`) replaces the four lanes in place.
-    pub(super) fn packed_call4(&mut self, helper: &'static str, x: Value) -> Result<Value> {
-        let ty = self.b.func.dfg.value_type(x);
+    /// `helper(values)` for a helper of signature `(ptr) -> i32` that replaces, in place, the
+    /// values laid out one after the other in a stack slot (`rivet_expf4` / `rivet_erff4`: one
+    /// f32x4; `rivet_expf16` / `rivet_erff16`: four f32x4 or sixteen f32): each value stored
+    /// at its offset, one call, each reloaded with its own type.
+    pub(super) fn slot_call(
+        &mut self,
+        helper: &'static str,
+        values: &[Value],
+    ) -> Result<Vec<Value>> {
+        let tys: Vec<_> = values
+            .iter()
+            .map(|v| self.b.func.dfg.value_type(*v))
+            .collect();
+        let bytes: u32 = tys.iter().map(|t| t.bytes()).sum();
         let slot = self
             .b
             .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
                 cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
-                16,
-                4,
-            ));
-        let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
-        self.b.ins().store(flags(), x, ptr, 0);
-        self.call1(helper, &[super::PTR], I32, &[ptr])?;
-        Ok(self.b.ins().load(ty, flags(), ptr, 0))
-    }
-
-    /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `WIDE_LANES` lanes, computed lane by
-    /// lane): through a 64-byte stack slot, one `rivet_erff16` call (`codegen::erff16`,
-    /// AVX-512 where the CPU has it), libm's bits.
-    pub(super) fn erf16_lanes(&mut self, a: &crate::ir::Expr) -> Result<Vec<Value>> {
-        use cranelift_codegen::ir::types::F32;
-        let n = crate::lower::vectorize::WIDE_LANES;
-        let slot = self
-            .b
-            .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
-                cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
-                4 * n,
+                bytes,
                 6,
             ));
         let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
-        for l in 0..n {
-            let x = self.lane(a, l)?;
-            self.b.ins().store(flags(), x, ptr, (4 * l) as i32);
+        let mut off = 0i32;
+        for v in values {
+            self.b.ins().store(flags(), *v, ptr, off);
+            off += self.b.func.dfg.value_type(*v).bytes() as i32;
         }
-        self.call1("rivet_erff16", &[super::PTR], I32, &[ptr])?;
-        Ok((0..n)
-            .map(|l| self.b.ins().load(F32, flags(), ptr, (4 * l) as i32))
+        self.call1(helper, &[super::PTR], I32, &[ptr])?;
+        let mut off = 0i32;
+        Ok(tys
+            .into_iter()
+            .map(|t| {
+                let v = self.b.ins().load(t, flags(), ptr, off);
+                off += t.bytes() as i32;
+                v
+            })
             .collect())
+    }
+
+    /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `WIDE_LANES` lanes, computed lane by
+    /// lane): one `rivet_erff16` call (`codegen::erff16`, AVX-512 where the CPU has it),
+    /// libm's bits.
+    pub(super) fn erf16_lanes(&mut self, a: &crate::ir::Expr) -> Result<Vec<Value>> {
+        let lanes = (0..crate::lower::vectorize::WIDE_LANES)
+            .map(|l| self.lane(a, l))
+            .collect::<Result<Vec<_>>>()?;
+        self.slot_call("rivet_erff16", &lanes)
     }
 }

@@ -14,7 +14,7 @@ use super::expr::flags;
 use super::FnGen;
 use crate::error::{Error, Result};
 use crate::ir::{BinOp, BufId, Expr, ExprKind, UnOp};
-use cranelift_codegen::ir::types::{F32X4, I32};
+use cranelift_codegen::ir::types::F32X4;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use rivet_runtime::DType;
 
@@ -105,7 +105,8 @@ impl FnGen<'_, '_> {
                 } else {
                     "rivet_erff16"
                 };
-                self.quad_call(helper, x)?
+                let y = self.slot_call(helper, &x)?;
+                [y[0], y[1], y[2], y[3]]
             }
             ExprKind::Unary(op, a) => {
                 let x = self.quad_value(a)?;
@@ -126,25 +127,5 @@ impl FnGen<'_, '_> {
             self.vmemo.insert(key(k), *v);
         }
         Ok(out)
-    }
-
-    /// `helper` (`(ptr) -> i32`, sixteen float32 in place) on the quad `x`, through a 64-byte
-    /// stack slot.
-    fn quad_call(&mut self, helper: &'static str, x: [Value; 4]) -> Result<[Value; 4]> {
-        let slot = self
-            .b
-            .create_sized_stack_slot(cranelift_codegen::ir::StackSlotData::new(
-                cranelift_codegen::ir::StackSlotKind::ExplicitSlot,
-                64,
-                6,
-            ));
-        let ptr = self.b.ins().stack_addr(super::PTR, slot, 0);
-        for (k, v) in x.iter().enumerate() {
-            self.b.ins().store(flags(), *v, ptr, (16 * k) as i32);
-        }
-        self.call1(helper, &[super::PTR], I32, &[ptr])?;
-        Ok(std::array::from_fn(|k| {
-            self.b.ins().load(F32X4, flags(), ptr, (16 * k) as i32)
-        }))
     }
 }
