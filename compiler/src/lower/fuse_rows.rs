@@ -91,20 +91,26 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
             k += 1;
             continue;
         };
+        // Each loop's accesses are summarised once; a group's legality is then a check of the
+        // summaries' unions, so joining a loop costs its own size, not the group's.
+        let mut acc = Accesses::of(&first);
         let mut group = vec![first];
         let mut next = k + 1;
-        while next < items.len() {
+        // A loop that strays into a buffer it writes itself starts no group (`can_join` checks
+        // only what a newcomer adds to a group that passes the rule).
+        while next < items.len() && acc.row_local() {
             let Some(l) = as_parallel(&items[next]) else {
                 break;
             };
             if l.min != group[0].min || l.extent != group[0].extent {
                 break;
             }
-            group.push(l);
-            if !row_local(&group) {
-                group.pop();
+            let a = Accesses::of(&l);
+            if !acc.can_join(&a) {
                 break;
             }
+            acc.extend(a);
+            group.push(l);
             next += 1;
         }
         if group.len() == 1 {
@@ -143,49 +149,83 @@ fn fused(group: &[Loop<'_>]) -> Stmt {
     }
 }
 
-/// The legality rule of the module doc for `group`.
-fn row_local(group: &[Loop<'_>]) -> bool {
-    let mut written: HashSet<BufId> = HashSet::new();
-    // Buffers allocated inside a body are private to one iteration of its loop.
-    let mut private: HashSet<BufId> = HashSet::new();
-    let mut opaque = false;
-    for l in group {
-        l.body.visit(&mut |s| match s {
-            Stmt::Store { buf, .. } => {
-                written.insert(*buf);
-            }
-            Stmt::Allocate { buf, .. } => {
-                private.insert(*buf);
-            }
-            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
-                opaque = true
-            }
-            _ => {}
-        });
-    }
-    if opaque {
-        return false;
-    }
-    written.retain(|b| !private.contains(b));
-    group.iter().all(|l| {
+/// What loops do to buffers, for the legality rule of the module doc.
+#[derive(Default)]
+struct Accesses {
+    /// Buffers stored to.
+    written: HashSet<BufId>,
+    /// Buffers allocated inside a body: private to one iteration of its loop.
+    private: HashSet<BufId>,
+    /// Buffers loaded or stored somewhere other than the loop's own row.
+    strays: HashSet<BufId>,
+    /// An intrinsic call, launch, barrier or cross-thread reduction: never fused.
+    opaque: bool,
+}
+
+impl Accesses {
+    fn of(l: &Loop<'_>) -> Accesses {
+        let mut a = Accesses::default();
         let own = |indices: &[Expr]| {
             indices
                 .first()
                 .is_some_and(|i| simplify(i).as_var() == Some(l.var))
         };
-        let mut ok = true;
-        l.body.visit(&mut |s| {
-            if let Stmt::Store { buf, indices, .. } = s {
-                ok &= !written.contains(buf) || own(indices);
+        l.body.visit(&mut |s| match s {
+            Stmt::Store { buf, indices, .. } => {
+                a.written.insert(*buf);
+                if !own(indices) {
+                    a.strays.insert(*buf);
+                }
             }
+            Stmt::Allocate { buf, .. } => {
+                a.private.insert(*buf);
+            }
+            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
+                a.opaque = true
+            }
+            _ => {}
         });
         l.body.visit_exprs(&mut |e| {
             e.visit(&mut |n| {
                 if let ExprKind::Load { buf, indices } = n.kind() {
-                    ok &= !written.contains(buf) || own(indices);
+                    if !own(indices) {
+                        a.strays.insert(*buf);
+                    }
                 }
             })
         });
-        ok
-    })
+        a
+    }
+
+    /// The rule for the loops summarised by `self`: no stray into a buffer they write (private
+    /// buffers aside), nothing opaque.
+    fn row_local(&self) -> bool {
+        !self.opaque
+            && self
+                .strays
+                .iter()
+                .all(|b| !self.written.contains(b) || self.private.contains(b))
+    }
+
+    /// Whether the loops summarised by `self` (a legal group) and `o` make a legal group:
+    /// `o`'s strays must not be written by anyone, nor `o`'s writes strayed into by anyone
+    /// (private buffers aside). Costs `o`'s size.
+    fn can_join(&self, o: &Accesses) -> bool {
+        let private = |b: &BufId| self.private.contains(b) || o.private.contains(b);
+        !self.opaque
+            && !o.opaque
+            && o.strays
+                .iter()
+                .all(|b| !(self.written.contains(b) || o.written.contains(b)) || private(b))
+            && o.written
+                .iter()
+                .all(|b| !self.strays.contains(b) || private(b))
+    }
+
+    fn extend(&mut self, o: Accesses) {
+        self.written.extend(o.written);
+        self.private.extend(o.private);
+        self.strays.extend(o.strays);
+        self.opaque |= o.opaque;
+    }
 }
