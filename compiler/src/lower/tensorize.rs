@@ -466,5 +466,23 @@ mod tests {
             fold(&neg.floordiv(&k), Some(4), Some(8)),
             simplify(&neg.floordiv(&k))
         );
+        // Hostile extents and coefficients: the bound is checked arithmetic, never a wrap that
+        // would let a huge sum pass for a small one (3 * (2^62 + 1) overflows: left alone).
+        let huge = Expr::var(&jo)
+            .mul(&Expr::int(32))
+            .add(&Expr::var(&jio).mul(&Expr::int((1 << 62) + 1)))
+            .add(&Expr::var(&jii));
+        assert_eq!(
+            fold(&huge.floormod(&k), Some(4), Some(8)),
+            simplify(&huge.floormod(&k))
+        );
+        let k62 = Expr::int(1 << 62);
+        let wide = Expr::var(&jo)
+            .mul(&Expr::int(1 << 62))
+            .add(&Expr::var(&jii).mul(&Expr::int(3)));
+        assert_eq!(
+            fold(&wide.floordiv(&k62), Some(4), Some(i64::MAX)),
+            simplify(&wide.floordiv(&k62))
+        );
     }
 }
