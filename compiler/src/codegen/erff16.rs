@@ -292,19 +292,19 @@ pub(crate) mod avx512 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::erff4::THRESHOLDS;
+    use super::super::lanes_check::{around, check, check_all, sweep};
     use super::{by_fours, erff16, expf16};
+
+    fn avx512() -> bool {
+        cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx512f")
+    }
 
     /// `expf16` (the AVX-512 path where it exists, else four `expf4`s) against libm: every
     /// 61st float of the main range, both signs, and the lanes outside it mixed in.
     #[test]
     fn expf16_equals_libm_bit_for_bit() {
-        let mut xs = Vec::new();
-        let mut b = 0x3900_0001u32;
-        while b < 0x42ae_ac50 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            b += 61;
-        }
+        let mut xs = sweep(0x3900_0001, 0x42ae_ac50, 61);
         xs.extend([
             0.0,
             -0.0,
@@ -317,46 +317,12 @@ mod tests {
             -200.0,
             0.5,
             f32::MIN_POSITIVE,
+            1.0,
+            2.0,
+            f32::NAN,
+            -3.0,
         ]);
-        xs.extend([1.0, 2.0, f32::NAN, -3.0]);
-        for c in xs.chunks(16) {
-            let mut x = [0.5f32; 16];
-            x[..c.len()].copy_from_slice(c);
-            let y = expf16(x);
-            for l in 0..16 {
-                let want = libm::expf(x[l]);
-                assert!(
-                    y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
-                    "expf16({:e} = {:#x}) = {:e}, libm::expf = {:e}",
-                    x[l],
-                    x[l].to_bits(),
-                    y[l],
-                    want
-                );
-            }
-        }
-    }
-
-    fn check(xs: &[f32]) {
-        let avx = cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx512f");
-        for c in xs.chunks(16) {
-            let mut x = [0f32; 16];
-            x[..c.len()].copy_from_slice(c);
-            let ys = [erff16(x), by_fours(x)];
-            for y in ys.iter().take(if avx { 2 } else { 1 }) {
-                for l in 0..16 {
-                    let want = libm::erff(x[l]);
-                    assert!(
-                        y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
-                        "erff16({:e} = {:#x}) = {:e}, libm::erff = {:e}",
-                        x[l],
-                        x[l].to_bits(),
-                        y[l],
-                        want
-                    );
-                }
-            }
-        }
+        check("expf16", expf16, libm::expf, &xs, 0.5);
     }
 
     /// Every 61st float from 2^-28 up, both signs, the thresholds, and the special lanes mixed
@@ -364,26 +330,8 @@ mod tests {
     /// exists; the four-call path elsewhere).
     #[test]
     fn erff16_equals_libm_bit_for_bit() {
-        let mut xs = Vec::new();
-        let mut b = 0x3180_0000u32;
-        while b < 0x7f80_0000 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            b += 61;
-        }
-        for t in [
-            0x3180_0000u32,
-            0x3f58_0000,
-            0x3fa0_0000,
-            0x4036_db6d,
-            0x40c0_0000,
-        ] {
-            for d in 0..3u32 {
-                for s in [1.0f32, -1.0] {
-                    xs.push(s * f32::from_bits(t - 1 + d));
-                }
-            }
-        }
+        let mut xs = sweep(0x3180_0000, 0x7f80_0000, 61);
+        xs.extend(around(&THRESHOLDS));
         xs.extend([
             0.0,
             -0.0,
@@ -394,8 +342,7 @@ mod tests {
             0.5,
             7.0,
         ]);
-        check(&xs);
-        check(&[
+        xs.extend([
             1.0,
             f32::NAN,
             -2.0,
@@ -413,24 +360,26 @@ mod tests {
             -1.1,
             f32::INFINITY,
         ]);
+        check("erff16", erff16, libm::erff, &xs, 0.0);
+        if avx512() {
+            check("erff16 by fours", by_fours, libm::erff, &xs, 0.0);
+        }
     }
 
-    /// Every float32 from 2^-28 to infinity, both signs:
+    /// Every float32 from 2^-28 to infinity, both signs, both paths:
     /// `cargo test --release -p rivet-compiler erff16 -- --ignored`.
     #[test]
     #[ignore]
     fn erff16_equals_libm_on_every_regular_float() {
-        let mut xs = Vec::with_capacity(1 << 20);
-        let mut b = 0x3180_0000u32;
-        while b < 0x7f80_0000 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            if xs.len() >= 1 << 20 {
-                check(&xs);
-                xs.clear();
-            }
-            b += 1;
+        check_all("erff16", erff16, libm::erff, 0x3180_0000, 0x7f80_0000);
+        if avx512() {
+            check_all(
+                "erff16 by fours",
+                by_fours,
+                libm::erff,
+                0x3180_0000,
+                0x7f80_0000,
+            );
         }
-        check(&xs);
     }
 }

@@ -193,53 +193,27 @@ unsafe fn sse2(x4: [f32; 4]) -> Option<[f32; 4]> {
     }
 }
 
+/// The thresholds of libm's `erff` branches, by bits (for the tests).
+#[cfg(test)]
+pub(crate) const THRESHOLDS: [u32; 5] = [
+    0x3180_0000,
+    0x3f58_0000,
+    0x3fa0_0000,
+    0x4036_db6d,
+    0x40c0_0000,
+];
+
 #[cfg(test)]
 mod tests {
-    use super::erff4;
-
-    fn check(xs: &[f32]) {
-        for c in xs.chunks(4) {
-            let mut x = [0f32; 4];
-            x[..c.len()].copy_from_slice(c);
-            let y = erff4(x);
-            for l in 0..4 {
-                let want = libm::erff(x[l]);
-                assert!(
-                    y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
-                    "erff4({:e} = {:#x}) = {:e}, libm::erff = {:e}",
-                    x[l],
-                    x[l].to_bits(),
-                    y[l],
-                    want
-                );
-            }
-        }
-    }
+    use super::super::lanes_check::{around, check, check_all, sweep};
+    use super::{erff4, THRESHOLDS};
 
     /// Every 61st float from 2^-28 up, both signs, plus each branch's thresholds and what
     /// falls back (tiny, NaN, infinities, signed zeros) mixed into vectors of regular lanes.
     #[test]
     fn erff4_equals_libm_bit_for_bit() {
-        let mut xs = Vec::new();
-        let mut b = 0x3180_0000u32;
-        while b < 0x7f80_0000 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            b += 61;
-        }
-        for t in [
-            0x3180_0000u32,
-            0x3f58_0000,
-            0x3fa0_0000,
-            0x4036_db6d,
-            0x40c0_0000,
-        ] {
-            for d in 0..3u32 {
-                for s in [1.0f32, -1.0] {
-                    xs.push(s * f32::from_bits(t - 1 + d));
-                }
-            }
-        }
+        let mut xs = sweep(0x3180_0000, 0x7f80_0000, 61);
+        xs.extend(around(&THRESHOLDS));
         xs.extend([
             0.0,
             -0.0,
@@ -250,8 +224,8 @@ mod tests {
             0.5,
             7.0,
         ]);
-        check(&xs);
-        check(&[
+        check("erff4", erff4, libm::erff, &xs, 0.0);
+        let mixed = [
             1.0,
             f32::NAN,
             -2.0,
@@ -264,7 +238,8 @@ mod tests {
             1.0,
             2.5,
             5.9,
-        ]);
+        ];
+        check("erff4", erff4, libm::erff, &mixed, 0.0);
     }
 
     /// Every float32 from 2^-28 to infinity, both signs (about 2.1 billion values; a minute or
@@ -272,17 +247,6 @@ mod tests {
     #[test]
     #[ignore]
     fn erff4_equals_libm_on_every_regular_float() {
-        let mut xs = Vec::with_capacity(1 << 20);
-        let mut b = 0x3180_0000u32;
-        while b < 0x7f80_0000 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            if xs.len() >= 1 << 20 {
-                check(&xs);
-                xs.clear();
-            }
-            b += 1;
-        }
-        check(&xs);
+        check_all("erff4", erff4, libm::erff, 0x3180_0000, 0x7f80_0000);
     }
 }

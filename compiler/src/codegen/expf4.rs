@@ -76,53 +76,23 @@ unsafe fn sse2(x4: [f32; 4]) -> Option<[f32; 4]> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::lanes_check::{around, check, check_all, sweep};
     use super::expf4;
-
-    fn check(xs: &[f32]) {
-        for c in xs.chunks(4) {
-            let mut x = [0f32; 4];
-            x[..c.len()].copy_from_slice(c);
-            let y = expf4(x);
-            for l in 0..4 {
-                let want = libm::expf(x[l]);
-                assert!(
-                    y[l].to_bits() == want.to_bits() || (y[l].is_nan() && want.is_nan()),
-                    "expf4({:e} = {:#x}) = {:e}, libm::expf = {:e}",
-                    x[l],
-                    x[l].to_bits(),
-                    y[l],
-                    want
-                );
-            }
-        }
-    }
 
     /// Every 61st float of the main range, both signs, plus the thresholds of each branch and
     /// what falls back (tiny, huge, NaN, infinities, subnormals, signed zeros) mixed into
     /// main-range vectors.
     #[test]
     fn expf4_equals_libm_bit_for_bit() {
-        let mut xs = Vec::new();
-        let mut b = 0x3900_0001u32;
-        while b < 0x42ae_ac50 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            b += 61;
-        }
-        for t in [
-            0x3900_0000u32,
+        let mut xs = sweep(0x3900_0001, 0x42ae_ac50, 61);
+        xs.extend(around(&[
+            0x3900_0000,
             0x3eb1_7218,
             0x3f85_1592,
             0x42ae_ac50,
             0x42b1_7218,
             0x42cf_f1b5,
-        ] {
-            for d in 0..3u32 {
-                for s in [1.0f32, -1.0] {
-                    xs.push(s * f32::from_bits(t - 1 + d));
-                }
-            }
-        }
+        ]));
         xs.extend([
             0.0,
             -0.0,
@@ -137,9 +107,10 @@ mod tests {
             1e-30,
             0.5,
         ]);
-        check(&xs);
+        check("expf4", expf4, libm::expf, &xs, 0.0);
         // Fallback lanes next to main-range ones.
-        check(&[1.0, f32::NAN, -2.0, 3.0, 1e-20, 0.3, -0.7, 50.0]);
+        let mixed = [1.0, f32::NAN, -2.0, 3.0, 1e-20, 0.3, -0.7, 50.0];
+        check("expf4", expf4, libm::expf, &mixed, 0.0);
     }
 
     /// Every float32 of the main range, both signs (324 million values; a few seconds in
@@ -147,17 +118,6 @@ mod tests {
     #[test]
     #[ignore]
     fn expf4_equals_libm_on_every_main_range_float() {
-        let mut xs = Vec::with_capacity(1 << 20);
-        let mut b = 0x3900_0001u32;
-        while b < 0x42ae_ac50 {
-            xs.push(f32::from_bits(b));
-            xs.push(-f32::from_bits(b));
-            if xs.len() >= 1 << 20 {
-                check(&xs);
-                xs.clear();
-            }
-            b += 1;
-        }
-        check(&xs);
+        check_all("expf4", expf4, libm::expf, 0x3900_0001, 0x42ae_ac50);
     }
 }

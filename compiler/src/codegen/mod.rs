@@ -14,6 +14,8 @@ pub mod erff4;
 pub mod expf4;
 pub mod host;
 pub mod interp;
+#[cfg(test)]
+mod lanes_check;
 pub mod math;
 pub mod microkernel;
 
