@@ -89,9 +89,9 @@ demo: venv build
 test: venv mxvenv build
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
 	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
-	  RIVET_REQUIRE_NVRTC=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" cargo test --workspace --release
-	RIVET_REQUIRE_NVRTC=1 $(VPY) -m pytest -q tests/python
-	cargo run --release -q -p rivet-tests --bin fuzz -- --seconds $(FUZZ_SHORT) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED),--seed 1)
+	  RIVET_REQUIRE_NVRTC=1 RIVET_VERIFY_CLIF=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" cargo test --workspace --release
+	RIVET_REQUIRE_NVRTC=1 RIVET_VERIFY_CLIF=1 $(VPY) -m pytest -q tests/python
+	RIVET_VERIFY_CLIF=1 cargo run --release -q -p rivet-tests --bin fuzz -- --seconds $(FUZZ_SHORT) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED),--seed 1)
 	MXNET_ENGINE_TYPE=NaiveEngine $(MXPY) -m pytest -q tests/mxnet
 
 fuzz: venv build

@@ -111,6 +111,18 @@ impl CraneliftBackend {
                 .map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
         };
         set(&mut flags, "opt_level", "speed")?;
+        // Cranelift's own IR verifier checks the CLIF we emit before every compile: it is
+        // what catches a code-generator bug as an error instead of bad machine code, and it
+        // costs about 15% of a GEMM build. The tests run it (`make test` sets
+        // RIVET_VERIFY_CLIF=1, debug builds always do); a release build in use skips it: the
+        // CLIF it would check comes from IR our own verifier passed.
+        let verify = cfg!(debug_assertions)
+            || std::env::var("RIVET_VERIFY_CLIF").is_ok_and(|v| v != "0" && !v.is_empty());
+        set(
+            &mut flags,
+            "enable_verifier",
+            if verify { "true" } else { "false" },
+        )?;
         // The JIT places code and helpers anywhere in the address space: no colocated calls,
         // absolute relocations.
         set(&mut flags, "use_colocated_libcalls", "false")?;
