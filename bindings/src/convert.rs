@@ -40,6 +40,9 @@ struct TypeInfo {
     /// An exchange-API type with a `requires_grad` attribute (torch.Tensor and subclasses):
     /// checked on every import through the fast path.
     grad: bool,
+    /// `requires_grad`'s C getter and its closure, when reading the attribute is exactly
+    /// calling it (`grad_getter`): a third of the generic lookup's cost.
+    grad_getter: Option<(ffi::getter, usize)>,
     /// Has `__dlpack_device__` and may live on a GPU (not numpy): asked before `__dlpack__`
     /// inside a call, so a CUDA producer gets the call's stream.
     may_be_gpu: bool,
@@ -151,6 +154,7 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
         && ty
             .hasattr(pyo3::intern!(ty.py(), "requires_grad"))
             .unwrap_or(false);
+    let grad_getter = if grad { grad_getter(ty) } else { None };
     let has_dlpack = ty
         .hasattr(pyo3::intern!(ty.py(), "__dlpack__"))
         .unwrap_or(false);
@@ -167,6 +171,7 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
         read_only,
         has_dlpack,
         grad,
+        grad_getter,
         may_be_gpu,
         has_cai,
     };
@@ -175,15 +180,67 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
     info
 }
 
+/// The C getter behind `ty`'s `requires_grad` when `obj.requires_grad` is exactly a call of
+/// it: the type uses the generic attribute lookup, and the first class of its MRO defining
+/// the name holds a getset descriptor (a data descriptor, so no instance `__dict__` can
+/// shadow it). torch.Tensor: `TensorBase`'s getter. Anything else (a property, an override of
+/// `__getattribute__`, a metaclass trick) keeps the generic `getattr`. The getter and its
+/// closure come from the descriptor's `PyGetSetDef`, static data of the extension defining
+/// it; the cache entry also holds the type alive.
+fn grad_getter(ty: &Bound<'_, PyType>) -> Option<(ffi::getter, usize)> {
+    let py = ty.py();
+    // SAFETY: reading a field of a live type object, under the GIL.
+    let getattro = unsafe { (*ty.as_type_ptr()).tp_getattro };
+    // libpython's exported function: one address, whoever reads it.
+    let generic = ffi::PyObject_GenericGetAttr as ffi::getattrofunc as usize;
+    if !matches!(getattro, Some(f) if f as usize == generic) {
+        return None;
+    }
+    let name = pyo3::intern!(py, "requires_grad");
+    let mro = ty.getattr(pyo3::intern!(py, "__mro__")).ok()?;
+    for cls in mro.try_iter().ok()? {
+        let dict = cls.ok()?.getattr(pyo3::intern!(py, "__dict__")).ok()?;
+        let Ok(d) = dict.get_item(name) else {
+            continue;
+        };
+        // The address of CPython's getset descriptor type, compared only.
+        if d.get_type().as_ptr() != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type).cast() {
+            return None;
+        }
+        // SAFETY: `d` is a getset descriptor (checked above), whose layout is
+        // `PyGetSetDescrObject`; its `d_getset` points at the defining type's static table.
+        let def = unsafe { &*(*(d.as_ptr() as *const ffi::PyGetSetDescrObject)).d_getset };
+        return def.get.map(|g| (g, def.closure as usize));
+    }
+    None
+}
+
 /// Refuses a torch tensor with `requires_grad=True`, as torch's `__dlpack__` does: rivet
 /// functions are not differentiable, and writing such a tensor would corrupt autograd.
 /// Only the exchange fast path needs this; torch's own export checks the generic path.
-fn check_no_grad(obj: &Bound<'_, PyAny>) -> Result<()> {
+fn check_no_grad(obj: &Bound<'_, PyAny>, getter: Option<(ffi::getter, usize)>) -> Result<()> {
     let py = obj.py();
-    let grad = obj
-        .getattr(pyo3::intern!(py, "requires_grad"))
-        .map_err(|e| producer_error(obj, Some(e)))?;
-    if grad.is_truthy().map_err(|e| producer_error(obj, Some(e)))? {
+    let grad = match getter {
+        Some((get, closure)) => {
+            // SAFETY: `obj`'s type is the one `grad_getter` read the getter from (the type
+            // cache is keyed by it); a getter returns a new reference or NULL with an error.
+            let r = unsafe { get(obj.as_ptr(), closure as *mut c_void) };
+            if r.is_null() {
+                return Err(producer_error(obj, PyErr::take(py)));
+            }
+            // SAFETY: a new reference.
+            unsafe { Bound::from_owned_ptr(py, r) }
+        }
+        None => obj
+            .getattr(pyo3::intern!(py, "requires_grad"))
+            .map_err(|e| producer_error(obj, Some(e)))?,
+    };
+    let on = if grad.is(&PyBool::new(py, false)) {
+        false
+    } else {
+        grad.is_truthy().map_err(|e| producer_error(obj, Some(e)))?
+    };
+    if on {
         return Err(Error::DLPack(format!(
             "{} requires grad (requires_grad=True); rivet functions are not differentiable and torch does not export such tensors through DLPack: pass tensor.detach() instead",
             type_name(obj)
@@ -200,7 +257,9 @@ pub fn try_tensor_in(
     obj: &Bound<'_, PyAny>,
     mut sync: Option<&mut CallStreams>,
 ) -> Result<Option<Tensor>> {
-    if let Ok(t) = obj.cast::<PyTensor>() {
+    // Exact: `rivet.Tensor` cannot be subclassed, and a failed `cast` walks the MRO of
+    // every foreign tensor (a torch.Tensor's is three classes long).
+    if let Ok(t) = obj.cast_exact::<PyTensor>() {
         let t = t.get();
         if let (Some(s), rivet_runtime::Device::Cuda(o), Some(r)) =
             (sync.as_deref_mut(), t.tensor.device(), t.stream())
@@ -215,7 +274,7 @@ pub fn try_tensor_in(
     let info = type_info(obj);
     if let Some(api) = info.api {
         if info.grad {
-            check_no_grad(obj)?;
+            check_no_grad(obj, info.grad_getter)?;
         }
         if let Some(borrow) = api.dltensor_from_py_object_no_sync {
             // Borrowed DLTensor: no allocation on the producer's side. Its data stays valid

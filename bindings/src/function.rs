@@ -96,11 +96,12 @@ impl PyFunction {
         args: &Bound<'_, PyTuple>,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let explicit = parse_stream(
-            stream.as_ref(),
-            &format!("{}: argument 'stream'", self.func.name()),
-        )
-        .py_err(py)?;
+        // The error's wording is only formatted when there is a stream to parse.
+        let explicit = match &stream {
+            Some(s) => parse_stream(Some(s), &format!("{}: argument 'stream'", self.func.name()))
+                .py_err(py)?,
+            None => None,
+        };
         let mut sync = CallStreams::new(explicit);
         let mut values: SmallVec<[Value; 8]> = SmallVec::with_capacity(args.len());
         for (i, a) in args.iter().enumerate() {

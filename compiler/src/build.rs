@@ -590,7 +590,7 @@ fn call(
         }
     }
     // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's strides.
-    let mut ints: Vec<i64> = f.dims.iter().map(|v| env[v]).collect();
+    let mut ints: crate::codegen::FrameInts = f.dims.iter().map(|v| env[v]).collect();
     for t in &tensors {
         ints.extend_from_slice(t.strides());
     }

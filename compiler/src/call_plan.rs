@@ -13,11 +13,12 @@
 //! compare the two on hostile arguments).
 
 use crate::build::Compiled;
-use crate::codegen::CallFrame;
+use crate::codegen::{CallFrame, FrameInts, FramePtrs};
 use crate::ir::expr::Var;
 use crate::ir::stmt::BufKind;
 use crate::target::TargetKind;
-use rivet_runtime::{ArgName, DType, Tensor, Value};
+use rivet_runtime::layout::may_self_overlap;
+use rivet_runtime::{DType, Value};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
@@ -101,13 +102,20 @@ impl CallPlan {
     }
 
     /// The frame for `args` when the call is well formed (module header), else `None`.
+    /// One pass over the arguments fills the frame (the dims' slots first, bound as they are
+    /// met), so a small call allocates nothing (`FramePtrs` / `FrameInts` are inline).
     pub fn accept(&self, c: &Compiled, args: &[Value]) -> Option<FastCall> {
-        if args.len() != self.params.len() {
+        // A bit per dim records which are bound; more dims than bits take the full path.
+        if args.len() != self.params.len() || self.n_dims > 64 {
             return None;
         }
-        let mut dims: SmallVec<[i64; 8]> = SmallVec::from_elem(0, self.n_dims);
-        let mut seen: SmallVec<[bool; 8]> = SmallVec::from_elem(false, self.n_dims);
-        let mut tensors: SmallVec<[&Tensor; 8]> = SmallVec::with_capacity(args.len());
+        let mut ints = FrameInts::from_elem(0, self.n_dims);
+        let mut seen = 0u64;
+        let mut ptrs = FramePtrs::with_capacity(args.len());
+        // Byte ranges of the non-empty arguments, with whether each is an output.
+        let mut ranges: SmallVec<[(usize, usize, bool); 8]> = SmallVec::new();
+        let mut elements = 0i64;
+        let mut device = None;
         for (p, a) in self.params.iter().zip(args) {
             let Value::Tensor(t) = a else { return None };
             if t.dtype() != p.dtype || !t.device().is_host() || t.ndim() != p.shape.len() {
@@ -117,81 +125,63 @@ impl CallPlan {
                 match *want {
                     DimPlan::Fixed(n) if n == got => {}
                     DimPlan::Fixed(_) => return None,
-                    DimPlan::Dim(k) if seen[k] => {
-                        if dims[k] != got {
+                    DimPlan::Dim(k) if seen & (1 << k) != 0 => {
+                        if ints[k] != got {
                             return None;
                         }
                     }
                     DimPlan::Dim(k) => {
-                        dims[k] = got;
-                        seen[k] = true;
+                        ints[k] = got;
+                        seen |= 1 << k;
                     }
                 }
             }
-            if p.output
-                && t.check_writable(
-                    ArgName {
-                        index: 0,
-                        name: None,
-                    },
-                    "",
-                )
-                .is_err()
-            {
+            if p.output && (t.is_read_only() || may_self_overlap(t.shape(), t.strides())) {
                 return None;
             }
-            tensors.push(t);
+            if let Some((lo, hi)) = t.byte_range() {
+                ranges.push((lo, hi, p.output));
+            }
+            // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's
+            // strides.
+            ints.extend_from_slice(t.strides());
+            ptrs.push(t.data_ptr());
+            // Saturating: stride-0 views may claim i64::MAX elements each.
+            elements = elements.saturating_add(t.numel());
+            device.get_or_insert(t.device());
         }
-        if self.needs_env && !self.checks_pass(c, &dims) {
+        if self.needs_env && !self.checks_pass(c, &ints[..self.n_dims]) {
             return None;
         }
         // Outputs may not share memory with any other argument.
-        let ranges: SmallVec<[Option<(usize, usize)>; 8]> =
-            tensors.iter().map(|t| t.byte_range()).collect();
-        for (i, p) in self.params.iter().enumerate() {
-            let (true, Some((lo, hi))) = (p.output, ranges[i]) else {
-                continue;
-            };
-            for (j, r) in ranges.iter().enumerate() {
-                if let (true, Some((l2, h2))) = (i != j, r) {
-                    if lo < *h2 && *l2 < hi {
-                        return None;
-                    }
-                }
+        for (i, &(lo, hi, output)) in ranges.iter().enumerate() {
+            if output
+                && ranges
+                    .iter()
+                    .enumerate()
+                    .any(|(j, &(l2, h2, _))| i != j && lo < h2 && l2 < hi)
+            {
+                return None;
             }
         }
-        // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's strides.
-        let n_ints = self.n_dims + tensors.iter().map(|t| t.ndim()).sum::<usize>();
-        let mut ints = Vec::with_capacity(n_ints);
-        ints.extend_from_slice(&dims);
-        for t in &tensors {
-            ints.extend_from_slice(t.strides());
-        }
+        // As the full path: the loops' iteration count, or the arguments' elements when that
+        // is more.
+        let work = self.work(c, &ints[..self.n_dims]).max(elements);
         Some(FastCall {
-            frame: CallFrame {
-                ptrs: tensors.iter().map(|t| t.data_ptr()).collect(),
-                ints,
-            },
-            device: tensors
-                .first()
-                .map_or(rivet_runtime::Device::Cpu, |t| t.device()),
-            // As the full path: the loops' iteration count, or the arguments' elements when
-            // that is more; saturating (stride-0 views may claim i64::MAX elements each).
-            work: self.work(c, &dims, &tensors),
+            frame: CallFrame { ptrs, ints },
+            device: device.unwrap_or(rivet_runtime::Device::Cpu),
+            work,
         })
     }
 
-    /// The call's work, as `build::call` measures it (`lower::work`).
-    fn work(&self, c: &Compiled, dims: &[i64], tensors: &[&Tensor]) -> i64 {
-        let elements = tensors
-            .iter()
-            .fold(0i64, |w, t| w.saturating_add(t.numel()));
+    /// The loops' iteration count for these dims (`lower::work`), as `build::call` counts it.
+    fn work(&self, c: &Compiled, dims: &[i64]) -> i64 {
         if let Some(w) = self.work_const {
-            return w.max(elements);
+            return w;
         }
         let f = &c.func;
         let lookup = |v: &Var| f.dims.iter().position(|d| d == v).map(|k| dims[k]);
-        c.work.eval(&lookup).max(elements)
+        c.work.eval(&lookup)
     }
 
     /// The bounds checks hold and every temporary fits, evaluated exactly as the full path

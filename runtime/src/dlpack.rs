@@ -108,14 +108,14 @@ pub unsafe fn view_of(
         Dims::new()
     } else {
         // SAFETY: the producer promises `shape` (and `strides` if non-NULL) hold ndim entries.
-        unsafe { std::slice::from_raw_parts(t.shape, ndim) }.into()
+        Dims::from_slice(unsafe { std::slice::from_raw_parts(t.shape, ndim) })
     };
     let strides: Dims = if t.strides.is_null() || ndim == 0 {
         // NULL strides mean compact row-major (DLPack < 1.2).
         layout::compact_strides(&shape)
     } else {
         // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(t.strides, ndim) }.into()
+        Dims::from_slice(unsafe { std::slice::from_raw_parts(t.strides, ndim) })
     };
     // SAFETY: forwarded from the caller's promise.
     unsafe {

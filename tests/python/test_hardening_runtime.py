@@ -436,3 +436,39 @@ def test_requires_grad_refused_through_wrapper():
     with pytest.raises(rivet.DLPackError, match="detach"):
         f(1.0, torch.rand(4), y)
     assert torch.equal(y.detach(), before)
+
+
+def test_requires_grad_read_through_overrides():
+    """The grad check reads torch's C getter directly only when that is what the attribute
+    lookup would do; a subclass overriding `requires_grad` or `__getattribute__` is asked the
+    generic way, and its answer is honoured either way."""
+    nop = rivet.get_global_func("testing.nop")
+
+    class SaysGrad(torch.Tensor):
+        @property
+        def requires_grad(self):
+            return True
+
+    class Plain(torch.Tensor):
+        pass
+
+    class Hooked(torch.Tensor):
+        def __getattribute__(self, name):
+            if name == "requires_grad":
+                return True
+            return super().__getattribute__(name)
+
+    with pytest.raises(rivet.DLPackError, match="SaysGrad requires grad"):
+        nop(torch.rand(2).as_subclass(SaysGrad))
+    with pytest.raises(rivet.DLPackError, match="Hooked requires grad"):
+        nop(torch.rand(2).as_subclass(Hooked))
+    nop(torch.rand(2).as_subclass(Plain))  # inherits TensorBase's getter: no grad
+    with pytest.raises(rivet.DLPackError, match="Plain requires grad"):
+        nop(torch.rand(2).as_subclass(Plain).requires_grad_())
+    # A tensor whose flag changes between calls is read afresh on every call.
+    t = torch.rand(3)
+    nop(t)
+    t.requires_grad_()
+    with pytest.raises(rivet.DLPackError, match="requires grad"):
+        nop(t)
+    nop(t.detach())

@@ -24,12 +24,16 @@ use crate::ir::{PrimFunc, Var};
 use crate::target::{Target, TargetKind};
 use rivet_runtime::{DType, Device, Tensor};
 
-/// Everything a kernel needs at launch.
+/// Everything a kernel needs at launch. Inline up to 8 pointers and 16 ints, so the call
+/// path of a small function allocates nothing for its frame.
 #[derive(Debug, Clone)]
 pub struct CallFrame {
-    pub ptrs: Vec<*mut u8>,
-    pub ints: Vec<i64>,
+    pub ptrs: FramePtrs,
+    pub ints: FrameInts,
 }
+
+pub type FramePtrs = smallvec::SmallVec<[*mut u8; 8]>;
+pub type FrameInts = smallvec::SmallVec<[i64; 16]>;
 
 /// The variables whose values `CallFrame::ints` holds, in order.
 pub fn int_slots(func: &PrimFunc) -> Vec<Var> {

@@ -227,7 +227,16 @@ fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
     let mut ints = vec![n as i64];
     ints.extend(std::iter::repeat_n(1, f.params.len()));
     // SAFETY: every buffer holds n elements of its dtype, compact.
-    unsafe { k.launch(&CallFrame { ptrs, ints }, &LaunchContext::host()) }.unwrap();
+    unsafe {
+        k.launch(
+            &CallFrame {
+                ptrs,
+                ints: ints.into(),
+            },
+            &LaunchContext::host(),
+        )
+    }
+    .unwrap();
 }
 
 /// `out[i] = build(loads of ins)[i]` over 1-d buffers of `n` elements.
@@ -296,8 +305,8 @@ fn elementwise_add_over_strided_2d_buffers() {
     let mut cv = vec![f32::NAN; nn * mm];
     let ptr_c = cv.as_mut_ptr().wrapping_add(nn * mm - 1) as *mut u8;
     let frame = CallFrame {
-        ptrs: vec![av.as_ptr() as *mut u8, bv.as_ptr() as *mut u8, ptr_c],
-        ints: vec![nn as i64, mm as i64, 1, nn as i64, 10, 1, -(mm as i64), -1],
+        ptrs: vec![av.as_ptr() as *mut u8, bv.as_ptr() as *mut u8, ptr_c].into(),
+        ints: vec![nn as i64, mm as i64, 1, nn as i64, 10, 1, -(mm as i64), -1].into(),
     };
     // SAFETY: the buffers match the shapes and strides of the frame.
     unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
@@ -311,8 +320,8 @@ fn elementwise_add_over_strided_2d_buffers() {
     assert!(k.source().contains("function"), "{}", k.source());
     // A wrong frame is an error, not a crash.
     let bad = CallFrame {
-        ptrs: vec![],
-        ints: vec![],
+        ptrs: vec![].into(),
+        ints: vec![].into(),
     };
     // SAFETY: rejected before any code runs.
     assert!(unsafe { k.launch(&bad, &LaunchContext::host()) }.is_err());
@@ -876,8 +885,9 @@ fn reduction_into_a_local_allocation() {
             av.as_ptr() as *mut u8,
             o.as_mut_ptr() as *mut u8,
             o2.as_mut_ptr() as *mut u8,
-        ],
-        ints: vec![nn as i64, mm as i64, mm as i64, 1, 1, 1],
+        ]
+        .into(),
+        ints: vec![nn as i64, mm as i64, mm as i64, 1, 1, 1].into(),
     };
     // SAFETY: buffers match the frame.
     unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
@@ -989,8 +999,9 @@ fn parallel_loop_matches_serial() {
                 bv.as_ptr() as *mut u8,
                 out.as_mut_ptr() as *mut u8,
                 cnt.as_mut_ptr() as *mut u8,
-            ],
-            ints: vec![nn as i64, 1, 1, 1, 1],
+            ]
+            .into(),
+            ints: vec![nn as i64, 1, 1, 1, 1].into(),
         };
         // SAFETY: buffers match the frame.
         unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
@@ -1025,8 +1036,9 @@ fn parallel_loop_with_empty_and_tiny_ranges() {
                 bv.as_ptr() as *mut u8,
                 out.as_mut_ptr() as *mut u8,
                 cnt.as_mut_ptr() as *mut u8,
-            ],
-            ints: vec![nn as i64, 1, 1, 1, 1],
+            ]
+            .into(),
+            ints: vec![nn as i64, 1, 1, 1, 1].into(),
         };
         // SAFETY: buffers match the frame.
         unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
@@ -1107,7 +1119,7 @@ fn fma_rounds_once_with_and_without_native_fma() {
             interp.launch(
                 &CallFrame {
                     ptrs,
-                    ints: ints.clone(),
+                    ints: ints.clone().into(),
                 },
                 &LaunchContext::host(),
             )
@@ -1144,7 +1156,7 @@ fn fma_rounds_once_with_and_without_native_fma() {
                 k.launch(
                     &CallFrame {
                         ptrs,
-                        ints: ints.clone(),
+                        ints: ints.clone().into(),
                     },
                     &LaunchContext::host(),
                 )
@@ -1294,8 +1306,9 @@ fn guarded_loads_in_select_and_logic_are_lazy() {
             xv.as_ptr() as *mut u8,
             yv.as_mut_ptr() as *mut u8,
             zv.as_mut_ptr(),
-        ],
-        ints: vec![1, 1, 1],
+        ]
+        .into(),
+        ints: vec![1, 1, 1].into(),
     };
     // SAFETY: the loads of x are guarded by i < 2.
     unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
@@ -1587,7 +1600,16 @@ fn matches_the_interpreter_on_random_programs() {
             let mut ints = vec![nn as i64];
             ints.extend(std::iter::repeat_n(1, f.params.len()));
             // SAFETY: every buffer holds nn compact elements.
-            unsafe { k.launch(&CallFrame { ptrs, ints }, &LaunchContext::host()) }.unwrap();
+            unsafe {
+                k.launch(
+                    &CallFrame {
+                        ptrs,
+                        ints: ints.into(),
+                    },
+                    &LaunchContext::host(),
+                )
+            }
+            .unwrap();
             results.push(data.split_off(ALL.len()));
         }
         for (o, dt) in out_dts.iter().enumerate() {
@@ -1721,7 +1743,7 @@ fn locals_on_the_stack_or_the_arena_start_zeroed() {
                     kk.launch(
                         &CallFrame {
                             ptrs,
-                            ints: vec![nn as i64, 1, 1],
+                            ints: vec![nn as i64, 1, 1].into(),
                         },
                         &LaunchContext::host(),
                     )

@@ -48,8 +48,8 @@ fn split(mut f: PrimFunc) -> PrimFunc {
 fn run(k: &dyn crate::codegen::Kernel, a: &mut [f32], b: &mut [f32]) -> crate::Result<()> {
     let n = a.len() as i64;
     let frame = CallFrame {
-        ptrs: vec![a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8],
-        ints: vec![n, 1, 1],
+        ptrs: vec![a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8].into(),
+        ints: vec![n, 1, 1].into(),
     };
     // SAFETY: the frame describes `a` and `b` (n elements, stride 1); in checked mode every
     // access is checked against n before it is made.

@@ -1079,8 +1079,8 @@ fn cuda_launch_without_a_driver_or_device_is_a_device_error() {
     let mut a = vec![1.0f32; 4];
     let mut c = vec![0.0f32; 4];
     let frame = CallFrame {
-        ptrs: vec![a.as_mut_ptr().cast(), c.as_mut_ptr().cast()],
-        ints: vec![4, 1, 1],
+        ptrs: vec![a.as_mut_ptr().cast(), c.as_mut_ptr().cast()].into(),
+        ints: vec![4, 1, 1].into(),
     };
     // CPU tensors: refused before touching the driver.
     // SAFETY: the kernel refuses before reading the frame's memory.
@@ -1444,7 +1444,7 @@ pub(super) fn run_on_host(cases: &[HostCase]) -> bool {
         let mut mine: Vec<Vec<u8>> = c.bufs.clone();
         let frame = CallFrame {
             ptrs: mine.iter_mut().map(|b| b.as_mut_ptr()).collect(),
-            ints: c.ints.clone(),
+            ints: c.ints.clone().into(),
         };
         // SAFETY: compact buffers sized for their shapes, strides in `ints`.
         unsafe { crate::codegen::interp::run(f, &frame) }.unwrap();

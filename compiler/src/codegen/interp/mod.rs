@@ -1207,7 +1207,15 @@ mod tests {
     }
     fn call(f: &PrimFunc, ptrs: Vec<*mut u8>, ints: Vec<i64>) -> Result<()> {
         // SAFETY: every test passes pointers into live Vecs laid out as the frame says.
-        unsafe { run(f, &CallFrame { ptrs, ints }) }
+        unsafe {
+            run(
+                f,
+                &CallFrame {
+                    ptrs: ptrs.into(),
+                    ints: ints.into(),
+                },
+            )
+        }
     }
     fn p<T>(v: &mut [T]) -> *mut u8 {
         v.as_mut_ptr().cast()
@@ -1255,8 +1263,8 @@ mod tests {
         unsafe {
             k.launch(
                 &CallFrame {
-                    ptrs: vec![p(&mut av), bptr, p(&mut cv2)],
-                    ints: vec![4, 2, -1, 1],
+                    ptrs: vec![p(&mut av), bptr, p(&mut cv2)].into(),
+                    ints: vec![4, 2, -1, 1].into(),
                 },
                 &LaunchContext::host(),
             )
@@ -1816,8 +1824,8 @@ mod tests {
             run_unflattened(
                 &f,
                 &CallFrame {
-                    ptrs: vec![p(&mut av), p(&mut bv)],
-                    ints: vec![2, 1, 2, 1],
+                    ptrs: vec![p(&mut av), p(&mut bv)].into(),
+                    ints: vec![2, 1, 2, 1].into(),
                 },
             )
         }

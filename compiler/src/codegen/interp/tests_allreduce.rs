@@ -82,8 +82,8 @@ fn call(f: &PrimFunc, dt: DType, rows: i64, cols: i64, input: &[u8]) -> Result<V
         })
         .collect();
     let frame = CallFrame {
-        ptrs: vec![a.as_mut_ptr(), out.as_mut_ptr()],
-        ints,
+        ptrs: vec![a.as_mut_ptr(), out.as_mut_ptr()].into(),
+        ints: ints.into(),
     };
     // SAFETY: compact buffers of the shapes the frame's dims and strides describe.
     unsafe { run(f, &frame) }?;

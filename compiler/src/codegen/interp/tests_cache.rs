@@ -59,11 +59,12 @@ pub(crate) fn run_mm(
             a.as_mut_ptr().cast(),
             b.as_mut_ptr().cast(),
             c.as_mut_ptr().cast(),
-        ],
+        ]
+        .into(),
         ints: if f.dims.is_empty() {
-            vec![k, 1, n, 1, n, 1]
+            vec![k, 1, n, 1, n, 1].into()
         } else {
-            vec![m, k, n, k, 1, n, 1, n, 1]
+            vec![m, k, n, k, 1, n, 1, n, 1].into()
         },
     };
     // SAFETY: compact buffers of the shapes the dims give, strides in `ints`.
@@ -542,8 +543,8 @@ fn gpu_gemm_recipe_on_a_square_of_one_tensor() {
     let mut x: Vec<f32> = (0..m * m).map(|_| r.f32()).collect();
     let mut y = vec![f32::NAN; (m * m) as usize];
     let frame = CallFrame {
-        ptrs: vec![x.as_mut_ptr().cast(), y.as_mut_ptr().cast()],
-        ints: vec![m, m, 1, m, 1],
+        ptrs: vec![x.as_mut_ptr().cast(), y.as_mut_ptr().cast()].into(),
+        ints: vec![m, m, 1, m, 1].into(),
     };
     // SAFETY: compact m x m buffers, strides in `ints`.
     unsafe { super::run(&f, &frame) }.unwrap();

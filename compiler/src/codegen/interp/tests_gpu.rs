@@ -101,7 +101,15 @@ fn run(f: &PrimFunc, dims: &[i64], arrays: &mut [(&mut Vec<f32>, Vec<i64>)]) -> 
         ptrs.push(a.as_mut_ptr().cast());
     }
     // SAFETY: every array is compact and as large as its shape says.
-    unsafe { run_unflattened(f, &CallFrame { ptrs, ints }) }
+    unsafe {
+        run_unflattened(
+            f,
+            &CallFrame {
+                ptrs: ptrs.into(),
+                ints: ints.into(),
+            },
+        )
+    }
 }
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
