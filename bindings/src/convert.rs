@@ -235,7 +235,7 @@ fn check_no_grad(obj: &Bound<'_, PyAny>, getter: Option<(ffi::getter, usize)>) -
             .getattr(pyo3::intern!(py, "requires_grad"))
             .map_err(|e| producer_error(obj, Some(e)))?,
     };
-    let on = if grad.is(&PyBool::new(py, false)) {
+    let on = if grad.is(PyBool::new(py, false)) {
         false
     } else {
         grad.is_truthy().map_err(|e| producer_error(obj, Some(e)))?
