@@ -190,6 +190,14 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         &format!("{}.src", target.kind_name()),
         || kernel.source(),
     );
+    if let Some(asm) = kernel.source_of("asm") {
+        lower::dump(
+            &func.name,
+            6,
+            &format!("{}.asm", target.kind_name()),
+            || asm,
+        );
+    }
     Ok(Compiled {
         work: lower::work::Work::of(&func),
         nest,

@@ -312,6 +312,11 @@ impl Kernel for CraneliftKernel {
         crate::codegen::host::alloc_output(shape, dtype)
     }
 
+    /// "asm": the disassembly, when the backend kept it (`RIVET_DUMP`, `set_disassembly`).
+    fn source_of(&self, kind: &str) -> Option<String> {
+        (kind == "asm" && !self.disasm.is_empty()).then(|| self.disasm.clone())
+    }
+
     fn source(&self) -> String {
         let texts: Vec<String> = self
             .clif
