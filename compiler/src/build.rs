@@ -75,14 +75,18 @@ pub struct Module {
 /// The value of a shape or check expression at call time: constants and bare dims directly
 /// (the common case, on every call), anything else with the interpreter's semantics, so there
 /// is one definition of what an expression means.
-pub(crate) fn eval_dims(e: &Expr, env: &HashMap<Var, i64>) -> Result<Result<i64, String>> {
+/// `lookup` gives a dim's value (`env_lookup` over a map; the call fast path reads its slots).
+pub(crate) fn eval_dims(
+    e: &Expr,
+    lookup: &dyn Fn(&Var) -> Option<i64>,
+) -> Result<Result<i64, String>> {
     if let Some(v) = e.as_int() {
         return Ok(Ok(v));
     }
-    if let Some(x) = e.as_var().and_then(|v| env.get(v)) {
-        return Ok(Ok(*x));
+    if let Some(x) = e.as_var().and_then(lookup) {
+        return Ok(Ok(x));
     }
-    match eval_checked(e, &|v| env.get(v).copied()) {
+    match eval_checked(e, lookup) {
         Ok(v) => Ok(Ok(v)),
         Err(EvalError::Overflow(what)) => Ok(Err(what)),
         Err(EvalError::Unsupported(what)) => Err(Error::Internal(format!(
@@ -499,7 +503,7 @@ fn call(
         let b = f.buffer(*id);
         let mut want: Vec<i64> = Vec::with_capacity(b.shape.len());
         for (d, e) in b.shape.iter().enumerate() {
-            match eval_dims(e, &env)? {
+            match eval_dims(e, &|v| env.get(v).copied())? {
                 Ok(w) => want.push(w),
                 Err(what) => {
                     return Err(shape_error(format!(
@@ -551,7 +555,7 @@ fn call(
     let tensors: Vec<Tensor> = slots.into_iter().map(|s| s.expect("filled")).collect();
     for k in &f.checks {
         // An overflow while deciding a check fails it: it never wraps into a pass.
-        let verdict = match eval_dims(&k.cond, &env)? {
+        let verdict = match eval_dims(&k.cond, &|v| env.get(v).copied())? {
             Ok(0) => Some(String::new()),
             Ok(_) => None,
             Err(what) => Some(format!(" (deciding it overflows int64 at `{what}`)")),
@@ -567,7 +571,7 @@ fn call(
     for (buf, shape, size) in &c.temps {
         let mut vals = Vec::with_capacity(shape.len());
         for e in shape {
-            match eval_dims(e, &env)? {
+            match eval_dims(e, &|v| env.get(v).copied())? {
                 Ok(v) => vals.push(v),
                 Err(_) => vals.push(i64::MAX),
             }

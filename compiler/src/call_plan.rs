@@ -20,7 +20,7 @@ use crate::target::TargetKind;
 use rivet_runtime::layout::may_self_overlap;
 use rivet_runtime::{DType, Value};
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// One dimension of a parameter's shape.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +38,7 @@ struct ParamPlan {
 }
 
 /// What the fast path checks, per parameter in `func.params` order.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CallPlan {
     params: Vec<ParamPlan>,
     n_dims: usize,
@@ -47,6 +47,11 @@ pub struct CallPlan {
     /// The iteration count when it does not depend on the dims (static shapes): then no
     /// expression is evaluated per call.
     work_const: Option<i64>,
+    /// The dims of the last accepted call and its loops' iteration count. The bounds checks,
+    /// the temporaries' sizes and the work are functions of the dims alone (`checks_pass` and
+    /// `work` look up nothing else), and calls repeat shapes: a call with the same dims skips
+    /// evaluating them (a symbolic kernel's checks cost more than the rest of the call).
+    memo: Mutex<Option<(SmallVec<[i64; 8]>, i64)>>,
 }
 
 /// The frame of an accepted call, the device of its first tensor (as the full path's
@@ -98,6 +103,7 @@ impl CallPlan {
             n_dims: f.dims.len(),
             needs_env: !f.checks.is_empty() || !c.temps.is_empty(),
             work_const: c.work.constant(),
+            memo: Mutex::new(None),
         })
     }
 
@@ -150,9 +156,18 @@ impl CallPlan {
             elements = elements.saturating_add(t.numel());
             device.get_or_insert(t.device());
         }
-        if self.needs_env && !self.checks_pass(c, &ints[..self.n_dims]) {
-            return None;
-        }
+        let dims = &ints[..self.n_dims];
+        let work = match self.remembered(dims) {
+            Some(w) => w,
+            None => {
+                if self.needs_env && !self.checks_pass(c, dims) {
+                    return None;
+                }
+                let w = self.work(c, dims);
+                self.remember(dims, w);
+                w
+            }
+        };
         // Outputs may not share memory with any other argument.
         for (i, &(lo, hi, output)) in ranges.iter().enumerate() {
             if output
@@ -166,12 +181,28 @@ impl CallPlan {
         }
         // As the full path: the loops' iteration count, or the arguments' elements when that
         // is more.
-        let work = self.work(c, &ints[..self.n_dims]).max(elements);
+        let work = work.max(elements);
         Some(FastCall {
             frame: CallFrame { ptrs, ints },
             device: device.unwrap_or(rivet_runtime::Device::Cpu),
             work,
         })
+    }
+
+    /// The work remembered for `dims` when the last accepted call had them. A contended lock
+    /// (another thread calling) is a miss, never a wait.
+    fn remembered(&self, dims: &[i64]) -> Option<i64> {
+        let memo = self.memo.try_lock().ok()?;
+        match &*memo {
+            Some((d, w)) if d.as_slice() == dims => Some(*w),
+            _ => None,
+        }
+    }
+
+    fn remember(&self, dims: &[i64], work: i64) {
+        if let Ok(mut memo) = self.memo.try_lock() {
+            *memo = Some((SmallVec::from_slice(dims), work));
+        }
     }
 
     /// The loops' iteration count for these dims (`lower::work`), as `build::call` counts it.
@@ -180,7 +211,7 @@ impl CallPlan {
             return w;
         }
         let f = &c.func;
-        let lookup = |v: &Var| f.dims.iter().position(|d| d == v).map(|k| dims[k]);
+        let lookup = |v: &Var| f.dims.iter().position(|d| d.id == v.id).map(|k| dims[k]);
         c.work.eval(&lookup)
     }
 
@@ -188,8 +219,9 @@ impl CallPlan {
     /// does (an overflow or any doubt: `false`, and the full path reports it).
     fn checks_pass(&self, c: &Compiled, dims: &[i64]) -> bool {
         let f = &c.func;
-        let env: HashMap<Var, i64> = f.dims.iter().cloned().zip(dims.iter().copied()).collect();
-        let eval = |e| crate::build::eval_dims(e, &env);
+        // The dims by slot: a scan of a few ids, no map built per call.
+        let lookup = |v: &Var| f.dims.iter().position(|d| d.id == v.id).map(|k| dims[k]);
+        let eval = |e| crate::build::eval_dims(e, &lookup);
         for k in &f.checks {
             if !matches!(eval(&k.cond), Ok(Ok(v)) if v != 0) {
                 return false;

@@ -327,3 +327,46 @@ fn plan_declines_what_it_does_not_cover() {
     assert!(CallPlan::new(comp).is_none());
     assert!(!same(&m, &|| vec![t(ramp(5)), t(ramp(3))], "n - 2 dims"));
 }
+
+/// One function called again and again with changing shapes: the plan remembers the dims of
+/// its last accepted call (checks and work are functions of the dims), and a call with other
+/// dims must be checked afresh. Every call's outcome is the full path's.
+#[test]
+fn fast_path_memo_never_carries_a_check_over_to_other_dims() {
+    for target in ["cpu", "interp"] {
+        let m = strided_gather(target);
+        let c = m.funcs[0].clone();
+        let fast: Function = make_function(c.clone());
+        let full: Function = make_function_full_path(c.clone());
+        let plan = CallPlan::new(&c).expect("planned");
+        // (len of A, len of C): the check is 2 n - 1 <= m.
+        let calls: [(usize, usize); 8] = [
+            (9, 5),
+            (9, 5),
+            (8, 5), // fails: 9 > 8
+            (9, 5),
+            (3, 2),
+            (2, 2), // fails: 3 > 2
+            (2, 2), // fails again, right after a failure
+            (9, 5),
+        ];
+        for (k, &(ma, nc)) in calls.iter().enumerate() {
+            let make = || {
+                vec![
+                    t(ramp(ma)),
+                    t(Tensor::zeros(&[nc as i64], DType::F32).unwrap()),
+                ]
+            };
+            let (a1, a2) = (make(), make());
+            let (r1, r2) = (fast.call(&a1), full.call(&a2));
+            let what = format!("{target} call {k}: m = {ma}, n = {nc}");
+            match (&r1, &r2) {
+                (Ok(_), Ok(_)) => assert_eq!(contents(&a1), contents(&a2), "{what}"),
+                (Err(e1), Err(e2)) => assert_eq!(e1.to_string(), e2.to_string(), "{what}"),
+                _ => panic!("{what}: fast path {r1:?}, full path {r2:?}"),
+            }
+            let accepted = plan.accept(&c, &make()).is_some();
+            assert_eq!(accepted, 2 * nc - 1 <= ma, "{what}: the plan's verdict");
+        }
+    }
+}
