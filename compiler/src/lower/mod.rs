@@ -17,6 +17,7 @@ pub mod unroll;
 pub mod unswitch;
 pub mod vectorize;
 pub mod work;
+pub mod zero_init;
 
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
@@ -175,10 +176,12 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         after(&f, 4, "vectorize", true)?;
         // 4c. On the CPU, the layout tests of vector loops moved out of the serial loops around
         //     them, and short loops of vector stores unrolled (both let the code generator keep
-        //     loop-carried vectors in registers).
+        //     loop-carried vectors in registers); zero stores into locals that `Allocate` has
+        //     just zeroed dropped.
         if target.kind == crate::target::TargetKind::Cpu {
             unswitch::unswitch(&mut f);
             unroll::unroll(&mut f);
+            zero_init::drop_zero_inits(&mut f);
             f.body = simplify::simplify_stmt(&f.body);
             after(&f, 4, "unroll", true)?;
         }
