@@ -274,8 +274,13 @@ fn export_legacy_unchecked(t: &Tensor) -> *mut DLManagedTensor {
 mod tests {
     use super::*;
 
+    /// `live_imports` counts the whole process: the tests that compare it before and after
+    /// run one at a time (they raced when the test harness ran them side by side).
+    static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn round_trip_keeps_memory_and_flags() {
+        let _serial = COUNTING.lock().unwrap_or_else(|p| p.into_inner());
         let t = Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
         let tt = t.as_strided(&[3, 2], &[1, 3], 0).unwrap().to_read_only();
         let before = live_imports();
@@ -296,6 +301,7 @@ mod tests {
 
     #[test]
     fn bad_version_runs_deleter_and_errors() {
+        let _serial = COUNTING.lock().unwrap_or_else(|p| p.into_inner());
         let t = Tensor::zeros(&[2], DType::F64).unwrap();
         let p = export_versioned(&t);
         // SAFETY: p is a valid export we own.

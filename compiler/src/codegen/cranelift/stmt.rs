@@ -141,8 +141,8 @@ impl FnGen<'_, '_> {
         }
     }
 
-    /// `for var in lo..hi { body }` (rotated: `plain_counted_loop`); the loop-invariant
-    /// scalars of its vector statements computed once before it (`hoist.rs`).
+    /// `for var in lo..hi { body }`; the loop-invariant scalars of its vector statements
+    /// computed once before it (`hoist.rs`), the loop then rotated (`plain_counted_loop`).
     pub(super) fn counted_loop(
         &mut self,
         var: &Var,
@@ -153,7 +153,7 @@ impl FnGen<'_, '_> {
         let invariant = super::hoist::invariant_broadcasts(var, body);
         let carried = super::hoist::loop_carried(var, body, &super::vector::packed, self.func);
         if invariant.is_empty() && carried.is_empty() {
-            return self.plain_counted_loop(var, lo, hi, body, false);
+            return self.plain_counted_loop(var, lo, hi, body, LoopShape::Top);
         }
         // The invariant scalars of its vector statements and the loop-carried vectors first,
         // only when the loop runs.
@@ -179,7 +179,14 @@ impl FnGen<'_, '_> {
             regs.push((addr, reg, ty));
             self.promoted.push((*buf, index.clone(), reg));
         }
-        let r = self.plain_counted_loop(var, lo, hi, body, true);
+        // Rotated only to keep hoisted arithmetic out (`plain_counted_loop`): loops whose only
+        // gain is loop-carried registers keep the shape that lets loads fuse into broadcasts.
+        let shape = if invariant.is_empty() {
+            LoopShape::Top
+        } else {
+            LoopShape::Rotated { nonempty: true }
+        };
+        let r = self.plain_counted_loop(var, lo, hi, body, shape);
         for k in keys {
             self.hoisted.remove(&k);
         }
@@ -198,47 +205,71 @@ impl FnGen<'_, '_> {
         Ok(())
     }
 
-    /// The loop itself, rotated: a test before it (skipped when the caller knows `lo < hi`),
-    /// the body, then `var + 1 < hi` at its bottom. Besides one branch per iteration fewer,
-    /// the rotation is what lets Cranelift hoist: its egraph elaboration walks the dominator
-    /// tree keeping a stack of the loops it is in, pops a loop at the first block outside it,
-    /// and never pushes it back for later blocks of the same loop (only on entering a
-    /// header). With the test at the top, the exit block is a dominator-tree child of the
-    /// header, a sibling of the body; when the exit's subtree (everything after the loop) was
-    /// walked first, the body lost its loop and the loop-invariant arithmetic of
-    /// `hoist.rs`'s preheader (layer_norm's `rsqrt(var + eps)`: two divisions and a square
+    /// The loop itself. `Top`: tested at the top (the exit reads the header's state, so no
+    /// branch carries block arguments: what keeps a splat of a load fused into
+    /// `vbroadcastss`, `../shared/notes/cranelift.md`). `Rotated`: a test before the loop
+    /// (skipped when the caller knows `lo < hi`) and `var + 1 < hi` at its bottom, for loops
+    /// whose invariant arithmetic `hoist.rs` computed before them: Cranelift's egraph
+    /// elaboration walks the dominator tree keeping a stack of the loops it is in, pops a loop
+    /// at the first block outside it and pushes one back only on entering a header; with the
+    /// test at the top, the exit is a dominator-tree sibling of the body, and when the exit's
+    /// subtree (everything after the loop) was walked first the body had lost its loop, so the
+    /// hoisted pure arithmetic (layer_norm's `rsqrt(var + eps)`: two divisions and a square
     /// root) was placed back inside it, once per four elements. Rotated, the exit's immediate
-    /// dominator is the block before the loop, and every block the header dominates is in the
-    /// loop.
+    /// dominator is the block before the loop and every block the header dominates is in it.
     fn plain_counted_loop(
         &mut self,
         var: &Var,
         lo: Value,
         hi: Value,
         body: &Stmt,
-        nonempty: bool,
+        shape: LoopShape,
     ) -> Result<()> {
-        let body_b = self.b.create_block();
-        let exit = self.b.create_block();
         let old = self.bind_var(var.id, lo);
         let counter = self.vars[&var.id].0;
-        if nonempty {
-            self.b.ins().jump(body_b, &[]);
-        } else {
-            let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
-            self.b.ins().brif(go, body_b, &[], exit, &[]);
+        match shape {
+            LoopShape::Top => {
+                let header = self.b.create_block();
+                let body_b = self.b.create_block();
+                let exit = self.b.create_block();
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(header);
+                let i = self.b.use_var(counter);
+                let go = self.b.ins().icmp(IntCC::SignedLessThan, i, hi);
+                self.b.ins().brif(go, body_b, &[], exit, &[]);
+                self.b.seal_block(body_b);
+                self.b.seal_block(exit);
+                self.b.switch_to_block(body_b);
+                self.stmt(body)?;
+                let i = self.b.use_var(counter);
+                let next = self.b.ins().iadd_imm_s(i, 1);
+                self.b.def_var(counter, next);
+                self.b.ins().jump(header, &[]);
+                self.b.seal_block(header);
+                self.b.switch_to_block(exit);
+            }
+            LoopShape::Rotated { nonempty } => {
+                let body_b = self.b.create_block();
+                let exit = self.b.create_block();
+                if nonempty {
+                    self.b.ins().jump(body_b, &[]);
+                } else {
+                    let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
+                    self.b.ins().brif(go, body_b, &[], exit, &[]);
+                }
+                self.b.switch_to_block(body_b);
+                self.stmt(body)?;
+                let i = self.b.use_var(counter);
+                // No overflow: i < hi <= i64::MAX.
+                let next = self.b.ins().iadd_imm_s(i, 1);
+                self.b.def_var(counter, next);
+                let more = self.b.ins().icmp(IntCC::SignedLessThan, next, hi);
+                self.b.ins().brif(more, body_b, &[], exit, &[]);
+                self.b.seal_block(body_b);
+                self.b.seal_block(exit);
+                self.b.switch_to_block(exit);
+            }
         }
-        self.b.switch_to_block(body_b);
-        self.stmt(body)?;
-        let i = self.b.use_var(counter);
-        // No overflow: i < hi <= i64::MAX.
-        let next = self.b.ins().iadd_imm_s(i, 1);
-        self.b.def_var(counter, next);
-        let more = self.b.ins().icmp(IntCC::SignedLessThan, next, hi);
-        self.b.ins().brif(more, body_b, &[], exit, &[]);
-        self.b.seal_block(body_b);
-        self.b.seal_block(exit);
-        self.b.switch_to_block(exit);
         self.restore_var(var.id, old);
         Ok(())
     }
@@ -474,4 +505,11 @@ fn in_register(func: &crate::ir::PrimFunc, buf: &crate::ir::Buffer, body: &Stmt)
         });
     }
     ok
+}
+
+/// How `plain_counted_loop` shapes a loop (its doc).
+#[derive(Clone, Copy)]
+enum LoopShape {
+    Top,
+    Rotated { nonempty: bool },
 }
