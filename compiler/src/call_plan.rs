@@ -210,17 +210,14 @@ impl CallPlan {
         if let Some(w) = self.work_const {
             return w;
         }
-        let f = &c.func;
-        let lookup = |v: &Var| f.dims.iter().position(|d| d.id == v.id).map(|k| dims[k]);
-        c.work.eval(&lookup)
+        c.work.eval(&|v| dim_value(c, dims, v))
     }
 
     /// The bounds checks hold and every temporary fits, evaluated exactly as the full path
     /// does (an overflow or any doubt: `false`, and the full path reports it).
     fn checks_pass(&self, c: &Compiled, dims: &[i64]) -> bool {
         let f = &c.func;
-        // The dims by slot: a scan of a few ids, no map built per call.
-        let lookup = |v: &Var| f.dims.iter().position(|d| d.id == v.id).map(|k| dims[k]);
+        let lookup = |v: &Var| dim_value(c, dims, v);
         let eval = |e| crate::build::eval_dims(e, &lookup);
         for k in &f.checks {
             if !matches!(eval(&k.cond), Ok(Ok(v)) if v != 0) {
@@ -241,4 +238,14 @@ impl CallPlan {
         }
         true
     }
+}
+
+/// The value of dim `v` in a call whose dims are `dims` (in `func.dims` order): a scan of a
+/// few ids, no map built per call. Anything else (a stride) is `None`.
+fn dim_value(c: &Compiled, dims: &[i64], v: &Var) -> Option<i64> {
+    c.func
+        .dims
+        .iter()
+        .position(|d| d.id == v.id)
+        .map(|k| dims[k])
 }

@@ -339,8 +339,9 @@ fn fast_path_memo_never_carries_a_check_over_to_other_dims() {
         let fast: Function = make_function(c.clone());
         let full: Function = make_function_full_path(c.clone());
         let plan = CallPlan::new(&c).expect("planned");
-        // (len of A, len of C): the check is 2 n - 1 <= m.
-        let calls: [(usize, usize); 8] = [
+        // (len of A, len of C): the check is 2 n - 1 <= m. A of more than 8 elements is a
+        // stride-0 view of one, so m may be near 2^62 or i64::MAX.
+        let calls: [(i64, i64); 11] = [
             (9, 5),
             (9, 5),
             (8, 5), // fails: 9 > 8
@@ -348,15 +349,20 @@ fn fast_path_memo_never_carries_a_check_over_to_other_dims() {
             (3, 2),
             (2, 2), // fails: 3 > 2
             (2, 2), // fails again, right after a failure
+            (i64::MAX, 5),
+            ((1 << 62) + 1, 3),
+            (8, 5), // fails after huge dims were accepted
             (9, 5),
         ];
         for (k, &(ma, nc)) in calls.iter().enumerate() {
-            let make = || {
-                vec![
-                    t(ramp(ma)),
-                    t(Tensor::zeros(&[nc as i64], DType::F32).unwrap()),
-                ]
+            let a = move || {
+                if ma <= 8 {
+                    ramp(ma as usize)
+                } else {
+                    ramp(1).as_strided(&[ma], &[0], 0).unwrap()
+                }
             };
+            let make = || vec![t(a()), t(Tensor::zeros(&[nc], DType::F32).unwrap())];
             let (a1, a2) = (make(), make());
             let (r1, r2) = (fast.call(&a1), full.call(&a2));
             let what = format!("{target} call {k}: m = {ma}, n = {nc}");
@@ -367,6 +373,7 @@ fn fast_path_memo_never_carries_a_check_over_to_other_dims() {
             }
             let accepted = plan.accept(&c, &make()).is_some();
             assert_eq!(accepted, 2 * nc - 1 <= ma, "{what}: the plan's verdict");
+            assert_eq!(r2.is_ok(), accepted, "{what}: the full path's verdict");
         }
     }
 }

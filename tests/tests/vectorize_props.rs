@@ -737,18 +737,15 @@ fn tails_of_every_length() {
 }
 
 /// The machine code of a vectorized f32 add holds packed adds (`addps`, or `vaddps` with AVX).
-#[test]
-fn elementwise_add_disassembles_to_packed_adds() {
+/// The machine code the Cranelift backend makes of `s` as written (no default schedule).
+fn cpu_disassembly(s: &Schedule, args: &[Te], name: &str) -> String {
     use rivet_compiler::codegen::cranelift::CraneliftBackend;
     use rivet_compiler::lower::{lower, Source};
-    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
-        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
-    });
     let func = lower(
         Source::Schedule {
-            sched: &s,
-            args: &args,
-            name: "add",
+            sched: s,
+            args,
+            name,
         },
         &rivet_compiler::Target::cpu(),
         Options::default(),
@@ -757,8 +754,15 @@ fn elementwise_add_disassembles_to_packed_adds() {
     .func;
     let mut be = CraneliftBackend::new().unwrap();
     be.set_disassembly(true);
-    let k = be.compile_kernel(&func).unwrap();
-    let asm = k.disassembly();
+    be.compile_kernel(&func).unwrap().disassembly().to_string()
+}
+
+#[test]
+fn elementwise_add_disassembles_to_packed_adds() {
+    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
+        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
+    });
+    let asm = cpu_disassembly(&s, &args, "add");
     assert!(asm.contains("addps"), "{asm}");
     assert!(asm.contains("movups") || asm.contains("vmovups"), "{asm}");
 }
@@ -1075,8 +1079,6 @@ fn loop_carried_vectors_match_the_interpreter() {
 /// interpreter's, bit for bit.
 #[test]
 fn invariant_row_scalars_stay_out_of_the_vector_loop() {
-    use rivet_compiler::codegen::cranelift::CraneliftBackend;
-    use rivet_compiler::lower::{lower, Source};
     let (rows, n) = (3i64, 37i64);
     let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
     let sv = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
@@ -1097,21 +1099,7 @@ fn invariant_row_scalars_stay_out_of_the_vector_loop() {
     let (_, ji) = st.split(&j, Some(Expr::int(4)), None).unwrap();
     st.vectorize(&ji).unwrap();
     let args = [x.clone(), sv.clone(), y.clone()];
-    let func = lower(
-        Source::Schedule {
-            sched: &s,
-            args: &args,
-            name: "rows",
-        },
-        &rivet_compiler::Target::cpu(),
-        Options::default(),
-    )
-    .unwrap()
-    .func;
-    let mut be = CraneliftBackend::new().unwrap();
-    be.set_disassembly(true);
-    let k = be.compile_kernel(&func).unwrap();
-    let asm = k.disassembly();
+    let asm = cpu_disassembly(&s, &args, "rows");
     // The blocks holding a packed multiply (the vector loop's body) hold no scalar division
     // or square root.
     let mut packed_blocks = 0;

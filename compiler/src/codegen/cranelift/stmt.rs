@@ -184,7 +184,7 @@ impl FnGen<'_, '_> {
         let shape = if invariant.is_empty() {
             LoopShape::Top
         } else {
-            LoopShape::Rotated { nonempty: true }
+            LoopShape::Rotated
         };
         let r = self.plain_counted_loop(var, lo, hi, body, shape);
         for k in keys {
@@ -207,8 +207,8 @@ impl FnGen<'_, '_> {
 
     /// The loop itself. `Top`: tested at the top (the exit reads the header's state, so no
     /// branch carries block arguments: what keeps a splat of a load fused into
-    /// `vbroadcastss`, `../shared/notes/cranelift.md`). `Rotated`: a test before the loop
-    /// (skipped when the caller knows `lo < hi`) and `var + 1 < hi` at its bottom, for loops
+    /// `vbroadcastss`, `../shared/notes/cranelift.md`). `Rotated`: entered only when
+    /// `lo < hi` (the caller's preheader tested it), `var + 1 < hi` tested at its bottom; for loops
     /// whose invariant arithmetic `hoist.rs` computed before them: Cranelift's egraph
     /// elaboration walks the dominator tree keeping a stack of the loops it is in, pops a loop
     /// at the first block outside it and pushes one back only on entering a header; with the
@@ -248,15 +248,10 @@ impl FnGen<'_, '_> {
                 self.b.seal_block(header);
                 self.b.switch_to_block(exit);
             }
-            LoopShape::Rotated { nonempty } => {
+            LoopShape::Rotated => {
                 let body_b = self.b.create_block();
                 let exit = self.b.create_block();
-                if nonempty {
-                    self.b.ins().jump(body_b, &[]);
-                } else {
-                    let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
-                    self.b.ins().brif(go, body_b, &[], exit, &[]);
-                }
+                self.b.ins().jump(body_b, &[]);
                 self.b.switch_to_block(body_b);
                 self.stmt(body)?;
                 let i = self.b.use_var(counter);
@@ -511,5 +506,6 @@ fn in_register(func: &crate::ir::PrimFunc, buf: &crate::ir::Buffer, body: &Stmt)
 #[derive(Clone, Copy)]
 enum LoopShape {
     Top,
-    Rotated { nonempty: bool },
+    /// Only under a preheader that has tested `lo < hi` (`counted_loop`).
+    Rotated,
 }
