@@ -8,6 +8,7 @@ pub mod fma;
 pub mod fuse_rows;
 pub mod interval;
 pub mod nest;
+pub mod row_locals;
 pub mod simplify;
 pub mod split;
 pub mod sync;
@@ -133,6 +134,10 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
             //     so a loaded module runs (and proves) the fused loops.
             if opts.fuse_rows && target.kind == crate::target::TargetKind::Cpu {
                 fuse_rows::fuse(&mut nest);
+                // 1e. Locals that one fused loop touches only in its own row: one row each,
+                //     allocated per iteration (they stay in the cache; small ones go on the
+                //     stack).
+                row_locals::shrink(&mut nest);
                 dump(name, 0, "fused.ir", || nest.to_string());
             }
             nest
