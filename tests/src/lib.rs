@@ -47,6 +47,22 @@ impl Default for SeedGemm {
     }
 }
 
+/// Runs the test `name` of the current test binary in a child process with `key=value` set
+/// (for choices a process makes once, like `RIVET_EXP_RUN`) and fails unless it passed.
+pub fn run_in_child(name: &str, key: &str, value: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1", "--include-ignored"])
+        .env(key, value)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{key}={value} {name}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs the test `name` of the current test binary once per micro-kernel variant this CPU has,
 /// each forced with `RIVET_MICROKERNEL` in a child process (the choice is made once per
 /// process), with `PROPTEST_CASES=8`; asserts each child passed exactly that test. Returns

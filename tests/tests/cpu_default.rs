@@ -432,6 +432,21 @@ fn every_variant_runs_the_default_gemm() {
     rivet_tests::run_per_microkernel_variant("props::default_gemm_equals_the_interpreter");
 }
 
+/// The test below again with the inline f32x4 `exp` (`RIVET_EXP_RUN=inline`: softmax's
+/// exponentials not as `rivet_exp_run` calls), in a child process (the choice is made once per
+/// process).
+#[test]
+fn default_softmax_with_the_inline_exp() {
+    if std::env::var("RIVET_EXP_RUN").is_ok() {
+        return;
+    }
+    rivet_tests::run_in_child(
+        "default_injective_and_reductions_equal_the_interpreter",
+        "RIVET_EXP_RUN",
+        "inline",
+    );
+}
+
 /// Non-GEMM stages: the library's softmax, layer_norm, sums and elementwise kernels through the
 /// default CPU schedule equal the interpreter running the same defaulted schedule bit for bit,
 /// and the program as written within reassociation rounding (lane-partial sums: `k * eps`
@@ -587,8 +602,11 @@ fn row_fusion_only_where_each_row_is_its_own() {
         let launches = ir.matches("launch ").count();
         if reversed {
             assert!(launches >= 2, "C reads other rows of S: not fused\n{ir}");
+            assert!(ir.contains("local S: float32[n]"), "S outlives a row\n{ir}");
         } else {
             assert_eq!(launches, 1, "one loop over the rows\n{ir}");
+            // `lower::row_locals`: S is one row, allocated per iteration.
+            assert!(ir.contains("local S: float32[1]"), "S is one row\n{ir}");
         }
         let interp = build_on(Target::interp(), true);
         for (rows, cols) in [(0i64, 5i64), (1, 1), (3, 17), (5, 64), (4, 1000)] {

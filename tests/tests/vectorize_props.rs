@@ -503,24 +503,29 @@ fn assert_same_bits(x: &[f32], got: &[f32], want: impl Fn(usize) -> f32, what: &
     }
 }
 
-/// float32 `exp` under `vectorize` is packed inline (`vector_exp.rs`: libm's `expf` as f32x4
-/// instructions, with `rivet_expf4` only in a cold block for lanes outside the main range),
-/// and computes the interpreter's bits: tails, fallback lanes mixed into vectors, and a sweep
-/// of every 127th float32 of the main range, both signs.
+/// float32 `exp` under `vectorize` is rivet's `exp32` (`codegen::exp32`) in every path: one
+/// `rivet_exp_run` call over the run where the CPU has AVX-512 (`cranelift/exp_run.rs`), else
+/// packed inline (`vector_exp.rs`: `exp32::fast` as f32x4 instructions, `rivet_expf4` only in
+/// a cold block for lanes outside the fast range). Computes the interpreter's bits: tails,
+/// slow lanes mixed into vectors, the fast range's edges, and every 127th float32 of it, both
+/// signs. `exp_inline_path_in_a_child` runs this again with `RIVET_EXP_RUN=inline`.
 #[test]
-fn float32_exp_is_packed_inline_and_exact() {
+fn float32_exp_is_exact_in_every_path() {
     let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| {
         Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
     });
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
-    assert!(
-        clif.contains("fdiv.f32x4") || clif.contains("= fdiv v"),
-        "{clif}"
-    );
-    assert!(clif.contains("vall_true"), "{clif}");
-    // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the cold block's).
-    assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
+    if rivet_compiler::codegen::exp32::run_wide() {
+        // One call with (y, x, n, s) and no packed exp code.
+        assert!(clif.contains("(i64, i64, i64, f32) system_v"), "{clif}");
+        assert!(!clif.contains("vall_true"), "{clif}");
+    } else {
+        assert!(!clif.contains("fdiv"), "no division in exp32: {clif}");
+        assert!(clif.contains("vall_true"), "{clif}");
+        // `rivet_expf4(ptr) -> i32` is the only helper of that signature here (the cold block's).
+        assert!(clif.contains("(i64) -> i32 system_v"), "{clif}");
+    }
     let mut x: Vec<f32> = (0..1003)
         .map(|k| match k % 50 {
             0 => f32::NAN,
@@ -529,6 +534,8 @@ fn float32_exp_is_packed_inline_and_exact() {
             3 => 1e-9,
             4 => f32::INFINITY,
             5 => -0.0,
+            6 => -95.0,
+            7 => 88.5,
             _ => (k as f32 - 500.0) / 7.0,
         })
         .collect();
@@ -537,43 +544,138 @@ fn float32_exp_is_packed_inline_and_exact() {
         vector_unary(UnOp::Exp, &x, "interp"),
     );
     assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
-    // The thresholds of libm's branches (main range, |x| > 0.5 ln2, > 1.5 ln2), either side.
+    // The fast range's edges, either side, then a sweep of it.
+    use rivet_compiler::codegen::exp32::{exp32, FAST_HI, FAST_LO};
     x.clear();
-    for t in [0x3900_0000u32, 0x3eb1_7218, 0x3f85_1592, 0x42ae_ac50] {
+    for t in [
+        FAST_LO.to_bits(),
+        FAST_HI.to_bits(),
+        0x3400_0000,
+        0x8000_0001,
+    ] {
         for d in 0..3u32 {
-            x.push(f32::from_bits(t - 1 + d));
-            x.push(-f32::from_bits(t - 1 + d));
+            x.push(f32::from_bits(t.wrapping_sub(1).wrapping_add(d)));
         }
     }
-    let mut b = 0x3900_0001u32;
-    while b < 0x42ae_ac50 {
-        x.push(f32::from_bits(b));
-        x.push(-f32::from_bits(b));
-        b += 127;
+    let mut b = 0x0000_0001u32;
+    while b < FAST_HI.to_bits() {
+        let v = f32::from_bits(b);
+        x.push(v);
+        if -v > FAST_LO {
+            x.push(-v);
+        }
+        b += 127 * 1024;
     }
     let (cpu, interp) = (
         vector_unary(UnOp::Exp, &x, "cpu"),
         vector_unary(UnOp::Exp, &x, "interp"),
     );
     assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
+    assert_same_bits(&x, &cpu, |k| exp32(x[k]), "exp32");
 }
 
-/// Every float32 of `exp`'s main range, both signs (324 million values, in 2^24 chunks; about
-/// a minute in release): `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
-/// The scalar `exp` of every backend and the interpreter is `libm::expf` (`codegen::math`).
+/// The test above and the default softmax's with the inline f32x4 `exp`
+/// (`RIVET_EXP_RUN=inline`, read once per process: in a child), so a machine with AVX-512
+/// covers both paths.
+#[test]
+fn exp_inline_path_in_a_child() {
+    if std::env::var("RIVET_EXP_RUN").is_ok() {
+        return;
+    }
+    rivet_tests::run_in_child(
+        "float32_exp_is_exact_in_every_path",
+        "RIVET_EXP_RUN",
+        "inline",
+    );
+}
+
+/// `Y[j] = exp(X[j] - s)` and `exp(X[j])` runs through the idiom: in place, at a row offset
+/// (2-d, the row's base is not 0), with `s` a loaded scalar, for run lengths around the 16
+/// lanes of a chunk (masked tails) and 4 of a vector; bits against the interpreter.
+#[test]
+fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
+    use rivet_compiler::te::{compute, placeholder};
+    for n in [1i64, 3, 4, 15, 16, 17, 33, 97, 1023] {
+        let rows = 3i64;
+        let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
+        let sh = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
+        let (x1, s1) = (x.clone(), sh.clone());
+        let y = compute(
+            &[Expr::int(rows), Expr::int(n)],
+            |i| {
+                let d = Expr::binary(BinOp::Sub, x1.idx(i), s1.idx(&i[..1])).unwrap();
+                Expr::unary(UnOp::Exp, d).unwrap()
+            },
+            "Y",
+        )
+        .unwrap();
+        let x2 = x.clone();
+        let z = compute(
+            &[Expr::int(rows), Expr::int(n)],
+            |i| Expr::unary(UnOp::Exp, x2.idx(i)).unwrap(),
+            "Z",
+        )
+        .unwrap();
+        let mut rng = Rng(n as u64 | 1);
+        let xs: Vec<f32> = (0..rows * n)
+            .map(|k| match k % 29 {
+                0 => f32::NAN,
+                1 => 99.0,
+                _ => (rng.next() % 60_000) as f32 / 1000.0 - 30.0,
+            })
+            .collect();
+        let ss: Vec<f32> = vec![0.5, -3.0, 7.25];
+        for (out, name) in [(&y, "y"), (&z, "z")] {
+            let mut s = Schedule::new(&[out.clone()]).unwrap();
+            let ax = out.axis()[1].var.clone();
+            s.stage(out).unwrap().vectorize(&ax).unwrap();
+            let args = if name == "y" {
+                vec![x.clone(), sh.clone(), out.clone()]
+            } else {
+                vec![x.clone(), out.clone()]
+            };
+            let run = |target: &str| {
+                let f = build_with(&s, &args, target, name, Options::default())
+                    .unwrap()
+                    .get_function(name)
+                    .unwrap();
+                let xt = rivet_runtime::Tensor::from_slice(&xs, &[rows, n]).unwrap();
+                let mut call = vec![rivet_runtime::Value::Tensor(xt)];
+                if name == "y" {
+                    call.push(rivet_runtime::Value::Tensor(
+                        rivet_runtime::Tensor::from_slice(&ss, &[rows]).unwrap(),
+                    ));
+                }
+                let out = f.call(&call).unwrap();
+                out.as_tensor().unwrap().to_vec::<f32>().unwrap()
+            };
+            let (cpu, interp) = (run("cpu"), run("interp"));
+            assert_same_bits(&xs, &cpu, |k| interp[k], &format!("{name}, n {n}"));
+        }
+    }
+}
+
+/// Every float32 of `exp32`'s fast range, both signs (about two billion values, in 2^24
+/// chunks; minutes in release):
+/// `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
+/// The scalar `exp` of every backend and the interpreter is `exp32` (`codegen::math`).
 #[test]
 #[ignore]
-fn float32_exp_is_exact_on_every_main_range_float() {
+fn float32_exp_is_exact_on_every_fast_range_float() {
+    use rivet_compiler::codegen::exp32::{exp32, FAST_HI, FAST_LO};
     let mut x = Vec::with_capacity(1 << 24);
-    let mut b = 0x3900_0001u32;
     let flush = |x: &mut Vec<f32>| {
         let cpu = vector_unary(UnOp::Exp, x, "cpu");
-        assert_same_bits(x, &cpu, |k| libm::expf(x[k]), "libm::expf");
+        assert_same_bits(x, &cpu, |k| exp32(x[k]), "exp32");
         x.clear();
     };
-    while b < 0x42ae_ac50 {
-        x.push(f32::from_bits(b));
-        x.push(-f32::from_bits(b));
+    let mut b = 0u32;
+    while b < FAST_HI.to_bits() {
+        let v = f32::from_bits(b);
+        x.push(v);
+        if -v > FAST_LO {
+            x.push(-v);
+        }
         if x.len() >= 1 << 24 {
             flush(&mut x);
         }

@@ -1,9 +1,10 @@
 //! Scalar semantics shared by every backend, so that the interpreter (the oracle) and
 //! generated code agree bit for bit.
 //!
-//! - Transcendentals come from the `libm` crate (a port of musl's libm): the interpreter calls
-//!   these functions, and the Cranelift backend calls the very same ones through the
-//!   `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact (IEEE), so backends
+//! - Transcendentals come from the `libm` crate (a port of musl's libm), except float32 `exp`,
+//!   which is rivet's own (`codegen::exp32`: no division, so it vectorizes; <= 1 ulp): the
+//!   interpreter calls these functions, and the Cranelift backend calls the very same ones
+//!   through the `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact (IEEE), so backends
 //!   may use native instructions for them. float16/bfloat16 are computed in float32.
 //! - `erf`: musl's, max error below 1 ulp in float64 and float32.
 //! - `sigmoid(x) = 1 / (1 + exp(-x))`, `rsqrt(x) = 1 / sqrt(x)`, evaluated in the dtype.
@@ -108,7 +109,8 @@ macro_rules! externs {
 }
 
 externs! {
-    expf: fn(x: f32) -> f32 = libm::expf(x);
+    // float32 `exp` is rivet's own (`codegen::exp32`), not libm's.
+    expf: fn(x: f32) -> f32 = crate::codegen::exp32::exp32(x);
     exp: fn(x: f64) -> f64 = libm::exp(x);
     logf: fn(x: f32) -> f32 = libm::logf(x);
     log: fn(x: f64) -> f64 = libm::log(x);

@@ -11,6 +11,7 @@ pub mod cranelift;
 pub mod cuda;
 pub mod erff16;
 pub mod erff4;
+pub mod exp32;
 pub mod expf4;
 pub mod host;
 pub mod interp;

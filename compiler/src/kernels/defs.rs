@@ -278,7 +278,10 @@ pub fn softmax(dtype: DType, ndim: usize, axis: usize) -> Result<Def> {
             |i| {
                 let mut si = i.to_vec();
                 si[axis] = Expr::int(0);
-                e3.idx(i) / sm3.idx(&si)
+                // A reciprocal per row and a product per element, as torch's CPU softmax:
+                // a packed division per four elements cost 15% of the kernel.
+                let one = te::number_like(1.0, &e3.idx(i));
+                e3.idx(i) * (one / sm3.idx(&si))
             },
             "Y",
         )?;

@@ -203,8 +203,8 @@ unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
     unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(0) as usize) }
 }
 
-/// Four float32 `exp`s in place (`codegen::expf4`: bit for bit the scalar `rivet_expf`), for
-/// packed f32x4 vector code.
+/// Four float32 `exp`s in place (`codegen::exp32`, lane by lane: the scalar `rivet_expf`), for
+/// the cold block of packed f32x4 code (a lane outside `exp32`'s fast range).
 ///
 /// # Safety
 /// `p` must be valid for reads and writes of four f32 (generated code passes a 16-byte stack
@@ -212,22 +212,21 @@ unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
 unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
     // SAFETY: the caller's contract.
     let x = unsafe { p.cast::<[f32; 4]>().read_unaligned() };
-    let y = crate::codegen::expf4::expf4(x);
+    let y = x.map(crate::codegen::exp32::exp32);
     // SAFETY: as above.
     unsafe { p.cast::<[f32; 4]>().write_unaligned(y) };
     0
 }
 
-/// Sixteen float32 `exp`s in place (`codegen::erff16::expf16`: bit for bit the scalar
-/// `rivet_expf`; AVX-512 when the CPU has it), for 16-lane vector code.
+/// `y[i] = exp(x[i] - s)` (rivet's float32 `exp`) for `i < n`: the call a vector loop of
+/// that form becomes on a CPU with AVX-512 (`cranelift/exp_run.rs`).
 ///
 /// # Safety
-/// `p` must be valid for reads and writes of sixteen f32 (generated code passes a 64-byte
-/// stack slot).
-unsafe extern "C" fn rivet_expf16(p: *mut f32) -> i32 {
+/// `x` valid for reads and `y` for writes of `n` floats, the same run or disjoint (generated
+/// code passes the addresses of a loop the bounds proof covered).
+unsafe extern "C" fn rivet_exp_run(y: *mut f32, x: *const f32, n: i64, s: f32) {
     // SAFETY: the caller's contract.
-    unsafe { crate::codegen::erff16::expf16_in_place(p) };
-    0
+    unsafe { crate::codegen::exp32::exp_sub_run(y, x, n.max(0) as usize, s) }
 }
 
 /// Sixteen float32 `erf`s in place (`codegen::erff16`: bit for bit the scalar `rivet_erff`;
@@ -293,9 +292,9 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_free", rivet_free as *const u8),
         ("rivet_zero", rivet_zero as *const u8),
         ("rivet_expf4", rivet_expf4 as *const u8),
+        ("rivet_exp_run", rivet_exp_run as *const u8),
         ("rivet_erff4", rivet_erff4 as *const u8),
         ("rivet_erff16", rivet_erff16 as *const u8),
-        ("rivet_expf16", rivet_expf16 as *const u8),
         ("rivet_oob", rivet_oob as *const u8),
         ("rivet_f16_to_f32", rivet_f16_to_f32 as *const u8),
         ("rivet_f32_to_f16", rivet_f32_to_f16 as *const u8),

@@ -44,6 +44,7 @@
 //! process, through the symbols `rivet_gemm_f32` / `rivet_gemm_f64`, which each kernel's JIT
 //! module binds to the chosen variant's entry when it is built).
 
+mod exp_run;
 mod expr;
 mod helpers;
 mod hoist;

@@ -116,6 +116,11 @@ impl FnGen<'_, '_> {
                         var.name
                     )));
                 }
+                if *kind != crate::ir::ForKind::Parallel {
+                    if let Some(run) = super::exp_run::matches(var, body) {
+                        return self.exp_run(var, min, extent, &run);
+                    }
+                }
                 let lo = self.expr(min)?;
                 let lo = self.index_i64(lo, min.dtype());
                 let ext = self.expr(extent)?;

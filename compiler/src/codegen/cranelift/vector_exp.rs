@@ -1,116 +1,126 @@
-//! float32 `exp` on four packed lanes, inline: `codegen::expf4`'s SSE2 sequence (libm's
-//! `expf`, bit for bit) written as Cranelift instructions, so a vectorized loop computing `exp`
-//! keeps its values in registers instead of spilling them around a call per four lanes.
+//! float32 `exp` on four packed lanes, inline: `codegen::exp32::fast` (rivet's float32 `exp`)
+//! written as Cranelift f32x4 instructions, so a vectorized loop computing `exp` keeps its
+//! values in registers instead of spilling them around a call per four lanes.
 //!
-//! Invariant: the fast block performs exactly the float32 operations of `expf4::sse2`, in the
-//! same order (Cranelift never contracts a multiply and an add), so its lanes equal libm's
-//! `expf`. Lanes outside libm's main range (`|x| <= 2^-14`, `|x| >= 87.3`, NaN, infinities)
-//! send all four to `rivet_expf4` (a cold block), which falls back to the scalar function.
+//! Invariant: the fast block performs exactly the float32 operations of `exp32::fast`, in the
+//! same order (Cranelift never contracts a multiply and an add), so its lanes equal the
+//! scalar `exp32`'s. A vector with a lane outside the fast range (`FAST_LO < x < FAST_HI`,
+//! false for NaN) sends all four to `rivet_expf4` (a cold block), which runs `exp32` per lane.
+//! Its constants are loaded from a static pool at each use (`POOL`: why there).
 //! float32 `erf` (libm's four branches and two `expf`s per lane) is one call of `rivet_erff4`
 //! per four lanes (`codegen::erff4`), `slot_call`; a 16-lane float32 `erf` (the CPU's
 //! vectorize pass gives erf loops 16 lanes) one call of `rivet_erff16`, `erf16_lanes`.
 
 use super::expr::flags;
 use super::FnGen;
-use crate::error::Result;
-use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{F32X4, I32, I32X4};
+use crate::codegen::exp32;
+use crate::error::{Error, Result};
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::types::{F32X4, I32, I32X4, I64};
+use cranelift_codegen::ir::Type;
 use cranelift_codegen::ir::{BlockArg, Endianness, InstBuilder, MemFlagsData, Value};
 
+/// Four lanes of one 32-bit pattern, 16-byte aligned (a `movups`/`movaps` operand).
+#[repr(C, align(16))]
+struct Lanes([u32; 4]);
+
+/// Every 32-bit constant `packed_expf` uses, splatted. Loaded from here at each use rather
+/// than built with `splat`: Cranelift hoists a `splat` of a constant out of the loop, and
+/// with fourteen of them live across the loop body regalloc2 spilled them and stored every
+/// one back to its slot on the back edge (13 stores and 14 reloads per four lanes, seen in
+/// the disassembly of softmax's exp loop). A load that is not `can_move` stays where it is
+/// and x64 folds it into its single use as a memory operand.
+static POOL: [Lanes; 13] = {
+    const fn f(v: f32) -> Lanes {
+        Lanes([v.to_bits(); 4])
+    }
+    [
+        f(exp32::FAST_LO),
+        f(exp32::FAST_HI),
+        f(exp32::INV_LN2),
+        f(exp32::MAGIC),
+        f(exp32::LN2_HI),
+        f(exp32::LN2_LO),
+        f(exp32::C[0]),
+        f(exp32::C[1]),
+        f(exp32::C[2]),
+        f(exp32::C[3]),
+        f(exp32::C[4]),
+        f(1.0),
+        Lanes([exp32::SCALE_BIAS as u32; 4]),
+    ]
+};
+
 impl FnGen<'_, '_> {
-    /// `exp` of the four float32 lanes of `x` (an `F32X4` value).
+    /// A 128-bit vector of type `ty` with every 32-bit lane `bits`, loaded from `POOL` (see
+    /// there why not a `splat`).
+    fn pooled_splat(&mut self, ty: Type, bits: u32) -> Result<Value> {
+        let k = POOL.iter().position(|l| l.0[0] == bits).ok_or_else(|| {
+            Error::Internal(format!("constant {bits:#x} missing from the exp pool"))
+        })?;
+        let base = self.b.ins().iconst(I64, POOL.as_ptr() as i64);
+        let fl = MemFlagsData::new()
+            .with_endianness(Endianness::Little)
+            .with_notrap()
+            .with_aligned()
+            .with_readonly();
+        Ok(self.b.ins().load(ty, fl, base, (k * 16) as i32))
+    }
+
+    /// `exp` of the four float32 lanes of `x` (an `F32X4` value): `exp32::fast` lane by lane
+    /// when every lane is in its fast range, else `exp32` per lane in a cold call.
     pub(super) fn packed_expf(&mut self, x: Value) -> Result<Value> {
-        // libm's constants, by their bits (as in `expf4`).
-        const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-        const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-        const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
-        const P1: f32 = 1.666_662_5e-1;
-        const P2: f32 = -2.766_733_3e-3;
         let le = MemFlagsData::new().with_endianness(Endianness::Little);
-        let ci = |g: &mut Self, v: u32| {
-            let c = g.b.ins().iconst(I32, i64::from(v));
-            g.b.ins().splat(I32X4, c)
-        };
-        let cf = |g: &mut Self, v: f32| {
-            let c = g.b.ins().f32const(v);
-            g.b.ins().splat(F32X4, c)
-        };
-        let bits = self.b.ins().bitcast(I32X4, le, x);
-        let abs_mask = ci(self, 0x7fff_ffff);
-        let hx = self.b.ins().band(bits, abs_mask);
-        let tiny = ci(self, 0x3900_0000);
-        let huge = ci(self, 0x42ae_ac50);
-        let above = self.b.ins().icmp(IntCC::SignedGreaterThan, hx, tiny);
-        let below = self.b.ins().icmp(IntCC::SignedLessThan, hx, huge);
-        let main = self.b.ins().band(above, below);
-        let all_main = self.b.ins().vall_true(main);
+        let cf = |g: &mut Self, v: f32| g.pooled_splat(F32X4, v.to_bits());
+        // `FAST_LO < x < FAST_HI` in every lane (false for NaN), as `exp32` tests it.
+        let lo = cf(self, exp32::FAST_LO)?;
+        let hi = cf(self, exp32::FAST_HI)?;
+        let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, lo);
+        let below = self.b.ins().fcmp(FloatCC::LessThan, x, hi);
+        let fast_lanes = self.b.ins().band(above, below);
+        let all_fast = self.b.ins().vall_true(fast_lanes);
 
         let fast = self.b.create_block();
         let slow = self.b.create_block();
         let join = self.b.create_block();
         let out = self.b.append_block_param(join, F32X4);
-        self.b.ins().brif(all_main, fast, &[], slow, &[]);
+        self.b.ins().brif(all_fast, fast, &[], slow, &[]);
         self.b.seal_block(fast);
         self.b.seal_block(slow);
         self.b.set_cold_block(slow);
 
+        // `exp32::fast`, operation for operation.
         self.b.switch_to_block(fast);
-        let sign = self.b.ins().ushr_imm_u(bits, 31);
-        // |x| > 1.5 ln2: k = trunc(INV_LN2 * x + (sign ? -0.5 : 0.5)).
-        let sign_bit = self.b.ins().ishl_imm_u(sign, 31);
-        let half_bits = ci(self, 0.5f32.to_bits());
-        let half = self.b.ins().bor(half_bits, sign_bit);
-        let half = self.b.ins().bitcast(F32X4, le, half);
-        let inv_ln2 = cf(self, INV_LN2);
-        let t = self.b.ins().fmul(inv_ln2, x);
-        let t = self.b.ins().fadd(t, half);
-        // k is computed as a float (what libm converts it to next), with no float-to-int
-        // conversion: `fcvt_to_sint_sat` of a vector expands to a dozen instructions on x64.
-        // trunc(t) is exact (`roundps` with SSE4.1) and equals `(t as i32) as f32` here.
-        let k_big = self.b.ins().trunc(t);
-        let k_big = self.b.ins().bitcast(I32X4, le, k_big);
-        // 0.5 ln2 < |x| <= 1.5 ln2: k = 1 - 2 sign, i.e. +-1.0; below: k = 0 (+0.0).
-        let one_bits = ci(self, 1.0f32.to_bits());
-        let k_mid = self.b.ins().bor(one_bits, sign_bit);
-        let big_at = ci(self, 0x3f85_1592);
-        let mid_at = ci(self, 0x3eb1_7218);
-        let big = self.b.ins().icmp(IntCC::SignedGreaterThan, hx, big_at);
-        let mid = self.b.ins().icmp(IntCC::SignedGreaterThan, hx, mid_at);
-        let k_mid = self.b.ins().band(mid, k_mid);
-        let kf = self.b.ins().bitselect(big, k_big, k_mid);
-        let kf = self.b.ins().bitcast(F32X4, le, kf);
-        // k as an integer: kf + 1.5 * 2^23 is exact for |k| < 2^22 and holds k in the low bits
-        // of its significand.
-        let magic = cf(self, 12_582_912.0);
-        let km = self.b.ins().fadd(kf, magic);
-        let km = self.b.ins().bitcast(I32X4, le, km);
-        let magic_bits = ci(self, 0x4b40_0000);
-        let k = self.b.ins().isub(km, magic_bits);
-        // With k = 0 these give hi = x, lo = 0, r = x exactly, as libm's small branch.
-        let ln2_hi = cf(self, LN2_HI);
-        let ln2_lo = cf(self, LN2_LO);
+        let inv_ln2 = cf(self, exp32::INV_LN2)?;
+        let t = self.b.ins().fmul(x, inv_ln2);
+        let magic = cf(self, exp32::MAGIC)?;
+        let t = self.b.ins().fadd(t, magic);
+        let magic = cf(self, exp32::MAGIC)?;
+        let kf = self.b.ins().fsub(t, magic);
+        let ln2_hi = cf(self, exp32::LN2_HI)?;
         let khi = self.b.ins().fmul(kf, ln2_hi);
-        let hi = self.b.ins().fsub(x, khi);
-        let lo = self.b.ins().fmul(kf, ln2_lo);
-        let r = self.b.ins().fsub(hi, lo);
+        let r = self.b.ins().fsub(x, khi);
+        let ln2_lo = cf(self, exp32::LN2_LO)?;
+        let klo = self.b.ins().fmul(kf, ln2_lo);
+        let r = self.b.ins().fsub(r, klo);
+        let c4 = cf(self, exp32::C[4])?;
+        let mut p = self.b.ins().fmul(c4, r);
+        for k in (0..4).rev() {
+            let cv = cf(self, exp32::C[k])?;
+            p = self.b.ins().fadd(p, cv);
+            if k > 0 {
+                p = self.b.ins().fmul(p, r);
+            }
+        }
         let rr = self.b.ins().fmul(r, r);
-        let p1 = cf(self, P1);
-        let p2 = cf(self, P2);
-        let poly = self.b.ins().fmul(rr, p2);
-        let poly = self.b.ins().fadd(p1, poly);
-        let c = self.b.ins().fmul(rr, poly);
-        let c = self.b.ins().fsub(r, c);
-        let num = self.b.ins().fmul(r, c);
-        let two = cf(self, 2.0);
-        let den = self.b.ins().fsub(two, c);
-        let q = self.b.ins().fdiv(num, den);
-        let one = cf(self, 1.0);
-        let y = self.b.ins().fsub(q, lo);
-        let y = self.b.ins().fadd(y, hi);
-        let y = self.b.ins().fadd(one, y);
-        // scalbnf(y, k) = y * 2^k for |k| <= 126; k = 0 multiplies by 1.
-        let bias = ci(self, 127);
-        let e = self.b.ins().iadd(k, bias);
+        let rrp = self.b.ins().fmul(rr, p);
+        let q = self.b.ins().fadd(r, rrp);
+        let one = cf(self, 1.0)?;
+        let y = self.b.ins().fadd(one, q);
+        // 2^k: t's bits plus SCALE_BIAS, shifted into the exponent field.
+        let tb = self.b.ins().bitcast(I32X4, le, t);
+        let bias = self.pooled_splat(I32X4, exp32::SCALE_BIAS as u32)?;
+        let e = self.b.ins().iadd(tb, bias);
         let e = self.b.ins().ishl_imm_u(e, 23);
         let scale = self.b.ins().bitcast(F32X4, le, e);
         let y = self.b.ins().fmul(y, scale);

@@ -1,7 +1,8 @@
 //! Sixteen-lane float32 vectors as four packed f32x4 registers ("quads"): what the CPU's
 //! vectorize pass makes of a float32 loop computing `exp` or `erf` on an AVX-512 machine
 //! (`lower::vectorize`'s wide lanes), so that one AVX-512 call computes the function for
-//! sixteen lanes (`rivet_expf16`, `rivet_erff16`: libm's bits, `codegen::erff16`) while the
+//! sixteen lanes (`rivet_erff16`: libm's bits, `codegen::erff16`; `exp` inline on each quarter,
+//! `vector_exp.rs`) while the
 //! rest of the loop body stays packed SSE code.
 //!
 //! A 16-lane float32 expression is a quad when every node under it is: a broadcast, a
@@ -98,14 +99,18 @@ impl FnGen<'_, '_> {
                 }
                 out
             }
-            ExprKind::Unary(op @ (UnOp::Exp | UnOp::Erf), a) => {
+            // exp inline on each quarter (`vector_exp.rs`), erf one 16-lane call.
+            ExprKind::Unary(UnOp::Exp, a) => {
                 let x = self.quad_value(a)?;
-                let helper = if *op == UnOp::Exp {
-                    "rivet_expf16"
-                } else {
-                    "rivet_erff16"
-                };
-                let y = self.slot_call(helper, &x)?;
+                let mut out = x;
+                for k in 0..4 {
+                    out[k] = self.packed_expf(x[k])?;
+                }
+                out
+            }
+            ExprKind::Unary(UnOp::Erf, a) => {
+                let x = self.quad_value(a)?;
+                let y = self.slot_call("rivet_erff16", &x)?;
                 [y[0], y[1], y[2], y[3]]
             }
             ExprKind::Unary(op, a) => {

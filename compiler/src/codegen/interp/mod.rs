@@ -11,8 +11,8 @@
 //!   are loaded as `f32`, computed in `f32`, and rounded to their dtype only by a `Store`, a
 //!   `Cast` to them, and a constant of their dtype (a float constant is the value rounded
 //!   to the node's dtype, directly from the stored `f64`).
-//! - transcendentals (`exp`, `log`, `tanh`, `erf`, `pow`) are `libm`'s in the dtype (`expf`
-//!   for f32); `sqrt`, `abs`, `floor`, `ceil` are native (exact); `rsqrt = 1 / sqrt`,
+//! - transcendentals (`exp`, `log`, `tanh`, `erf`, `pow`) are `libm`'s in the dtype, except
+//!   float32 `exp`: rivet's `codegen::exp32`; `sqrt`, `abs`, `floor`, `ceil` are native (exact); `rsqrt = 1 / sqrt`,
 //!   `sigmoid = 1 / (1 + exp(-x))`; float `min`/`max` propagate NaN (`math::fmin`/`fmax`);
 //!   float `//`/`%` are `math::floordiv_f32`/`floormod_f32` (and the f64 versions).
 //! - casts: int -> int wraps; float -> int saturates (Rust `as`, NaN -> 0); int -> float is
@@ -1053,12 +1053,12 @@ fn unary(op: UnOp, dt: DType, x: Value) -> Option<Value> {
         }
         Value::F32(a) => Value::F32(match op {
             UnOp::Neg => -a,
-            UnOp::Exp => libm::expf(a),
+            UnOp::Exp => crate::codegen::exp32::exp32(a),
             UnOp::Log => libm::logf(a),
             UnOp::Sqrt => a.sqrt(),
             UnOp::Rsqrt => 1.0 / a.sqrt(),
             UnOp::Tanh => libm::tanhf(a),
-            UnOp::Sigmoid => 1.0 / (1.0 + libm::expf(-a)),
+            UnOp::Sigmoid => 1.0 / (1.0 + crate::codegen::exp32::exp32(-a)),
             UnOp::Abs => a.abs(),
             UnOp::Floor => a.floor(),
             UnOp::Ceil => a.ceil(),
@@ -1663,11 +1663,14 @@ mod tests {
         let x32 = Expr::constant(0.7, DType::F32);
         let x64 = Expr::constant(0.7, DType::F64);
         let u = |op, e: &Expr| ev(&Expr::unary(op, e.clone()).unwrap());
-        assert_eq!(u(UnOp::Exp, &x32), Value::F32(libm::expf(0.7f32)));
+        assert_eq!(
+            u(UnOp::Exp, &x32),
+            Value::F32(crate::codegen::exp32::exp32(0.7f32))
+        );
         assert_eq!(u(UnOp::Exp, &x64), Value::F64(libm::exp(0.7)));
         assert_eq!(
             u(UnOp::Sigmoid, &x32),
-            Value::F32(1.0 / (1.0 + libm::expf(-0.7f32)))
+            Value::F32(1.0 / (1.0 + crate::codegen::exp32::exp32(-0.7f32)))
         );
         assert_eq!(u(UnOp::Rsqrt, &x64), Value::F64(1.0 / 0.7f64.sqrt()));
         assert_eq!(u(UnOp::Erf, &x32), Value::F32(libm::erff(0.7f32)));
