@@ -16,10 +16,12 @@ from rivet import te
 MR, NR, KC = 12, 32, 256
 
 
-def gemm(m, n, k, a_t=False, b_t=False, tensorize=True):
-    """`tensorize=False`: the same packing and blocking, the register tile left to Cranelift
-    (rows, products, then 32 columns as f32x4 vectors): the pure-Cranelift figure of the
-    benchmarks."""
+def gemm(m, n, k, a_t=False, b_t=False, tensorize=True, target="cpu", module=False):
+    """`tensorize=False`: the same packing and blocking, the register tile written in the DSL
+    for Cranelift: 12 rows (unrolled) by one f32x4 of columns, the 12 accumulators in
+    registers across the k loop, A broadcast from the packed panel, fused multiply-adds
+    (`fma=True`: the micro-kernel's own rounding, so both give the same bits) — the
+    pure-Cranelift figure of the benchmarks (../shared/notes/cranelift.md's 12x4 tile)."""
     mo, no = -(-m // MR), -(-n // NR)
     kc = min(KC, max(k, 1))
     kp = -(-k // kc) * kc
@@ -53,8 +55,10 @@ def gemm(m, n, k, a_t=False, b_t=False, tensorize=True):
         s[Cp].reorder(jo, po, io, ii, ji, pi)
         s[Cp].tensorize(ii, "gemm_update")
     else:
-        s[Cp].reorder(jo, po, io, ii, pi, ji)
-        s[Cp].vectorize(ji)
+        jj, jv = s[Cp].split(ji, factor=4)
+        s[Cp].reorder(jo, po, io, jj, pi, ii, jv)
+        s[Cp].unroll(ii)
+        s[Cp].vectorize(jv)
     s[Ap].parallel(Ap.op.axis[0])
     if b_t:
         s[Bp].parallel(Bp.op.axis[0])
@@ -64,7 +68,8 @@ def gemm(m, n, k, a_t=False, b_t=False, tensorize=True):
         s[Bp].parallel(p_)
     if not aligned:
         s[C].parallel(C.op.axis[0])
-    return rivet.build(s, [A, B, C], target="cpu", name="gemm")["gemm"]
+    mod = rivet.build(s, [A, B, C], target=target, name="gemm", fma=not tensorize)
+    return mod if module else mod["gemm"]
 
 
 def check(m, n, k, a_t, b_t, rng):

@@ -6,6 +6,7 @@ the intrinsic's computation raise CompileError.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -100,3 +101,48 @@ def test_tensorize_arguments_are_checked():
         s[C].tensorize(s[C].op.axis[0] if hasattr(s[C], "op") else i, "conv")
     with pytest.raises(rivet.CompileError, match="already split"):
         s[C].tensorize(i, "gemm_update")
+
+
+def _example():
+    """compiler/examples/gemm_tensorized.py (the benchmarks' blocked GEMM), imported."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "compiler", "examples",
+                        "gemm_tensorized.py")
+    spec = importlib.util.spec_from_file_location("gemm_tensorized", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("m,n,k,trans", [(1, 1, 1, False), (3, 17, 97, True), (97, 3, 17, False),
+                                         (25, 70, 300, True)])
+def test_cranelift_register_tile_equals_the_micro_kernel_and_the_interpreter(m, n, k, trans):
+    """The example's pure-Cranelift GEMM (tensorize off): a 12 x 4 register tile written with
+    split / reorder / unroll / vectorize and fma=True. `unroll` unrolls the 12 rows (no loop
+    left), the packed panels' strides are constants in the flattened IR, the multiply-adds are
+    packed `fma`s; its bits equal the tensorized micro-kernel's (same fused operations in the
+    same order) and the interpreter's running the same program."""
+    ex = _example()
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = rng.standard_normal((k, m) if trans else (m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k) if trans else (k, n), dtype=np.float32)
+    mod = ex.gemm(m, n, k, trans, trans, tensorize=False, module=True)
+    ir, clif = mod.get_source("ir"), mod.get_source("cranelift")
+    assert "unrolled for" not in ir and "fma(" in ir, ir
+    # Offsets into the packed panels (locals) use constant strides, not stride variables.
+    assert not re.search(r"\b[AB]p\[[^\]]*[AB]p\.s\d", ir), ir
+    assert "= fma v" in clif and "f32x4" in clif, clif
+    tile = mod["gemm"]
+    outs = []
+    for f in (tile, ex.gemm(m, n, k, trans, trans, tensorize=True),
+              ex.gemm(m, n, k, trans, trans, tensorize=False, target="interp")):
+        c = poison(np.empty((m, n), np.float32))
+        f(a, b, c)
+        outs.append(c)
+    assert outs[0].tobytes() == outs[1].tobytes(), "the micro-kernel"
+    assert outs[0].tobytes() == outs[2].tobytes(), "the interpreter"
+    aa, bb = (a.T if trans else a), (b.T if trans else b)
+    want = aa.astype(np.float64) @ bb.astype(np.float64)
+    bound = (k + 1) * np.finfo(np.float32).eps * (np.abs(aa).astype(np.float64) @ np.abs(bb))
+    assert np.all(np.abs(outs[0] - want) <= bound + 1e-30)

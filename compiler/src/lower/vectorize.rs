@@ -501,6 +501,11 @@ impl Cx<'_> {
                 buf: *buf,
                 indices: vec![self.vec(&indices[0])?],
             },
+            ExprKind::Fma(a, b, c) => ExprKind::Fma(
+                self.widen(self.vec(a)?),
+                self.widen(self.vec(b)?),
+                self.widen(self.vec(c)?),
+            ),
             _ => return None,
         };
         Some(Expr::new(k, dt))

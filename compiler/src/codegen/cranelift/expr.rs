@@ -18,6 +18,21 @@ pub(super) fn flags() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
+/// `(rest, k)` when the int64 `e` is `rest + k` (or `k + rest`) with `k` a non-zero constant.
+pub(super) fn split_constant(e: &Expr) -> Option<(&Expr, i64)> {
+    if e.dtype() != DType::I64 {
+        return None;
+    }
+    match e.kind() {
+        ExprKind::Binary(BinOp::Add, a, b) => match (a.as_int(), b.as_int()) {
+            (_, Some(k)) if k != 0 => Some((a, k)),
+            (Some(k), _) if k != 0 => Some((b, k)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Type of a value of `dt` in registers.
 pub(super) fn value_ty(dt: DType) -> Type {
     match dt {
@@ -121,9 +136,28 @@ impl FnGen<'_, '_> {
                     indices.len()
                 )));
             }
-            let idx = self.expr(&indices[0])?;
-            self.index_to_i64(idx, indices[0].dtype())
+            return self.offset_address(buf, &indices[0]);
         };
+        self.address_of(buf, idx)
+    }
+
+    /// The address of element `offset` of `buf`, with a constant term of the offset kept out
+    /// of the multiplication by the element size: `base + rest * size + k * size`, which x64
+    /// folds into one addressing mode (`disp(base, rest, size)`). A register tile's rows of a
+    /// packed panel (`Ap[... + 0]` .. `Ap[... + 11]`) then share one index register instead
+    /// of computing twelve. Same value as `base + (rest + k) * size` in wrapping arithmetic.
+    pub(super) fn offset_address(&mut self, buf: BufId, offset: &Expr) -> Result<(Value, DType)> {
+        if let Some((rest, k)) = split_constant(offset) {
+            let size = self.buf_dtype(buf)?.size() as i64;
+            if let Some(disp) = k.checked_mul(size).filter(|d| i32::try_from(*d).is_ok()) {
+                let v = self.expr(rest)?;
+                let v = self.index_to_i64(v, rest.dtype());
+                let (addr, dt) = self.address_of(buf, v)?;
+                return Ok((self.b.ins().iadd_imm_s(addr, disp), dt));
+            }
+        }
+        let idx = self.expr(offset)?;
+        let idx = self.index_to_i64(idx, offset.dtype());
         self.address_of(buf, idx)
     }
 

@@ -188,6 +188,11 @@ impl CraneliftBackend {
             bodies: Vec::new(),
             n_bodies: 0,
             checked: self.checked,
+            has_fma: self
+                .isa
+                .isa_flags()
+                .iter()
+                .any(|f| f.name == "has_fma" && f.as_bool() == Some(true)),
             sites: Vec::new(),
             param_slot: HashMap::new(),
             int_slot: HashMap::new(),
@@ -399,6 +404,8 @@ struct Compiler<'f> {
     n_bodies: usize,
     /// Checked mode (see the module header).
     checked: bool,
+    /// The ISA has FMA: a packed `Fma` is one `vfmadd` (else lane by lane, `vector.rs`).
+    has_fma: bool,
     /// Checked mode: the buffer name of each access site, by site id.
     sites: Vec<String>,
     /// Frame positions of the parameters and of the int slots (filled on first use).

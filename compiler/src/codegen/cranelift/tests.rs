@@ -1132,7 +1132,9 @@ fn fma_rounds_once_with_and_without_native_fma() {
             assert_eq!(r.to_bits(), x.mul_add(y, z).to_bits());
             assert_ne!(r.to_bits(), (std::hint::black_box(x) * y + z).to_bits());
         }
-        for no_fma in [false, true] {
+        // Scalar, and vectorized (packed `fma` on f32x4 / f64x2, lane by lane without FMA;
+        // float16 lanes one by one), with and without the instruction.
+        for (no_fma, vectorized) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut b = if no_fma {
                 CraneliftBackend::with_isa_settings(&[("has_fma", "false")]).unwrap()
             } else {
@@ -1140,8 +1142,37 @@ fn fma_rounds_once_with_and_without_native_fma() {
             };
             b.set_disassembly(true);
             let mut g = f.clone();
+            if vectorized {
+                g.body = g.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
+                    Stmt::For {
+                        var,
+                        min,
+                        extent,
+                        body,
+                        ..
+                    } => Stmt::For {
+                        var,
+                        min,
+                        extent,
+                        body,
+                        kind: ForKind::Vectorized,
+                    },
+                    other => other,
+                });
+                // (`elementwise` builds flattened accesses already.)
+                crate::lower::vectorize::vectorize(&mut g, Some(16), false);
+                assert!(g.to_string().contains("ramp("), "{g}");
+            }
             crate::lower::split::split(&mut g);
             let k = b.compile_kernel(&g).unwrap();
+            if vectorized && matches!(dt, DType::F32 | DType::F64) {
+                assert!(k.source().contains("fma v"), "{}", k.source());
+                assert!(
+                    k.source().contains("f32x4") || k.source().contains("f64x2"),
+                    "{}",
+                    k.source()
+                );
+            }
             #[cfg(target_arch = "x86_64")]
             if no_fma {
                 assert!(!k.disassembly().contains("vfmadd"), "{}", k.disassembly());
@@ -1166,7 +1197,7 @@ fn fma_rounds_once_with_and_without_native_fma() {
                 let r = e * dt.size()..(e + 1) * dt.size();
                 assert!(
                     same(dt, &data[3][r.clone()], &want[3][r.clone()]),
-                    "{dt} no_fma={no_fma} case {e}: cranelift {:?}, interp {:?}",
+                    "{dt} no_fma={no_fma} vectorized={vectorized} case {e}: cranelift {:?}, interp {:?}",
                     read(dt, &data[3][r.clone()]),
                     read(dt, &want[3][r])
                 );

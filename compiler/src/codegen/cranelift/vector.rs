@@ -89,6 +89,9 @@ pub(super) fn packed(e: &Expr) -> bool {
             };
             op_ok && packed(a)
         }
+        // One rounding per lane: `vfmadd` where the ISA has FMA, else lane by lane through the
+        // correctly rounded libcall (`packed_value`).
+        ExprKind::Fma(a, b, c) => dt.is_float() && packed(a) && packed(b) && packed(c),
         _ => false,
     }
 }
@@ -176,9 +179,7 @@ impl FnGen<'_, '_> {
         let dt = self.buf_dtype(buf)?;
         let ty = simd_ty(dt, index.lanes())
             .ok_or_else(|| internal(format!("no SIMD type for {} lanes of {dt}", index.lanes())))?;
-        let b = self.expr(base)?;
-        let b = self.index_to_i64(b, base.dtype());
-        let (addr, _) = self.address_of(buf, b)?;
+        let (addr, _) = self.offset_address(buf, base)?;
         Ok((addr, ty))
     }
 
@@ -245,6 +246,30 @@ impl FnGen<'_, '_> {
             ExprKind::Unary(UnOp::Exp, a) if dt == DType::F32 && e.lanes() == 4 => {
                 let x = self.packed_value(a)?;
                 self.packed_expf(x)?
+            }
+            ExprKind::Fma(a, b, c) => {
+                let (x, y, z) = (
+                    self.packed_value(a)?,
+                    self.packed_value(b)?,
+                    self.packed_value(c)?,
+                );
+                if self.cx.has_fma {
+                    self.b.ins().fma(x, y, z)
+                } else {
+                    // Cranelift's x64 backend has no vector FMA without the instruction: the
+                    // scalar `fma` of each lane (a libcall of the correctly rounded `fmaf`).
+                    let mut out = x;
+                    for l in 0..e.lanes() as u8 {
+                        let (xl, yl, zl) = (
+                            self.b.ins().extractlane(x, l),
+                            self.b.ins().extractlane(y, l),
+                            self.b.ins().extractlane(z, l),
+                        );
+                        let r = self.b.ins().fma(xl, yl, zl);
+                        out = self.b.ins().insertlane(out, r, l);
+                    }
+                    out
+                }
             }
             ExprKind::Unary(UnOp::Erf, a) if dt == DType::F32 && e.lanes() == 4 => {
                 let x = self.packed_value(a)?;

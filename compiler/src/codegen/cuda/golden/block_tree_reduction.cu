@@ -13,37 +13,36 @@ extern "C" __global__ void __launch_bounds__(128) rowsum_kernel0(
     const int r = (int)blockIdx.x;
     {
       __shared__ float S[128]; // stage S: shared [128]
-      const int S_s0 = 1;
       { // tx bound to threadIdx.x
         const int tx = (int)threadIdx.x;
-        S[tx * S_s0] = (X[(((long long)r) * X_s0) + (((long long)tx) * X_s1)] + X[(((long long)r) * X_s0) + (((long long)(tx + 128)) * X_s1)]);
+        S[tx] = (X[(((long long)r) * X_s0) + (((long long)tx) * X_s1)] + X[(((long long)r) * X_s0) + (((long long)(tx + 128)) * X_s1)]);
         __syncthreads();
         if (tx < 64) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 64) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 64]);
         }
         __syncthreads();
         if (tx < 32) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 32) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 32]);
         }
         __syncthreads();
         if (tx < 16) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 16) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 16]);
         }
         __syncthreads();
         if (tx < 8) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 8) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 8]);
         }
         __syncthreads();
         if (tx < 4) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 4) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 4]);
         }
         __syncthreads();
         if (tx < 2) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 2) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 2]);
         }
         __syncthreads();
         if (tx < 1) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 1) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 1]);
         }
         __syncthreads();
         if (tx < 1) {
@@ -66,37 +65,36 @@ extern "C" __global__ void __launch_bounds__(128) rowsum_kernel0_i32(
     const int r = (int)blockIdx.x;
     {
       __shared__ float S[128]; // stage S: shared [128]
-      const int S_s0 = 1;
       { // tx bound to threadIdx.x
         const int tx = (int)threadIdx.x;
-        S[tx * S_s0] = (X[(r * X_s0) + (tx * X_s1)] + X[(r * X_s0) + ((tx + 128) * X_s1)]);
+        S[tx] = (X[(r * X_s0) + (tx * X_s1)] + X[(r * X_s0) + ((tx + 128) * X_s1)]);
         __syncthreads();
         if (tx < 64) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 64) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 64]);
         }
         __syncthreads();
         if (tx < 32) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 32) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 32]);
         }
         __syncthreads();
         if (tx < 16) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 16) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 16]);
         }
         __syncthreads();
         if (tx < 8) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 8) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 8]);
         }
         __syncthreads();
         if (tx < 4) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 4) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 4]);
         }
         __syncthreads();
         if (tx < 2) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 2) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 2]);
         }
         __syncthreads();
         if (tx < 1) {
-          S[tx * S_s0] = (S[tx * S_s0] + S[(tx + 1) * S_s0]);
+          S[tx] = (S[tx] + S[tx + 1]);
         }
         __syncthreads();
         if (tx < 1) {

@@ -22,24 +22,18 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
       const long long j_outer = (long long)blockIdx.x;
       {
         __shared__ float A_shared[1024]; // stage A.shared: shared [64, 16]
-        const int A_shared_s0 = 16;
-        const int A_shared_s1 = 1;
         {
           __shared__ float B_shared[1024]; // stage B.shared: shared [16, 64]
-          const int B_shared_s0 = 64;
-          const int B_shared_s1 = 1;
           { // i.inner.outer bound to threadIdx.y
             const int i_inner_outer = (int)threadIdx.y;
             { // j.inner.outer bound to threadIdx.x
               const int j_inner_outer = (int)threadIdx.x;
               {
                 float C_local[16] = {}; // stage C.local: local [4, 4]
-                const int C_local_s0 = 4;
-                const int C_local_s1 = 1;
                 for (int ax0_init = 0; ax0_init < 4; ++ax0_init) {
                   for (int ax1_init = 0; ax1_init < 4; ++ax1_init) {
                     if (((((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0_init)) >= 0) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0_init)) < m)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1_init)) >= 0)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1_init)) < n)) {
-                      C_local[(ax0_init * C_local_s0) + (ax1_init * C_local_s1)] = 0.0f;
+                      C_local[(ax0_init * 4) + ax1_init] = 0.0f;
                     }
                   }
                 }
@@ -47,12 +41,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
                   __syncthreads();
                   for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
                     if ((((((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) >= 0) && (((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) < m)) && (((r_outer * 16LL) + ((long long)j_inner_outer)) >= 0)) && (((r_outer * 16LL) + ((long long)j_inner_outer)) < k)) {
-                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * A_shared_s0) + (j_inner_outer * A_shared_s1)] = A[(((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) * A_s0) + (((r_outer * 16LL) + ((long long)j_inner_outer)) * A_s1)];
+                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * 16) + j_inner_outer] = A[(((i_outer * 64LL) + ((long long)((16 * ax0_ax1_fused_outer) + i_inner_outer))) * A_s0) + (((r_outer * 16LL) + ((long long)j_inner_outer)) * A_s1)];
                     }
                   }
                   for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
                     if ((((((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) >= 0) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) < k)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) >= 0)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) < n)) {
-                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * B_shared_s0) + ((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64) * B_shared_s1)] = B[(((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) * B_s0) + (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) * B_s1)];
+                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)] = B[(((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) * B_s0) + (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) * B_s1)];
                     }
                   }
                   __syncthreads();
@@ -63,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
                       #pragma unroll
                       for (int ax1 = 0; ax1 < 4; ++ax1) {
                         if (((((((r_outer * 16LL) + ((long long)r_inner)) < k) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0)) >= 0)) && ((((i_outer * 64LL) + ((long long)(i_inner_outer * 4))) + ((long long)ax0)) < m)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1)) >= 0)) && ((((j_outer * 64LL) + ((long long)(j_inner_outer * 4))) + ((long long)ax1)) < n)) {
-                          C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] = (C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] + (A_shared[(((4 * i_inner_outer) + ax0) * A_shared_s0) + (r_inner * A_shared_s1)] * B_shared[(r_inner * B_shared_s0) + (((4 * j_inner_outer) + ax1) * B_shared_s1)]));
+                          C_local[(ax0 * 4) + ax1] = (C_local[(ax0 * 4) + ax1] + (A_shared[(((4 * i_inner_outer) + ax0) * 16) + r_inner] * B_shared[(r_inner * 64) + ((4 * j_inner_outer) + ax1)]));
                         }
                       }
                     }
@@ -72,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
                 for (int i_inner_inner = 0; i_inner_inner < 4; ++i_inner_inner) {
                   for (int j_inner_inner = 0; j_inner_inner < 4; ++j_inner_inner) {
                     if ((((j_outer * 64LL) + ((long long)((j_inner_outer * 4) + j_inner_inner))) < n) && (((i_outer * 64LL) + ((long long)((i_inner_outer * 4) + i_inner_inner))) < m)) {
-                      C[(((i_outer * 64LL) + ((long long)((i_inner_outer * 4) + i_inner_inner))) * C_s0) + (((j_outer * 64LL) + ((long long)((j_inner_outer * 4) + j_inner_inner))) * C_s1)] = C_local[(i_inner_inner * C_local_s0) + (j_inner_inner * C_local_s1)];
+                      C[(((i_outer * 64LL) + ((long long)((i_inner_outer * 4) + i_inner_inner))) * C_s0) + (((j_outer * 64LL) + ((long long)((j_inner_outer * 4) + j_inner_inner))) * C_s1)] = C_local[(i_inner_inner * 4) + j_inner_inner];
                     }
                   }
                 }
@@ -106,24 +100,18 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
       const int j_outer = (int)blockIdx.x;
       {
         __shared__ float A_shared[1024]; // stage A.shared: shared [64, 16]
-        const int A_shared_s0 = 16;
-        const int A_shared_s1 = 1;
         {
           __shared__ float B_shared[1024]; // stage B.shared: shared [16, 64]
-          const int B_shared_s0 = 64;
-          const int B_shared_s1 = 1;
           { // i.inner.outer bound to threadIdx.y
             const int i_inner_outer = (int)threadIdx.y;
             { // j.inner.outer bound to threadIdx.x
               const int j_inner_outer = (int)threadIdx.x;
               {
                 float C_local[16] = {}; // stage C.local: local [4, 4]
-                const int C_local_s0 = 4;
-                const int C_local_s1 = 1;
                 for (int ax0_init = 0; ax0_init < 4; ++ax0_init) {
                   for (int ax1_init = 0; ax1_init < 4; ++ax1_init) {
                     if (((((((i_outer * 64) + (i_inner_outer * 4)) + ax0_init) >= 0) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0_init) < m)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1_init) >= 0)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1_init) < n)) {
-                      C_local[(ax0_init * C_local_s0) + (ax1_init * C_local_s1)] = 0.0f;
+                      C_local[(ax0_init * 4) + ax1_init] = 0.0f;
                     }
                   }
                 }
@@ -131,12 +119,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
                   __syncthreads();
                   for (int ax0_ax1_fused_outer = 0; ax0_ax1_fused_outer < 4; ++ax0_ax1_fused_outer) {
                     if ((((((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) >= 0) && (((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) < m)) && (((r_outer * 16) + j_inner_outer) >= 0)) && (((r_outer * 16) + j_inner_outer) < k)) {
-                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * A_shared_s0) + (j_inner_outer * A_shared_s1)] = A[(((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) * A_s0) + (((r_outer * 16) + j_inner_outer) * A_s1)];
+                      A_shared[(((16 * ax0_ax1_fused_outer) + i_inner_outer) * 16) + j_inner_outer] = A[(((i_outer * 64) + ((16 * ax0_ax1_fused_outer) + i_inner_outer)) * A_s0) + (((r_outer * 16) + j_inner_outer) * A_s1)];
                     }
                   }
                   for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
                     if ((((((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) >= 0) && (((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) < k)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) >= 0)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) < n)) {
-                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * B_shared_s0) + ((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64) * B_shared_s1)] = B[(((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) * B_s0) + (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) * B_s1)];
+                      B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)] = B[(((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) * B_s0) + (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) * B_s1)];
                     }
                   }
                   __syncthreads();
@@ -147,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
                       #pragma unroll
                       for (int ax1 = 0; ax1 < 4; ++ax1) {
                         if (((((((r_outer * 16) + r_inner) < k) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0) >= 0)) && ((((i_outer * 64) + (i_inner_outer * 4)) + ax0) < m)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1) >= 0)) && ((((j_outer * 64) + (j_inner_outer * 4)) + ax1) < n)) {
-                          C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] = (C_local[(ax0 * C_local_s0) + (ax1 * C_local_s1)] + (A_shared[(((4 * i_inner_outer) + ax0) * A_shared_s0) + (r_inner * A_shared_s1)] * B_shared[(r_inner * B_shared_s0) + (((4 * j_inner_outer) + ax1) * B_shared_s1)]));
+                          C_local[(ax0 * 4) + ax1] = (C_local[(ax0 * 4) + ax1] + (A_shared[(((4 * i_inner_outer) + ax0) * 16) + r_inner] * B_shared[(r_inner * 64) + ((4 * j_inner_outer) + ax1)]));
                         }
                       }
                     }
@@ -156,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
                 for (int i_inner_inner = 0; i_inner_inner < 4; ++i_inner_inner) {
                   for (int j_inner_inner = 0; j_inner_inner < 4; ++j_inner_inner) {
                     if ((((j_outer * 64) + ((j_inner_outer * 4) + j_inner_inner)) < n) && (((i_outer * 64) + ((i_inner_outer * 4) + i_inner_inner)) < m)) {
-                      C[(((i_outer * 64) + ((i_inner_outer * 4) + i_inner_inner)) * C_s0) + (((j_outer * 64) + ((j_inner_outer * 4) + j_inner_inner)) * C_s1)] = C_local[(i_inner_inner * C_local_s0) + (j_inner_inner * C_local_s1)];
+                      C[(((i_outer * 64) + ((i_inner_outer * 4) + i_inner_inner)) * C_s0) + (((j_outer * 64) + ((j_inner_outer * 4) + j_inner_inner)) * C_s1)] = C_local[(i_inner_inner * 4) + j_inner_inner];
                     }
                   }
                 }

@@ -12,15 +12,14 @@ extern "C" __global__ void __launch_bounds__(64) reverse_kernel0(
     const int bx = (int)blockIdx.x;
     {
       __shared__ float S[64]; // stage S: shared [64]
-      const int S_s0 = 1;
       { // tx bound to threadIdx.x
         const int tx = (int)threadIdx.x;
-        S[tx * S_s0] = A[((long long)((bx * 64) + tx)) * A_s0];
+        S[tx] = A[((long long)((bx * 64) + tx)) * A_s0];
       }
       __syncthreads();
       { // tx bound to threadIdx.x
         const int tx_1 = (int)threadIdx.x;
-        C[((long long)((bx * 64) + tx_1)) * C_s0] = S[(63 - tx_1) * S_s0];
+        C[((long long)((bx * 64) + tx_1)) * C_s0] = S[63 - tx_1];
       }
     }
   }
@@ -37,15 +36,14 @@ extern "C" __global__ void __launch_bounds__(64) reverse_kernel0_i32(
     const int bx = (int)blockIdx.x;
     {
       __shared__ float S[64]; // stage S: shared [64]
-      const int S_s0 = 1;
       { // tx bound to threadIdx.x
         const int tx = (int)threadIdx.x;
-        S[tx * S_s0] = A[((bx * 64) + tx) * A_s0];
+        S[tx] = A[((bx * 64) + tx) * A_s0];
       }
       __syncthreads();
       { // tx bound to threadIdx.x
         const int tx_1 = (int)threadIdx.x;
-        C[((bx * 64) + tx_1) * C_s0] = S[(63 - tx_1) * S_s0];
+        C[((bx * 64) + tx_1) * C_s0] = S[63 - tx_1];
       }
     }
   }

@@ -22,12 +22,8 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
       const long long bx = (long long)blockIdx.x;
       {
         __shared__ float As[64]; // stage As: shared [8, 8]
-        const int As_s0 = 8;
-        const int As_s1 = 1;
         {
           __shared__ float Bs[64]; // stage Bs: shared [8, 8]
-          const int Bs_s0 = 8;
-          const int Bs_s1 = 1;
           { // ty bound to threadIdx.y
             const int ty = (int)threadIdx.y;
             { // tx bound to threadIdx.x
@@ -36,12 +32,12 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0(
                 float acc[1] = {}; // stage acc: local [1]
                 acc[0] = 0.0f;
                 for (long long kt = 0; kt < ((k + 7LL) / 8LL); ++kt) {
-                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8LL) + ((long long)ty)) < m) && (((kt * 8LL) + ((long long)tx)) < k)) ? A[(((by * 8LL) + ((long long)ty)) * A_s0) + (((kt * 8LL) + ((long long)tx)) * A_s1)] : 0.0f);
-                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8LL) + ((long long)ty)) < k) && (((bx * 8LL) + ((long long)tx)) < n)) ? B[(((kt * 8LL) + ((long long)ty)) * B_s0) + (((bx * 8LL) + ((long long)tx)) * B_s1)] : 0.0f);
+                  As[(ty * 8) + tx] = (((((by * 8LL) + ((long long)ty)) < m) && (((kt * 8LL) + ((long long)tx)) < k)) ? A[(((by * 8LL) + ((long long)ty)) * A_s0) + (((kt * 8LL) + ((long long)tx)) * A_s1)] : 0.0f);
+                  Bs[(ty * 8) + tx] = (((((kt * 8LL) + ((long long)ty)) < k) && (((bx * 8LL) + ((long long)tx)) < n)) ? B[(((kt * 8LL) + ((long long)ty)) * B_s0) + (((bx * 8LL) + ((long long)tx)) * B_s1)] : 0.0f);
                   __syncthreads();
                   #pragma unroll
                   for (int kk = 0; kk < 8; ++kk) {
-                    acc[0] = (acc[0] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
+                    acc[0] = (acc[0] + (As[(ty * 8) + kk] * Bs[(kk * 8) + tx]));
                   }
                   __syncthreads();
                 }
@@ -78,12 +74,8 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0_i32(
       const int bx = (int)blockIdx.x;
       {
         __shared__ float As[64]; // stage As: shared [8, 8]
-        const int As_s0 = 8;
-        const int As_s1 = 1;
         {
           __shared__ float Bs[64]; // stage Bs: shared [8, 8]
-          const int Bs_s0 = 8;
-          const int Bs_s1 = 1;
           { // ty bound to threadIdx.y
             const int ty = (int)threadIdx.y;
             { // tx bound to threadIdx.x
@@ -92,12 +84,12 @@ extern "C" __global__ void __launch_bounds__(64) mm_kernel0_i32(
                 float acc[1] = {}; // stage acc: local [1]
                 acc[0] = 0.0f;
                 for (int kt = 0; kt < ((k + 7) / 8); ++kt) {
-                  As[(ty * As_s0) + (tx * As_s1)] = (((((by * 8) + ty) < m) && (((kt * 8) + tx) < k)) ? A[(((by * 8) + ty) * A_s0) + (((kt * 8) + tx) * A_s1)] : 0.0f);
-                  Bs[(ty * Bs_s0) + (tx * Bs_s1)] = (((((kt * 8) + ty) < k) && (((bx * 8) + tx) < n)) ? B[(((kt * 8) + ty) * B_s0) + (((bx * 8) + tx) * B_s1)] : 0.0f);
+                  As[(ty * 8) + tx] = (((((by * 8) + ty) < m) && (((kt * 8) + tx) < k)) ? A[(((by * 8) + ty) * A_s0) + (((kt * 8) + tx) * A_s1)] : 0.0f);
+                  Bs[(ty * 8) + tx] = (((((kt * 8) + ty) < k) && (((bx * 8) + tx) < n)) ? B[(((kt * 8) + ty) * B_s0) + (((bx * 8) + tx) * B_s1)] : 0.0f);
                   __syncthreads();
                   #pragma unroll
                   for (int kk = 0; kk < 8; ++kk) {
-                    acc[0] = (acc[0] + (As[(ty * As_s0) + (kk * As_s1)] * Bs[(kk * Bs_s0) + (tx * Bs_s1)]));
+                    acc[0] = (acc[0] + (As[(ty * 8) + kk] * Bs[(kk * 8) + tx]));
                   }
                   __syncthreads();
                 }
