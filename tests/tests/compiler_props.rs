@@ -1991,7 +1991,15 @@ fn run_case_with(
             return Err(fail(format!("scheduled: interp vs {target}: {d}\n{ir}")));
         }
     }
-    if let Some(d) = first_diff(&plain[0], &got[0], out_ty, p.value_eq) {
+    // With `fma`, inlining a producer is another computation, not another order: its product
+    // then meets the consumer's addition inside one expression and is contracted into one
+    // rounding, where the unscheduled program rounds the stored product first
+    // (docs/tolerance.md: only the reference rule holds against another contraction). The
+    // backends still agree bit for bit under that schedule (checked above).
+    let inlined_with_fma = fma && matches!(sc.attach, AttachS::Inline);
+    if let Some(d) =
+        first_diff(&plain[0], &got[0], out_ty, p.value_eq).filter(|_| !inlined_with_fma)
+    {
         return Err(fail(format!(
             "unscheduled vs scheduled (interp): {d}\n{ir}"
         )));

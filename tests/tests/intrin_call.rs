@@ -25,6 +25,7 @@ fn buf(id: u32, name: &str, shape: &[i64], output: bool) -> Buffer {
             .collect(),
         kind: BufKind::Param { output },
         scope: Scope::Global,
+        overwritten: false,
     }
 }
 

@@ -331,9 +331,15 @@ impl fmt::Display for PrimFunc {
                         Scope::Shared => " shared",
                         Scope::Local => " local",
                     };
+                    // `lower::overwrite`'s mark: allocated without zeroing.
+                    let filled = if b.overwritten {
+                        " (stored before read)"
+                    } else {
+                        ""
+                    };
                     let _ = writeln!(
                         out,
-                        "  local {}: {}[{}]{scope}",
+                        "  local {}: {}[{}]{scope}{filled}",
                         b.name,
                         b.dtype,
                         shape.join(", ")

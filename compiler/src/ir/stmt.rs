@@ -218,6 +218,11 @@ pub struct Buffer {
     /// Where its memory lives (`Global` in files written before scopes existed).
     #[serde(default)]
     pub scope: Scope,
+    /// A local every element of which is stored before any read (`lower::overwrite`): its
+    /// `Allocate` need not zero it. Set only by that pass, never read from a file (a loaded
+    /// module is marked again by the pass).
+    #[serde(skip)]
+    pub overwritten: bool,
 }
 
 /// A condition checked once per call, after the dims are bound and before any code runs

@@ -17,6 +17,7 @@ pub fn buffer(id: u32, name: &str, dtype: DType, shape: Vec<Expr>, kind: BufKind
         strides,
         kind,
         scope: Scope::Global,
+        overwritten: false,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod fma;
 pub mod fuse_rows;
 pub mod interval;
 pub mod nest;
+pub mod overwrite;
 pub mod row_locals;
 pub mod simplify;
 pub mod split;
@@ -162,6 +163,12 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     // 3. Simplification.
     f.body = simplify::simplify_stmt(&f.body);
     after(&f, 3, "simplify", false)?;
+    // 3b. Locals stored in full before any read are marked: on the CPU their `Allocate`
+    //     skips the zeroing; the interpreter fills them with a poison pattern, so the oracle
+    //     itself shows a wrong mark. (CUDA keeps zeroing: nothing marked there.)
+    if target.kind != crate::target::TargetKind::Cuda {
+        overwrite::mark(&mut f);
+    }
     // 4. Flattening to one element offset per access; checked mode keeps one index per dim,
     //    so the backends can check each against its extent.
     if !opts.checked {

@@ -680,6 +680,7 @@ impl Ctx<'_> {
             shape: vec![Expr::int(1)],
             kind: BufKind::Local,
             scope: Scope::Global,
+            overwritten: false,
         });
         Some(RegAcc {
             op,
@@ -1530,6 +1531,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             strides,
             kind,
             scope: Scope::Global,
+            overwritten: false,
         });
         buf_of.insert(t.id(), id);
         id
@@ -1575,6 +1577,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
                 shape: vec![Expr::int(1)],
                 kind: BufKind::Local,
                 scope: Scope::Local,
+                overwritten: false,
             });
             acc_of.insert(st.tensor.id(), id);
         }

@@ -239,6 +239,7 @@ mod tests {
             ],
             kind,
             scope: Scope::default(),
+            overwritten: false,
         };
         let buffers = vec![
             buf(X, "X", BufKind::Param { output: false }),

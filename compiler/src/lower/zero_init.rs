@@ -19,8 +19,17 @@ use crate::ir::{BufId, PrimFunc, Stmt};
 
 /// Drops the redundant zero initialisations of `f`'s locals (module doc).
 pub fn drop_zero_inits(f: &mut PrimFunc) {
+    // A local `lower::overwrite` marked is allocated without zeroing: its zero stores are
+    // what zeroes it, so they stay (that pass does not mark locals whose covering store is a
+    // zero, so this is a second guard).
+    let unzeroed: Vec<BufId> = f
+        .buffers
+        .iter()
+        .filter(|b| b.overwritten)
+        .map(|b| b.id)
+        .collect();
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
-        Stmt::Allocate { buf, body } => {
+        Stmt::Allocate { buf, body } if !unzeroed.contains(&buf) => {
             let mut written = false;
             Stmt::Allocate {
                 buf,
@@ -87,7 +96,7 @@ fn only_zero_stores(s: &Stmt, buf: BufId) -> bool {
 }
 
 /// `+0.0` or `0`, or a broadcast of one.
-fn is_zero(e: &Expr) -> bool {
+pub(crate) fn is_zero(e: &Expr) -> bool {
     match e.kind() {
         ExprKind::Const(Const::Int(0)) => true,
         ExprKind::Const(Const::Float(v)) => v.to_bits() == 0,

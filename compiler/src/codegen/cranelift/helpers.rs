@@ -96,8 +96,10 @@ pub(super) mod arena {
         Some(size.max(1).div_ceil(LOCAL_ALIGN) * LOCAL_ALIGN)
     }
 
-    /// Zeroed memory of `bytes` bytes, from this thread's cache or the system, or a fault.
-    pub fn take(bytes: i64) -> Result<*mut u8, Fault> {
+    /// Memory of `bytes` bytes, from this thread's cache or the system, or a fault; zeroed
+    /// when `zero` (a reused block holds what its last user left: only for a local that
+    /// `lower::overwrite` proved is stored in full before any read).
+    pub fn take(bytes: i64, zero: bool) -> Result<*mut u8, Fault> {
         let cap = capacity(bytes).ok_or(Fault::Alloc { bytes })?;
         // The smallest cached block that fits.
         let hit = CACHE
@@ -114,8 +116,10 @@ pub(super) mod arena {
             .flatten();
         let base = match hit {
             Some(p) => {
-                // SAFETY: a cached block has at least `cap` usable bytes after its header.
-                unsafe { std::ptr::write_bytes(p.add(LOCAL_ALIGN), 0, cap) };
+                if zero {
+                    // SAFETY: a cached block has at least `cap` usable bytes after its header.
+                    unsafe { std::ptr::write_bytes(p.add(LOCAL_ALIGN), 0, cap) };
+                }
                 p
             }
             None => {
@@ -176,7 +180,19 @@ pub(super) mod arena {
 /// null with a `Fault::Alloc` recorded when the size is negative, over `MAX_ALLOC_BYTES`, or
 /// refused by the system.
 extern "C" fn rivet_alloc(bytes: i64) -> *mut u8 {
-    match arena::take(bytes) {
+    match arena::take(bytes, true) {
+        Ok(p) => p,
+        Err(f) => {
+            set_fault(f);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `rivet_alloc` without the zeroing, for a local `lower::overwrite` proved is stored in full
+/// before any read (a reused block still holds its last user's data, which is never read).
+extern "C" fn rivet_alloc_uninit(bytes: i64) -> *mut u8 {
+    match arena::take(bytes, false) {
         Ok(p) => p,
         Err(f) => {
             set_fault(f);
@@ -289,6 +305,7 @@ extern "C" fn rivet_f64_to_bf16(x: f64) -> u32 {
 pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
     vec![
         ("rivet_alloc", rivet_alloc as *const u8),
+        ("rivet_alloc_uninit", rivet_alloc_uninit as *const u8),
         ("rivet_free", rivet_free as *const u8),
         ("rivet_zero", rivet_zero as *const u8),
         ("rivet_expf4", rivet_expf4 as *const u8),
@@ -318,7 +335,7 @@ mod tests {
     fn the_arena_reuses_blocks_zeroed_and_refuses_hostile_sizes() {
         // On a thread of its own: the cache is per thread.
         std::thread::spawn(|| {
-            let p = take(100).unwrap();
+            let p = take(100, true).unwrap();
             assert_eq!(p as usize % 64, 0);
             // SAFETY: 100 bytes were handed out.
             unsafe {
@@ -328,16 +345,25 @@ mod tests {
             }
             assert_eq!(cached(), (1, 128));
             // A smaller request reuses the block, zeroed again.
-            let q = take(64).unwrap();
+            let q = take(64, true).unwrap();
             assert_eq!(q, p);
             // SAFETY: the block holds at least 64 bytes.
             unsafe {
                 assert!(std::slice::from_raw_parts(q, 64).iter().all(|&b| b == 0));
+                std::ptr::write_bytes(q, 0x5A, 64);
                 give(q);
+            }
+            // Without zeroing (`rivet_alloc_uninit`), the block comes back as it was left.
+            let u = take(64, false).unwrap();
+            assert_eq!(u, p);
+            // SAFETY: as above.
+            unsafe {
+                assert!(std::slice::from_raw_parts(u, 64).iter().all(|&b| b == 0x5A));
+                give(u);
             }
             // At most ARENA_KEEP_BLOCKS stay cached.
             let ps: Vec<*mut u8> = (0..ARENA_KEEP_BLOCKS + 3)
-                .map(|_| take(8).unwrap())
+                .map(|_| take(8, true).unwrap())
                 .collect();
             for p in ps {
                 // SAFETY: each from `take`, given back once.
@@ -352,10 +378,12 @@ mod tests {
                 i64::MAX,
                 i64::MIN,
             ] {
-                assert_eq!(take(bytes), Err(Fault::Alloc { bytes }), "{bytes}");
+                for zero in [true, false] {
+                    assert_eq!(take(bytes, zero), Err(Fault::Alloc { bytes }), "{bytes}");
+                }
             }
             // Size 0 gets a block too (allocations are at least one byte).
-            let z = take(0).unwrap();
+            let z = take(0, false).unwrap();
             // SAFETY: from `take`.
             unsafe { give(z) };
         })

@@ -35,7 +35,8 @@
 //!
 //! Local buffers (`Allocate`) start zeroed, as in the interpreter: constant ones up to 2 KiB
 //! are stack slots (`stmt::allocate`), the others come from a per-thread arena
-//! (`helpers::arena`) that reuses blocks across calls.
+//! (`helpers::arena`) that reuses blocks across calls. A local `lower::overwrite` marked
+//! (stored in full before any read) is not zeroed (`rivet_alloc_uninit`, no stack memset).
 //!
 //! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the

@@ -350,10 +350,18 @@ impl FnGen<'_, '_> {
                 LOCAL_ALIGN_SHIFT,
             ));
             let ptr = self.b.ins().stack_addr(PTR, slot, 0);
-            self.zero(ptr, n)?;
+            // A local stored in full before any read (`lower::overwrite`) is not zeroed.
+            if !buf.overwritten {
+                self.zero(ptr, n)?;
+            }
             ptr
         } else {
-            let ptr = self.call1("rivet_alloc", &[types::I64], PTR, &[bytes])?;
+            let alloc = if buf.overwritten {
+                "rivet_alloc_uninit"
+            } else {
+                "rivet_alloc"
+            };
+            let ptr = self.call1(alloc, &[types::I64], PTR, &[bytes])?;
             // A null address: the helper recorded why (too large, or refused).
             let null = self.b.ins().icmp_imm_u(IntCC::Equal, ptr, 0);
             self.fail_if(null, None)?;

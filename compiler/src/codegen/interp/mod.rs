@@ -619,7 +619,12 @@ impl<'a> Machine<'a> {
         storage
             .try_reserve_exact(bytes.max(1))
             .map_err(|_| too_big())?;
-        storage.resize(bytes.max(1), 0);
+        // A local `lower::overwrite` marked (stored in full before any read) gets a poison
+        // pattern instead of zeros (all bits set: NaN for floats, -1 or the maximum for ints;
+        // float16 / bfloat16 NaN too). The compiled code
+        // does not zero it, so a wrong mark must show here, in the oracle, as a wrong result.
+        let fill = if decls[pos].overwritten { 0xFF } else { 0 };
+        storage.resize(bytes.max(1), fill);
         for (v, s) in stride_v.iter().zip(&strides) {
             self.env.insert(v.id, *s);
         }

@@ -1,0 +1,393 @@
+//! Locals written in full before they are read: their `Allocate` need not zero them.
+//!
+//! `Allocate` gives a local zeroed memory (the IR's meaning). A packed GEMM panel, a row of
+//! softmax's exponentials, a padded copy are then zeroed on every call only to be overwritten
+//! at once: the default 1024 GEMM zeroed 8 MiB of packed panels per call, on the calling
+//! thread, before its parallel loops started. This pass marks such a local
+//! (`Buffer::overwritten`); the Cranelift backend then skips the zeroing, and the interpreter
+//! fills it with a poison pattern instead, so a wrong mark shows as a wrong result in the
+//! oracle's own tests instead of passing silently.
+//!
+//! The rule, for a local `b` allocated by `Allocate { b, body }`: walking `body` in execution
+//! order (through nested `Allocate`s and sequences), every statement before the first one that
+//! mentions `b` mentions nothing of it, and that first statement is a *covering store*: a
+//! perfect loop nest `for v_1 in [0, e_1) .. for v_k in [0, e_k): b[i_1, .., i_n] = value` with
+//! no statement besides the nested loops and the one store, where each index `i_d` is either
+//! one of the loop variables, each used exactly once, with that loop's extent equal to `b`'s
+//! extent in dim `d` (the same expression after simplification), or the constant `0` where
+//! `b`'s extent is the constant 1; `value` does not read `b`. Every loop variable is used by an
+//! index, so the nest runs every index combination exactly over `b`'s shape: every element is
+//! stored before the nest ends, and nothing reads `b` before (the nest's own `value` does not).
+//! Loops of any kind (parallel, vectorized, unrolled) qualify: each iteration runs once.
+//! Runs on the multi-dimensional function after the bounds proof and simplification, for the
+//! CPU and the interpreter (not CUDA); `overwritten` is never read from a file (`#[serde(skip)]`): a loaded module is
+//! marked again by this pass, never by its file.
+
+use crate::ir::expr::{BufId, Expr, ExprKind, Var};
+use crate::ir::stmt::{BufKind, PrimFunc, Stmt};
+use crate::lower::simplify::simplify;
+
+/// Marks every local of `f` the rule (module doc) allows.
+pub fn mark(f: &mut PrimFunc) {
+    let mut found = Vec::new();
+    f.body.visit(&mut |s| {
+        if let Stmt::Allocate { buf, body } = s {
+            found.push((*buf, covered_first(*buf, body, f)));
+        }
+    });
+    for (id, ok) in found {
+        if ok {
+            if let Some(b) = f.buffers.iter_mut().find(|b| b.id == id) {
+                b.overwritten = b.kind == BufKind::Local;
+            }
+        }
+    }
+}
+
+/// What `s` does with `buf`, in execution order: `Some(true)` when its first mention of `buf`
+/// is a covering store, `Some(false)` when it mentions `buf` any other way first, `None` when
+/// it does not mention `buf`.
+fn first_use(buf: BufId, s: &Stmt, f: &PrimFunc) -> Option<bool> {
+    match s {
+        Stmt::Seq(items) => items.iter().find_map(|x| first_use(buf, x, f)),
+        Stmt::Allocate { buf: other, body } if *other != buf => first_use(buf, body, f),
+        _ if !mentions(buf, s) => None,
+        Stmt::For { .. } => Some(covering(buf, s, f)),
+        _ => Some(false),
+    }
+}
+
+fn covered_first(buf: BufId, body: &Stmt, f: &PrimFunc) -> bool {
+    first_use(buf, body, f) == Some(true)
+}
+
+/// Whether `s` names `buf` anywhere (access, region, allocation, reduction target).
+fn mentions(buf: BufId, s: &Stmt) -> bool {
+    let mut m = false;
+    s.visit(&mut |x| match x {
+        Stmt::Store { buf: b, .. } | Stmt::Allocate { buf: b, .. } if *b == buf => m = true,
+        Stmt::AllReduce { dst, .. } if *dst == buf => m = true,
+        Stmt::Call { regions, .. } if regions.iter().any(|r| r.buf == buf) => m = true,
+        Stmt::Launch { .. } => m = true,
+        _ => {}
+    });
+    s.visit_exprs(&mut |e| m |= reads(buf, e));
+    m
+}
+
+fn reads(buf: BufId, e: &Expr) -> bool {
+    let mut r = false;
+    e.visit(&mut |n| {
+        if let ExprKind::Load { buf: b, .. } = n.kind() {
+            r |= *b == buf;
+        }
+    });
+    r
+}
+
+/// Whether `s` is a covering store of `buf` (module doc).
+fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
+    // The perfect nest: (variable, extent) per loop, then the store.
+    let mut loops: Vec<(&Var, &Expr)> = Vec::new();
+    let mut cur = s;
+    let (indices, value) = loop {
+        match cur {
+            Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                ..
+            } => {
+                if simplify(min).as_int() != Some(0) {
+                    return false;
+                }
+                loops.push((var, extent));
+                cur = body;
+            }
+            Stmt::Store {
+                buf: b,
+                indices,
+                value,
+            } if *b == buf => break (indices, value),
+            _ => return false,
+        }
+    };
+    if reads(buf, value) || indices.iter().any(|i| reads(buf, i)) {
+        return false;
+    }
+    // A store of zeros is left to `lower::zero_init`, which drops it and keeps the zeroing
+    // `Allocate` (a memset) instead.
+    if crate::lower::zero_init::is_zero(value) {
+        return false;
+    }
+    let Some(b) = f.buffers.iter().find(|x| x.id == buf) else {
+        return false;
+    };
+    if indices.len() != b.shape.len() {
+        return false;
+    }
+    let mut used = vec![false; loops.len()];
+    for (d, ix) in indices.iter().enumerate() {
+        let ix = simplify(ix);
+        let extent = simplify(&b.shape[d]);
+        if ix.as_int() == Some(0) && extent.as_int() == Some(1) {
+            continue;
+        }
+        let Some(v) = ix.as_var() else { return false };
+        let Some(k) = loops.iter().position(|(lv, _)| *lv == v) else {
+            return false;
+        };
+        if used[k] || simplify(loops[k].1) != extent {
+            return false;
+        }
+        used[k] = true;
+    }
+    // A loop whose variable no index uses would store the same elements again (harmless) but
+    // could also have an extent of 0, storing nothing: refused.
+    used.iter().all(|u| *u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::expr::BinOp;
+    use crate::ir::stmt::{Buffer, ForKind, Scope};
+    use rivet_runtime::DType;
+
+    const X: BufId = BufId(0);
+    const T: BufId = BufId(1);
+
+    /// `f(X[n] out)` with local `T` of `shape(n)` allocated around `body(n)`; whether `mark`
+    /// marks `T`.
+    fn marks(shape: impl FnOnce(&Expr) -> Vec<Expr>, body: impl FnOnce(&Expr) -> Stmt) -> bool {
+        let nv = Var::new("n");
+        let n = Expr::var(&nv);
+        let buf = |id, name: &str, kind, shape: Vec<Expr>| Buffer {
+            id,
+            name: name.into(),
+            dtype: DType::F32,
+            strides: shape.iter().map(|_| Var::new("s")).collect(),
+            shape,
+            kind,
+            scope: Scope::default(),
+            overwritten: false,
+        };
+        let mut f = PrimFunc {
+            name: "f".into(),
+            params: vec![X],
+            buffers: vec![
+                buf(X, "X", BufKind::Param { output: true }, vec![n.clone()]),
+                buf(T, "T", BufKind::Local, shape(&n)),
+            ],
+            dims: vec![nv],
+            checks: vec![],
+            body: Stmt::Allocate {
+                buf: T,
+                body: Box::new(body(&n)),
+            },
+            kernels: vec![],
+        };
+        mark(&mut f);
+        f.buffers[1].overwritten
+    }
+
+    fn lp(extent: Expr, kind: ForKind, body: impl FnOnce(&Expr) -> Stmt) -> Stmt {
+        let v = Var::new("i");
+        let e = Expr::var(&v);
+        Stmt::For {
+            var: v,
+            min: Expr::int(0),
+            extent,
+            kind,
+            body: Box::new(body(&e)),
+        }
+    }
+
+    fn st(buf: BufId, ix: Vec<Expr>, value: Expr) -> Stmt {
+        Stmt::Store {
+            buf,
+            indices: ix,
+            value,
+        }
+    }
+
+    fn one() -> Expr {
+        Expr::constant(1.0, DType::F32)
+    }
+
+    fn ser(n: i64, body: impl FnOnce(&Expr) -> Stmt) -> Stmt {
+        lp(Expr::int(n), ForKind::Serial, body)
+    }
+
+    #[test]
+    fn a_full_nest_in_any_order_marks_the_local() {
+        // T[n, 4]: for j in [0, 4): parallel for i in [0, n): T[i, j] = 1, after a statement
+        // that does not name T and before one that reads it.
+        assert!(marks(
+            |n| vec![n.clone(), Expr::int(4)],
+            |n| Stmt::seq(vec![
+                lp(n.clone(), ForKind::Serial, |i| st(
+                    X,
+                    vec![i.clone()],
+                    one()
+                )),
+                ser(4, |j| {
+                    lp(n.clone(), ForKind::Parallel, |i| {
+                        st(T, vec![i.clone(), j.clone()], one())
+                    })
+                }),
+                lp(n.clone(), ForKind::Serial, |i| {
+                    let t = Expr::load(T, vec![i.clone(), Expr::int(0)], DType::F32);
+                    st(X, vec![i.clone()], t)
+                }),
+            ])
+        ));
+        // A row local: index 0 where the extent is 1.
+        assert!(marks(
+            |_| vec![Expr::int(1), Expr::int(8)],
+            |_| lp(Expr::int(8), ForKind::Vectorized, |j| {
+                st(T, vec![Expr::int(0), j.clone()], one())
+            })
+        ));
+        // `i + 0` simplifies to `i`.
+        assert!(marks(
+            |_| vec![Expr::int(8)],
+            |_| ser(8, |i| st(T, vec![i.add(&Expr::int(0))], one()))
+        ));
+    }
+
+    /// The interpreter fills a marked local with NaN (all bits set), so a wrong mark shows
+    /// in the oracle: here a local marked by hand but read before it is written.
+    #[test]
+    fn the_interpreter_poisons_marked_locals() {
+        use crate::codegen::interp::InterpBackend;
+        use crate::codegen::{Backend, CallFrame, LaunchContext};
+        for marked in [false, true] {
+            let n = Var::new("n");
+            let s = Var::new("X.s0");
+            let buffers = vec![
+                Buffer {
+                    id: X,
+                    name: "X".into(),
+                    dtype: DType::F32,
+                    shape: vec![Expr::var(&n)],
+                    strides: vec![s],
+                    kind: BufKind::Param { output: true },
+                    scope: Scope::default(),
+                    overwritten: false,
+                },
+                Buffer {
+                    id: T,
+                    name: "T".into(),
+                    dtype: DType::F32,
+                    shape: vec![Expr::int(4)],
+                    strides: vec![Var::new("T.s0")],
+                    kind: BufKind::Local,
+                    scope: Scope::default(),
+                    overwritten: marked,
+                },
+            ];
+            let body = Stmt::Allocate {
+                buf: T,
+                body: Box::new(ser(4, |i| {
+                    st(
+                        X,
+                        vec![i.clone()],
+                        Expr::load(T, vec![i.clone()], DType::F32),
+                    )
+                })),
+            };
+            let f = PrimFunc {
+                name: "f".into(),
+                params: vec![X],
+                buffers,
+                dims: vec![n],
+                checks: vec![],
+                body,
+                kernels: vec![],
+            };
+            let k = InterpBackend::default().compile(&f).unwrap();
+            let mut out = vec![7.0f32; 4];
+            let frame = CallFrame {
+                ptrs: vec![out.as_mut_ptr() as *mut u8].into(),
+                ints: vec![4i64, 1].into(),
+            };
+            // SAFETY: one compact buffer of 4 floats, n = 4, stride 1.
+            unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
+            if marked {
+                assert!(out.iter().all(|x| x.is_nan()), "{out:?}");
+            } else {
+                assert_eq!(out, vec![0.0; 4]);
+            }
+        }
+    }
+
+    #[test]
+    fn partial_conditional_or_self_reading_writes_keep_the_zeroing() {
+        let v8 = |_: &Expr| vec![Expr::int(8)];
+        // Part of the extent.
+        assert!(!marks(v8, |_| ser(7, |i| st(T, vec![i.clone()], one()))));
+        // A store under a condition.
+        assert!(!marks(v8, |_| ser(8, |i| Stmt::If {
+            cond: i.lt(&Expr::int(4)),
+            then: Box::new(st(T, vec![i.clone()], one())),
+            otherwise: None,
+        })));
+        // Reads itself (an accumulation: the zeros matter).
+        assert!(!marks(v8, |_| ser(8, |i| {
+            let t = Expr::load(T, vec![i.clone()], DType::F32);
+            st(
+                T,
+                vec![i.clone()],
+                Expr::binary(BinOp::Add, t, one()).unwrap(),
+            )
+        })));
+        // Read before the covering store.
+        assert!(!marks(v8, |_| Stmt::seq(vec![
+            ser(8, |i| st(
+                X,
+                vec![i.clone()],
+                Expr::load(T, vec![i.clone()], DType::F32)
+            )),
+            ser(8, |i| st(T, vec![i.clone()], one())),
+        ])));
+        // One variable for two dims (the diagonal only).
+        assert!(!marks(
+            |_| vec![Expr::int(8), Expr::int(8)],
+            |_| ser(8, |i| st(T, vec![i.clone(), i.clone()], one()))
+        ));
+        // A loop whose variable no index uses (an extent of 0 would store nothing).
+        assert!(!marks(v8, |n| lp(n.clone(), ForKind::Serial, |_| {
+            ser(8, |i| st(T, vec![i.clone()], one()))
+        })));
+        // A store of +0.0: `zero_init` drops it and keeps the zeroing.
+        assert!(!marks(v8, |_| {
+            ser(8, |i| {
+                st(T, vec![i.clone()], Expr::constant(0.0, DType::F32))
+            })
+        }));
+        // A shifted index, a symbolic extent against a constant shape, a nonzero start.
+        assert!(!marks(v8, |_| ser(8, |i| st(
+            T,
+            vec![i.add(&Expr::int(1))],
+            one()
+        ))));
+        assert!(!marks(v8, |n| lp(n.clone(), ForKind::Serial, |i| st(
+            T,
+            vec![i.clone()],
+            one()
+        ))));
+        assert!(!marks(v8, |_| {
+            let v = Var::new("i");
+            let e = Expr::var(&v);
+            Stmt::For {
+                var: v,
+                min: Expr::int(1),
+                extent: Expr::int(8),
+                kind: ForKind::Serial,
+                body: Box::new(st(T, vec![e], one())),
+            }
+        }));
+    }
+}
