@@ -139,3 +139,30 @@ def test_default_gemm_with_a_hostile_depth_is_a_memory_error(k):
     # The function still works afterwards.
     f(torch.ones(2, 3), torch.ones(3, 2), c)
     assert (c == 3).all()
+
+
+@pytest.mark.parametrize("cols", [2**47, 2**60])
+def test_a_row_temporary_too_large_is_a_memory_error_inside_the_row_loop(cols):
+    # `lower::row_locals` gives T (read by two reductions, so not inlined) one row per
+    # iteration of the parallel row loop: a row of 2^47 / 2^60 floats (over MAX_ALLOC_BYTES;
+    # a broadcast view input, small outputs) is allocated there, inside the outlined body,
+    # and must fail as a MemoryError from the worker, never crash or run. Then the function
+    # still works.
+    r, c = te.var("r"), te.var("c")
+    X = te.placeholder((r, c), "float32", name="X")
+    T = te.compute((r, c), lambda i, j: te.exp(X[i, j]), name="T")
+    k1, k2 = te.reduce_axis((0, c), name="k1"), te.reduce_axis((0, c), name="k2")
+    S1 = te.compute((r,), lambda i: te.sum(T[i, k1], axis=k1), name="S1")
+    S2 = te.compute((r,), lambda i: te.max(T[i, k2], axis=k2), name="S2")
+    m = rivet.build(rivet.create_schedule([S1, S2]), [X, S1, S2], target="cpu", name="f")
+    assert "local T: float32[1, c]" in m.get_source("ir")
+    f = m["f"]
+    s1, s2 = torch.full((4,), float("nan")), torch.full((4,), float("nan"))
+    with pytest.raises(rivet.MemoryError, match="MAX_ALLOC_BYTES"):
+        f(torch.zeros(1).expand(4, cols), s1, s2)
+    x = torch.randn(4, 37)
+    f(x, s1, s2)
+    assert_matches(s1.numpy(), x.double().exp().sum(1).numpy(), op="composite", k=37,
+                   terms=x.double().exp().sum(1).numpy())
+    # The max of exps: exactly one exp's value (rivet's float32 exp, <= 1 ulp).
+    assert_matches(s2.numpy(), x.double().exp().max(1).values.numpy(), op="transcendental")
