@@ -328,3 +328,22 @@ def test_checked_mode_from_the_environment(monkeypatch, target, rng):
     out = np.full((2, 3), np.nan, np.float32)
     mod["f"](a, out)
     np.testing.assert_array_equal(out, a * 3)
+
+
+def test_nested_unroll_marks_stay_bounded():
+    # `unroll` really unrolls (constant extents up to 64), but nested marks multiply: three
+    # nested loops of 64 would be 262,144 copies of the body. Copies past
+    # lower::unroll::MAX_UNROLLED_NODES stay loops, so the build stays small and the result
+    # is the same.
+    A = te.placeholder((64, 64, 64), "float32", name="A")
+    B = te.compute((64, 64, 64), lambda i, j, k: A[i, j, k] * 2.0, name="B")
+    s = rivet.create_schedule(B)
+    for ax in B.op.axis:
+        s[B].unroll(ax)
+    m = rivet.build(s, [A, B], target="cpu", name="f")
+    ir = m.get_source("ir")
+    assert ir.count("for ") == 2 and len(ir) < 200_000, ir[:2000]
+    a = np.random.default_rng(0).random((64, 64, 64), dtype=np.float32)
+    b = np.full_like(a, np.nan)
+    m["f"](a, b)
+    assert np.array_equal(b, a * 2)

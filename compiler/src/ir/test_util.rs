@@ -47,3 +47,30 @@ pub fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> Pri
         kernels: vec![],
     }
 }
+
+/// `for v in [0, extent)` of `kind` over `body(v)`, with a fresh variable named `name`.
+pub fn loop_over(
+    name: &str,
+    extent: Expr,
+    kind: super::stmt::ForKind,
+    body: impl FnOnce(&Expr) -> Stmt,
+) -> Stmt {
+    let v = Var::new(name);
+    let e = Expr::var(&v);
+    Stmt::For {
+        var: v,
+        min: Expr::int(0),
+        extent,
+        kind,
+        body: Box::new(body(&e)),
+    }
+}
+
+/// `buf[indices] = value`.
+pub fn store(buf: BufId, indices: Vec<Expr>, value: Expr) -> Stmt {
+    Stmt::Store {
+        buf,
+        indices,
+        value,
+    }
+}
