@@ -47,44 +47,35 @@ impl Default for SeedGemm {
     }
 }
 
-/// Runs the test `name` of the current test binary in a child process with `key=value` set
-/// (for choices a process makes once, like `RIVET_EXP_RUN`) and fails unless it passed.
-pub fn run_in_child(name: &str, key: &str, value: &str) {
+/// Runs the test `name` of the current test binary in a child process with `env` set (for
+/// choices a process makes once: `RIVET_EXP_RUN`, `RIVET_MICROKERNEL`) and fails unless the
+/// child passed exactly that test. Inside such a child (the first variable already set) it
+/// returns at once: the test itself runs there.
+pub fn run_in_child(name: &str, env: &[(&str, &str)]) {
+    if env.first().is_some_and(|(k, _)| std::env::var(k).is_ok()) {
+        return;
+    }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--test-threads=1", "--include-ignored"])
-        .env(key, value)
+        .args(["--exact", name, "--test-threads=1"])
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("1 passed"),
-        "{key}={value} {name}: {text}{}",
+        "{env:?} {name}: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
-/// Runs the test `name` of the current test binary once per micro-kernel variant this CPU has,
-/// each forced with `RIVET_MICROKERNEL` in a child process (the choice is made once per
-/// process), with `PROPTEST_CASES=8`; asserts each child passed exactly that test. Returns
-/// without doing anything inside such a child (the property itself runs there).
+/// Runs the test `name` once per micro-kernel variant this CPU has, each forced with
+/// `RIVET_MICROKERNEL` in a child process (`run_in_child`), with `PROPTEST_CASES=8`.
 pub fn run_per_microkernel_variant(name: &str) {
     use rivet_compiler::codegen::microkernel::Variant;
-    if std::env::var("RIVET_MICROKERNEL").is_ok() {
-        return;
-    }
     for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--test-threads=1"])
-            .env("RIVET_MICROKERNEL", v.name())
-            .env("PROPTEST_CASES", "8")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{}: {text}{}",
-            v.name(),
-            String::from_utf8_lossy(&out.stderr)
+        run_in_child(
+            name,
+            &[("RIVET_MICROKERNEL", v.name()), ("PROPTEST_CASES", "8")],
         );
     }
 }

@@ -152,7 +152,8 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
 mod tests {
     use super::*;
     use crate::ir::expr::BinOp;
-    use crate::ir::stmt::{Buffer, ForKind, Scope};
+    use crate::ir::stmt::ForKind;
+    use crate::ir::test_util::{buffer, func, loop_over, output, store as st};
     use rivet_runtime::DType;
 
     const X: BufId = BufId(0);
@@ -163,53 +164,21 @@ mod tests {
     fn marks(shape: impl FnOnce(&Expr) -> Vec<Expr>, body: impl FnOnce(&Expr) -> Stmt) -> bool {
         let nv = Var::new("n");
         let n = Expr::var(&nv);
-        let buf = |id, name: &str, kind, shape: Vec<Expr>| Buffer {
-            id,
-            name: name.into(),
-            dtype: DType::F32,
-            strides: shape.iter().map(|_| Var::new("s")).collect(),
-            shape,
-            kind,
-            scope: Scope::default(),
-            overwritten: false,
+        let buffers = vec![
+            output(X.0, "X", DType::F32, vec![n.clone()]),
+            buffer(T.0, "T", DType::F32, shape(&n), BufKind::Local),
+        ];
+        let body = Stmt::Allocate {
+            buf: T,
+            body: Box::new(body(&n)),
         };
-        let mut f = PrimFunc {
-            name: "f".into(),
-            params: vec![X],
-            buffers: vec![
-                buf(X, "X", BufKind::Param { output: true }, vec![n.clone()]),
-                buf(T, "T", BufKind::Local, shape(&n)),
-            ],
-            dims: vec![nv],
-            checks: vec![],
-            body: Stmt::Allocate {
-                buf: T,
-                body: Box::new(body(&n)),
-            },
-            kernels: vec![],
-        };
+        let mut f = func("f", buffers, vec![nv], body);
         mark(&mut f);
         f.buffers[1].overwritten
     }
 
     fn lp(extent: Expr, kind: ForKind, body: impl FnOnce(&Expr) -> Stmt) -> Stmt {
-        let v = Var::new("i");
-        let e = Expr::var(&v);
-        Stmt::For {
-            var: v,
-            min: Expr::int(0),
-            extent,
-            kind,
-            body: Box::new(body(&e)),
-        }
-    }
-
-    fn st(buf: BufId, ix: Vec<Expr>, value: Expr) -> Stmt {
-        Stmt::Store {
-            buf,
-            indices: ix,
-            value,
-        }
+        loop_over("i", extent, kind, body)
     }
 
     fn one() -> Expr {
@@ -265,29 +234,9 @@ mod tests {
         use crate::codegen::{Backend, CallFrame, LaunchContext};
         for marked in [false, true] {
             let n = Var::new("n");
-            let s = Var::new("X.s0");
-            let buffers = vec![
-                Buffer {
-                    id: X,
-                    name: "X".into(),
-                    dtype: DType::F32,
-                    shape: vec![Expr::var(&n)],
-                    strides: vec![s],
-                    kind: BufKind::Param { output: true },
-                    scope: Scope::default(),
-                    overwritten: false,
-                },
-                Buffer {
-                    id: T,
-                    name: "T".into(),
-                    dtype: DType::F32,
-                    shape: vec![Expr::int(4)],
-                    strides: vec![Var::new("T.s0")],
-                    kind: BufKind::Local,
-                    scope: Scope::default(),
-                    overwritten: marked,
-                },
-            ];
+            let mut t = buffer(T.0, "T", DType::F32, vec![Expr::int(4)], BufKind::Local);
+            t.overwritten = marked;
+            let buffers = vec![output(X.0, "X", DType::F32, vec![Expr::var(&n)]), t];
             let body = Stmt::Allocate {
                 buf: T,
                 body: Box::new(ser(4, |i| {
@@ -298,15 +247,7 @@ mod tests {
                     )
                 })),
             };
-            let f = PrimFunc {
-                name: "f".into(),
-                params: vec![X],
-                buffers,
-                dims: vec![n],
-                checks: vec![],
-                body,
-                kernels: vec![],
-            };
+            let f = func("f", buffers, vec![n], body);
             let k = InterpBackend::default().compile(&f).unwrap();
             let mut out = vec![7.0f32; 4];
             let frame = CallFrame {

@@ -217,7 +217,8 @@ impl Usage {
 mod tests {
     use super::*;
     use crate::ir::expr::BinOp;
-    use crate::ir::stmt::{BufKind, Buffer, Scope};
+    use crate::ir::stmt::BufKind;
+    use crate::ir::test_util::{buffer, func as prim, input, loop_over, output, store};
     use rivet_runtime::DType;
 
     const X: BufId = BufId(0);
@@ -228,57 +229,26 @@ mod tests {
     /// each built from the dims and T's stride variables.
     fn func(items: impl FnOnce(&Expr, &Expr, &Expr) -> Vec<Stmt>) -> PrimFunc {
         let (n, m) = (Var::new("n"), Var::new("m"));
-        let buf = |id: BufId, name: &str, kind: BufKind| Buffer {
-            id,
-            name: name.into(),
-            dtype: DType::F32,
-            shape: vec![Expr::var(&n), Expr::var(&m)],
-            strides: vec![
-                Var::new(&format!("{name}.s0")),
-                Var::new(&format!("{name}.s1")),
-            ],
-            kind,
-            scope: Scope::default(),
-            overwritten: false,
-        };
-        let buffers = vec![
-            buf(X, "X", BufKind::Param { output: false }),
-            buf(Y, "Y", BufKind::Param { output: true }),
-            buf(T, "T", BufKind::Local),
-        ];
-        let ts0 = Expr::var(&buffers[2].strides[0]);
+        let shape = vec![Expr::var(&n), Expr::var(&m)];
+        let t = buffer(T.0, "T", DType::F32, shape.clone(), BufKind::Local);
+        let ts0 = Expr::var(&t.strides[0]);
         let body = Stmt::Allocate {
             buf: T,
             body: Box::new(Stmt::seq(items(&Expr::var(&n), &Expr::var(&m), &ts0))),
         };
-        PrimFunc {
-            name: "f".into(),
-            params: vec![X, Y],
-            buffers,
-            dims: vec![n, m],
-            checks: vec![],
-            body,
-            kernels: vec![],
-        }
+        let buffers = vec![
+            input(X.0, "X", DType::F32, shape.clone()),
+            output(Y.0, "Y", DType::F32, shape),
+            t,
+        ];
+        prim("f", buffers, vec![n, m], body)
     }
 
     /// `kind for i in [0, n): for j in [0, m): body(i, j)`.
     fn rows(kind: ForKind, n: &Expr, m: &Expr, body: impl FnOnce(&Expr, &Expr) -> Stmt) -> Stmt {
-        let (i, j) = (Var::new("i"), Var::new("j"));
-        let inner = body(&Expr::var(&i), &Expr::var(&j));
-        Stmt::For {
-            var: i,
-            min: Expr::int(0),
-            extent: n.clone(),
-            kind,
-            body: Box::new(Stmt::For {
-                var: j,
-                min: Expr::int(0),
-                extent: m.clone(),
-                kind: ForKind::Serial,
-                body: Box::new(inner),
-            }),
-        }
+        loop_over("i", n.clone(), kind, |i| {
+            loop_over("j", m.clone(), ForKind::Serial, |j| body(i, j))
+        })
     }
 
     fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
@@ -290,11 +260,7 @@ mod tests {
     }
 
     fn st(b: BufId, i: &Expr, j: &Expr, value: Expr) -> Stmt {
-        Stmt::Store {
-            buf: b,
-            indices: vec![i.clone(), j.clone()],
-            value,
-        }
+        store(b, vec![i.clone(), j.clone()], value)
     }
 
     /// T = X + 1 then Y = T * 2 in one parallel loop over the rows.

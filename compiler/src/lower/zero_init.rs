@@ -139,29 +139,18 @@ mod tests {
     use super::*;
     use crate::ir::expr::Var;
     use crate::ir::stmt::ForKind;
+    use crate::ir::test_util::{self, loop_over};
     use rivet_runtime::DType;
 
     const T: BufId = BufId(7);
     const OTHER: BufId = BufId(8);
 
     fn lp(kind: ForKind, extent: Expr, body: impl FnOnce(&Expr) -> Stmt) -> Stmt {
-        let v = Var::new("i");
-        let e = Expr::var(&v);
-        Stmt::For {
-            var: v,
-            min: Expr::int(0),
-            extent,
-            kind,
-            body: Box::new(body(&e)),
-        }
+        loop_over("i", extent, kind, body)
     }
 
     fn store(buf: BufId, i: &Expr, value: Expr) -> Stmt {
-        Stmt::Store {
-            buf,
-            indices: vec![i.clone()],
-            value,
-        }
+        test_util::store(buf, vec![i.clone()], value)
     }
 
     fn zero_loop(n: i64) -> Stmt {
