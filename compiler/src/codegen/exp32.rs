@@ -246,8 +246,8 @@ mod tests {
         (x as f64).exp() as f32
     }
 
-    fn check_every(step: u32) -> u32 {
-        let mut worst = 0;
+    /// `exp32` within 1 ulp of the reference on every `step`-th bit pattern.
+    fn check_every(step: u32) {
         for bits in (0..=u32::MAX).step_by(step as usize) {
             let x = f32::from_bits(bits);
             let got = exp32(x);
@@ -258,9 +258,7 @@ mod tests {
             }
             let d = ulps(got, want);
             assert!(d <= 1, "exp32({x:e}) = {got:e}, want {want:e}: {d} ulp");
-            worst = worst.max(d);
         }
-        worst
     }
 
     #[test]

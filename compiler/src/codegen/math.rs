@@ -4,8 +4,8 @@
 //! - Transcendentals come from the `libm` crate (a port of musl's libm), except float32 `exp`,
 //!   which is rivet's own (`codegen::exp32`: no division, so it vectorizes; <= 1 ulp): the
 //!   interpreter calls these functions, and the Cranelift backend calls the very same ones
-//!   through the `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact (IEEE), so backends
-//!   may use native instructions for them. float16/bfloat16 are computed in float32.
+//!   through the `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact
+//!   (IEEE), so backends may use native instructions for them. float16/bfloat16 are computed in float32.
 //! - `erf`: musl's, max error below 1 ulp in float64 and float32.
 //! - `sigmoid(x) = 1 / (1 + exp(-x))`, `rsqrt(x) = 1 / sqrt(x)`, evaluated in the dtype.
 //! - Float `min`/`max` propagate NaN (as `numpy.minimum` / `torch.minimum`).

@@ -84,6 +84,8 @@ pub struct CraneliftBackend {
     disassemble: bool,
     /// Checked mode: unflattened input, every access bounds-checked.
     checked: bool,
+    /// The ISA has FMA (read once from its flags, not per kernel).
+    has_fma: bool,
 }
 
 impl std::fmt::Debug for CraneliftBackend {
@@ -140,11 +142,16 @@ impl CraneliftBackend {
         let isa = isa_builder
             .finish(settings::Flags::new(flags))
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
+        let has_fma = isa
+            .isa_flags()
+            .iter()
+            .any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
         Ok(CraneliftBackend {
             target: Target::cpu(),
             isa,
             disassemble: std::env::var_os("RIVET_DUMP").is_some(),
             checked: false,
+            has_fma,
         })
     }
 
@@ -189,11 +196,7 @@ impl CraneliftBackend {
             bodies: Vec::new(),
             n_bodies: 0,
             checked: self.checked,
-            has_fma: self
-                .isa
-                .isa_flags()
-                .iter()
-                .any(|f| f.name == "has_fma" && f.as_bool() == Some(true)),
+            has_fma: self.has_fma,
             sites: Vec::new(),
             param_slot: HashMap::new(),
             int_slot: HashMap::new(),

@@ -58,6 +58,8 @@ impl FnGen<'_, '_> {
         let k = POOL.iter().position(|l| l.0[0] == bits).ok_or_else(|| {
             Error::Internal(format!("constant {bits:#x} missing from the exp pool"))
         })?;
+        // The pool's address as an immediate: JIT code lives in this process (modules save
+        // the loop IR, never machine code), and the static never moves.
         let base = self.b.ins().iconst(I64, POOL.as_ptr() as i64);
         let fl = MemFlagsData::new()
             .with_endianness(Endianness::Little)

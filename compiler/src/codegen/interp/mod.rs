@@ -12,8 +12,8 @@
 //!   `Cast` to them, and a constant of their dtype (a float constant is the value rounded
 //!   to the node's dtype, directly from the stored `f64`).
 //! - transcendentals (`exp`, `log`, `tanh`, `erf`, `pow`) are `libm`'s in the dtype, except
-//!   float32 `exp`: rivet's `codegen::exp32`; `sqrt`, `abs`, `floor`, `ceil` are native (exact); `rsqrt = 1 / sqrt`,
-//!   `sigmoid = 1 / (1 + exp(-x))`; float `min`/`max` propagate NaN (`math::fmin`/`fmax`);
+//!   float32 `exp`: rivet's `codegen::exp32`; `sqrt`, `abs`, `floor`, `ceil` are native
+//!   (exact); `rsqrt = 1 / sqrt`, `sigmoid = 1 / (1 + exp(-x))`; float `min`/`max` propagate NaN (`math::fmin`/`fmax`);
 //!   float `//`/`%` are `math::floordiv_f32`/`floormod_f32` (and the f64 versions).
 //! - casts: int -> int wraps; float -> int saturates (Rust `as`, NaN -> 0); int -> float is
 //!   `as` (unsigned for `uint64`; to float16/bfloat16 via `f32`); float -> float rounds to
@@ -620,9 +620,9 @@ impl<'a> Machine<'a> {
             .try_reserve_exact(bytes.max(1))
             .map_err(|_| too_big())?;
         // A local `lower::overwrite` marked (stored in full before any read) gets a poison
-        // pattern instead of zeros (all bits set: NaN for floats, -1 or the maximum for ints;
-        // float16 / bfloat16 NaN too). The compiled code
-        // does not zero it, so a wrong mark must show here, in the oracle, as a wrong result.
+        // pattern instead of zeros (all bits set: NaN for floats, float16 and bfloat16 too;
+        // -1 or the maximum for ints). The compiled code does not zero it, so a wrong mark
+        // must show here, in the oracle, as a wrong result.
         let fill = if decls[pos].overwritten { 0xFF } else { 0 };
         storage.resize(bytes.max(1), fill);
         for (v, s) in stride_v.iter().zip(&strides) {
