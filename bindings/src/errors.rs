@@ -12,25 +12,6 @@ pub struct PyErrPayload(pub PyErr);
 
 static ERROR_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
-fn class_name(e: &Error) -> &'static str {
-    match e {
-        Error::Shape(_) => "ShapeError",
-        Error::DType(_) => "DTypeError",
-        Error::Device(_) => "DeviceError",
-        Error::Argument(_) => "ArgumentError",
-        Error::ReadOnly(_) => "ReadOnlyError",
-        Error::Layout(_) => "LayoutError",
-        Error::DLPack(_) => "DLPackError",
-        Error::NotFound(_) => "FunctionNotFoundError",
-        Error::Registry(_) => "RegistryError",
-        Error::Compile(_) => "CompileError",
-        Error::Memory(_) => "MemoryError",
-        Error::Index(_) => "IndexError",
-        Error::Foreign(_) => "Error",
-        Error::Internal(_) => "InternalError",
-    }
-}
-
 pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
     if let Error::Foreign(f) = &e {
         if let Some(p) = f.payload.downcast_ref::<PyErrPayload>() {
@@ -38,7 +19,7 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         }
     }
     let module = ERROR_MODULE.get_or_try_init(py, || py.import("rivet.error").map(|m| m.unbind()));
-    let class = module.and_then(|m| m.bind(py).getattr(class_name(&e)));
+    let class = module.and_then(|m| m.bind(py).getattr(e.kind_name()));
     match class {
         Ok(cls) => match cls.call1((e.to_string(),)) {
             Ok(inst) => PyErr::from_value(inst),

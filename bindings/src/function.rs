@@ -140,6 +140,33 @@ impl PyFunction {
         self.func.signature().map(|s| s.to_string())
     }
 
+    /// The outputs an inputs-only call allocates for inputs of `shapes` (a sequence of int
+    /// sequences, one per tensor input; `dtypes`, dtype names, are checked against the
+    /// signature when given): a list of `(shape, dtype)` tuples, computed without running the
+    /// function (compiled functions only; `rivet.jax.ffi_func` asks it).
+    #[pyo3(signature = (shapes, dtypes=None))]
+    fn output_shapes(
+        &self,
+        py: Python<'_>,
+        shapes: Vec<Vec<i64>>,
+        dtypes: Option<Vec<String>>,
+    ) -> PyResult<Vec<(Vec<i64>, &'static str)>> {
+        let refs: Vec<&[i64]> = shapes.iter().map(|s| s.as_slice()).collect();
+        let dtypes: Option<Vec<rivet_runtime::DType>> = dtypes
+            .map(|ds| {
+                ds.iter()
+                    .map(|d| d.parse::<rivet_runtime::DType>())
+                    .collect()
+            })
+            .transpose()
+            .py_err(py)?;
+        let outs = self
+            .func
+            .output_shapes(&refs, dtypes.as_deref())
+            .py_err(py)?;
+        Ok(outs.into_iter().map(|(s, d)| (s, d.name())).collect())
+    }
+
     /// A wrapper of this function for a framework's tensor type (see `rivet.convert_func`).
     #[pyo3(signature = (tensor_type, to_dlpack=None, from_dlpack=None))]
     fn _with_framework(

@@ -378,22 +378,33 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
     let name = c.func.name.clone();
     let body_sig = sig.clone();
     let plan = if fast { CallPlan::new(&c) } else { None };
-    Function::with_described_signature(name.clone(), sig, move |args| {
-        // Well-formed calls take the precomputed fast path; everything else (including every
-        // error) the full one, which words the errors (`call_plan`'s header).
-        if let Some(fast) = plan.as_ref().and_then(|p| p.accept(&c, args)) {
-            let ctx = LaunchContext {
-                device: fast.device,
-                stream: rivet_runtime::stream::call_stream(),
-                work: fast.work,
-            };
-            // SAFETY: the plan made every check of the full path (module header of
-            // `call_plan`) on these arguments.
-            unsafe { c.kernel.launch(&fast.frame, &ctx) }.map_err(rivet_runtime::Error::from)?;
-            return Ok(Value::Null);
-        }
-        call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
-    })
+    let rule_c = c.clone();
+    let rule = move |shapes: &[&[i64]]| {
+        crate::output_shapes::output_shapes(&rule_c.func, shapes)
+            .map_err(rivet_runtime::Error::from)
+    };
+    Function::with_output_rule(
+        name.clone(),
+        sig,
+        move |args| {
+            // Well-formed calls take the precomputed fast path; everything else (including every
+            // error) the full one, which words the errors (`call_plan`'s header).
+            if let Some(fast) = plan.as_ref().and_then(|p| p.accept(&c, args)) {
+                let ctx = LaunchContext {
+                    device: fast.device,
+                    stream: rivet_runtime::stream::call_stream(),
+                    work: fast.work,
+                };
+                // SAFETY: the plan made every check of the full path (module header of
+                // `call_plan`) on these arguments.
+                unsafe { c.kernel.launch(&fast.frame, &ctx) }
+                    .map_err(rivet_runtime::Error::from)?;
+                return Ok(Value::Null);
+            }
+            call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
+        },
+        rule,
+    )
 }
 
 /// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed

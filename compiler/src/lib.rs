@@ -13,6 +13,7 @@ pub mod ir;
 pub mod kernels;
 pub mod lower;
 pub mod module_file;
+pub mod output_shapes;
 pub mod schedule;
 pub mod target;
 pub mod te;

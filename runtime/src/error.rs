@@ -78,6 +78,27 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The kind's name: the Python exception class of `rivet.error` it maps to, and the kind
+    /// string of the C ABI's last error (`capi`).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Error::Shape(_) => "ShapeError",
+            Error::DType(_) => "DTypeError",
+            Error::Device(_) => "DeviceError",
+            Error::Argument(_) => "ArgumentError",
+            Error::ReadOnly(_) => "ReadOnlyError",
+            Error::Layout(_) => "LayoutError",
+            Error::DLPack(_) => "DLPackError",
+            Error::NotFound(_) => "FunctionNotFoundError",
+            Error::Registry(_) => "RegistryError",
+            Error::Compile(_) => "CompileError",
+            Error::Memory(_) => "MemoryError",
+            Error::Index(_) => "IndexError",
+            Error::Foreign(_) => "Error",
+            Error::Internal(_) => "InternalError",
+        }
+    }
+
     /// Prefixes the message with `ctx` (e.g. "testing.axpy: argument 2 ('y'): "), keeping the
     /// variant. Foreign errors pass through untouched so they can be re-raised as they were.
     pub fn context(self, ctx: &str) -> Error {

@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 type Body = dyn Fn(&[Value]) -> Result<Value> + Send + Sync;
 
+/// The shapes and dtypes of the outputs a function would allocate for inputs of the given
+/// shapes (in parameter order), without running it.
+pub type OutputRule = dyn Fn(&[&[i64]]) -> Result<Vec<(Vec<i64>, DType)>> + Send + Sync;
+
 #[derive(Clone)]
 pub struct Function {
     inner: Arc<Inner>,
@@ -24,6 +28,10 @@ struct Inner {
     /// `call` checks the arguments against the signature before the body runs.
     checked: bool,
     body: Box<Body>,
+    /// What `output_shapes` answers; functions that allocate outputs from their inputs'
+    /// shapes (compiled functions) have one. Frameworks that trace shapes ahead of running
+    /// (XLA, torch's fake tensors) ask it.
+    outputs: Option<Box<OutputRule>>,
 }
 
 impl Function {
@@ -38,6 +46,7 @@ impl Function {
                 signature: None,
                 checked: false,
                 body: Box::new(body),
+                outputs: None,
             }),
         }
     }
@@ -54,6 +63,7 @@ impl Function {
                 signature: Some(signature),
                 checked: true,
                 body: Box::new(body),
+                outputs: None,
             }),
         }
     }
@@ -71,7 +81,69 @@ impl Function {
                 signature: Some(signature),
                 checked: false,
                 body: Box::new(body),
+                outputs: None,
             }),
+        }
+    }
+
+    /// `with_described_signature` plus the rule that says which outputs a call with inputs
+    /// of given shapes allocates (`output_shapes`).
+    pub fn with_output_rule(
+        name: impl Into<String>,
+        signature: Signature,
+        body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
+        outputs: impl Fn(&[&[i64]]) -> Result<Vec<(Vec<i64>, DType)>> + Send + Sync + 'static,
+    ) -> Function {
+        Function {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                signature: Some(signature),
+                checked: false,
+                body: Box::new(body),
+                outputs: Some(Box::new(outputs)),
+            }),
+        }
+    }
+
+    /// The shapes and dtypes of the outputs a call with inputs of `input_shapes` (the
+    /// tensor inputs, in parameter order) would allocate and return. An error when the
+    /// shapes do not fit the signature, or when the function has no such rule.
+    /// With `dtypes` (one per tensor input), each is checked against the signature first, so
+    /// a tracer learns of a wrong dtype before anything runs.
+    pub fn output_shapes(
+        &self,
+        input_shapes: &[&[i64]],
+        dtypes: Option<&[DType]>,
+    ) -> Result<Vec<(Vec<i64>, DType)>> {
+        if let (Some(dtypes), Some(sig)) = (dtypes, &self.inner.signature) {
+            let inputs = sig
+                .params
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| match &p.kind {
+                    ParamKind::Tensor(t) if !t.output => Some((i, p, t)),
+                    _ => None,
+                });
+            for ((i, p, t), &d) in inputs.zip(dtypes) {
+                if !t.dtypes.is_empty() && !t.dtypes.contains(&d) {
+                    return Err(Error::DType(format!(
+                        "{}: {} has dtype {d} but the function takes {}",
+                        self.inner.name,
+                        ArgName {
+                            index: i,
+                            name: Some(&p.name)
+                        },
+                        one_of(&t.dtypes)
+                    )));
+                }
+            }
+        }
+        match &self.inner.outputs {
+            Some(rule) => rule(input_shapes),
+            None => Err(Error::Argument(format!(
+                "{}: this function cannot say the shapes of its outputs ahead of a call (only compiled rivet functions can); give the output shapes explicitly",
+                self.inner.name
+            ))),
         }
     }
 

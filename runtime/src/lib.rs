@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod cai;
+pub mod capi;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
@@ -21,6 +22,7 @@ pub mod stream;
 pub mod tensor;
 pub mod testing;
 pub mod value;
+pub mod xla_ffi;
 
 pub use alloc::MAX_ALLOC_BYTES;
 pub use device::Device;

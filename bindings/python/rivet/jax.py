@@ -1,0 +1,141 @@
+"""rivet functions inside ``jax.jit``, ``jax.grad`` and ``jax.vmap`` through XLA's typed FFI.
+
+``ffi_func(f)`` returns a JAX-traceable function. Under ``jax.jit`` it lowers to one XLA custom
+call of the target ``"rivet"``, whose handler (``rivet_xla_ffi_handler``, exported by rivet's
+native library, see ``runtime/src/xla_ffi.rs``) runs ``f`` directly on XLA's buffers: no copy,
+no DLPack round trip, no Python at run time. The output shapes come from the function itself
+(``Function.output_shapes``), so no ``ShapeDtypeStruct`` is written by hand.
+
+Rules (README "JAX"):
+- ``f`` is a compiled rivet function (``rivet.build``, ``rivet.kernels``): inputs first, outputs
+  last, outputs written in place. XLA allocates the outputs; rivet checks every buffer against
+  the signature at run time, as for any call.
+- CPU only for now (``platform="cpu"``); the CUDA backend will register the same handler for
+  XLA's CUDA platform with XLA's stream.
+- ``jax.grad``: ``backward=`` a compiled rivet function taking the forward's inputs, then one
+  cotangent per output, and returning one gradient per input (in that order), e.g. built from
+  ``rivet.te.gradient``. Without it, differentiating through the call raises
+  ``rivet.ArgumentError`` naming the function.
+- ``jax.vmap``: ``vmap_method="sequential"`` (the default here) runs the kernel once per batch
+  element inside XLA (a loop, no Python); JAX's other methods hand the kernel batched
+  arrays, which its signature refuses unless it was written for them.
+- Each ``ffi_func`` registers ``f`` in rivet's global registry under a fresh name
+  (``rivet.jax.<name>#<k>``) that the custom call names; compiled executables may outlive the
+  wrapper, so the entry stays for the life of the process.
+"""
+
+import ctypes
+import itertools
+import threading
+
+from . import _native
+from ._native import Function, get_global_func
+from .error import ArgumentError
+
+__all__ = ["ffi_func", "TARGET"]
+
+#: The XLA custom-call target rivet registers (once per process, on first use).
+TARGET = "rivet"
+
+_lock = threading.Lock()
+_registered = False
+_counter = itertools.count()
+
+
+def _register_target():
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        import jax
+
+        handler = ctypes.CDLL(_native.__file__).rivet_xla_ffi_handler
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+        _registered = True
+
+
+def _as_function(func, arg):
+    if isinstance(func, Function):
+        return func
+    if isinstance(func, str):
+        return get_global_func(func)
+    raise ArgumentError(
+        f"rivet.jax.ffi_func: argument '{arg}' must be a rivet.Function or a registered name, "
+        f"got {type(func).__name__}"
+    )
+
+
+def _dtype(name):
+    import jax.numpy as jnp
+
+    return jnp.dtype(name)
+
+
+def _call(func, name, vmap_method, args):
+    import jax
+
+    for i, a in enumerate(args):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise ArgumentError(
+                f"{func.name}: argument {i} must be an array (jax.Array, numpy array or tracer), "
+                f"got {type(a).__name__}"
+            )
+    outs = func.output_shapes(
+        [tuple(int(d) for d in a.shape) for a in args], [str(a.dtype) for a in args]
+    )
+    types = [jax.ShapeDtypeStruct(tuple(s), _dtype(d)) for s, d in outs]
+    call = jax.ffi.ffi_call(TARGET, types, vmap_method=vmap_method)
+    res = call(*args, rivet_function=name)
+    return res[0] if len(res) == 1 else tuple(res)
+
+
+def ffi_func(func, *, backward=None, vmap_method="sequential"):
+    """Wrap a compiled rivet function for use inside ``jax.jit`` / ``grad`` / ``vmap``.
+
+    ``func`` and ``backward`` are ``rivet.Function`` objects or registered names; see the
+    module docstring for the conventions. Returns a function of JAX arrays returning one
+    array, or a tuple when ``func`` has several outputs.
+    """
+    import jax
+
+    func = _as_function(func, "func")
+    bwd_func = None if backward is None else _as_function(backward, "backward")
+    _register_target()
+    name = f"rivet.jax.{func.name}#{next(_counter)}"
+    _native._register(name, func, False)
+    bwd_name = None
+    if bwd_func is not None:
+        bwd_name = f"rivet.jax.{bwd_func.name}#{next(_counter)}"
+        _native._register(bwd_name, bwd_func, False)
+
+    def forward(*args):
+        return _call(func, name, vmap_method, args)
+
+    @jax.custom_vjp
+    def wrapped(*args):
+        return forward(*args)
+
+    def fwd(*args):
+        return forward(*args), args
+
+    def bwd(args, cts):
+        if bwd_func is None:
+            raise ArgumentError(
+                f"rivet.jax.ffi_func({func.name}): no backward was given, so it cannot be "
+                "differentiated; pass backward= a rivet function (inputs, then output "
+                "cotangents -> input gradients), e.g. one built from rivet.te.gradient"
+            )
+        cts = cts if isinstance(cts, tuple) else (cts,)
+        grads = _call(bwd_func, bwd_name, vmap_method, tuple(args) + tuple(cts))
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        if len(grads) != len(args):
+            raise ArgumentError(
+                f"rivet.jax.ffi_func({func.name}): backward {bwd_func.name} returns "
+                f"{len(grads)} gradient(s) but the function takes {len(args)} input(s)"
+            )
+        return grads
+
+    wrapped.defvjp(fwd, bwd)
+    wrapped.__name__ = func.name
+    wrapped.__doc__ = f"rivet function {func.name}{func.signature or ''} as an XLA FFI call"
+    return wrapped

@@ -1,0 +1,83 @@
+/* rivet's C ABI for packed functions (ABI 1.0; runtime/src/capi.rs is the implementation and
+ * its module header the contract). Exported by every library that links rivet-runtime,
+ * including the Python extension `rivet._native` (load it with dlopen / ctypes.CDLL after
+ * `import rivet`, or link a Rust cdylib of your own against rivet-runtime).
+ *
+ *   RivetFunctionHandle f;
+ *   if (RivetFunctionGetGlobal("my.kernel", &f) != 0) { puts(RivetGetLastError(NULL)); ... }
+ *   RivetAny args[3] = {{RIVET_DLTENSOR_READONLY, 0, {.v_ptr = &a}},
+ *                       {RIVET_DLTENSOR_READONLY, 0, {.v_ptr = &b}},
+ *                       {RIVET_DLTENSOR, 0, {.v_ptr = &c}}};
+ *   RivetAny result;
+ *   int rc = RivetFunctionCall(f, args, 3, &result);   // 0: ok; result owned by the caller
+ *   RivetAnyFree(&result);
+ *   RivetFunctionFree(f);
+ *
+ * Rules: arguments are borrowed for the call (DLTensor memory stays the caller's); results
+ * are owned by the caller (a tensor is a DLManagedTensorVersioned* whose deleter must run
+ * once; RivetAnyFree does it). A non-zero return code sets the thread's last error (kind,
+ * message), readable with RivetGetLastError until the next failing call on that thread.
+ * Nothing unwinds across the boundary: a panic inside rivet is RIVET_ERR_INTERNAL.
+ */
+#ifndef RIVET_C_API_H_
+#define RIVET_C_API_H_
+
+#include <stdint.h>
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RIVET_ABI_MAJOR 1
+#define RIVET_ABI_MINOR 0
+
+typedef enum {
+  RIVET_NULL = 0,
+  RIVET_INT = 1,               /* v_int64 */
+  RIVET_FLOAT = 2,             /* v_float64 */
+  RIVET_BOOL = 3,              /* v_int64, 0 or 1 */
+  RIVET_STR = 4,               /* v_ptr: NUL-terminated UTF-8 */
+  RIVET_DLTENSOR = 5,          /* argument: borrowed DLTensor*, may be written */
+  RIVET_DLTENSOR_READONLY = 6, /* argument: borrowed DLTensor*, read only */
+  RIVET_MANAGED_TENSOR = 7,    /* result: owned DLManagedTensorVersioned* */
+  RIVET_FUNCTION = 8,          /* RivetFunctionHandle: borrowed argument, owned result */
+} RivetTypeCode;
+
+enum { RIVET_OK = 0, RIVET_ERR_USER = -1, RIVET_ERR_INTERNAL = -2 };
+
+typedef struct {
+  int32_t type_code;
+  int32_t pad;
+  union {
+    int64_t v_int64;
+    double v_float64;
+    void* v_ptr;
+  } value;
+} RivetAny;
+
+typedef void* RivetFunctionHandle;
+
+/* (RIVET_ABI_MAJOR << 16) | RIVET_ABI_MINOR of the loaded library. */
+int32_t RivetAbiVersion(void);
+/* *out receives a new handle to the function registered under `name`. */
+int32_t RivetFunctionGetGlobal(const char* name, RivetFunctionHandle* out);
+/* Releases a handle (NULL is a no-op). */
+int32_t RivetFunctionFree(RivetFunctionHandle func);
+/* Calls `func`; *result is RIVET_NULL on error or for functions that write in place. */
+int32_t RivetFunctionCall(RivetFunctionHandle func, const RivetAny* args, int32_t num_args,
+                          RivetAny* result);
+/* Releases an owned result and resets it to RIVET_NULL. */
+int32_t RivetAnyFree(RivetAny* value);
+/* The thread's last error message; *kind (if non-NULL) its kind, e.g. "ShapeError". */
+const char* RivetGetLastError(const char** kind);
+
+/* XLA FFI handler (typed FFI, api_version 1) running the registered function named by the
+ * string attribute `rivet_function` on XLA's buffers: inputs, then results (README "JAX"). */
+void* rivet_xla_ffi_handler(void* xla_ffi_call_frame);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RIVET_C_API_H_ */

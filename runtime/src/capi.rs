@@ -1,0 +1,421 @@
+//! The C ABI of packed functions: how code in other languages (C, C++, an XLA FFI handler, a
+//! `torch.library` kernel, `ctypes`) calls a rivet function with no Python in the loop.
+//! tvm-ffi's model, kept small: one 16-byte tagged value (`RivetAny`), borrowed `DLTensor*`
+//! arguments, owned `DLManagedTensorVersioned*` results, integer return codes and a
+//! thread-local error channel. The header is `runtime/include/rivet/c_api.h`; the symbols are
+//! exported by every library that links rivet-runtime (`rivet._native` included).
+//!
+//! Invariants:
+//! - No entry point unwinds into C: every body runs under `catch_unwind`; a panic is
+//!   `RIVET_ERR_INTERNAL` with the panic's text.
+//! - Return code 0 is success. Non-zero codes set the calling thread's last error (kind and
+//!   message), readable with `RivetGetLastError` until the next failing rivet call on that
+//!   thread. A successful call does not clear it (as errno).
+//! - Arguments are borrowed for the duration of the call: rivet never frees or keeps a
+//!   `DLTensor*`, string or function handle it was passed (a tensor argument's view dies
+//!   with the call unless the function returns it, in which case the result aliases the
+//!   caller's memory, which the caller keeps alive).
+//! - Results are owned by the caller: a tensor is a fresh `DLManagedTensorVersioned*` (call its
+//!   deleter, or `RivetAnyFree`), a function a fresh handle (`RivetFunctionFree`), a string a
+//!   pointer into the calling thread's result buffer, valid until its next `RivetFunctionCall`.
+//! - Every pointer, count and type code is checked before use; a tensor argument goes through
+//!   the same validation as a DLPack import (`dlpack::view_of`). What cannot be checked is the
+//!   caller's promise that a non-null pointer points at what its type code says.
+
+use crate::dlpack;
+use crate::error::{Error, Result};
+use crate::function::Function;
+use crate::registry;
+use crate::value::Value;
+use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// `RivetAny::type_code` values (the header's `RivetTypeCode`).
+pub const RIVET_NULL: i32 = 0;
+pub const RIVET_INT: i32 = 1;
+pub const RIVET_FLOAT: i32 = 2;
+pub const RIVET_BOOL: i32 = 3;
+/// A NUL-terminated UTF-8 string (`v_ptr`).
+pub const RIVET_STR: i32 = 4;
+/// Argument only: a borrowed `DLTensor*` the function may read and write.
+pub const RIVET_DLTENSOR: i32 = 5;
+/// Argument only: a borrowed `DLTensor*` the function may only read (a write is refused
+/// with `ReadOnlyError`, as for a read-only DLPack import).
+pub const RIVET_DLTENSOR_READONLY: i32 = 6;
+/// Result only: an owned `DLManagedTensorVersioned*`.
+pub const RIVET_MANAGED_TENSOR: i32 = 7;
+/// A function handle (`RivetFunctionHandle`): borrowed as an argument, owned as a result.
+pub const RIVET_FUNCTION: i32 = 8;
+
+/// Return codes: 0, or the kind of error (also in the last error's kind string).
+pub const RIVET_OK: i32 = 0;
+/// A user error: bad arguments, shapes, dtypes, unknown names... (the kind string says which).
+pub const RIVET_ERR_USER: i32 = -1;
+/// A bug in rivet (or a panic caught at the boundary).
+pub const RIVET_ERR_INTERNAL: i32 = -2;
+
+/// Largest argument count accepted (a corrupt count must not make rivet read far).
+pub const MAX_ARGS: i32 = 1 << 16;
+
+/// The payload of a `RivetAny`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union RivetValue {
+    pub v_int64: i64,
+    pub v_float64: f64,
+    pub v_ptr: *mut c_void,
+}
+
+/// A tagged value: 16 bytes, `type_code` first (tvm-ffi's `TVMFFIAny` layout idea).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RivetAny {
+    pub type_code: i32,
+    pub pad: i32,
+    pub value: RivetValue,
+}
+
+impl RivetAny {
+    pub const NULL: RivetAny = RivetAny {
+        type_code: RIVET_NULL,
+        pad: 0,
+        value: RivetValue { v_int64: 0 },
+    };
+    pub fn int(v: i64) -> RivetAny {
+        RivetAny {
+            type_code: RIVET_INT,
+            pad: 0,
+            value: RivetValue { v_int64: v },
+        }
+    }
+    pub fn float(v: f64) -> RivetAny {
+        RivetAny {
+            type_code: RIVET_FLOAT,
+            pad: 0,
+            value: RivetValue { v_float64: v },
+        }
+    }
+    pub fn ptr(type_code: i32, p: *mut c_void) -> RivetAny {
+        RivetAny {
+            type_code,
+            pad: 0,
+            value: RivetValue { v_ptr: p },
+        }
+    }
+}
+
+/// An opaque function handle: a boxed `Function` (one reference).
+pub type RivetFunctionHandle = *mut c_void;
+
+struct LastError {
+    kind: CString,
+    message: CString,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError {
+        kind: CString::default(),
+        message: CString::default(),
+    });
+    /// Storage of the last string result on this thread.
+    static STR_RESULT: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// A C string of `s`, with interior NULs (which C cannot carry) shown as U+FFFD.
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', "\u{fffd}")).expect("NULs replaced")
+}
+
+fn set_last_error(e: &Error) -> i32 {
+    LAST_ERROR.with(|l| {
+        let mut l = l.borrow_mut();
+        l.kind = c_string(e.kind_name());
+        l.message = c_string(&e.to_string());
+    });
+    match e {
+        Error::Internal(_) => RIVET_ERR_INTERNAL,
+        _ => RIVET_ERR_USER,
+    }
+}
+
+/// Runs `f` at the C boundary: errors become codes and the last error, panics too.
+fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => RIVET_OK,
+        Ok(Err(e)) => set_last_error(&e),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            set_last_error(&Error::Internal(format!("panic at the C ABI: {what}")))
+        }
+    }
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(Error::Argument(format!(
+            "{what}: expected a string, got NULL"
+        )));
+    }
+    // SAFETY: the caller's promise.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|e| Error::Argument(format!("{what}: expected UTF-8, got invalid bytes ({e})")))
+}
+
+/// # Safety
+/// `h` must be NULL or a handle from this module that has not been freed.
+unsafe fn function_of<'a>(h: RivetFunctionHandle, what: &str) -> Result<&'a Function> {
+    if h.is_null() {
+        return Err(Error::Argument(format!(
+            "{what}: expected a function handle, got NULL"
+        )));
+    }
+    // SAFETY: the caller's promise: a live handle is a boxed Function.
+    Ok(unsafe { &*(h as *const Function) })
+}
+
+fn new_handle(f: Function) -> RivetFunctionHandle {
+    Box::into_raw(Box::new(f)) as RivetFunctionHandle
+}
+
+/// Reads one argument into a `Value` (tensors as views borrowed for the call).
+///
+/// # Safety
+/// Pointers inside `a` must be valid for the type code, for the duration of the call.
+unsafe fn value_of(a: &RivetAny, index: usize) -> Result<Value> {
+    let what = || format!("argument {index}");
+    // SAFETY: each arm reads the union member its type code names.
+    unsafe {
+        Ok(match a.type_code {
+            RIVET_NULL => Value::Null,
+            RIVET_INT => Value::Int(a.value.v_int64),
+            RIVET_FLOAT => Value::Float(a.value.v_float64),
+            RIVET_BOOL => Value::Bool(a.value.v_int64 != 0),
+            RIVET_STR => Value::Str(str_arg(a.value.v_ptr as *const c_char, &what())?.into()),
+            RIVET_DLTENSOR | RIVET_DLTENSOR_READONLY => {
+                let p = a.value.v_ptr as *const DLTensor;
+                if p.is_null() {
+                    return Err(Error::Argument(format!(
+                        "{}: expected a DLTensor*, got NULL",
+                        what()
+                    )));
+                }
+                // The view is borrowed: the caller keeps the memory alive for the call.
+                dlpack::view_of(&*p, (), a.type_code == RIVET_DLTENSOR_READONLY)
+                    .map_err(|e| e.context(&format!("{}: ", what())))?
+                    .into()
+            }
+            RIVET_FUNCTION => Value::Function(function_of(a.value.v_ptr, &what())?.clone()),
+            RIVET_MANAGED_TENSOR => {
+                return Err(Error::Argument(format!(
+                    "{}: type code {RIVET_MANAGED_TENSOR} (managed tensor) is for results; pass tensors as borrowed DLTensor* (type code {RIVET_DLTENSOR} or {RIVET_DLTENSOR_READONLY})",
+                    what()
+                )))
+            }
+            c => {
+                return Err(Error::Argument(format!(
+                    "{}: unknown type code {c}; expected 0..={RIVET_FUNCTION} (runtime/include/rivet/c_api.h)",
+                    what()
+                )))
+            }
+        })
+    }
+}
+
+/// Writes a result value as an owned `RivetAny`.
+fn any_of(v: Value) -> Result<RivetAny> {
+    Ok(match v {
+        Value::Null => RivetAny::NULL,
+        Value::Int(i) => RivetAny::int(i),
+        Value::Float(x) => RivetAny::float(x),
+        Value::Bool(b) => RivetAny {
+            type_code: RIVET_BOOL,
+            pad: 0,
+            value: RivetValue { v_int64: b as i64 },
+        },
+        Value::Str(s) => {
+            let p = STR_RESULT.with(|r| {
+                let mut r = r.borrow_mut();
+                *r = c_string(&s);
+                r.as_ptr() as *mut c_void
+            });
+            RivetAny::ptr(RIVET_STR, p)
+        }
+        Value::Tensor(t) => RivetAny::ptr(
+            RIVET_MANAGED_TENSOR,
+            dlpack::export_versioned(&t) as *mut c_void,
+        ),
+        Value::Function(f) => RivetAny::ptr(RIVET_FUNCTION, new_handle(f)),
+        other => {
+            return Err(Error::Argument(format!(
+                "the function returned a {}, which the C ABI cannot carry (it carries none, int, float, bool, str, tensor and function results); pass the outputs as arguments instead",
+                other.kind()
+            )))
+        }
+    })
+}
+
+/// Looks up a registered function: `*out` receives a new handle (free it with
+/// `RivetFunctionFree`).
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionGetGlobal(
+    name: *const c_char,
+    out: *mut RivetFunctionHandle,
+) -> i32 {
+    guard(|| {
+        if out.is_null() {
+            return Err(Error::Argument(
+                "RivetFunctionGetGlobal: argument 1 ('out'): expected a pointer, got NULL".into(),
+            ));
+        }
+        // SAFETY: the caller's promise on `name`.
+        let name = unsafe { str_arg(name, "RivetFunctionGetGlobal: argument 0 ('name')") }?;
+        let f = registry::get(name)?;
+        // SAFETY: checked non-null; the caller's promise that it is writable.
+        unsafe { *out = new_handle(f) };
+        Ok(())
+    })
+}
+
+/// Releases a handle from `RivetFunctionGetGlobal` or a function result. NULL is a no-op.
+///
+/// # Safety
+/// `h` must be NULL or a live handle, freed once.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionFree(h: RivetFunctionHandle) -> i32 {
+    guard(|| {
+        if !h.is_null() {
+            // SAFETY: the caller's promise: a live handle, boxed by `new_handle`.
+            drop(unsafe { Box::from_raw(h as *mut Function) });
+        }
+        Ok(())
+    })
+}
+
+/// Calls `func` on `num_args` arguments; `*result` receives the result (owned by the caller;
+/// `RIVET_NULL` for functions that write their outputs in place). On error `*result` is
+/// `RIVET_NULL` and the return code is non-zero.
+///
+/// # Safety
+/// `func` must be a live handle; `args` must point at `num_args` values (or be NULL when
+/// `num_args` is 0) whose pointers are valid for their type codes during the call; `result`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionCall(
+    func: RivetFunctionHandle,
+    args: *const RivetAny,
+    num_args: i32,
+    result: *mut RivetAny,
+) -> i32 {
+    guard(|| {
+        if result.is_null() {
+            return Err(Error::Argument(
+                "RivetFunctionCall: argument 3 ('result'): expected a pointer, got NULL".into(),
+            ));
+        }
+        // SAFETY: checked non-null; the caller's promise that it is writable.
+        unsafe { *result = RivetAny::NULL };
+        // SAFETY: the caller's promise on `func`.
+        let f = unsafe { function_of(func, "RivetFunctionCall: argument 0 ('func')") }?;
+        if !(0..=MAX_ARGS).contains(&num_args) {
+            return Err(Error::Argument(format!(
+                "RivetFunctionCall: argument 2 ('num_args'): expected 0..={MAX_ARGS}, got {num_args}"
+            )));
+        }
+        if num_args > 0 && args.is_null() {
+            return Err(Error::Argument(format!(
+                "RivetFunctionCall: argument 1 ('args'): expected {num_args} values, got NULL"
+            )));
+        }
+        let raw: &[RivetAny] = if num_args == 0 {
+            &[]
+        } else {
+            // SAFETY: checked non-null; the caller's promise of `num_args` values.
+            unsafe { std::slice::from_raw_parts(args, num_args as usize) }
+        };
+        let mut values = Vec::with_capacity(raw.len());
+        for (i, a) in raw.iter().enumerate() {
+            // SAFETY: the caller's promise on each value's pointers.
+            values.push(
+                unsafe { value_of(a, i) }.map_err(|e| e.context(&format!("{}: ", f.name())))?,
+            );
+        }
+        let out = any_of(f.call(&values)?)?;
+        // SAFETY: as above.
+        unsafe { *result = out };
+        Ok(())
+    })
+}
+
+/// Releases an owned result value (a managed tensor's deleter, a function handle) and sets it
+/// to `RIVET_NULL`. Values that own nothing are only reset.
+///
+/// # Safety
+/// `v` must be NULL or a result from `RivetFunctionCall`, released once.
+#[no_mangle]
+pub unsafe extern "C" fn RivetAnyFree(v: *mut RivetAny) -> i32 {
+    guard(|| {
+        if v.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller's promise: a result of ours.
+        let a = unsafe { &mut *v };
+        // SAFETY: the union member named by the type code.
+        unsafe {
+            match a.type_code {
+                RIVET_MANAGED_TENSOR => {
+                    let m = a.value.v_ptr as *mut DLManagedTensorVersioned;
+                    if !m.is_null() {
+                        if let Some(d) = (*m).deleter {
+                            d(m)
+                        }
+                    }
+                }
+                RIVET_FUNCTION => drop(Box::from_raw(a.value.v_ptr as *mut Function)),
+                _ => {}
+            }
+        }
+        *a = RivetAny::NULL;
+        Ok(())
+    })
+}
+
+/// The calling thread's last error: `*kind` (if non-NULL) receives its kind ("ArgumentError",
+/// "ShapeError", ... the names of `rivet.error`'s classes); returns the message. Both point
+/// into thread-local storage valid until the next failing rivet call on this thread. Empty
+/// strings when no call has failed on this thread.
+///
+/// # Safety
+/// `kind` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn RivetGetLastError(kind: *mut *const c_char) -> *const c_char {
+    LAST_ERROR.with(|l| {
+        let l = l.borrow();
+        if !kind.is_null() {
+            // SAFETY: the caller's promise. The CString's buffer lives in the thread-local,
+            // which is replaced (not mutated) only by the next failing call.
+            unsafe { *kind = l.kind.as_ptr() };
+        }
+        l.message.as_ptr()
+    })
+}
+
+/// The ABI version (major << 16 | minor): callers check the major before anything else.
+#[no_mangle]
+pub extern "C" fn RivetAbiVersion() -> i32 {
+    ABI_MAJOR << 16 | ABI_MINOR
+}
+
+pub const ABI_MAJOR: i32 = 1;
+pub const ABI_MINOR: i32 = 0;

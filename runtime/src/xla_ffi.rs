@@ -1,0 +1,414 @@
+//! An XLA FFI handler (typed FFI, `api_version=1`; the C structs of
+//! `xla/ffi/api/c_api.h`, API 0.3) that runs a registered rivet function on XLA's buffers with
+//! no copy: `rivet.jax.ffi_func` registers `rivet_xla_ffi_handler` with
+//! `jax.ffi.register_ffi_target("rivet", ..., platform="cpu")` and calls it through
+//! `jax.ffi.ffi_call("rivet", out_types)(*args, rivet_function=name)`.
+//!
+//! Invariants:
+//! - Every input buffer becomes a read-only rivet view, every result buffer a writable one
+//!   (compact row-major: XLA gives the custom call default layouts), both borrowed for the
+//!   call; the function is called with the inputs, then the results, as compiled rivet
+//!   functions take them. Its checks (dtypes, shapes, symbolic dims, overlap) run as for any
+//!   caller, so a shape XLA got wrong is a clear error, never an out-of-bounds access.
+//! - Nothing unwinds into XLA: errors and panics become `XLA_FFI_Error`s with rivet's message
+//!   (kind first: "rivet ShapeError: ...").
+//! - The frame is read defensively: struct sizes, counts, type tags and NULL pointers are
+//!   checked before use (XLA is trusted to pass a frame of its own making, not to be free of
+//!   bugs).
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::{self, Dims};
+use crate::registry;
+use crate::tensor::Tensor;
+use crate::value::Value;
+use std::ffi::{c_char, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// The FFI API version this handler was written against (c_api.h's XLA_FFI_API_MAJOR/MINOR).
+pub const API_MAJOR: i32 = 0;
+pub const API_MINOR: i32 = 3;
+
+/// The attribute naming the registered rivet function to run.
+pub const FUNCTION_ATTR: &str = "rivet_function";
+
+const EXTENSION_METADATA: i32 = 1;
+const STAGE_EXECUTE: i32 = 3;
+const ARG_BUFFER: i32 = 1;
+const ATTR_STRING: i32 = 4;
+const ERRC_INVALID_ARGUMENT: i32 = 3;
+const ERRC_INTERNAL: i32 = 13;
+/// Largest argument, result or attribute count read from a frame.
+const MAX_COUNT: i64 = 1 << 16;
+
+#[repr(C)]
+pub struct ExtensionBase {
+    pub struct_size: usize,
+    pub type_: i32,
+    pub next: *mut ExtensionBase,
+}
+
+#[repr(C)]
+pub struct ApiVersion {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub major_version: i32,
+    pub minor_version: i32,
+}
+
+#[repr(C)]
+pub struct ErrorCreateArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub message: *const c_char,
+    pub errc: i32,
+}
+
+/// `XLA_FFI_Error_Create_Args_STRUCT_SIZE`: offsetof(errc) + sizeof(errc).
+const ERROR_CREATE_ARGS_SIZE: usize = 28;
+
+pub type ErrorCreate = unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut c_void;
+
+/// The head of `XLA_FFI_Api`, up to the one function rivet calls.
+#[repr(C)]
+pub struct Api {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub api_version: ApiVersion,
+    pub internal_api: *const c_void,
+    pub error_create: Option<ErrorCreate>,
+}
+
+#[repr(C)]
+pub struct Buffer {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub dtype: i32,
+    pub data: *mut c_void,
+    pub rank: i64,
+    pub dims: *mut i64,
+}
+
+#[repr(C)]
+pub struct List {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub size: i64,
+    pub types: *mut i32,
+    pub items: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub struct ByteSpan {
+    pub ptr: *const c_char,
+    pub len: usize,
+}
+
+#[repr(C)]
+pub struct Attrs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub size: i64,
+    pub types: *mut i32,
+    pub names: *mut *mut ByteSpan,
+    pub attrs: *mut *mut c_void,
+}
+
+#[repr(C)]
+pub struct CallFrame {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub api: *const Api,
+    pub ctx: *mut c_void,
+    pub stage: i32,
+    pub args: List,
+    pub rets: List,
+    pub attrs: Attrs,
+    pub future: *mut c_void,
+}
+
+#[repr(C)]
+pub struct Metadata {
+    pub struct_size: usize,
+    pub api_version: ApiVersion,
+    pub traits: u32,
+    pub state_type_id: i64,
+}
+
+#[repr(C)]
+pub struct MetadataExtension {
+    pub extension_base: ExtensionBase,
+    pub metadata: *mut Metadata,
+}
+
+/// `XLA_FFI_CallFrame_STRUCT_SIZE`: up to and including `attrs`.
+const CALL_FRAME_SIZE: usize = std::mem::offset_of!(CallFrame, future);
+/// The struct sizes of the metadata query (offset of the last field plus its size).
+const METADATA_SIZE: usize = std::mem::offset_of!(Metadata, traits) + 4;
+const METADATA_EXTENSION_SIZE: usize = std::mem::size_of::<MetadataExtension>();
+const API_VERSION_SIZE: usize = std::mem::offset_of!(ApiVersion, minor_version) + 4;
+const BUFFER_SIZE: usize = std::mem::size_of::<Buffer>();
+
+/// XLA's element types rivet has (`XLA_FFI_DataType`).
+fn dtype_of(code: i32) -> Option<DType> {
+    Some(match code {
+        1 => DType::Bool,
+        2 => DType::I8,
+        3 => DType::I16,
+        4 => DType::I32,
+        5 => DType::I64,
+        6 => DType::U8,
+        7 => DType::U16,
+        8 => DType::U32,
+        9 => DType::U64,
+        10 => DType::F16,
+        11 => DType::F32,
+        12 => DType::F64,
+        16 => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// The handler XLA calls (`XLA_FFI_Handler*`). NULL means success.
+///
+/// # Safety
+/// `frame` must be a call frame made by XLA (or NULL, which is refused as best it can be).
+#[no_mangle]
+pub unsafe extern "C" fn rivet_xla_ffi_handler(frame: *mut CallFrame) -> *mut c_void {
+    if frame.is_null() {
+        // No API table to create an error with: nothing to report through.
+        return std::ptr::null_mut();
+    }
+    // SAFETY: non-null, and XLA's promise that it is a call frame.
+    let frame = unsafe { &mut *frame };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: XLA's frame, read defensively inside.
+        unsafe { handle(frame) }
+    }))
+    .unwrap_or_else(|_| Err(Error::Internal("panic in the rivet XLA FFI handler".into())));
+    match outcome {
+        Ok(()) => std::ptr::null_mut(),
+        // SAFETY: as above.
+        Err(e) => unsafe { xla_error(frame.api, &e) },
+    }
+}
+
+/// Builds an `XLA_FFI_Error` carrying `e` (XLA copies the message).
+///
+/// # Safety
+/// `api` must be NULL or XLA's API table.
+unsafe fn xla_error(api: *const Api, e: &Error) -> *mut c_void {
+    // SAFETY: the caller's promise; the size check keeps the read inside the table.
+    let create = unsafe {
+        match api.as_ref() {
+            Some(a) if a.struct_size >= std::mem::size_of::<Api>() => a.error_create,
+            _ => None,
+        }
+    };
+    let Some(create) = create else {
+        // No way to report: a NULL error would read as success, so fail loudly instead.
+        eprintln!("rivet: XLA FFI handler error with no API table to report it: {e}");
+        std::process::abort();
+    };
+    let message = CString::new(format!("rivet {}: {e}", e.kind_name()).replace('\0', " "))
+        .expect("NULs replaced");
+    let mut args = ErrorCreateArgs {
+        struct_size: ERROR_CREATE_ARGS_SIZE,
+        extension_start: std::ptr::null_mut(),
+        message: message.as_ptr(),
+        errc: match e {
+            Error::Internal(_) => ERRC_INTERNAL,
+            _ => ERRC_INVALID_ARGUMENT,
+        },
+    };
+    // SAFETY: XLA's Error_Create with well-formed arguments; it copies the message.
+    unsafe { create(&mut args) }
+}
+
+/// # Safety
+/// `frame` is XLA's.
+unsafe fn handle(frame: &mut CallFrame) -> Result<()> {
+    let bad = |m: String| Error::Internal(format!("malformed XLA FFI call frame: {m}"));
+    if frame.struct_size < CALL_FRAME_SIZE {
+        return Err(bad(format!(
+            "struct_size {} < {CALL_FRAME_SIZE}",
+            frame.struct_size
+        )));
+    }
+    // The registration-time query of the handler's API version and traits.
+    // SAFETY: a non-null extension is XLA's; its type says which extension it is.
+    if let Some(ext) = unsafe { frame.extension_start.as_ref() } {
+        if ext.type_ == EXTENSION_METADATA {
+            if ext.struct_size < METADATA_EXTENSION_SIZE {
+                return Err(bad("metadata extension too small".into()));
+            }
+            // SAFETY: the type tag says this is a metadata extension; its size is checked.
+            let ext = unsafe { &mut *(frame.extension_start as *mut MetadataExtension) };
+            // SAFETY: XLA's metadata struct, size checked before the write.
+            let md = unsafe { ext.metadata.as_mut() }.ok_or_else(|| bad("NULL metadata".into()))?;
+            if md.struct_size < METADATA_SIZE {
+                return Err(bad("metadata struct too small".into()));
+            }
+            md.api_version = ApiVersion {
+                struct_size: API_VERSION_SIZE,
+                extension_start: std::ptr::null_mut(),
+                major_version: API_MAJOR,
+                minor_version: API_MINOR,
+            };
+            md.traits = 0;
+            md.state_type_id = 0;
+            return Ok(());
+        }
+    }
+    if frame.stage != STAGE_EXECUTE {
+        // Registered for execution only; other stages have nothing to do.
+        return Ok(());
+    }
+    // SAFETY: XLA's attribute list, read within its checked count.
+    let name = unsafe { function_attr(&frame.attrs) }?;
+    let f = registry::get(&name)?;
+    let mut values = Vec::new();
+    // SAFETY: XLA's argument and result lists.
+    unsafe {
+        buffers(&frame.args, true, &mut values, "argument")?;
+        buffers(&frame.rets, false, &mut values, "result")?;
+    }
+    match f.call(&values)? {
+        Value::Null => Ok(()),
+        other => Err(Error::Argument(format!(
+            "{}: returned a {} where an XLA custom call expects the results written in place; wrap a function that takes its outputs as arguments (compiled rivet functions do)",
+            f.name(),
+            other.kind()
+        ))),
+    }
+}
+
+/// The value of the `rivet_function` string attribute.
+///
+/// # Safety
+/// `attrs` is XLA's.
+unsafe fn function_attr(attrs: &Attrs) -> Result<String> {
+    let missing = || {
+        Error::Argument(format!(
+            "the XLA custom call has no string attribute '{FUNCTION_ATTR}' naming the rivet function to run (call it through rivet.jax.ffi_func)"
+        ))
+    };
+    if !(0..=MAX_COUNT).contains(&attrs.size)
+        || attrs.size > 0
+            && (attrs.types.is_null() || attrs.names.is_null() || attrs.attrs.is_null())
+    {
+        return Err(Error::Internal(format!(
+            "malformed XLA FFI attributes (size {})",
+            attrs.size
+        )));
+    }
+    for i in 0..attrs.size as usize {
+        // SAFETY: i < size, the arrays hold `size` entries.
+        let (ty, name, value) = unsafe {
+            (
+                *attrs.types.add(i),
+                *attrs.names.add(i),
+                *attrs.attrs.add(i),
+            )
+        };
+        // SAFETY: XLA's byte spans.
+        let Some(name) = (unsafe { span(name) }) else {
+            continue;
+        };
+        if name != FUNCTION_ATTR.as_bytes() {
+            continue;
+        }
+        if ty != ATTR_STRING {
+            return Err(Error::Argument(format!(
+                "the XLA attribute '{FUNCTION_ATTR}' must be a string, got attribute type {ty}"
+            )));
+        }
+        // SAFETY: a string attribute is a byte span.
+        let bytes = unsafe { span(value as *mut ByteSpan) }.ok_or_else(missing)?;
+        return String::from_utf8(bytes.to_vec()).map_err(|_| {
+            Error::Argument(format!("the XLA attribute '{FUNCTION_ATTR}' is not UTF-8"))
+        });
+    }
+    Err(missing())
+}
+
+/// # Safety
+/// `s` NULL or a valid byte span.
+unsafe fn span<'a>(s: *mut ByteSpan) -> Option<&'a [u8]> {
+    // SAFETY: the caller's promise.
+    let s = unsafe { s.as_ref() }?;
+    if s.len == 0 {
+        return Some(&[]);
+    }
+    if s.ptr.is_null() || s.len > isize::MAX as usize {
+        return None;
+    }
+    // SAFETY: a valid span of `len` bytes.
+    Some(unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
+}
+
+/// Appends one borrowed view per buffer of `list` to `out`.
+///
+/// # Safety
+/// `list` is XLA's.
+unsafe fn buffers(list: &List, read_only: bool, out: &mut Vec<Value>, what: &str) -> Result<()> {
+    if !(0..=MAX_COUNT).contains(&list.size)
+        || list.size > 0 && (list.types.is_null() || list.items.is_null())
+    {
+        return Err(Error::Internal(format!(
+            "malformed XLA FFI {what} list (size {})",
+            list.size
+        )));
+    }
+    for i in 0..list.size as usize {
+        // SAFETY: i < size.
+        let (ty, item) = unsafe { (*list.types.add(i), *list.items.add(i)) };
+        if ty != ARG_BUFFER {
+            return Err(Error::Argument(format!(
+                "XLA {what} {i}: expected a buffer, got type {ty} (tokens are not rivet tensors)"
+            )));
+        }
+        // SAFETY: a buffer-typed entry points at an XLA_FFI_Buffer.
+        let b = unsafe { (item as *const Buffer).as_ref() }
+            .ok_or_else(|| Error::Internal(format!("XLA {what} {i}: NULL buffer")))?;
+        if b.struct_size < BUFFER_SIZE {
+            return Err(Error::Internal(format!(
+                "XLA {what} {i}: buffer struct too small"
+            )));
+        }
+        let dtype = dtype_of(b.dtype).ok_or_else(|| {
+            Error::DType(format!(
+                "XLA {what} {i}: element type {} (XLA_FFI_DataType) has no rivet dtype",
+                b.dtype
+            ))
+        })?;
+        if !(0..=layout::MAX_NDIM as i64).contains(&b.rank) || b.rank > 0 && b.dims.is_null() {
+            return Err(Error::Internal(format!("XLA {what} {i}: rank {}", b.rank)));
+        }
+        let shape: Dims = if b.rank == 0 {
+            Dims::new()
+        } else {
+            // SAFETY: `rank` dims.
+            Dims::from_slice(unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) })
+        };
+        let strides = layout::compact_strides(&shape);
+        // SAFETY: XLA keeps the buffer alive for the call, compact row-major; the view is
+        // validated by `from_raw_parts` and dies with the call (it is borrowed).
+        let t = unsafe {
+            Tensor::from_raw_parts(
+                (),
+                b.data as *mut u8,
+                0,
+                shape,
+                strides,
+                dtype,
+                Device::Cpu,
+                read_only,
+            )
+        }
+        .map_err(|e| e.context(&format!("XLA {what} {i}: ")))?;
+        out.push(Value::Tensor(t));
+    }
+    Ok(())
+}

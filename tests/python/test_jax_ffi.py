@@ -1,0 +1,168 @@
+"""rivet functions inside jax.jit / grad / vmap through XLA's typed FFI (rivet.jax.ffi_func).
+References are numpy on fresh random data; outputs XLA allocates cannot be poisoned, so every
+element is compared."""
+
+import numpy as np
+import pytest
+
+import rivet
+from rivet import te
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+import rivet.jax as rjax  # noqa: E402
+
+
+def _fn(outs, args, name="f"):
+    return rivet.build(rivet.create_schedule(outs), args, name=name)[name]
+
+
+@pytest.fixture(scope="module")
+def scale_add():
+    """C[n, m] = A * B[m] + 1 (symbolic n, m): one output."""
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((n, m), "float32", name="A")
+    B = te.placeholder((m,), "float32", name="B")
+    C = te.compute((n, m), lambda i, j: A[i, j] * B[j] + 1.0, name="C")
+    return _fn(C, [A, B, C])
+
+
+@pytest.fixture(scope="module")
+def mul_parts():
+    """P = X * Y and S[n] = sum_j X[n, j] (float64): two outputs."""
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), "float64", name="X")
+    Y = te.placeholder((n, m), "float64", name="Y")
+    P = te.compute((n, m), lambda i, j: X[i, j] * Y[i, j], name="P")
+    k = te.reduce_axis((0, m), name="k")
+    S = te.compute((n,), lambda i: te.sum(X[i, k], axis=k), name="S")
+    return _fn([P, S], [X, Y, P, S])
+
+
+@pytest.fixture(scope="module")
+def mul_backward():
+    """The vector-Jacobian product of P = X * Y: dX = G * Y, dY = G * X."""
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), "float64", name="X")
+    Y = te.placeholder((n, m), "float64", name="Y")
+    G = te.placeholder((n, m), "float64", name="G")
+    dX = te.compute((n, m), lambda i, j: G[i, j] * Y[i, j], name="dX")
+    dY = te.compute((n, m), lambda i, j: G[i, j] * X[i, j], name="dY")
+    return _fn([dX, dY], [X, Y, G, dX, dY], name="mul_bwd")
+
+
+@pytest.fixture(scope="module")
+def mul_only():
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), "float64", name="X")
+    Y = te.placeholder((n, m), "float64", name="Y")
+    P = te.compute((n, m), lambda i, j: X[i, j] * Y[i, j], name="P")
+    return _fn(P, [X, Y, P], name="mul")
+
+
+def test_jit_runs_the_kernel_as_one_custom_call(scale_add, rng):
+    g = rjax.ffi_func(scale_add)
+    for shape in [(3, 4), (17, 5), (1, 1), (0, 3)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        b = rng.standard_normal(shape[1]).astype(np.float32)
+        f = jax.jit(lambda x, y: g(x, y) * 2.0)
+        np.testing.assert_array_equal(np.asarray(f(a, b)), ((a * b + 1) * 2).astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(g(a, b)), a * b + 1)
+    hlo = jax.jit(g).lower(a, b).as_text()
+    assert "stablehlo.custom_call @rivet" in hlo and "rivet_function" in hlo
+    # Inside jit with other JAX ops around it, and on a jax.Array input.
+    x = jnp.asarray(rng.standard_normal((6, 2)).astype(np.float32))
+    y = jnp.asarray(rng.standard_normal(2).astype(np.float32))
+    out = jax.jit(lambda x, y: jnp.sum(g(jnp.sin(x), y), axis=1))(x, y)
+    np.testing.assert_allclose(np.asarray(out), np.sum(np.sin(np.asarray(x)) * np.asarray(y) + 1, axis=1), rtol=1e-5)
+
+
+def test_float64_inputs_without_x64_are_refused_at_trace_time(mul_parts, rng):
+    # Without x64, JAX holds float64 numpy inputs as float32: the kernel's signature refuses
+    # them before anything runs, with rivet's dtype error naming the argument.
+    assert not jax.config.jax_enable_x64
+    g = rjax.ffi_func(mul_parts)
+    x = rng.standard_normal((5, 7))
+    with pytest.raises(rivet.DTypeError, match="argument 0 .'X'. has dtype float32"):
+        jax.jit(g)(x, x)
+
+
+def test_float64_kernels_with_x64(mul_parts, mul_only, mul_backward, rng):
+    with jax.enable_x64(True):
+        g = rjax.ffi_func(mul_parts)
+        x, y = rng.standard_normal((5, 7)), rng.standard_normal((5, 7))
+        p, s = jax.jit(g)(x, y)  # several outputs: a tuple
+        np.testing.assert_array_equal(np.asarray(p), x * y)
+        np.testing.assert_allclose(np.asarray(s), x.sum(axis=1), rtol=1e-12)
+
+        # grad through a given backward rivet function.
+        h = rjax.ffi_func(mul_only, backward=mul_backward)
+        loss = lambda x, y: jnp.sum(jnp.cos(h(x, y)))  # noqa: E731
+        dx, dy = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, y)
+        np.testing.assert_allclose(np.asarray(dx), -np.sin(x * y) * y, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(dy), -np.sin(x * y) * x, rtol=1e-12)
+        # Numerical check of the whole VJP in float64 (JAX's own checker, reverse mode).
+        from jax.test_util import check_grads
+
+        check_grads(lambda x, y: jnp.sin(h(x, y)), (x, y), order=1, modes=["rev"])
+
+        # No backward: a clear rivet error naming the function.
+        plain = rjax.ffi_func(mul_only)
+        with pytest.raises(rivet.ArgumentError, match="no backward"):
+            jax.grad(lambda x, y: jnp.sum(plain(x, y)))(x, y)
+        # A backward that returns the wrong number of gradients.
+        n, m = te.var("n"), te.var("m")
+        X = te.placeholder((n, m), "float64", name="X")
+        Y = te.placeholder((n, m), "float64", name="Y")
+        G = te.placeholder((n, m), "float64", name="G")
+        dX = te.compute((n, m), lambda i, j: G[i, j] * Y[i, j] + X[i, j] * 0.0, name="dX")
+        only_dx = _fn(dX, [X, Y, G, dX], name="only_dx")
+        wrong = rjax.ffi_func(mul_only, backward=only_dx)
+        with pytest.raises(rivet.ArgumentError, match="returns 1 gradient"):
+            jax.grad(lambda x, y: jnp.sum(wrong(x, y)))(x, y)
+
+
+def test_vmap_runs_the_kernel_once_per_batch_element(scale_add, rng):
+    g = rjax.ffi_func(scale_add)
+    a = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    out = jax.jit(jax.vmap(g, in_axes=(0, None)))(a, b)
+    np.testing.assert_array_equal(np.asarray(out), a * b + 1)
+    bb = rng.standard_normal((4, 5)).astype(np.float32)
+    out = jax.vmap(g)(a, bb)
+    np.testing.assert_array_equal(np.asarray(out), a * bb[:, None, :] + 1)
+
+
+def test_bad_calls_fail_at_trace_time_with_rivet_errors(scale_add, rng):
+    g = rjax.ffi_func(scale_add)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(rivet.ShapeError, match="'B'"):
+        g(a, np.zeros(5, np.float32))
+    with pytest.raises(rivet.ShapeError, match="rank"):
+        g(a, np.zeros((4, 1), np.float32))
+    with pytest.raises(rivet.DTypeError, match="int32"):
+        g(a, np.zeros(4, np.int32))
+    with pytest.raises(rivet.ArgumentError, match="takes 2 inputs"):
+        g(a)
+    with pytest.raises(rivet.ArgumentError, match="must be an array"):
+        g(a, [1.0, 2.0, 3.0, 4.0])
+    # Functions that cannot say their outputs' shapes (not compiled) are refused clearly.
+    nop = rjax.ffi_func("testing.nop")
+    with pytest.raises(rivet.ArgumentError, match="cannot say"):
+        nop(a)
+    with pytest.raises(rivet.ArgumentError, match="must be a rivet.Function"):
+        rjax.ffi_func(42)
+    with pytest.raises(rivet.FunctionNotFoundError):
+        rjax.ffi_func("no.such.function")
+
+
+def test_a_custom_call_naming_an_unknown_function_is_an_xla_error(rng):
+    # A hand-made custom call (as a stale persistent-cache entry would be): the handler reports
+    # rivet's error through XLA instead of touching memory.
+    rjax._register_target()
+    a = rng.standard_normal(3).astype(np.float32)
+    call = jax.ffi.ffi_call(rjax.TARGET, jax.ShapeDtypeStruct((3,), np.float32))
+    with pytest.raises(Exception, match="rivet FunctionNotFoundError.*no.such"):
+        np.asarray(jax.jit(lambda x: call(x, rivet_function="no.such"))(a))
+    with pytest.raises(Exception, match="rivet_function"):
+        np.asarray(jax.jit(lambda x: call(x, other=np.int64(3)))(a))

@@ -1,0 +1,598 @@
+//! The C ABI (`rivet_runtime::capi`) and the XLA FFI handler (`rivet_runtime::xla_ffi`),
+//! called exactly as C would: raw structs, raw pointers, return codes. A compiled rivet GEMM
+//! and add run through both; every hostile input (NULLs, bad counts, unknown type codes,
+//! malformed DLTensors, wrong attributes, unknown dtypes, a metadata query) is an error code
+//! or an XLA error with a clear message, never a crash.
+
+use dlpack_rs::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
+use rivet_compiler::te::{self, compute, placeholder};
+use rivet_compiler::{build, Schedule};
+use rivet_runtime::capi::*;
+use rivet_runtime::xla_ffi::*;
+use rivet_runtime::{registry, DType};
+use std::ffi::{c_char, c_void, CStr, CString};
+
+fn last_error() -> (String, String) {
+    let mut kind: *const c_char = std::ptr::null();
+    // SAFETY: the out pointer is valid; both strings are NUL-terminated.
+    unsafe {
+        let msg = RivetGetLastError(&mut kind);
+        (
+            CStr::from_ptr(kind).to_string_lossy().into_owned(),
+            CStr::from_ptr(msg).to_string_lossy().into_owned(),
+        )
+    }
+}
+
+/// Registers C[i] = A[i] + B[i] (symbolic n, float32) under `name`.
+fn register_add(name: &str) {
+    let n = te::var("n");
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
+    let c = compute(
+        &[n],
+        |i| a.idx(&[i[0].clone()]) + b.idx(&[i[0].clone()]),
+        "C",
+    )
+    .unwrap();
+    let s = Schedule::new(std::slice::from_ref(&c)).unwrap();
+    let m = build(&s, &[a, b, c], "cpu", "add").unwrap();
+    registry::register(name, m.get_function("add").unwrap(), true).unwrap();
+}
+
+fn global(name: &str) -> RivetFunctionHandle {
+    let c = CString::new(name).unwrap();
+    let mut h: RivetFunctionHandle = std::ptr::null_mut();
+    // SAFETY: valid string and out pointer.
+    let rc = unsafe { RivetFunctionGetGlobal(c.as_ptr(), &mut h) };
+    assert_eq!(rc, RIVET_OK);
+    assert!(!h.is_null());
+    h
+}
+
+fn f32_dl(data: &mut [f32], shape: &mut [i64]) -> DLTensor {
+    DLTensor {
+        data: data.as_mut_ptr() as *mut c_void,
+        device: DLDevice {
+            device_type: DLDeviceType::kDLCPU,
+            device_id: 0,
+        },
+        ndim: shape.len() as i32,
+        dtype: DLDataType {
+            code: DLDataTypeCode::kDLFloat as u8,
+            bits: 32,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    }
+}
+
+fn call(h: RivetFunctionHandle, args: &[RivetAny]) -> (i32, RivetAny) {
+    let mut out = RivetAny::int(12345);
+    // SAFETY: args live for the call; out is writable.
+    let rc = unsafe { RivetFunctionCall(h, args.as_ptr(), args.len() as i32, &mut out) };
+    (rc, out)
+}
+
+#[test]
+fn compiled_add_runs_in_place_through_the_c_abi() {
+    register_add("capi_test.add");
+    let h = global("capi_test.add");
+    let (mut a, mut b) = (vec![1.0f32, 2.0, 3.0], vec![10.0f32, 20.0, 30.0]);
+    let mut c = vec![f32::NAN; 3];
+    let (mut sa, mut sb, mut sc) = ([3i64], [3i64], [3i64]);
+    let (mut da, mut db, mut dc) = (
+        f32_dl(&mut a, &mut sa),
+        f32_dl(&mut b, &mut sb),
+        f32_dl(&mut c, &mut sc),
+    );
+    let args = [
+        RivetAny::ptr(RIVET_DLTENSOR_READONLY, &mut da as *mut _ as *mut c_void),
+        RivetAny::ptr(RIVET_DLTENSOR_READONLY, &mut db as *mut _ as *mut c_void),
+        RivetAny::ptr(RIVET_DLTENSOR, &mut dc as *mut _ as *mut c_void),
+    ];
+    let (rc, out) = call(h, &args);
+    assert_eq!(rc, RIVET_OK, "{:?}", last_error());
+    assert_eq!(out.type_code, RIVET_NULL);
+    assert_eq!(c, vec![11.0, 22.0, 33.0]);
+
+    // Inputs only: the output is allocated and comes back as an owned managed tensor.
+    let (rc, mut out) = call(h, &args[..2]);
+    assert_eq!(rc, RIVET_OK, "{:?}", last_error());
+    assert_eq!(out.type_code, RIVET_MANAGED_TENSOR);
+    // SAFETY: a managed tensor result of 3 float32.
+    unsafe {
+        let m = out.value.v_ptr as *mut dlpack_rs::ffi::DLManagedTensorVersioned;
+        let t = &(*m).dl_tensor;
+        assert_eq!(*t.shape, 3);
+        let got = std::slice::from_raw_parts(t.data as *const f32, 3);
+        assert_eq!(got, &[11.0, 22.0, 33.0]);
+        assert_eq!(RivetAnyFree(&mut out), RIVET_OK);
+    }
+    assert_eq!(out.type_code, RIVET_NULL);
+
+    // A read-only tensor as the output is refused, naming the argument.
+    let ro = [
+        args[0],
+        args[1],
+        RivetAny::ptr(RIVET_DLTENSOR_READONLY, &mut dc as *mut _ as *mut c_void),
+    ];
+    let (rc, out) = call(h, &ro);
+    assert_eq!(rc, RIVET_ERR_USER);
+    assert_eq!(out.type_code, RIVET_NULL);
+    let (kind, msg) = last_error();
+    assert_eq!(kind, "ReadOnlyError", "{msg}");
+    assert!(msg.contains("'C'"), "{msg}");
+
+    // A shape mismatch is a ShapeError.
+    let mut short = [2i64];
+    let mut dshort = f32_dl(&mut c, &mut short);
+    let bad = [
+        args[0],
+        args[1],
+        RivetAny::ptr(RIVET_DLTENSOR, &mut dshort as *mut _ as *mut c_void),
+    ];
+    assert_eq!(call(h, &bad).0, RIVET_ERR_USER);
+    assert_eq!(last_error().0, "ShapeError");
+    // SAFETY: a live handle, freed once.
+    assert_eq!(unsafe { RivetFunctionFree(h) }, RIVET_OK);
+}
+
+#[test]
+fn scalars_strings_and_functions_cross_both_ways() {
+    let echo = global("testing.echo");
+    let (rc, out) = call(echo, &[RivetAny::int(i64::MIN)]);
+    assert_eq!((rc, out.type_code), (RIVET_OK, RIVET_INT));
+    // SAFETY: an int result.
+    assert_eq!(unsafe { out.value.v_int64 }, i64::MIN);
+    let (rc, out) = call(echo, &[RivetAny::float(-0.5)]);
+    assert_eq!((rc, out.type_code), (RIVET_OK, RIVET_FLOAT));
+    // SAFETY: a float result.
+    assert_eq!(unsafe { out.value.v_float64 }, -0.5);
+    let s = CString::new("héllo").unwrap();
+    let (rc, out) = call(echo, &[RivetAny::ptr(RIVET_STR, s.as_ptr() as *mut c_void)]);
+    assert_eq!((rc, out.type_code), (RIVET_OK, RIVET_STR));
+    // SAFETY: a string result, valid until the next call on this thread.
+    let got = unsafe { CStr::from_ptr(out.value.v_ptr as *const c_char) };
+    assert_eq!(got.to_str(), Ok("héllo"));
+    // A function argument comes back as a new handle that can be called and freed.
+    let nop = global("testing.nop");
+    let (rc, mut out) = call(echo, &[RivetAny::ptr(RIVET_FUNCTION, nop)]);
+    assert_eq!((rc, out.type_code), (RIVET_OK, RIVET_FUNCTION));
+    // SAFETY: a function result.
+    let again = unsafe { out.value.v_ptr };
+    assert_eq!(call(again, &[]).0, RIVET_OK);
+    // SAFETY: an owned result, freed once; handles freed once.
+    unsafe {
+        assert_eq!(RivetAnyFree(&mut out), RIVET_OK);
+        assert_eq!(RivetFunctionFree(nop), RIVET_OK);
+        assert_eq!(RivetFunctionFree(echo), RIVET_OK);
+    }
+}
+
+#[test]
+fn hostile_calls_are_error_codes_with_messages() {
+    let nop = global("testing.nop");
+    let mut out = RivetAny::NULL;
+    // SAFETY: each call passes deliberately bad but non-dangling pointers.
+    unsafe {
+        assert_eq!(
+            RivetFunctionCall(std::ptr::null_mut(), std::ptr::null(), 0, &mut out),
+            RIVET_ERR_USER
+        );
+        assert!(last_error().1.contains("'func'"), "{:?}", last_error());
+        assert_eq!(
+            RivetFunctionCall(nop, std::ptr::null(), 3, &mut out),
+            RIVET_ERR_USER
+        );
+        assert!(last_error().1.contains("'args'"), "{:?}", last_error());
+        for n in [-1, i32::MIN, MAX_ARGS + 1, i32::MAX] {
+            assert_eq!(
+                RivetFunctionCall(nop, [RivetAny::NULL].as_ptr(), n, &mut out),
+                RIVET_ERR_USER
+            );
+            assert!(last_error().1.contains("num_args"), "{:?}", last_error());
+        }
+        assert_eq!(
+            RivetFunctionCall(nop, std::ptr::null(), 0, std::ptr::null_mut()),
+            RIVET_ERR_USER
+        );
+        assert!(last_error().1.contains("'result'"));
+        let mut h: RivetFunctionHandle = std::ptr::null_mut();
+        assert_eq!(
+            RivetFunctionGetGlobal(std::ptr::null(), &mut h),
+            RIVET_ERR_USER
+        );
+        let missing = CString::new("capi_test.no_such_function").unwrap();
+        assert_eq!(
+            RivetFunctionGetGlobal(missing.as_ptr(), &mut h),
+            RIVET_ERR_USER
+        );
+        assert_eq!(last_error().0, "FunctionNotFoundError");
+        assert!(h.is_null());
+        let bad_utf8 = [0xffu8, 0xfe, 0];
+        assert_eq!(
+            RivetFunctionGetGlobal(bad_utf8.as_ptr() as *const c_char, &mut h),
+            RIVET_ERR_USER
+        );
+        assert!(last_error().1.contains("UTF-8"));
+        assert_eq!(
+            RivetFunctionGetGlobal(missing.as_ptr(), std::ptr::null_mut()),
+            RIVET_ERR_USER
+        );
+    }
+    for (code, want) in [
+        (99, "unknown type code 99"),
+        (-1, "unknown type code -1"),
+        (i32::MIN, "unknown type code"),
+        (RIVET_MANAGED_TENSOR, "for results"),
+    ] {
+        let (rc, out) = call(nop, &[RivetAny::ptr(code, std::ptr::null_mut())]);
+        assert_eq!((rc, out.type_code), (RIVET_ERR_USER, RIVET_NULL));
+        let (kind, msg) = last_error();
+        assert_eq!(kind, "ArgumentError");
+        assert!(msg.contains(want) && msg.contains("argument 0"), "{msg}");
+    }
+    for code in [
+        RIVET_DLTENSOR,
+        RIVET_DLTENSOR_READONLY,
+        RIVET_STR,
+        RIVET_FUNCTION,
+    ] {
+        assert_eq!(
+            call(nop, &[RivetAny::ptr(code, std::ptr::null_mut())]).0,
+            RIVET_ERR_USER
+        );
+        assert!(last_error().1.contains("NULL"), "{:?}", last_error());
+    }
+    // Malformed DLTensors: the import's validation applies (rank, NULL shape, negative dims,
+    // sizes whose byte span overflows).
+    let mut data = vec![0f32; 4];
+    for (ndim, shape) in [
+        (-1, vec![4i64]),
+        (65, vec![1; 65]),
+        (1, vec![-4]),
+        (2, vec![i64::MAX, 2]),
+        (2, vec![1 << 62, 1 << 62]),
+    ] {
+        let mut shape = shape;
+        let mut dl = f32_dl(&mut data, &mut shape);
+        dl.ndim = ndim;
+        let (rc, _) = call(
+            nop,
+            &[RivetAny::ptr(
+                RIVET_DLTENSOR,
+                &mut dl as *mut _ as *mut c_void,
+            )],
+        );
+        assert_eq!(rc, RIVET_ERR_USER, "ndim {ndim} shape {shape:?}");
+        assert!(last_error().1.contains("argument 0"), "{:?}", last_error());
+    }
+    let mut shape = [4i64];
+    let mut dl = f32_dl(&mut data, &mut shape);
+    dl.shape = std::ptr::null_mut();
+    assert_eq!(
+        call(
+            nop,
+            &[RivetAny::ptr(
+                RIVET_DLTENSOR,
+                &mut dl as *mut _ as *mut c_void
+            )]
+        )
+        .0,
+        RIVET_ERR_USER
+    );
+    assert!(last_error().1.contains("NULL shape"));
+    // SAFETY: NULL is a no-op for both.
+    unsafe {
+        assert_eq!(RivetFunctionFree(std::ptr::null_mut()), RIVET_OK);
+        assert_eq!(RivetAnyFree(std::ptr::null_mut()), RIVET_OK);
+        assert_eq!(RivetFunctionFree(nop), RIVET_OK);
+    }
+    assert_eq!(RivetAbiVersion() >> 16, ABI_MAJOR);
+}
+
+#[test]
+fn a_panicking_function_is_an_internal_error_code() {
+    registry::register(
+        "capi_test.panics",
+        rivet_runtime::Function::new("capi_test.panics", |_| panic!("boom")),
+        true,
+    )
+    .unwrap();
+    let h = global("capi_test.panics");
+    let (rc, out) = call(h, &[]);
+    assert_eq!((rc, out.type_code), (RIVET_ERR_INTERNAL, RIVET_NULL));
+    let (kind, msg) = last_error();
+    assert_eq!(kind, "InternalError");
+    assert!(msg.contains("boom"), "{msg}");
+    // SAFETY: freed once.
+    unsafe { RivetFunctionFree(h) };
+}
+
+// ---- XLA FFI -------------------------------------------------------------------------------
+
+/// A stand-in for XLA's `XLA_FFI_Error_Create`: records the message and code.
+unsafe extern "C" fn fake_error_create(args: *mut ErrorCreateArgs) -> *mut c_void {
+    // SAFETY: the handler passes valid args with a NUL-terminated message.
+    let (msg, errc) = unsafe {
+        (
+            CStr::from_ptr((*args).message)
+                .to_string_lossy()
+                .into_owned(),
+            (*args).errc,
+        )
+    };
+    Box::into_raw(Box::new((msg, errc))) as *mut c_void
+}
+
+fn fake_api() -> Api {
+    Api {
+        struct_size: std::mem::size_of::<Api>(),
+        extension_start: std::ptr::null_mut(),
+        api_version: ApiVersion {
+            struct_size: 24,
+            extension_start: std::ptr::null_mut(),
+            major_version: 0,
+            minor_version: 3,
+        },
+        internal_api: std::ptr::null(),
+        error_create: Some(fake_error_create),
+    }
+}
+
+fn buffer(dtype: i32, data: *mut c_void, dims: &mut [i64]) -> Buffer {
+    Buffer {
+        struct_size: std::mem::size_of::<Buffer>(),
+        extension_start: std::ptr::null_mut(),
+        dtype,
+        data,
+        rank: dims.len() as i64,
+        dims: dims.as_mut_ptr(),
+    }
+}
+
+fn list(types: &mut [i32], items: &mut [*mut c_void]) -> List {
+    List {
+        struct_size: std::mem::size_of::<List>(),
+        extension_start: std::ptr::null_mut(),
+        size: types.len() as i64,
+        types: types.as_mut_ptr(),
+        items: items.as_mut_ptr(),
+    }
+}
+
+/// Calls the handler with buffers and one attribute (`name` = `value`, a string unless
+/// `attr_type` says otherwise); returns the error message, or None for success.
+fn run_handler(
+    args: &mut [Buffer],
+    rets: &mut [Buffer],
+    name: &str,
+    value: &str,
+    attr_type: i32,
+) -> Option<(String, i32)> {
+    let api = fake_api();
+    let mut arg_types = vec![1i32; args.len()];
+    let mut arg_items: Vec<*mut c_void> = args
+        .iter_mut()
+        .map(|b| b as *mut _ as *mut c_void)
+        .collect();
+    let mut ret_types = vec![1i32; rets.len()];
+    let mut ret_items: Vec<*mut c_void> = rets
+        .iter_mut()
+        .map(|b| b as *mut _ as *mut c_void)
+        .collect();
+    let mut name_span = ByteSpan {
+        ptr: name.as_ptr() as *const c_char,
+        len: name.len(),
+    };
+    let mut value_span = ByteSpan {
+        ptr: value.as_ptr() as *const c_char,
+        len: value.len(),
+    };
+    let mut attr_types = [attr_type];
+    let mut attr_names = [&mut name_span as *mut ByteSpan];
+    let mut attr_values = [&mut value_span as *mut ByteSpan as *mut c_void];
+    let mut frame = CallFrame {
+        struct_size: std::mem::size_of::<CallFrame>(),
+        extension_start: std::ptr::null_mut(),
+        api: &api,
+        ctx: std::ptr::null_mut(),
+        stage: 3,
+        args: list(&mut arg_types, &mut arg_items),
+        rets: list(&mut ret_types, &mut ret_items),
+        attrs: Attrs {
+            struct_size: std::mem::size_of::<Attrs>(),
+            extension_start: std::ptr::null_mut(),
+            size: 1,
+            types: attr_types.as_mut_ptr(),
+            names: attr_names.as_mut_ptr(),
+            attrs: attr_values.as_mut_ptr(),
+        },
+        future: std::ptr::null_mut(),
+    };
+    // SAFETY: a well-formed frame whose pointers outlive the call.
+    let err = unsafe { rivet_xla_ffi_handler(&mut frame) };
+    if err.is_null() {
+        None
+    } else {
+        // SAFETY: made by fake_error_create.
+        Some(*unsafe { Box::from_raw(err as *mut (String, i32)) })
+    }
+}
+
+#[test]
+fn the_xla_handler_runs_a_compiled_function_on_xla_buffers() {
+    register_add("xla_test.add");
+    let (mut a, mut b, mut c) = (
+        vec![1.0f32, 2.0, 3.0, 4.0],
+        vec![0.5f32; 4],
+        vec![f32::NAN; 4],
+    );
+    let (mut da, mut db, mut dc) = ([4i64], [4i64], [4i64]);
+    let mut args = [
+        buffer(11, a.as_mut_ptr() as *mut c_void, &mut da),
+        buffer(11, b.as_mut_ptr() as *mut c_void, &mut db),
+    ];
+    let mut rets = [buffer(11, c.as_mut_ptr() as *mut c_void, &mut dc)];
+    assert_eq!(
+        run_handler(&mut args, &mut rets, FUNCTION_ATTR, "xla_test.add", 4),
+        None
+    );
+    assert_eq!(c, vec![1.5, 2.5, 3.5, 4.5]);
+
+    // Hostile and wrong calls: each an XLA error naming the problem.
+    let cases: Vec<(&str, &str, i32, &str)> = vec![
+        (
+            "other_attr",
+            "xla_test.add",
+            4,
+            "no string attribute 'rivet_function'",
+        ),
+        (FUNCTION_ATTR, "xla_test.add", 3, "must be a string"),
+        (FUNCTION_ATTR, "xla_test.nope", 4, "xla_test.nope"),
+    ];
+    for (name, value, ty, want) in cases {
+        let (msg, errc) = run_handler(&mut args, &mut rets, name, value, ty).expect("an error");
+        assert!(msg.contains(want), "{msg}");
+        assert_eq!(errc, 3, "{msg}");
+    }
+    // A result XLA sized wrongly: the function's shape check, not an out-of-bounds write.
+    let mut short = [3i64];
+    let mut bad_rets = [buffer(11, c.as_mut_ptr() as *mut c_void, &mut short)];
+    let (msg, _) = run_handler(&mut args, &mut bad_rets, FUNCTION_ATTR, "xla_test.add", 4).unwrap();
+    assert!(
+        msg.starts_with("rivet ShapeError") && msg.contains("'C'"),
+        "{msg}"
+    );
+    // A dtype rivet lacks (complex64 = 15) and a wrong dtype (float64 = 12).
+    let mut c2 = [4i64];
+    let mut odd = [buffer(15, c.as_mut_ptr() as *mut c_void, &mut c2)];
+    let (msg, _) = run_handler(&mut args, &mut odd, FUNCTION_ATTR, "xla_test.add", 4).unwrap();
+    assert!(
+        msg.contains("DTypeError") && msg.contains("element type 15"),
+        "{msg}"
+    );
+    let mut c3 = [2i64];
+    let mut wide = [buffer(12, c.as_mut_ptr() as *mut c_void, &mut c3)];
+    let (msg, _) = run_handler(&mut args, &mut wide, FUNCTION_ATTR, "xla_test.add", 4).unwrap();
+    assert!(msg.contains("DTypeError"), "{msg}");
+    // Ranks out of range, NULL dims, sizes whose span overflows.
+    for (rank, null_dims, dims) in [
+        (-1i64, false, vec![4i64]),
+        (65, false, vec![1; 65]),
+        (1, true, vec![4]),
+        (2, false, vec![i64::MAX, 4]),
+        (1, false, vec![-1]),
+    ] {
+        let mut dims = dims;
+        let mut bad = [buffer(11, c.as_mut_ptr() as *mut c_void, &mut dims)];
+        bad[0].rank = rank;
+        if null_dims {
+            bad[0].dims = std::ptr::null_mut();
+        }
+        let (msg, _) = run_handler(&mut args, &mut bad, FUNCTION_ATTR, "xla_test.add", 4).unwrap();
+        assert!(msg.contains("XLA result 0"), "rank {rank}: {msg}");
+    }
+    // Inputs are read-only views: a function that writes its first argument is refused.
+    let sig = rivet_runtime::Signature::new(vec![rivet_runtime::Param::new(
+        "y",
+        rivet_runtime::ParamKind::Tensor(rivet_runtime::TensorSpec {
+            output: true,
+            ..Default::default()
+        }),
+    )]);
+    let writer = rivet_runtime::Function::with_signature("xla_test.writer", sig, |_| {
+        Ok(rivet_runtime::Value::Null)
+    });
+    registry::register("xla_test.writer", writer, true).unwrap();
+    let mut only = [buffer(11, a.as_mut_ptr() as *mut c_void, &mut da)];
+    let (msg, _) = run_handler(&mut only, &mut [], FUNCTION_ATTR, "xla_test.writer", 4).unwrap();
+    assert!(
+        msg.starts_with("rivet ReadOnlyError") && msg.contains("'y'"),
+        "{msg}"
+    );
+    assert_eq!(a, vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+fn the_xla_handler_answers_the_metadata_query() {
+    let api = fake_api();
+    let mut md = Metadata {
+        struct_size: std::mem::size_of::<Metadata>(),
+        api_version: ApiVersion {
+            struct_size: 0,
+            extension_start: std::ptr::null_mut(),
+            major_version: -1,
+            minor_version: -1,
+        },
+        traits: 77,
+        state_type_id: 9,
+    };
+    let mut ext = MetadataExtension {
+        extension_base: ExtensionBase {
+            struct_size: std::mem::size_of::<MetadataExtension>(),
+            type_: 1,
+            next: std::ptr::null_mut(),
+        },
+        metadata: &mut md,
+    };
+    let empty = || List {
+        struct_size: std::mem::size_of::<List>(),
+        extension_start: std::ptr::null_mut(),
+        size: 0,
+        types: std::ptr::null_mut(),
+        items: std::ptr::null_mut(),
+    };
+    let mut frame = CallFrame {
+        struct_size: std::mem::size_of::<CallFrame>(),
+        extension_start: &mut ext.extension_base,
+        api: &api,
+        ctx: std::ptr::null_mut(),
+        stage: 0,
+        args: empty(),
+        rets: empty(),
+        attrs: Attrs {
+            struct_size: std::mem::size_of::<Attrs>(),
+            extension_start: std::ptr::null_mut(),
+            size: 0,
+            types: std::ptr::null_mut(),
+            names: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+        },
+        future: std::ptr::null_mut(),
+    };
+    // SAFETY: a well-formed metadata query.
+    assert!(unsafe { rivet_xla_ffi_handler(&mut frame) }.is_null());
+    assert_eq!(
+        (md.api_version.major_version, md.api_version.minor_version),
+        (API_MAJOR, API_MINOR)
+    );
+    assert_eq!(
+        (md.traits, md.state_type_id, md.api_version.struct_size),
+        (0, 0, 24)
+    );
+    // A frame too small to be one, and a malformed attribute list: internal errors, no reads.
+    frame.extension_start = std::ptr::null_mut();
+    frame.stage = 3;
+    frame.attrs.size = 5; // with NULL arrays
+                          // SAFETY: the handler must check the NULL arrays before reading them.
+    let err = unsafe { rivet_xla_ffi_handler(&mut frame) };
+    // SAFETY: made by fake_error_create.
+    let (msg, errc) = *unsafe { Box::from_raw(err as *mut (String, i32)) };
+    assert!(
+        msg.contains("malformed XLA FFI attributes") && errc == 13,
+        "{msg}"
+    );
+    frame.struct_size = 8;
+    // SAFETY: as above.
+    let err = unsafe { rivet_xla_ffi_handler(&mut frame) };
+    // SAFETY: as above.
+    let (msg, _) = *unsafe { Box::from_raw(err as *mut (String, i32)) };
+    assert!(msg.contains("struct_size 8"), "{msg}");
+    // A NULL frame cannot be reported through XLA: the handler returns without reading it.
+    // SAFETY: NULL is checked first.
+    assert!(unsafe { rivet_xla_ffi_handler(std::ptr::null_mut()) }.is_null());
+}
