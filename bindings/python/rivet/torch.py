@@ -23,6 +23,7 @@ Invariant: the fake and real implementations derive output shapes from one table
 never needs it. docs/torch.md is the user documentation.
 """
 
+import itertools
 import keyword
 import re
 
@@ -75,9 +76,7 @@ def custom_op(func, name, *, backward=None, mutates=False, device_types=None, ov
         )
     bwd = _Backward(op, backward, override) if backward is not None else None
     ns, opname = name.split("::")
-    cdef = torch.library.custom_op(
-        name, op.run, mutates_args=op.mutated, schema=op.schema
-    )
+    cdef = torch.library.custom_op(name, op.run, mutates_args=op.mutated, schema=op.schema)
     cdef.register_fake(op.fake)
     packet = getattr(getattr(torch.ops, ns), opname)
     if not mutates:
@@ -89,7 +88,8 @@ def custom_op(func, name, *, backward=None, mutates=False, device_types=None, ov
         # would run one silently, leaving the written output without a grad_fn: refuse at the
         # call instead. (`_lib` is the op's own torch.library.Library: replacing its Autograd
         # kernel there is an override, not a second registration.)
-        cdef._lib.impl(opname, op.mutating_autograd(packet.default), "Autograd", with_keyset=True)
+        kernel = op.mutating_autograd(packet.default)
+        cdef._lib.impl(opname, kernel, "Autograd", with_keyset=True)
     return packet
 
 
@@ -116,33 +116,23 @@ class _Op:
         self.func, self.name, self.mutates, self.params = func, name, mutates, params
         self.where = f"{name} (rivet function {func.name!r})"
         self._check_kinds()
-        self.args = [p for p in params if mutates or not _is_output(p)]
         self.outputs = [i for i, p in enumerate(params) if _is_output(p)]
         if not self.outputs:
             raise ArgumentError(f"{self.where}: the function writes no output tensor")
         self.device_types = self._device_types(device_types)
         names = _schema_names(params)
+        # The op's arguments: every parameter (mutating op) or the inputs (functional op).
+        # pos[i] is parameter i's position among them; None marks an allocated output.
+        taken = [mutates or not _is_output(p) for p in params]
+        self.pos = list(itertools.accumulate(taken, initial=0))[:-1]
+        self.pos = [k if t else None for k, t in zip(self.pos, taken)]
         self.mutated = [names[i] for i in self.outputs] if mutates else []
-        alias = iter(range(len(params)))
         schema_args = [
-            (f"Tensor(a{next(alias)}!)" if mutates and _is_output(p) else _schema_type(p))
-            + " "
-            + names[i]
-            for i, p in enumerate(params)
-            if mutates or not _is_output(p)
+            f"{_schema_type(p, mutates, i)} {names[i]}" for i, p in enumerate(params) if taken[i]
         ]
         n_out = len(self.outputs)
-        ret = "()" if mutates else ("Tensor" if n_out == 1 else f"({', '.join(['Tensor'] * n_out)})")
-        self.schema = f"({', '.join(schema_args)}) -> {ret}"
-        # Where each parameter sits among the op's arguments (None: an allocated output).
-        pos, k = [], 0
-        for p in params:
-            if mutates or not _is_output(p):
-                pos.append(k)
-                k += 1
-            else:
-                pos.append(None)
-        self.pos = pos
+        ret = "Tensor" if n_out == 1 else f"({', '.join(['Tensor'] * n_out)})"
+        self.schema = f"({', '.join(schema_args)}) -> {'()' if mutates else ret}"
         self.out_table = None if mutates else [self._out_recipe(i) for i in self.outputs]
 
     def _check_kinds(self):
@@ -155,7 +145,8 @@ class _Op:
 
     def _device_types(self, given):
         rules = {p["device"] for p in self.params if p["kind"] == "tensor"}
-        built = ("cuda",) if rules & {"any"} or any(r.startswith("cuda") for r in rules) else ("cpu",)
+        cuda = "any" in rules or any(r.startswith("cuda") for r in rules)
+        built = ("cuda",) if cuda else ("cpu",)
         if given is None:
             return built
         given = (given,) if isinstance(given, str) else tuple(given)
@@ -247,14 +238,16 @@ class _Op:
                     torch._check_with(
                         ShapeError,
                         got == want,
-                        lambda: f"{self.name}: {arg} expected size {want} in dim {d}, got shape {tuple(t.shape)}",
+                        lambda: f"{self.name}: {arg} expected size {want} in dim {d}, "
+                        f"got shape {tuple(t.shape)}",
                     )
                 elif want is not None and want in bound:
                     val, where = bound[want]
                     torch._check_with(
                         ShapeError,
                         got == val,
-                        lambda: f"{self.name}: dim '{want}' is {val} from {where} but {got} from {arg} (dim {d})",
+                        lambda: f"{self.name}: dim '{want}' is {val} from {where} "
+                        f"but {got} from {arg} (dim {d})",
                     )
                 elif want is not None:
                     bound[want] = (got, arg)
@@ -404,7 +397,9 @@ def _differentiable(p):
     return p["kind"] == "tensor" and bool(p["dtypes"]) and set(p["dtypes"]) <= _FLOAT_DTYPES
 
 
-def _schema_type(p):
+def _schema_type(p, mutates, i):
+    if mutates and _is_output(p):
+        return f"Tensor(a{i}!)"  # written in place: an alias set of its own
     return "Tensor" if p["kind"] == "tensor" else _SCALAR_SCHEMA[p["kind"]]
 
 
