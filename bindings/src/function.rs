@@ -9,8 +9,8 @@ use crate::cuda::{parse_stream, CallStreams};
 use crate::errors::IntoPyResult;
 use crate::tensor::PyTensor;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
-use rivet_runtime::{registry, ArgName, Function, Value};
+use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple, PyType};
+use rivet_runtime::{registry, ArgName, DeviceSpec, Dim, Function, ParamKind, Value};
 use smallvec::SmallVec;
 
 /// How a wrapper converts between a framework's tensors and rivet's.
@@ -165,6 +165,63 @@ impl PyFunction {
             .output_shapes(&refs, dtypes.as_deref())
             .py_err(py)?;
         Ok(outs.into_iter().map(|(s, d)| (s, d.name())).collect())
+    }
+
+    /// The typed signature as plain data, for framework glue (`rivet.torch`): one dict per
+    /// parameter, in call order, with `name`, `kind` ("tensor", "int", "float", "bool",
+    /// "str", "function", "any"), and for tensors `dtypes` (list of names; empty: any),
+    /// `shape` (None: any rank; else per dim an int, a symbolic dim's name, or None for a dim
+    /// given by an expression or unconstrained), `device` ("host": CPU-readable memory;
+    /// "any": the function checks devices itself, as CUDA builds do; else a device such as
+    /// "cuda:0") and `output` (the function writes it). None for untyped functions.
+    #[getter]
+    fn _params<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(sig) = self.func.signature() else {
+            return Ok(None);
+        };
+        let out = PyList::empty(py);
+        for p in &sig.params {
+            let d = PyDict::new(py);
+            d.set_item("name", &p.name)?;
+            let kind = match &p.kind {
+                ParamKind::Any => "any",
+                ParamKind::Bool => "bool",
+                ParamKind::Int => "int",
+                ParamKind::Float => "float",
+                ParamKind::Str => "str",
+                ParamKind::Function => "function",
+                ParamKind::Tensor(t) => {
+                    let dtypes: Vec<&str> = t.dtypes.iter().map(|d| d.name()).collect();
+                    d.set_item("dtypes", dtypes)?;
+                    let shape = match &t.shape {
+                        None => py.None(),
+                        Some(dims) => {
+                            let dims: Vec<Py<PyAny>> = dims
+                                .iter()
+                                .map(|dim| match dim {
+                                    Dim::Fixed(n) => PyInt::new(py, *n).into_any().unbind(),
+                                    Dim::Var(v) => PyString::new(py, v).into_any().unbind(),
+                                    Dim::Any => py.None(),
+                                })
+                                .collect();
+                            PyList::new(py, dims)?.into_any().unbind()
+                        }
+                    };
+                    d.set_item("shape", shape)?;
+                    let device = match t.device {
+                        DeviceSpec::Host => "host".to_string(),
+                        DeviceSpec::Any => "any".to_string(),
+                        DeviceSpec::Exactly(dev) => dev.to_string(),
+                    };
+                    d.set_item("device", device)?;
+                    d.set_item("output", t.output)?;
+                    "tensor"
+                }
+            };
+            d.set_item("kind", kind)?;
+            out.append(d)?;
+        }
+        Ok(Some(out))
     }
 
     /// A wrapper of this function for a framework's tensor type (see `rivet.convert_func`).

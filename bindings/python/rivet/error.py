@@ -65,6 +65,10 @@ class IndexError(Error, builtins.IndexError):
     """An element access outside its tensor caught at run time (checked mode)."""
 
 
+class NotDifferentiableError(Error, RuntimeError):
+    """A gradient asked of a rivet op that has no backward (``rivet.torch.custom_op``)."""
+
+
 class InternalError(Error):
     """A bug in rivet (never the caller's fault); please report it."""
 
@@ -84,5 +88,6 @@ __all__ = [
     "CompileError",
     "MemoryError",
     "IndexError",
+    "NotDifferentiableError",
     "InternalError",
 ]

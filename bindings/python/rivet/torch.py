@@ -1,0 +1,431 @@
+"""rivet functions as torch custom operators: ``rivet.torch.custom_op(func, "ns::op")``.
+
+The op is registered through ``torch.library.custom_op`` with everything derived from the
+function's typed signature (``Function._params``), so torch.compile, torch.export and
+autograd see through it with no user code:
+
+- schema: tensor inputs are ``Tensor`` args, int / float / bool / str scalars their schema
+  types, in the function's parameter order. Functional ops (the default) take the inputs and
+  return the outputs, allocated by torch; ``mutates=True`` ops take every parameter, outputs
+  as mutated arguments (``Tensor(a!)``), and return nothing.
+- fake (meta) implementation: checks dtypes, ranks, fixed dims, symbolic dims bound twice and
+  devices (with ``torch._check`` so symbolic sizes add no specialisation), and gives each
+  output its declared dtype and a shape made of fixed dims and input sizes. An output whose
+  dtype or dims the inputs do not determine is refused at registration.
+- real implementation: allocates the outputs with ``torch.empty`` and calls the rivet
+  function on the torch tensors themselves (no copy; strided views work in place).
+- autograd: ``backward=`` a rivet function (registered as the op ``<name>_backward``, so it is
+  traced like the forward) or a Python callable; without one, backward raises
+  ``rivet.NotDifferentiableError`` naming the op.
+
+Invariant: the fake and real implementations derive output shapes from one table
+(``_Op.out_shapes``), so they cannot disagree. torch is imported lazily: ``import rivet``
+never needs it. docs/torch.md is the user documentation.
+"""
+
+import itertools
+import keyword
+import re
+
+from ._native import Function
+from .error import (
+    ArgumentError,
+    DeviceError,
+    DTypeError,
+    Error,
+    NotDifferentiableError,
+    RegistryError,
+    ShapeError,
+)
+
+__all__ = ["custom_op"]
+
+_SCALAR_SCHEMA = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
+_FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def custom_op(func, name, *, backward=None, mutates=False, device_types=None, override=False):
+    """Register the rivet function ``func`` as the torch operator ``name`` ("ns::op").
+
+    Returns the op, ``torch.ops.ns.op``. Keywords:
+
+    - ``backward``: None (backward through the op raises ``rivet.NotDifferentiableError``),
+      a rivet function taking the forward's inputs then one gradient per forward output and
+      writing one gradient per differentiable input (tensor inputs of floating dtypes), in
+      order, or a Python callable ``backward(ctx, *grads)`` returning one gradient (or None)
+      per op input, where ``ctx.inputs`` / ``ctx.outputs`` hold the forward's inputs and
+      outputs. Functional ops only.
+    - ``mutates``: False (outputs allocated and returned: best for torch.compile) or True
+      (outputs passed by the caller and written in place; the op returns nothing).
+    - ``device_types``: the torch device types the op accepts; default from the function's
+      build (``"cpu"``; ``"cuda"`` for CUDA builds). A tensor on another device is a
+      ``rivet.DeviceError`` naming the argument, at trace time and in eager calls.
+    - ``override``: replace an op of the same name made by ``custom_op`` (else a taken name
+      is a ``rivet.RegistryError``).
+    """
+    import torch
+
+    op = _Op(func, name, mutates, device_types)
+    _check_free(name, override)
+    if backward is not None and mutates:
+        raise ArgumentError(
+            f"rivet.torch.custom_op: argument 'backward' needs a functional op, but {name!r} "
+            "is registered with mutates=True (torch has no autograd for ops that write "
+            "their arguments); register it with mutates=False"
+        )
+    bwd = _Backward(op, backward, override) if backward is not None else None
+    ns, opname = name.split("::")
+    cdef = torch.library.custom_op(name, op.run, mutates_args=op.mutated, schema=op.schema)
+    cdef.register_fake(op.fake)
+    packet = getattr(getattr(torch.ops, ns), opname)
+    if not mutates:
+        cdef.register_autograd(
+            bwd.backward if bwd else op.no_backward, setup_context=_setup_context
+        )
+    else:
+        # torch has no autograd for ops that write their arguments, and custom_op's default
+        # would run one silently, leaving the written output without a grad_fn: refuse at the
+        # call instead. (`_lib` is the op's own torch.library.Library: replacing its Autograd
+        # kernel there is an override, not a second registration.)
+        kernel = op.mutating_autograd(packet.default)
+        cdef._lib.impl(opname, kernel, "Autograd", with_keyset=True)
+    return packet
+
+
+class _Op:
+    """The signature-derived pieces of one op: schema, checks, output shapes, kernels."""
+
+    def __init__(self, func, name, mutates, device_types):
+        if not isinstance(func, Function):
+            raise ArgumentError(
+                "rivet.torch.custom_op: argument 0 ('func') must be a rivet.Function, got "
+                f"{type(func).__name__}"
+            )
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ArgumentError(
+                "rivet.torch.custom_op: argument 1 ('name') must be 'namespace::op_name' "
+                f"(identifiers, e.g. 'mylib::gemm'), got {name!r}"
+            )
+        params = func._params
+        if params is None:
+            raise ArgumentError(
+                f"rivet.torch.custom_op: rivet function {func.name!r} has no typed signature; "
+                "only typed functions (compiled with rivet.build, rivet.kernels) can be torch ops"
+            )
+        self.func, self.name, self.mutates, self.params = func, name, mutates, params
+        self.where = f"{name} (rivet function {func.name!r})"
+        self._check_kinds()
+        self.outputs = [i for i, p in enumerate(params) if _is_output(p)]
+        if not self.outputs:
+            raise ArgumentError(f"{self.where}: the function writes no output tensor")
+        self.device_types = self._device_types(device_types)
+        names = _schema_names(params)
+        # The op's arguments: every parameter (mutating op) or the inputs (functional op).
+        # pos[i] is parameter i's position among them; None marks an allocated output.
+        taken = [mutates or not _is_output(p) for p in params]
+        self.pos = list(itertools.accumulate(taken, initial=0))[:-1]
+        self.pos = [k if t else None for k, t in zip(self.pos, taken)]
+        self.mutated = [names[i] for i in self.outputs] if mutates else []
+        schema_args = [
+            f"{_schema_type(p, mutates, i)} {names[i]}" for i, p in enumerate(params) if taken[i]
+        ]
+        n_out = len(self.outputs)
+        ret = "Tensor" if n_out == 1 else f"({', '.join(['Tensor'] * n_out)})"
+        self.schema = f"({', '.join(schema_args)}) -> {'()' if mutates else ret}"
+        self.out_table = None if mutates else [self._out_recipe(i) for i in self.outputs]
+
+    def _check_kinds(self):
+        for i, p in enumerate(self.params):
+            if p["kind"] != "tensor" and p["kind"] not in _SCALAR_SCHEMA:
+                raise ArgumentError(
+                    f"{self.where}: argument {i} ('{p['name']}') is of kind {p['kind']!r}, "
+                    "which a torch schema cannot express (tensors, int, float, bool, str only)"
+                )
+
+    def _device_types(self, given):
+        rules = {p["device"] for p in self.params if p["kind"] == "tensor"}
+        cuda = "any" in rules or any(r.startswith("cuda") for r in rules)
+        built = ("cuda",) if cuda else ("cpu",)
+        if given is None:
+            return built
+        given = (given,) if isinstance(given, str) else tuple(given)
+        extra = [d for d in given if d not in built]
+        if extra:
+            raise DeviceError(
+                f"{self.where}: device_types {given} includes {extra[0]!r}, but the function "
+                f"was built for {built[0]!r}; build it for {extra[0]!r} (target=...) instead"
+            )
+        return given
+
+    def _out_recipe(self, i):
+        """(dtype, dims) of output parameter i: per dim an int or (arg position, dim)."""
+        p = self.params[i]
+        what = f"{self.where}: output {i} ('{p['name']}')"
+        if len(p["dtypes"]) != 1:
+            raise ArgumentError(
+                f"{what} has dtype {'|'.join(p['dtypes']) or 'any'}, not one dtype: a "
+                "functional op cannot tell which to allocate; register it with mutates=True"
+            )
+        if p["shape"] is None:
+            raise ArgumentError(
+                f"{what} has no declared rank: a functional op cannot allocate it; register "
+                "it with mutates=True"
+            )
+        dims = []
+        for d, dim in enumerate(p["shape"]):
+            if isinstance(dim, int):
+                dims.append(dim)
+                continue
+            src = self._binding(dim) if dim is not None else None
+            if src is None:
+                shown = "an expression of the dims" if dim is None else f"'{dim}'"
+                raise ArgumentError(
+                    f"{what} dim {d} is {shown}, which no input's shape gives, so its size "
+                    "cannot be derived from the inputs; register it with mutates=True and "
+                    "pass the output"
+                )
+            dims.append(src)
+        return _dtype(p["dtypes"][0]), dims
+
+    def _binding(self, var):
+        for i, p in enumerate(self.params):
+            if p["kind"] == "tensor" and not _is_output(p) and p["shape"] is not None:
+                if var in p["shape"]:
+                    return self.pos[i], p["shape"].index(var)
+        return None
+
+    def out_shapes(self, args):
+        return [
+            (dtype, [d if isinstance(d, int) else args[d[0]].shape[d[1]] for d in dims])
+            for dtype, dims in self.out_table
+        ]
+
+    def check(self, args, fake):
+        """The signature's checks with the op's name; torch._check so symbolic sizes only
+        add the constraints (no specialisation on a size)."""
+        import torch
+
+        bound = {}
+        for i, p in enumerate(self.params):
+            k = self.pos[i]
+            if k is None or p["kind"] != "tensor":
+                continue
+            t, arg = args[k], f"argument {k} ('{p['name']}')"
+            dtype = str(t.dtype).removeprefix("torch.")
+            if p["dtypes"] and dtype not in p["dtypes"]:
+                raise DTypeError(
+                    f"{self.name}: {arg} expected dtype {' or '.join(p['dtypes'])}, got {dtype}"
+                )
+            dev = t.device.type
+            if dev not in self.device_types and not (fake and dev == "meta"):
+                raise DeviceError(
+                    f"{self.name}: {arg} is on {t.device}, but the rivet function "
+                    f"{self.func.name!r} runs on {' or '.join(self.device_types)} tensors; "
+                    "rivet does not copy between devices (build the function for that device)"
+                )
+            shape = p["shape"]
+            if shape is None:
+                continue
+            if t.dim() != len(shape):
+                raise ShapeError(
+                    f"{self.name}: {arg} expected a {len(shape)}-d tensor, got "
+                    f"{t.dim()}-d of shape {tuple(t.shape)}"
+                )
+            for d, want in enumerate(shape):
+                got = t.shape[d]
+                if isinstance(want, int):
+                    torch._check_with(
+                        ShapeError,
+                        got == want,
+                        lambda: f"{self.name}: {arg} expected size {want} in dim {d}, "
+                        f"got shape {tuple(t.shape)}",
+                    )
+                elif want is not None and want in bound:
+                    val, where = bound[want]
+                    torch._check_with(
+                        ShapeError,
+                        got == val,
+                        lambda: f"{self.name}: dim '{want}' is {val} from {where} "
+                        f"but {got} from {arg} (dim {d})",
+                    )
+                elif want is not None:
+                    bound[want] = (got, arg)
+
+    def fake(self, *args):
+        self.check(args, fake=True)
+        if self.mutates:
+            return None
+        return self.allocate(args)
+
+    def allocate(self, args):
+        import torch
+
+        dev = _first_device(args)
+        outs = [torch.empty(s, dtype=dt, device=dev) for dt, s in self.out_shapes(args)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, *args):
+        import torch
+
+        types = self.device_types
+        if any(isinstance(a, torch.Tensor) and a.device.type not in types for a in args):
+            self.check(args, fake=False)  # words the device error
+        # Tensors reaching the kernel below autograd still carry requires_grad, which rivet
+        # refuses (writing them would corrupt autograd); detach() is a view, not a copy.
+        args = [a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        if self.mutates:
+            self.call(args, args)
+            return None
+        result = self.allocate(args)
+        it = iter(result if isinstance(result, tuple) else (result,))
+        self.call(args, [next(it) if k is None else args[k] for k in self.pos])
+        return result
+
+    def call(self, args, full):
+        try:
+            self.func(*full)
+        except Error:
+            # Reword a signature violation with the op's name and argument positions (the
+            # check costs nothing on the success path); anything else is rivet's own error.
+            self.check(args, fake=False)
+            raise
+
+    def mutating_autograd(self, overload):
+        import torch
+
+        def kernel(keyset, *args):
+            if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+                raise NotDifferentiableError(
+                    f"{self.where} writes its outputs in place (mutates=True), which autograd "
+                    "cannot differentiate, but an argument requires grad; call it under "
+                    "torch.no_grad() or on .detach()ed tensors, or register it with "
+                    "mutates=False and backward="
+                )
+            with torch._C._AutoDispatchBelowAutograd():
+                return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+        return kernel
+
+    def no_backward(self, ctx, *grads):
+        # TE.GRADIENT HOOK: once rivet.te.gradient lands, custom_op can derive a backward
+        # rivet function from the forward's te program and pass it as `backward` (see
+        # _Backward); until then, and for functions without a te program, this is the error.
+        raise NotDifferentiableError(
+            f"{self.where} has no backward, so no gradient flows through it; pass backward= "
+            "(a rivet function or a Python callable) to rivet.torch.custom_op, or call the op "
+            "on tensors that do not require grad (.detach())"
+        )
+
+
+class _Backward:
+    """The autograd formula of an op: a rivet backward function registered as the op
+    ``<name>_backward`` (so torch.compile traces the backward too), or a Python callable."""
+
+    def __init__(self, op, backward, override):
+        self.op = op
+        inputs = [p for p in op.params if not _is_output(p)]
+        self.diff = [k for k, p in enumerate(inputs) if _differentiable(p)]
+        if isinstance(backward, Function):
+            self.check_rivet(backward, len(inputs))
+            self.bwd_op = custom_op(backward, op.name + "_backward", override=override)
+            self.user = None
+        elif callable(backward):
+            self.bwd_op, self.user = None, backward
+        else:
+            raise ArgumentError(
+                f"rivet.torch.custom_op: argument 'backward' must be a rivet.Function, a "
+                f"callable or None, got {type(backward).__name__}"
+            )
+
+    def check_rivet(self, backward, n_in):
+        params = backward._params or []
+        n_out = len(self.op.outputs)
+        ins = [p for p in params if not _is_output(p)]
+        outs = [p for p in params if _is_output(p)]
+        if len(ins) != n_in + n_out or len(outs) != len(self.diff):
+            raise ArgumentError(
+                f"{self.op.where}: the backward rivet function {backward.name!r} must take "
+                f"the forward's {n_in} input(s) then {n_out} output gradient(s), and write "
+                f"{len(self.diff)} gradient(s) (one per differentiable input), but it takes "
+                f"{len(ins)} input(s) and writes {len(outs)}"
+            )
+
+    def backward(self, ctx, *grads):
+        saved = list(ctx.saved_tensors)
+        inputs = [saved.pop(0) if s is None else s[0] for s in ctx.rivet_scalars]
+        if self.user is not None:
+            ctx.inputs, ctx.outputs = tuple(inputs), tuple(saved)
+            return self.user(ctx, *grads)
+        got = self.bwd_op(*inputs, *grads)
+        got = (got,) if not isinstance(got, tuple) else got
+        result = [None] * len(inputs)
+        for k, g in zip(self.diff, got):
+            result[k] = g
+        return tuple(result)
+
+
+def _setup_context(ctx, inputs, output):
+    import torch
+
+    # Tensors go through save_for_backward (version-checked); scalars ride on ctx as (value,).
+    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+    outs = output if isinstance(output, tuple) else (output,)
+    ctx.save_for_backward(*tensors, *outs)
+    ctx.rivet_scalars = [None if isinstance(a, torch.Tensor) else (a,) for a in inputs]
+
+
+def _check_free(name, override):
+    import torch
+
+    ns, opname = name.split("::")
+    from torch._library.custom_ops import OPDEFS
+
+    if hasattr(getattr(torch.ops, ns), opname) and not (override and name in OPDEFS):
+        how = "" if name in OPDEFS else " (not by rivet.torch.custom_op: it cannot be replaced)"
+        raise RegistryError(
+            f"rivet.torch.custom_op: the torch op {name!r} exists already{how}; choose another "
+            "name" + (", or pass override=True" if name in OPDEFS else "")
+        )
+
+
+def _is_output(p):
+    return p["kind"] == "tensor" and p["output"]
+
+
+def _differentiable(p):
+    return p["kind"] == "tensor" and bool(p["dtypes"]) and set(p["dtypes"]) <= _FLOAT_DTYPES
+
+
+def _schema_type(p, mutates, i):
+    if mutates and _is_output(p):
+        return f"Tensor(a{i}!)"  # written in place: an alias set of its own
+    return "Tensor" if p["kind"] == "tensor" else _SCALAR_SCHEMA[p["kind"]]
+
+
+def _schema_names(params):
+    """Parameter names as schema identifiers: unique, not keywords; else 'argN'."""
+    names = []
+    for i, p in enumerate(params):
+        n = p["name"]
+        if not n.isidentifier() or keyword.iskeyword(n) or n.startswith("__"):
+            n = f"arg{i}"
+        while n in names:
+            n = f"{n}_{i}"
+        names.append(n)
+    return names
+
+
+def _dtype(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _first_device(args):
+    import torch
+
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")

@@ -1,0 +1,425 @@
+"""rivet.torch.custom_op: rivet functions as torch custom operators.
+
+What must hold (issue 9, "torch"): torch.compile(fullgraph=True) with no graph break, also
+dynamic=True over two sizes with one graph; torch.export captures the op; gradcheck in
+float64 with a backward given as a rivet function (and as a Python callable);
+torch.library.opcheck with its default test utils; a clear error on backward without a
+backward; clear errors for bad registrations and bad inputs (at trace time too); strided
+views; outputs poisoned (allocated outputs through a NaN-filling torch.empty) before runs.
+"""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rivet  # noqa: E402
+import rivet.torch as rt  # noqa: E402
+from rivet import te  # noqa: E402
+
+_ids = itertools.count()
+
+
+def opname(tag):
+    """A fresh op name: torch's op registry is process-global."""
+    return f"rivet_test::{tag}_{next(_ids)}"
+
+
+def randn(rng, *shape, dtype=torch.float32):
+    return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
+
+
+# ---- rivet functions ------------------------------------------------------------------------
+
+
+def build_gemm(dtype="float32"):
+    m, k, n = te.var("m"), te.var("k"), te.var("n")
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), name="r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    return rivet.build(rivet.create_schedule(C), [A, B, C], target="cpu", name="gemm")["gemm"]
+
+
+def build_gemm_backward(dtype="float64"):
+    """(A, B, dC) -> (dA = dC @ B^T, dB = A^T @ dC): the backward convention of custom_op."""
+    m, k, n = te.var("m"), te.var("k"), te.var("n")
+    A = te.placeholder((m, k), dtype, name="A")
+    B = te.placeholder((k, n), dtype, name="B")
+    dC = te.placeholder((m, n), dtype, name="dC")
+    rj = te.reduce_axis((0, n), name="rj")
+    ri = te.reduce_axis((0, m), name="ri")
+    dA = te.compute((m, k), lambda i, p: te.sum(dC[i, rj] * B[p, rj], axis=rj), name="dA")
+    dB = te.compute((k, n), lambda p, j: te.sum(A[ri, p] * dC[ri, j], axis=ri), name="dB")
+    s = rivet.create_schedule([dA, dB])
+    return rivet.build(s, [A, B, dC, dA, dB], target="cpu", name="gemm_bwd")["gemm_bwd"]
+
+
+def build_bias_gelu(dtype="float32"):
+    m, n = te.var("m"), te.var("n")
+    X = te.placeholder((m, n), dtype, name="X")
+    b = te.placeholder((n,), dtype, name="b")
+
+    def f(i, j):
+        v = X[i, j] + b[j]
+        return 0.5 * v * (1.0 + te.erf(v * 0.7071067811865476))
+
+    Y = te.compute((m, n), f, name="Y")
+    mod = rivet.build(rivet.create_schedule(Y), [X, b, Y], target="cpu", name="bias_gelu")
+    return mod["bias_gelu"]
+
+
+def build_sum_diff(dtype="float32"):
+    """Two outputs: S = X + Y, D = X - Y over (n, 4) (a fixed dim too)."""
+    n = te.var("n")
+    X = te.placeholder((n, 4), dtype, name="X")
+    Y = te.placeholder((n, 4), dtype, name="Y")
+    S = te.compute((n, 4), lambda i, j: X[i, j] + Y[i, j], name="S")
+    D = te.compute((n, 4), lambda i, j: X[i, j] - Y[i, j], name="D")
+    s = rivet.create_schedule([S, D])
+    return rivet.build(s, [X, Y, S, D], target="cpu", name="sum_diff")["sum_diff"]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return dict(
+        mm=rt.custom_op(build_gemm(), opname("gemm")),
+        bias_gelu=rt.custom_op(build_bias_gelu(), opname("bias_gelu")),
+    )
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """Every torch.empty (the op's output allocation) is NaN-filled: an element the kernel
+    does not write shows in the comparison."""
+    real = torch.empty
+
+    def empty(*a, **k):
+        t = real(*a, **k)
+        return t.fill_(float("nan")) if t.dtype.is_floating_point else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def reference(x, w, b):
+    return torch.nn.functional.gelu(x @ w + b)
+
+
+# ---- schema and eager calls -----------------------------------------------------------------
+
+
+def test_schema_from_signature(ops):
+    schema = str(ops["mm"].default._schema)
+    assert schema.endswith("(Tensor A, Tensor B) -> Tensor"), schema
+    f = rivet.get_global_func("testing.axpy")
+    op = rt.custom_op(f, opname("axpy"), mutates=True)
+    assert str(op.default._schema).endswith("(float alpha, Tensor x, Tensor(a2!) y) -> ()")
+    two = rt.custom_op(build_sum_diff(), opname("sum_diff"))
+    assert str(two.default._schema).endswith("(Tensor X, Tensor Y) -> (Tensor, Tensor)")
+
+
+def test_eager_matches_torch(ops, rng, poisoned_empty):
+    x, w, b = randn(rng, 6, 9), randn(rng, 9, 5), randn(rng, 5)
+    y = ops["bias_gelu"](ops["mm"](x, w), b)
+    assert y.dtype == torch.float32 and y.shape == (6, 5)
+    torch.testing.assert_close(y, reference(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_views(ops, rng, poisoned_empty):
+    # A transposed and a stepped view: rivet reads them in place (no contiguous copy).
+    xt = randn(rng, 9, 6).t()
+    w = randn(rng, 9, 10)[:, ::2]
+    assert not xt.is_contiguous() and not w.is_contiguous()
+    torch.testing.assert_close(ops["mm"](xt, w), xt @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_two_outputs(rng, poisoned_empty):
+    op = rt.custom_op(build_sum_diff(), opname("sum_diff"))
+    x, y = randn(rng, 7, 4), randn(rng, 7, 8)[:, ::2]
+    s, d = op(x, y)
+    torch.testing.assert_close(s, x + y)
+    torch.testing.assert_close(d, x - y)
+
+
+def test_mutates_writes_in_place(rng, poison):
+    op = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
+    assert str(op.default._schema).endswith("(Tensor A, Tensor B, Tensor(a2!) C) -> ()")
+    x, w = randn(rng, 5, 3), randn(rng, 3, 4)
+    c = poison(torch.empty(4, 5)).t()  # a strided output, written in place
+    assert op(x, w, c) is None
+    torch.testing.assert_close(c, x @ w, rtol=1e-5, atol=1e-5)
+    axpy = rt.custom_op(rivet.get_global_func("testing.axpy"), opname("axpy"), mutates=True)
+    a, y0 = randn(rng, 8, dtype=torch.float64), randn(rng, 8, dtype=torch.float64)
+    y = y0.clone()
+    axpy(2.5, a, y)
+    torch.testing.assert_close(y, 2.5 * a + y0)
+
+
+def test_mutates_refuses_grad(rng):
+    op = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
+    a, w, c = randn(rng, 3, 4).requires_grad_(), randn(rng, 4, 2), torch.empty(3, 2)
+    # Never silently gradient-free: the written output would have no grad_fn.
+    with pytest.raises(rivet.NotDifferentiableError, match=r"mutates=True.*requires grad"):
+        op(a, w, c)
+    with pytest.raises(rivet.NotDifferentiableError):
+        op(a.detach(), w, c.requires_grad_())
+    with torch.no_grad():
+        c2 = torch.full((3, 2), float("nan"))
+        op(a, w, c2)
+    torch.testing.assert_close(c2, a.detach() @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_import_rivet_does_not_import_torch():
+    code = "import sys, rivet; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- torch.compile and torch.export ---------------------------------------------------------
+
+
+def test_compile_fullgraph_no_break(ops, rng):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mm, bg = ops["mm"], ops["bias_gelu"]
+
+    def model(x, w, b):
+        return bg(mm(x, w), b) * 2.0
+
+    compiled = torch.compile(model, fullgraph=True)
+    x, w, b = randn(rng, 8, 16), randn(rng, 16, 4), randn(rng, 4)
+    torch.testing.assert_close(compiled(x, w, b), model(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(x, w, b), 2 * reference(x, w, b), rtol=1e-5, atol=1e-5)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_compile_dynamic_symbolic_sizes(ops, rng):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mm, bg = ops["mm"], ops["bias_gelu"]
+
+    def model(x, w, b):
+        return bg(mm(x, w), b)
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for m, k, n in [(5, 7, 3), (11, 13, 6)]:
+        x, w, b = randn(rng, m, k), randn(rng, k, n), randn(rng, n)
+        y = compiled(x, w, b)
+        assert y.shape == (m, n)
+        torch.testing.assert_close(y, reference(x, w, b), rtol=1e-5, atol=1e-5)
+    # One graph served both sizes: the dims stayed symbolic through the fake implementation.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_export_captures_op(ops, rng):
+    mm, bg = ops["mm"], ops["bias_gelu"]
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w, b):
+            return bg(mm(x, w), b)
+
+    x, w, b = randn(rng, 6, 5), randn(rng, 5, 3), randn(rng, 3)
+    m = torch.export.Dim("m")
+    ep = torch.export.export(Model(), (x, w, b), dynamic_shapes=({0: m}, None, None))
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert mm.default in targets and bg.default in targets, targets
+    x2 = randn(rng, 9, 5)
+    torch.testing.assert_close(ep.module()(x2, w, b), reference(x2, w, b), rtol=1e-5, atol=1e-5)
+
+
+# ---- autograd -------------------------------------------------------------------------------
+
+
+def test_gradcheck_rivet_backward(rng):
+    op = rt.custom_op(build_gemm("float64"), opname("gemm64"), backward=build_gemm_backward())
+    a = randn(rng, 4, 3, dtype=torch.float64).requires_grad_()
+    b = randn(rng, 3, 5, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(op, (a, b))
+    # The gradients themselves, against torch's, through strided views too.
+    at = randn(rng, 3, 4, dtype=torch.float64).t().detach().requires_grad_()
+    g = randn(rng, 4, 5, dtype=torch.float64)
+    op(at, b).backward(g)
+    torch.testing.assert_close(at.grad, g @ b.detach().t())
+    torch.testing.assert_close(b.grad, at.detach().t() @ g)
+
+
+def test_gradcheck_python_backward(rng):
+    def backward(ctx, grad):
+        a, b = ctx.inputs
+        return grad @ b.t(), a.t() @ grad
+
+    op = rt.custom_op(build_gemm("float64"), opname("gemm64py"), backward=backward)
+    a = randn(rng, 3, 2, dtype=torch.float64).requires_grad_()
+    b = randn(rng, 2, 4, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(op, (a, b))
+
+
+def test_compiled_training_step_uses_backward_op(rng):
+    torch._dynamo.reset()
+    bwd = build_gemm_backward("float32")
+    op = rt.custom_op(build_gemm(), opname("gemm_train"), backward=bwd)
+
+    def loss(x, w):
+        return (op(x, w) ** 2).sum()
+
+    x = randn(rng, 6, 4)
+    w1 = randn(rng, 4, 3).requires_grad_()
+    w2 = w1.detach().clone().requires_grad_()
+    torch.compile(loss, fullgraph=True)(x, w1).backward()
+    (x @ w2).pow(2).sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_no_backward_is_a_clear_error(ops, rng):
+    a, w = randn(rng, 3, 4).requires_grad_(), randn(rng, 4, 2)
+    y = ops["mm"](a, w)  # the forward works
+    torch.testing.assert_close(y.detach(), a.detach() @ w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(rivet.NotDifferentiableError, match=r"gemm.*has no backward.*backward="):
+        y.sum().backward()
+
+
+# ---- opcheck --------------------------------------------------------------------------------
+
+
+def test_opcheck(ops, rng):
+    x, w, b = randn(rng, 5, 4), randn(rng, 4, 3), randn(rng, 3)
+    torch.library.opcheck(ops["mm"], (x, w))
+    torch.library.opcheck(ops["mm"], (randn(rng, 4, 5).t(), w))
+    torch.library.opcheck(ops["bias_gelu"], (randn(rng, 5, 3), b))
+    two = rt.custom_op(build_sum_diff(), opname("sum_diff"))
+    torch.library.opcheck(two, (randn(rng, 3, 4), randn(rng, 3, 4)))
+    out = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
+    torch.library.opcheck(out, (x, w, torch.empty(5, 3)))
+    axpy = rt.custom_op(rivet.get_global_func("testing.axpy"), opname("axpy"), mutates=True)
+    torch.library.opcheck(axpy, (1.5, randn(rng, 6), randn(rng, 6)))
+
+
+def test_opcheck_with_backward(rng):
+    op = rt.custom_op(build_gemm("float64"), opname("gemm64"), backward=build_gemm_backward())
+    a = randn(rng, 4, 3, dtype=torch.float64).requires_grad_()
+    b = randn(rng, 3, 2, dtype=torch.float64).requires_grad_()
+    torch.library.opcheck(op, (a, b))
+
+
+# ---- errors at trace time -------------------------------------------------------------------
+
+
+def test_trace_time_shape_error_names_op_and_dim(ops, rng):
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w: ops["mm"](x, w), fullgraph=True, dynamic=True)
+    with pytest.raises(Exception) as e:
+        f(randn(rng, 3, 4), randn(rng, 5, 2))
+    text = str(e.value)
+    assert "rivet_test::gemm" in text and "dim 'k'" in text, text
+
+
+def test_fake_checks_dtype_rank_dims_device(ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mm = ops["mm"]
+    name = mm.default.name()
+    with FakeTensorMode():
+        ok = mm(torch.empty(3, 4), torch.empty(4, 2))
+        assert ok.shape == (3, 2) and ok.dtype == torch.float32
+        dtype_msg = r"argument 1 \('B'\) expected dtype float32, got float64"
+        with pytest.raises(rivet.DTypeError, match=dtype_msg):
+            mm(torch.empty(3, 4), torch.empty(4, 2, dtype=torch.float64))
+        with pytest.raises(rivet.ShapeError, match=r"\('A'\) expected a 2-d tensor, got 3-d"):
+            mm(torch.empty(3, 4, 1), torch.empty(4, 2))
+        with pytest.raises(rivet.ShapeError, match=r"dim 'k' is 4 from argument 0 \('A'\) but 5"):
+            mm(torch.empty(3, 4), torch.empty(5, 2))
+        with pytest.raises(rivet.DeviceError, match=r"\('A'\) is on cuda:0.*runs on cpu"):
+            mm(torch.empty(3, 4, device="cuda"), torch.empty(4, 2, device="cuda"))
+    assert name.startswith("rivet_test::gemm")
+    two = rt.custom_op(build_sum_diff(), opname("sum_diff"))
+    with FakeTensorMode():
+        with pytest.raises(rivet.ShapeError, match=r"argument 1 \('Y'\) expected size 4 in dim 1"):
+            two(torch.empty(3, 4), torch.empty(3, 5))
+
+
+def test_eager_errors(ops, rng):
+    name = ops["mm"].default.name()
+    with pytest.raises(rivet.ShapeError, match=f"{name}: dim 'k' is 4 from argument 0"):
+        ops["mm"](randn(rng, 3, 4), randn(rng, 5, 2))
+    with pytest.raises(rivet.DTypeError, match=f"{name}: argument 0 \\('A'\\) expected dtype"):
+        ops["mm"](randn(rng, 3, 4, dtype=torch.float64), randn(rng, 4, 2, dtype=torch.float64))
+    out = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
+    with pytest.raises(rivet.ShapeError, match=r"dim 'n' is 2 from argument 1 \('B'\) but 3"):
+        out(randn(rng, 3, 4), randn(rng, 4, 2), torch.empty(3, 3))
+
+
+def test_mutates_under_compile(rng, poison):
+    torch._dynamo.reset()
+    op = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
+
+    def f(x, w, out):
+        op(x, w, out)
+        return out + 1.0
+
+    x, w = randn(rng, 5, 3), randn(rng, 3, 4)
+    out = poison(torch.empty(5, 4))
+    y = torch.compile(f, fullgraph=True)(x, w, out)
+    torch.testing.assert_close(out, x @ w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, x @ w + 1.0, rtol=1e-5, atol=1e-5)
+
+
+# ---- bad registrations ----------------------------------------------------------------------
+
+
+def test_bad_registrations(uname):
+    gemm = build_gemm()
+    for bad in ["gemm", "a::b::c", "ns::", "1ns::op", "ns::op.default", 3]:
+        with pytest.raises(rivet.ArgumentError, match="'namespace::op_name'"):
+            rt.custom_op(gemm, bad)
+    with pytest.raises(rivet.ArgumentError, match=r"\('func'\) must be a rivet.Function"):
+        rt.custom_op(lambda x: x, opname("py"))
+    name = uname()
+    rivet.register_func(name, lambda x: x)
+    untyped = rivet.get_global_func(name)
+    with pytest.raises(rivet.ArgumentError, match="has no typed signature"):
+        rt.custom_op(untyped, opname("untyped"))
+    with pytest.raises(rivet.ArgumentError, match=r"argument 0 \('x'\) is of kind 'any'"):
+        rt.custom_op(rivet.get_global_func("testing.echo"), opname("echo"))
+
+
+def test_taken_name():
+    name = opname("taken")
+    rt.custom_op(build_gemm(), name)
+    with pytest.raises(rivet.RegistryError, match="exists already.*override=True"):
+        rt.custom_op(build_gemm(), name)
+    rt.custom_op(build_bias_gelu(), name, override=True)  # replaced on request
+    with pytest.raises(rivet.RegistryError, match="not by rivet.torch.custom_op"):
+        rt.custom_op(build_gemm(), "aten::mm")
+
+
+def test_output_not_derivable():
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    C = te.compute((n - 2,), lambda i: A[i + 1], name="C")
+    f = rivet.build(rivet.create_schedule(C), [A, C], target="cpu", name="interior")["interior"]
+    with pytest.raises(rivet.ArgumentError, match=r"output 1 \('C'\) dim 0 is an expression"):
+        rt.custom_op(f, opname("interior"))
+    rt.custom_op(f, opname("interior"), mutates=True)  # the caller passes the output
+    m = te.var("m")
+    B = te.placeholder((n,), "float32", name="B")
+    D = te.compute((m,), lambda i: B[0], name="D")
+    g = rivet.build(rivet.create_schedule(D), [B, D], target="cpu", name="free_dim")["free_dim"]
+    with pytest.raises(rivet.ArgumentError, match=r"output 1 \('D'\) dim 0 is 'm', which no input"):
+        rt.custom_op(g, opname("free_dim"))
+    with pytest.raises(rivet.ArgumentError, match=r"output 2 \('y'\) has dtype float32\|float64"):
+        rt.custom_op(rivet.get_global_func("testing.axpy"), opname("axpy"))
+
+
+def test_bad_backward():
+    with pytest.raises(rivet.ArgumentError, match=r"must take the forward's 2 input\(s\) then 1"):
+        rt.custom_op(build_gemm("float64"), opname("g"), backward=build_gemm("float64"))
+    with pytest.raises(rivet.ArgumentError, match="mutates=True"):
+        rt.custom_op(build_gemm(), opname("g"), mutates=True, backward=lambda ctx, g: g)
+    with pytest.raises(rivet.ArgumentError, match="argument 'backward' must be"):
+        rt.custom_op(build_gemm(), opname("g"), backward=3)
+    with pytest.raises(rivet.DeviceError, match="built for 'cpu'"):
+        rt.custom_op(build_gemm(), opname("g"), device_types="cuda")
