@@ -272,3 +272,28 @@ def test_output_overlapping_input(mm):
     y = np.ones((3, 3), np.float32)
     with pytest.raises(rivet.LayoutError):
         mm["mm"](x, y, x)
+
+
+def test_unused_inputs_are_parameters_the_kernel_ignores(target, rng, tmp_path):
+    # A backward function takes every input of its forward, and a gradient often reads only
+    # some: an input placeholder no output reads is a parameter, still checked at the call.
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((n,), "float32", name="A")
+    U = te.placeholder((m,), "float64", name="U")  # its own dim: bound from it alone
+    B = te.placeholder((n,), "float32", name="B")  # shares n with A
+    C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
+    mod = rivet.build(rivet.create_schedule(C), [A, U, B, C], target=target, name="f")
+    mod.save(str(tmp_path / "f.rivet"))
+    for f in (mod["f"], rivet.load_module(str(tmp_path / "f.rivet"))["f"]):
+        a = random_array(rng, (7,), "float32")
+        c = poison(np.empty(7, np.float32))
+        f(a, np.zeros(3), np.zeros(7, np.float32), c)
+        np.testing.assert_array_equal(c, a * 2)
+        with pytest.raises(rivet.ShapeError, match="'B'"):
+            f(a, np.zeros(3), np.zeros(6, np.float32), c)
+        with pytest.raises(rivet.DTypeError, match="'U'"):
+            f(a, np.zeros(3, np.float32), np.zeros(7, np.float32), c)
+    # A computed tensor no stage computes is still refused, saying what to do.
+    D = te.compute((n,), lambda i: A[i] + 1.0, name="D")
+    with pytest.raises(rivet.CompileError, match="'D' is computed, but no stage"):
+        rivet.build(rivet.create_schedule(C), [A, D, C], target=target)

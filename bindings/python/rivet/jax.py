@@ -16,6 +16,9 @@ Rules (README "JAX"):
   cotangent per output, and returning one gradient per input (in that order), e.g. built from
   ``rivet.te.gradient``. Without it, differentiating through the call raises
   ``rivet.ArgumentError`` naming the function.
+- ``jax.shard_map``: the kernel runs once per shard on its local block; its outputs vary over
+  the mesh axes its inputs vary over, and gradients of replicated inputs are summed over the
+  shards (as for JAX's own ops).
 - ``jax.vmap``: ``vmap_method="sequential"`` (the default here) runs the kernel once per batch
   element inside XLA (a loop, no Python); JAX's other methods hand the kernel batched
   arrays, which its signature refuses unless it was written for them.
@@ -71,6 +74,42 @@ def _dtype(name):
     return jnp.dtype(name)
 
 
+def _varying(x):
+    """The manual mesh axes `x` varies over inside `jax.shard_map` (empty outside one, or on
+    JAX versions without varying-axis types)."""
+    import jax
+
+    mat = getattr(jax.typeof(x), "mat", None) if hasattr(jax, "typeof") else None
+    return frozenset(getattr(mat, "varying", ()) or ())
+
+
+def _result_type(jax, shape, dtype, varying):
+    # The kernel's outputs vary over every manual axis its inputs vary over: typing them as
+    # replicated would make JAX skip the reductions their transposes need (wrong gradients).
+    if varying:
+        mat = jax.sharding.ManualAxisType(
+            varying=varying, unreduced=frozenset(), reduced=frozenset()
+        )
+        mesh = jax.sharding.get_abstract_mesh()
+        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=spec, manual_axis_type=mat)
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _match_type(jax, grad, primal):
+    """A gradient typed like its primal input inside `shard_map`: summed over the axes the
+    primal is replicated on (the transpose of JAX's implicit broadcast), marked varying over
+    the axes the primal varies on."""
+    have, want = _varying(grad), _varying(primal)
+    extra = tuple(sorted(have - want))
+    if extra:
+        grad = jax.lax.psum(grad, extra)
+    missing = tuple(sorted(want - _varying(grad)))
+    if missing:
+        grad = jax.lax.pcast(grad, missing, to="varying")
+    return grad
+
+
 def _call(func, name, vmap_method, args):
     import jax
 
@@ -83,7 +122,8 @@ def _call(func, name, vmap_method, args):
     outs = func.output_shapes(
         [tuple(int(d) for d in a.shape) for a in args], [str(a.dtype) for a in args]
     )
-    types = [jax.ShapeDtypeStruct(tuple(s), _dtype(d)) for s, d in outs]
+    varying = frozenset().union(*(_varying(a) for a in args))
+    types = [_result_type(jax, tuple(s), _dtype(d), varying) for s, d in outs]
     call = jax.ffi.ffi_call(TARGET, types, vmap_method=vmap_method)
     res = call(*args, rivet_function=name)
     return res[0] if len(res) == 1 else tuple(res)
@@ -133,7 +173,7 @@ def ffi_func(func, *, backward=None, vmap_method="sequential"):
                 f"rivet.jax.ffi_func({func.name}): backward {bwd_func.name} returns "
                 f"{len(grads)} gradient(s) but the function takes {len(args)} input(s)"
             )
-        return grads
+        return tuple(_match_type(jax, g, a) for g, a in zip(grads, args))
 
     wrapped.defvjp(fwd, bwd)
     wrapped.__name__ = func.name

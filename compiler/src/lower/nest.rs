@@ -1435,10 +1435,14 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
+    // An input no output reads is allowed: it is a parameter the kernel ignores (a backward
+    // function takes every input of its forward, as `rivet.torch` / `rivet.jax` call it, and
+    // a gradient often needs only some). A computed tensor that is not part of the schedule
+    // has no stage to compute it, so passing one stays an error.
     for a in args {
-        if !all.contains(a) {
+        if !all.contains(a) && !a.is_placeholder() {
             return cerr(format!(
-                "build: argument '{}' is not used by the schedule's outputs",
+                "build: argument '{}' is computed, but no stage of the schedule computes it (add it to create_schedule's outputs)",
                 a.name()
             ));
         }
