@@ -1,5 +1,6 @@
 # rivet: one entry point for a fresh machine (Rust + Python 3.11 + pip).
-#   make demo    venv + build + the demos (runtime; a GEMM built in Rust, used from Python; the
+#   make demo    venv + build + the demos (runtime; rivet ops in torch.compile and jax.jit with
+#                backward passes; a GEMM built in Rust, used from Python; the
 #                same for the GPU, which without a GPU runs the GPU-scheduled IR on the interpreter)
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
 #   make bench   venv + build + benches/call_overhead.py and benches/cpu_bench.py (TVM installed)
@@ -80,6 +81,7 @@ build: venv
 
 demo: venv build
 	$(VPY) bindings/examples/demo.py
+	$(VPY) bindings/examples/frameworks.py
 	cargo run --release -p rivet-compiler --example gemm_module -- target/gemm.rivet
 	$(VPY) compiler/examples/use_gemm.py target/gemm.rivet
 	RIVET_NVRTC_PATH="$$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)" \

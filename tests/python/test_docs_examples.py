@@ -34,3 +34,15 @@ def test_every_doc_has_examples():
 def test_doc_example_runs(path, section, index, code):
     pytest.importorskip("jax")
     exec(compile(code, f"{path} example {index}", "exec"), {"__name__": f"doc_example_{index}"})
+
+
+def test_make_demo_frameworks_example_runs():
+    """`make demo`'s framework demo: a rivet op in torch.compile and in jax.jit, with backward."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bindings", "examples", "frameworks.py")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "torch.compile" in p.stdout and "jax.jit" in p.stdout
