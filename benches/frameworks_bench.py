@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""rivet inside the frameworks' compilers (issue 9 targets): the cost of a rivet op on small
+arrays inside `jax.jit` over an empty jitted function, and inside a `torch.compile`d function
+against the same op called eagerly through `to_pytorch_func`.
+
+Every case runs in its own subprocess (``--worker CASE``) with one thread for every library
+(benches/README.md): build, check the result once against the framework's own maths, warm
+up, then ``timeit.repeat`` (median, min, max in microseconds per call).
+
+    .venv/bin/python benches/frameworks_bench.py            # all cases, about a minute
+
+Cases (float32, 4 x 4 inputs; the kernel is C = A * B + 1, elementwise):
+  jax_empty     jax.jit(lambda a, b: a) called on two arrays (the dispatch floor)
+  jax_rivet     jax.jit(rivet.jax.ffi_func(f)) on two arrays (one XLA custom call)
+  jax_native    jax.jit(lambda a, b: a * b + 1) (what XLA makes of the same maths)
+  torch_eager   rivet.to_pytorch_func(f)(a, b, c): the eager wrapper, output given
+  torch_eager_alloc  the same, output allocated by rivet and returned
+  torch_op      rivet.torch.custom_op(f) called eagerly (torch's dispatcher, output allocated)
+  torch_compiled    torch.compile(fullgraph=True) of a function calling that op
+  torch_native_compiled torch.compile of a * b + 1 (what inductor makes of the same maths)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import timeit
+
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "RIVET_NUM_THREADS": "1",
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+CASES = ["jax_empty", "jax_rivet", "jax_native", "torch_eager", "torch_eager_alloc", "torch_op",
+         "torch_compiled", "torch_native_compiled"]
+
+
+def kernel():
+    import rivet
+    from rivet import te
+
+    n, m = te.var("n"), te.var("m")
+    A = te.placeholder((n, m), "float32", name="A")
+    B = te.placeholder((n, m), "float32", name="B")
+    C = te.compute((n, m), lambda i, j: A[i, j] * B[i, j] + 1.0, name="C")
+    return rivet.build(rivet.create_schedule(C), [A, B, C], name="f")["f"]
+
+
+def build_case(key):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((4, 4), dtype=np.float32) for _ in range(2))
+    want = a * b + 1
+    if key.startswith("jax"):
+        import jax
+        import rivet.jax
+
+        ja, jb = jax.numpy.asarray(a), jax.numpy.asarray(b)
+        f = {
+            "jax_empty": jax.jit(lambda x, y: x),
+            "jax_rivet": jax.jit(rivet.jax.ffi_func(kernel())),
+            "jax_native": jax.jit(lambda x, y: x * y + 1),
+        }[key]
+        out = np.asarray(f(ja, jb))
+        if key != "jax_empty":
+            np.testing.assert_allclose(out, want, rtol=1e-6)
+        return lambda: f(ja, jb).block_until_ready()
+    import torch
+
+    torch.set_num_threads(1)
+    ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.empty(4, 4)
+    if key in ("torch_eager", "torch_eager_alloc"):
+        import rivet
+
+        f = rivet.to_pytorch_func(kernel())
+        if key == "torch_eager":
+            f(ta, tb, tc)
+            np.testing.assert_allclose(tc.numpy(), want, rtol=1e-6)
+            return lambda: f(ta, tb, tc)
+        np.testing.assert_allclose(f(ta, tb).numpy(), want, rtol=1e-6)
+        return lambda: f(ta, tb)
+    if key == "torch_native_compiled":
+        g = torch.compile(lambda x, y: x * y + 1, fullgraph=True)
+    else:
+        import rivet.torch
+
+        op = rivet.torch.custom_op(kernel(), "bench::mul_add")
+        g = op if key == "torch_op" else torch.compile(lambda x, y: op(x, y), fullgraph=True)
+    np.testing.assert_allclose(g(ta, tb).numpy(), want, rtol=1e-6)
+    return lambda: g(ta, tb)
+
+
+def worker(key, number, repeat):
+    stmt = build_case(key)
+    for _ in range(2000):
+        stmt()
+    times = [t / number * 1e6 for t in timeit.repeat(stmt, number=number, repeat=repeat)]
+    print(json.dumps({"case": key, "median_us": statistics.median(times), "min_us": min(times),
+                      "max_us": max(times), "number": number, "repeat": repeat}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker")
+    ap.add_argument("--number", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "out", "frameworks.json"))
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.number, args.repeat)
+    results = {}
+    for key in CASES:
+        env = dict(os.environ, **CHILD_ENV)
+        p = subprocess.run([sys.executable, __file__, "--worker", key, "--number", str(args.number),
+                            "--repeat", str(args.repeat)], capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            print(f"{key}: FAILED\n{p.stderr[-2000:]}")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        results[key] = r
+        print(f"{key:24s} {r['median_us']:9.2f} us (min {r['min_us']:.2f}, max {r['max_us']:.2f})")
+    if "jax_empty" in results and "jax_rivet" in results:
+        d = results["jax_rivet"]["median_us"] - results["jax_empty"]["median_us"]
+        print(f"jax: rivet op over an empty jitted function: {d:+.2f} us (target <= 2 us)")
+    if "torch_eager" in results and "torch_compiled" in results:
+        d = results["torch_compiled"]["median_us"] - results["torch_eager"]["median_us"]
+        print(f"torch: compiled op over the eager to_pytorch_func call: {d:+.2f} us (target <= 1 us)")
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
