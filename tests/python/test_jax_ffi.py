@@ -166,3 +166,23 @@ def test_a_custom_call_naming_an_unknown_function_is_an_xla_error(rng):
         np.asarray(jax.jit(lambda x: call(x, rivet_function="no.such"))(a))
     with pytest.raises(Exception, match="rivet_function"):
         np.asarray(jax.jit(lambda x: call(x, other=np.int64(3)))(a))
+
+
+def test_static_shapes_and_an_expression_dim(rng):
+    # Fixed sizes (no te.var), and an output whose size is an expression of an input's: the
+    # output types come from the program, and a wrong fixed size is refused at trace time.
+    A = te.placeholder((3, 5), "float32", name="A")
+    C = te.compute((3, 5), lambda i, j: A[i, j] * 2.0, name="C")
+    g = rjax.ffi_func(_fn(C, [A, C], name="static"))
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(g)(a)), a * 2)
+    with pytest.raises(rivet.ShapeError, match="dim 1"):
+        g(np.zeros((3, 4), np.float32))
+    n = te.var("n")
+    X = te.placeholder((n,), "float32", name="X")
+    Y = te.compute((n + 1,), lambda i: te.if_then_else(i < n, X[te.min(i, n - 1)], 0.0), name="Y")
+    h = rjax.ffi_func(_fn(Y, [X, Y], name="pad1"))
+    x = rng.standard_normal(6).astype(np.float32)
+    y = jax.jit(h)(x)
+    assert y.shape == (7,)
+    np.testing.assert_array_equal(np.asarray(y), np.append(x, 0))
