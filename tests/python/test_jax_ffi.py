@@ -186,3 +186,16 @@ def test_static_shapes_and_an_expression_dim(rng):
     y = jax.jit(h)(x)
     assert y.shape == (7,)
     np.testing.assert_array_equal(np.asarray(y), np.append(x, 0))
+
+
+def test_a_function_built_for_cuda_is_refused_with_a_device_error():
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
+    s = rivet.create_schedule(C)
+    bx, tx = s[C].split(C.op.axis[0], factor=64)
+    s[C].bind(bx, "blockIdx.x")
+    s[C].bind(tx, "threadIdx.x")
+    f = rivet.build(s, [A, C], target="cuda", name="dbl")["dbl"]
+    with pytest.raises(rivet.DeviceError, match="'func' .dbl. was built for cuda.*target='cpu'"):
+        rjax.ffi_func(f)

@@ -33,7 +33,7 @@ import threading
 
 from . import _native
 from ._native import Function, get_global_func
-from .error import ArgumentError
+from .error import ArgumentError, DeviceError
 
 __all__ = ["ffi_func", "TARGET"]
 
@@ -66,6 +66,18 @@ def _as_function(func, arg):
         f"rivet.jax.ffi_func: argument '{arg}' must be a rivet.Function or a registered name, "
         f"got {type(func).__name__}"
     )
+
+
+def _check_host(func, arg):
+    # The handler is registered for XLA's CPU platform: it hands host buffers to the kernel.
+    for p in func._params or ():
+        if p["kind"] == "tensor" and p["device"] != "host":
+            raise DeviceError(
+                f"rivet.jax.ffi_func: argument '{arg}' ({func.name}) was built for "
+                f"{'cuda' if p['device'] == 'any' else p['device']}, but rivet's XLA handler "
+                "runs on XLA's CPU platform (host buffers); build it with target='cpu' "
+                "(CUDA through XLA is not supported yet)"
+            )
 
 
 def _dtype(name):
@@ -140,6 +152,9 @@ def ffi_func(func, *, backward=None, vmap_method="sequential"):
 
     func = _as_function(func, "func")
     bwd_func = None if backward is None else _as_function(backward, "backward")
+    for f, arg in ((func, "func"), (bwd_func, "backward")):
+        if f is not None:
+            _check_host(f, arg)
     _register_target()
     name = f"rivet.jax.{func.name}#{next(_counter)}"
     _native._register(name, func, False)
