@@ -199,3 +199,18 @@ def test_a_function_built_for_cuda_is_refused_with_a_device_error():
     f = rivet.build(s, [A, C], target="cuda", name="dbl")["dbl"]
     with pytest.raises(rivet.DeviceError, match="'func' .dbl. was built for cuda.*target='cpu'"):
         rjax.ffi_func(f)
+
+
+def test_registering_the_target_leaves_ctypes_pythonapi_alone():
+    # jax.ffi.pycapsule sets argtypes on the shared ctypes.pythonapi.PyCapsule_New; rivet makes
+    # its capsule without touching it (other code, e.g. these tests' DLPack producers, uses it).
+    import ctypes
+
+    before = (ctypes.pythonapi.PyCapsule_New.argtypes, ctypes.pythonapi.PyCapsule_New.restype)
+    rjax._registered = False
+    try:
+        rjax._register_target()
+    finally:
+        rjax._registered = True
+    after = (ctypes.pythonapi.PyCapsule_New.argtypes, ctypes.pythonapi.PyCapsule_New.restype)
+    assert before == after

@@ -52,8 +52,14 @@ def _register_target():
             return
         import jax
 
-        handler = ctypes.CDLL(_native.__file__).rivet_xla_ffi_handler
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+        handler = ctypes.cast(ctypes.CDLL(_native.__file__).rivet_xla_ffi_handler, ctypes.c_void_p)
+        # A capsule of the handler's address. Not through jax.ffi.pycapsule: it sets argtypes on
+        # the process-wide `ctypes.pythonapi.PyCapsule_New`, breaking other code that uses it.
+        new_capsule = ctypes.PYFUNCTYPE(
+            ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
+        )(("PyCapsule_New", ctypes.pythonapi))
+        capsule = new_capsule(handler.value, None, None)
+        jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
         _registered = True
 
 
