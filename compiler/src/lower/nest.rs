@@ -1435,8 +1435,11 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
+    // A placeholder the outputs do not read is accepted as an unused parameter (as in TVM):
+    // a backward function from `te::gradient` takes every forward input, whether or not its
+    // gradient reads it. A compute that is not computed is still an error.
     for a in args {
-        if !all.contains(a) {
+        if !a.is_placeholder() && !all.contains(a) {
             return cerr(format!(
                 "build: argument '{}' is not used by the schedule's outputs",
                 a.name()
