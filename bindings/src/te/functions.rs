@@ -1,6 +1,7 @@
 //! The `te.*` functions of the DSL, called by `rivet/te.py`: `var`, `const`, `placeholder`,
 //! `reduce_axis`, `compute`, reductions, and the generic binary / unary / logic / cast /
-//! select builders behind `te.max`, `te.exp`, `te.all`, `te.cast`, `te.if_then_else`, ...
+//! select builders behind `te.max`, `te.exp`, `te.all`, `te.cast`, `te.if_then_else`, ...;
+//! and `te.gradient`.
 
 use super::expr::PyExpr;
 use super::itervar::{new_itervar, PyIterVar};
@@ -262,4 +263,44 @@ pub fn te_select(
     let x = operand_or_err(a, "te.if_then_else: true value")?;
     let y = operand_or_err(b, "te.if_then_else: false value")?;
     new_expr(py, te::if_then_else(c, x, y).cpy(py)?)
+}
+
+/// A te tensor argument of `te.gradient` (`what` names it in the error).
+fn te_tensor_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<te::Tensor> {
+    match obj.cast::<PyTeTensor>() {
+        Ok(t) => Ok(t.get().t.clone()),
+        Err(_) => Err(arg_err(
+            py,
+            format!(
+                "te.gradient: {what} must be a te.Tensor (a placeholder or compute), got {}",
+                type_name(obj)
+            ),
+        )),
+    }
+}
+
+/// `te.gradient(output, inputs, head=None)`: the gradient stages (`te::gradient`).
+#[pyfunction]
+#[pyo3(signature = (output, inputs, head=None))]
+pub fn te_gradient(
+    py: Python<'_>,
+    output: &Bound<'_, PyAny>,
+    inputs: &Bound<'_, PyAny>,
+    head: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<PyTeTensor>> {
+    let out = te_tensor_arg(py, output, "output")?;
+    let items: Vec<Bound<'_, PyAny>> =
+        if inputs.is_instance_of::<PyList>() || inputs.is_instance_of::<PyTuple>() {
+            inputs.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![inputs.clone()]
+        };
+    let xs = items
+        .iter()
+        .enumerate()
+        .map(|(k, x)| te_tensor_arg(py, x, &format!("inputs[{k}]")))
+        .collect::<PyResult<Vec<_>>>()?;
+    let h = head.map(|h| te_tensor_arg(py, h, "head")).transpose()?;
+    let grads = te::gradient(&out, &xs, h.as_ref()).cpy(py)?;
+    Ok(grads.into_iter().map(|t| PyTeTensor { t }).collect())
 }
