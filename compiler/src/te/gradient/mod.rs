@@ -83,16 +83,31 @@ pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Re
             grads.insert(t.id(), g);
         }
         if let (Some(adj), Op::Compute { .. }) = (&adj, t.op()) {
-            propagate(t, adj, &relevant, &mut acc)?;
+            propagate(t, adj, &relevant, &mut acc).map_err(|e| match e {
+                Error::Compile(m) if !m.starts_with("te.gradient") => Error::Compile(format!(
+                    "te.gradient: differentiating stage '{}': {m}",
+                    t.name()
+                )),
+                e => e,
+            })?;
         }
     }
+    // An input listed twice gets a copy the second time: a build's arguments must be
+    // distinct tensors.
+    let mut given: HashSet<u32> = HashSet::new();
     inputs
         .iter()
-        .map(|x| match grads.get(&x.id()) {
-            Some(g) => Ok(g.clone()),
-            None => fill(x, &format!("{}_grad", x.name()), |_| {
-                constant(0.0, x.dtype())
-            }),
+        .map(|x| {
+            let name = format!("{}_grad", x.name());
+            let g = match grads.get(&x.id()) {
+                Some(g) => g.clone(),
+                None => fill(x, &name, |_| constant(0.0, x.dtype()))?,
+            };
+            if given.insert(g.id()) {
+                Ok(g)
+            } else {
+                fill(x, &name, |j| g.idx(j))
+            }
         })
         .collect()
 }

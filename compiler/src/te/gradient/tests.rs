@@ -131,3 +131,30 @@ fn derivative_constants_fold_ones_and_zeros() {
     let n = algebra::neg(&algebra::neg(&xf).unwrap()).unwrap();
     assert!(n.same(&xf));
 }
+
+#[test]
+fn an_input_listed_twice_gets_two_distinct_stages() {
+    let x = ph(&[2], "X");
+    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let g = gradient(&y, &[x.clone(), x], None).unwrap();
+    assert_ne!(g[0], g[1]);
+}
+
+#[test]
+fn a_derivative_past_the_depth_limit_is_an_error_naming_the_stage() {
+    let x = ph(&[2], "X");
+    let y = compute(
+        &[Expr::int(2)],
+        |i| {
+            let mut e = x.idx(i);
+            for _ in 0..900 {
+                e = ok(crate::te::tanh(e));
+            }
+            e
+        },
+        "Deep",
+    )
+    .unwrap();
+    let e = gradient(&y, &[x], None).unwrap_err().to_string();
+    assert!(e.contains("'Deep'") && e.contains("MAX_EXPR_DEPTH"), "{e}");
+}
