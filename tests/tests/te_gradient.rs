@@ -3,8 +3,10 @@
 //! central differences of the forward program, contracted with a random head.
 //!
 //! - `random_programs_match_central_differences` (proptest): random chains of elementwise
-//!   ops, broadcasts, transposes, sum/max/min reductions, matmuls and shifted / padded reads,
-//!   some stages read twice (adjoint accumulation), on random shapes and data;
+//!   ops, broadcasts, transposes, sum/max/min reductions, matmuls, shifted / padded reads,
+//!   1-D convolutions and a scrambled read that needs the masked fallback,
+//!   some stages read twice (adjoint accumulation), on random shapes and data
+//!   (`PROPTEST_CASES=n` for longer runs);
 //! - named programs: matmul (plain, transposed, batched, symbolic shapes), conv2d NCHW with
 //!   padding, max reduction ties (the even-split rule, exactly), if_then_else, every unary and
 //!   binary rule, index maps that need the masked fallback (diagonal, strided, floordiv,
@@ -756,6 +758,18 @@ fn a_chain_of_200_stages_is_numerically_right() {
 
 // ---- random programs -------------------------------------------------------------------------
 
+/// `cases` per property, or `PROPTEST_CASES` when set (for long runs).
+fn config(cases: u32) -> Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    Config {
+        cases,
+        ..Config::default()
+    }
+}
+
 /// One step of a random program over a rank-2 stage `[a, b]` (or rank 1 `[a]`).
 #[derive(Clone, Debug)]
 enum Step {
@@ -772,6 +786,11 @@ enum Step {
     Matmul(i64),
     /// Shifted read `T[i, j + 1]` (drops a column) or padded `T[i, j - 1]` (same shape).
     Shift(bool),
+    /// A 1-D convolution along the last axis with a fresh kernel of width 1-3:
+    /// `sum_r T[i, j + r] K[r]`.
+    Window(i64),
+    /// A read no index solver inverts: `T[i, (2 j + 1) % b]` (the masked fallback).
+    Scrambled,
 }
 
 fn unary(op: u8, e: Expr) -> Expr {
@@ -879,6 +898,31 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 &name,
             )
             .unwrap(),
+            Step::Window(w) if *w <= b => {
+                let kern = ph(&[*w], &format!("K{s}"));
+                inputs.push(kern.clone());
+                let r = rk(*w, &format!("w{s}"));
+                compute(
+                    &[Expr::int(a), Expr::int(b - w + 1)],
+                    |i| {
+                        ok(te::sum(
+                            t.idx(&[i[0].clone(), i[1].clone() + ax(&r)]) * kern.idx(&[ax(&r)]),
+                            &[r.clone()],
+                        ))
+                    },
+                    &name,
+                )
+                .unwrap()
+            }
+            Step::Window(_) | Step::Scrambled => compute(
+                &shape,
+                |i| {
+                    let j = ok(te::floormod(i[1].clone() * 2 + 1, b));
+                    t.idx(&[i[0].clone(), j]) * t.idx(i)
+                },
+                &name,
+            )
+            .unwrap(),
             Step::Shift(_) => compute(
                 &shape,
                 |i| {
@@ -910,11 +954,13 @@ fn step() -> impl Strategy<Value = Step> {
         2 => any::<u8>().prop_map(Step::Reduce),
         2 => (1i64..4).prop_map(Step::Matmul),
         2 => any::<bool>().prop_map(Step::Shift),
+        1 => (1i64..4).prop_map(Step::Window),
+        1 => Just(Step::Scrambled),
     ]
 }
 
 proptest! {
-    #![proptest_config(Config { cases: 48, ..Config::default() })]
+    #![proptest_config(config(64))]
 
     #[test]
     fn random_programs_match_central_differences(
