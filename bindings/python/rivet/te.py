@@ -355,4 +355,4 @@ def gradient(output, inputs, head=None):
     on gets zeros; int and bool tensors are refused (``rivet.ArgumentError``); a construct
     with no derivative (``te.prod``) is a ``rivet.CompileError``. See docs/gradient.md.
     """
-    return _native.te_gradient(output, list(inputs) if isinstance(inputs, (list, tuple)) else inputs, head)
+    return _native.te_gradient(output, inputs, head)

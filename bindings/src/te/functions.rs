@@ -8,7 +8,7 @@ use super::itervar::{new_itervar, PyIterVar};
 use super::operand::{
     binop_of, expr_arg, index_arg, new_expr, operand, operand_or_err, single, unop_of,
 };
-use super::tensor::PyTeTensor;
+use super::tensor::{tensor_arg, tensors_arg, PyTeTensor};
 use super::{arg_err, compile_err, parse_dtype, type_name};
 use crate::errors::CompileResult;
 use pyo3::prelude::*;
@@ -265,20 +265,6 @@ pub fn te_select(
     new_expr(py, te::if_then_else(c, x, y).cpy(py)?)
 }
 
-/// A te tensor argument of `te.gradient` (`what` names it in the error).
-fn te_tensor_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<te::Tensor> {
-    match obj.cast::<PyTeTensor>() {
-        Ok(t) => Ok(t.get().t.clone()),
-        Err(_) => Err(arg_err(
-            py,
-            format!(
-                "te.gradient: {what} must be a te.Tensor (a placeholder or compute), got {}",
-                type_name(obj)
-            ),
-        )),
-    }
-}
-
 /// `te.gradient(output, inputs, head=None)`: the gradient stages (`te::gradient`).
 #[pyfunction]
 #[pyo3(signature = (output, inputs, head=None))]
@@ -288,19 +274,11 @@ pub fn te_gradient(
     inputs: &Bound<'_, PyAny>,
     head: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<PyTeTensor>> {
-    let out = te_tensor_arg(py, output, "output")?;
-    let items: Vec<Bound<'_, PyAny>> =
-        if inputs.is_instance_of::<PyList>() || inputs.is_instance_of::<PyTuple>() {
-            inputs.try_iter()?.collect::<PyResult<_>>()?
-        } else {
-            vec![inputs.clone()]
-        };
-    let xs = items
-        .iter()
-        .enumerate()
-        .map(|(k, x)| te_tensor_arg(py, x, &format!("inputs[{k}]")))
-        .collect::<PyResult<Vec<_>>>()?;
-    let h = head.map(|h| te_tensor_arg(py, h, "head")).transpose()?;
+    let out = tensor_arg(output, "te.gradient: output")?;
+    let xs = tensors_arg(inputs, "te.gradient: inputs")?;
+    let h = head
+        .map(|h| tensor_arg(h, "te.gradient: head"))
+        .transpose()?;
     let grads = te::gradient(&out, &xs, h.as_ref()).cpy(py)?;
     Ok(grads.into_iter().map(|t| PyTeTensor { t }).collect())
 }
