@@ -87,10 +87,12 @@ fn push(list: &mut Vec<Term>, t: Term) -> Result<()> {
 }
 
 /// The adjoints of the reads of `body` whose tensor `wanted` accepts, given the body's own
-/// adjoint `root` (`stage` names the stage in errors).
+/// adjoint `root` and, for an elementwise stage, the read of its own element (`root_value`,
+/// equal to the body's value); `stage` names the stage in errors.
 pub fn read_adjoints(
     body: &Expr,
     root: Term,
+    root_value: Option<Expr>,
     wanted: &dyn Fn(&Tensor) -> bool,
     stage: &str,
 ) -> Result<Vec<ReadAdjoint>> {
@@ -157,7 +159,13 @@ pub fn read_adjoints(
             }
             continue;
         }
-        for (child, t) in local_rule(n, &terms, &is_active, stage)? {
+        // The body's own value is the stage's element: read it rather than recompute it
+        // (`exp`, `tanh`, ... derivatives are written with it).
+        let v = match &root_value {
+            Some(rv) if key(n) == key(body) => rv,
+            _ => n,
+        };
+        for (child, t) in local_rule(n, v, &terms, &is_active, stage)? {
             let list = adj.entry(key(&child)).or_default();
             push(list, t)?;
         }
@@ -165,9 +173,11 @@ pub fn read_adjoints(
     Ok(reads)
 }
 
-/// The terms `n`'s adjoint `terms` sends to each active child.
+/// The terms `n`'s adjoint `terms` sends to each active child; `v` is `n`'s value (`n`
+/// itself, or the stage's stored element when `n` is the whole body).
 fn local_rule(
     n: &Expr,
+    v: &Expr,
     terms: &[Term],
     is_active: &dyn Fn(&Expr) -> bool,
     stage: &str,
@@ -194,15 +204,15 @@ fn local_rule(
     match n.kind() {
         ExprKind::Unary(op, a) => match op {
             UnOp::Neg => scaled(a, &|g| neg(g))?,
-            // d exp(a) = exp(a): the node itself.
-            UnOp::Exp => scaled(a, &|g| mul(g, n))?,
+            // d exp(a) = exp(a): the node's own value.
+            UnOp::Exp => scaled(a, &|g| mul(g, v))?,
             UnOp::Log => scaled(a, &|g| div(g, a))?,
             // d sqrt(a) = 0.5 / sqrt(a).
-            UnOp::Sqrt => scaled(a, &|g| div(&mul(g, &c(0.5))?, n))?,
+            UnOp::Sqrt => scaled(a, &|g| div(&mul(g, &c(0.5))?, v))?,
             // d a^-1/2 = -1/2 a^-3/2 = -1/2 n^3 (no division by a).
-            UnOp::Rsqrt => scaled(a, &|g| mul(g, &mul(&c(-0.5), &mul(n, &mul(n, n)?)?)?))?,
-            UnOp::Tanh => scaled(a, &|g| mul(g, &sub(&c(1.0), &mul(n, n)?)?))?,
-            UnOp::Sigmoid => scaled(a, &|g| mul(g, &mul(n, &sub(&c(1.0), n)?)?))?,
+            UnOp::Rsqrt => scaled(a, &|g| mul(g, &mul(&c(-0.5), &mul(v, &mul(v, v)?)?)?))?,
+            UnOp::Tanh => scaled(a, &|g| mul(g, &sub(&c(1.0), &mul(v, v)?)?))?,
+            UnOp::Sigmoid => scaled(a, &|g| mul(g, &mul(v, &sub(&c(1.0), v)?)?))?,
             // d erf(a) = 2/sqrt(pi) exp(-a^2).
             UnOp::Erf => scaled(a, &|g| {
                 let e = un(UnOp::Exp, &neg(&mul(a, a)?)?)?;
@@ -238,7 +248,7 @@ fn local_rule(
             BinOp::Div => {
                 scaled(a, &|g| div(g, b))?;
                 // d(a/b)/db = -a/b^2 = -(a/b)/b.
-                scaled(b, &|g| neg(&div(&mul(g, n)?, b)?))?;
+                scaled(b, &|g| neg(&div(&mul(g, v)?, b)?))?;
             }
             BinOp::Pow => {
                 // d a^b/da = b a^(b-1).
@@ -249,7 +259,7 @@ fn local_rule(
                 // d a^b/db = a^b log(a); 0 where a == 0 and b >= 0 (torch's rule: the limit,
                 // where the formula would give 0 * -inf).
                 scaled(b, &|g| {
-                    let lg = mul(n, &un(UnOp::Log, a)?)?;
+                    let lg = mul(v, &un(UnOp::Log, a)?)?;
                     let at0 = and(&cmp(CmpOp::Eq, a, &c(0.0))?, &cmp(CmpOp::Ge, b, &c(0.0))?)?;
                     mul(g, &select(&at0, &c(0.0), &lg)?)
                 })?;

@@ -193,7 +193,8 @@ impl Adjoint {
 enum Contribution {
     /// A stage of the tensor's shape.
     Stage(Tensor),
-    /// An expression over the tensor's indices (the variables `target_vars` gives).
+    /// An expression over the tensor's indices, written with the variables given (one per
+    /// dim; `materialize` renames them to the adjoint stage's axes).
     Inline(Vec<Var>, Expr),
 }
 
@@ -278,9 +279,9 @@ fn propagate(
                 expr: adj.read(dt, &i),
             },
         ),
-        Some((op @ (ReduceOp::Max | ReduceOp::Min), inner, raxes)) => {
+        Some((ReduceOp::Max | ReduceOp::Min, inner, raxes)) => {
             // The elements equal to the extremum share the adjoint evenly (torch.amax's rule).
-            let ties = tie_count(c, axis, inner, raxes, op)?;
+            let ties = tie_count(c, axis, inner, raxes)?;
             let hit = cmp(CmpOp::Eq, inner, &c.idx(&i))?;
             (
                 inner.clone(),
@@ -299,8 +300,11 @@ fn propagate(
         }
     };
     let wanted = |t: &Tensor| relevant.contains(&t.id());
+    let raxes_empty = raxes.is_empty();
     let domain: Vec<IterVar> = axis.iter().cloned().chain(raxes).collect();
-    for r in read_adjoints(&inner, root, &wanted, c.name())? {
+    // An elementwise stage's element is its body's value (a reduction's is not).
+    let root_value = raxes_empty.then(|| c.idx(&i));
+    for r in read_adjoints(&inner, root, root_value, &wanted, c.name())? {
         let x = r.tensor.clone();
         let a = r.value()?;
         let target = fresh_axes(&x);
@@ -324,13 +328,7 @@ fn propagate(
 
 /// For a max/min reduction `c`, the stage counting, per output element, the elements equal
 /// to the extremum (>= 1 wherever the extremum is a number).
-fn tie_count(
-    c: &Tensor,
-    axis: &[IterVar],
-    inner: &Expr,
-    raxes: &[IterVar],
-    _op: ReduceOp,
-) -> Result<Tensor> {
+fn tie_count(c: &Tensor, axis: &[IterVar], inner: &Expr, raxes: &[IterVar]) -> Result<Tensor> {
     let out_axes = fresh_axes(c);
     let mut map: HashMap<Var, Expr> = HashMap::new();
     for (a, b) in axis.iter().zip(&out_axes) {
