@@ -8,7 +8,7 @@ for the same head. Also: gradcheck of a rivet.torch.custom_op whose backward is 
 te.gradient (also over symbolic dims inside torch.compile(dynamic=True)), jax.grad through
 rivet.jax.ffi_func with a te.gradient backward, the tie rule of max against torch.amax, and
 the failure paths (a wrong head,
-int tensors, non-tensors, te.prod, an unrelated input, a chain of 3000 stages).
+int tensors, non-tensors, an unrelated input, a chain of 3000 stages); te.prod with zeros.
 """
 
 import pytest
@@ -326,12 +326,23 @@ def test_int_tensors_and_non_tensors_are_refused():
         te.gradient(None, [X])
 
 
-def test_prod_is_a_clear_compile_error():
-    X = te.placeholder((2, 3), "float32", name="X")
-    k = te.reduce_axis((0, 3), name="k")
-    P = te.compute((2,), lambda i: te.prod(X[i, k], axis=k), name="P")
-    with pytest.raises(rivet.CompileError, match=r"'P'.*product"):
-        te.gradient(P, [X])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prod_with_zeros_matches_torch(rng, dtype):
+    X = te.placeholder((4, 5), dtype, name="X")
+    k = te.reduce_axis((0, 5), name="k")
+    P = te.compute((4,), lambda i: te.prod(X[i, k], axis=k), name="P")
+    _, bwd = build_pair([X], P)
+    tdt = TORCH_DT[dtype]
+    x = torch.from_numpy(rng.standard_normal((4, 5))).to(tdt)
+    x[1, 2] = 0.0  # one zero: only it gets a gradient
+    x[2, 0] = x[2, 3] = 0.0  # two zeros: none does
+    h = torch.from_numpy(rng.standard_normal(4)).to(tdt)
+    xr = x.clone().requires_grad_()
+    torch.prod(xr, dim=1).backward(h)
+    g = torch.full((4, 5), float("nan"), dtype=tdt)
+    rivet.to_pytorch_func(bwd)(x, h, g)
+    torch.testing.assert_close(g, xr.grad, **TOL[dtype])
+    assert g[1, 2] != 0 and torch.equal(g[2], torch.zeros(5, dtype=tdt))
 
 
 def test_input_not_in_the_program_gets_zeros():

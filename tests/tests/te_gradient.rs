@@ -3,7 +3,7 @@
 //! central differences of the forward program, contracted with a random head.
 //!
 //! - `random_programs_match_central_differences` (proptest): random chains of elementwise
-//!   ops, broadcasts, transposes, sum/max/min reductions, matmuls, shifted / padded reads,
+//!   ops, broadcasts, transposes, sum/max/min/prod reductions, matmuls, shifted / padded reads,
 //!   1-D convolutions and a scrambled read that needs the masked fallback,
 //!   some stages read twice (adjoint accumulation), on random shapes and data
 //!   (`PROPTEST_CASES=n` for longer runs);
@@ -12,7 +12,7 @@
 //!   binary rule, index maps that need the masked fallback (diagonal, strided, floordiv,
 //!   constant index), an intermediate stage as an input;
 //! - hostile input: a head of the wrong shape or dtype, int tensors, an input the output does
-//!   not depend on (zeros), a product reduction, a chain of 3000 stages.
+//!   not depend on (zeros), a chain of 3000 stages; product reductions with zeros.
 //!
 //! Outputs are poisoned with NaN before each call, so a gradient element that is never
 //! written fails the comparison.
@@ -704,17 +704,51 @@ fn an_input_the_output_does_not_depend_on_gets_zeros() {
 }
 
 #[test]
-fn product_reductions_are_refused_clearly() {
-    let x = ph(&[2, 3], "X");
-    let k = rk(3, "k");
+fn product_reductions_are_exact_with_zeros() {
+    // Over two reduction axes, one starting at 1 (so the excluded element is found by its
+    // offset from the axis's start).
+    let x = ph(&[2, 3, 3], "X");
+    let r1 = te::reduce_axis(Expr::int(1), Expr::int(3), "r1").unwrap();
+    let r2 = rk(3, "r2");
     let out = compute(
         &[Expr::int(2)],
-        |i| ok(te::prod(x.idx(&[i[0].clone(), ax(&k)]), &[k.clone()])),
+        |i| {
+            ok(te::prod(
+                x.idx(&[i[0].clone(), ax(&r1), ax(&r2)]),
+                &[r1.clone(), r2.clone()],
+            ))
+        },
         "P",
     )
     .unwrap();
-    let m = err_of(te::gradient(&out, &[x], None));
-    assert!(m.contains("'P'") && m.contains("product"), "{m}");
+    let ins = [x.clone()];
+    check("prod", &ins, &out, &data_for(&ins, 13), 13);
+    // Row 0: one zero (only it gets a gradient: the product of the others); row 1: two zeros
+    // (every gradient is 0). Elements with r1 = 0 are not in the product.
+    let mut xv: Vec<f64> = (0..18).map(|e| 1.0 + e as f64 / 8.0).collect();
+    xv[4] = 0.0; // row 0, r1 = 1, r2 = 1
+    xv[9 + 5] = 0.0;
+    xv[9 + 7] = 0.0;
+    let g = te::gradient(&out, &[x.clone()], None).unwrap();
+    let got = run(&[x], &g, &[xv.clone()]);
+    for row in 0..2 {
+        for e in 0..9 {
+            let want = if e / 3 == 0 {
+                0.0
+            } else {
+                (3..9)
+                    .filter(|&o| o != e)
+                    .map(|o| xv[row * 9 + o])
+                    .product::<f64>()
+            };
+            let got = got[0][row * 9 + e];
+            assert!(
+                (got - want).abs() <= 1e-12 * want.abs().max(1.0),
+                "row {row} elem {e}: {got} vs {want}"
+            );
+        }
+    }
+    assert_ne!(got[0][4], 0.0);
 }
 
 #[test]
@@ -778,7 +812,8 @@ enum Step {
     WithEarlier(usize, u8),
     /// Transpose (rank 2).
     Transpose,
-    /// Sum / max / min over the last axis, then broadcast back: `T[i, j] - red(T[i, :])`.
+    /// Sum / max / min / prod over the last axis, then broadcast back:
+    /// `T[i, j] - red(T[i, :])`.
     Reduce(u8),
     /// Matmul with a fresh weight `[b, c]`.
     Matmul(i64),
@@ -863,10 +898,11 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                     &[Expr::int(a)],
                     |i| {
                         let e = t.idx(&[i[0].clone(), ax(&k)]);
-                        ok(match op % 3 {
+                        ok(match op % 4 {
                             0 => te::sum(e, &[k.clone()]),
                             1 => te::max_over(e, &[k.clone()]),
-                            _ => te::min_over(e, &[k.clone()]),
+                            2 => te::min_over(e, &[k.clone()]),
+                            _ => te::prod(e, &[k.clone()]),
                         })
                     },
                     &format!("red{s}"),

@@ -19,8 +19,8 @@
 //! - Only float tensors carry adjoints; asking for the gradient of or with respect to an int
 //!   or bool tensor is an `ArgumentError`, never a silent zero. An input the output does not
 //!   depend on gets a zeros stage.
-//! - A construct with no derivative (a product reduction, an op without a rule) is a
-//!   `CompileError` naming the stage; never a wrong answer.
+//! - A construct with no derivative (an op without a rule, a derivative past the depth
+//!   limit) is a `CompileError` naming the stage; never a wrong answer.
 
 mod algebra;
 mod body;
@@ -30,9 +30,10 @@ mod tests;
 
 use crate::error::{Error, Result};
 use crate::ir::expr::{CmpOp, Expr, IterVar, ReduceOp, Var};
+use crate::lower::simplify::simplify;
 use crate::te::ops::reduce;
 use crate::te::tensor::{compute_from, inputs as reads_of, top_reduce, Op, Tensor};
-use algebra::{cmp, constant, div, select, substitute, sum_balanced};
+use algebra::{and_all, cmp, constant, div, mul, select, substitute, sum_balanced};
 use body::{read_adjoints, Term};
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -292,11 +293,24 @@ fn propagate(
                 },
             )
         }
-        Some((ReduceOp::Prod, _, _)) => {
-            return Err(Error::Compile(format!(
-                "te.gradient: stage '{}' is a product reduction (te.prod), which has no gradient rule yet (its derivative divides by elements that may be zero); write it as exp(sum(log(x))) for positive x, or leave it out of the differentiated program",
-                c.name()
-            )))
+        Some((ReduceOp::Prod, inner, raxes)) => {
+            // d prod / d f(i, r) = the product of the other elements, computed as such (not
+            // as prod / f, which divides by zero where an element is 0).
+            let others = product_of_others(c, axis, inner, raxes)?;
+            let mut at: Vec<Expr> = i.clone();
+            at.extend(
+                raxes
+                    .iter()
+                    .map(|r| simplify(&Expr::var(&r.var).sub(&r.min))),
+            );
+            (
+                inner.clone(),
+                raxes.to_vec(),
+                Term {
+                    guard: None,
+                    expr: mul(&adj.read(dt, &i), &others.idx(&at))?,
+                },
+            )
         }
     };
     let wanted = |t: &Tensor| relevant.contains(&t.id());
@@ -357,4 +371,54 @@ fn tie_count(c: &Tensor, axis: &[IterVar], inner: &Expr, raxes: &[IterVar]) -> R
     )?;
     let body = reduce(ReduceOp::Sum, one, &new_raxes)?;
     compute_from(c.shape(), out_axes, body, &format!("{}_ties", c.name()))
+}
+
+/// For a product reduction `c[i] = prod_r f(i, r)`, the stage `others[i, q] = prod over
+/// r != q of f(i, r)` (`q` counted from each reduction axis's start): the exact derivative of
+/// the product with respect to one element, zeros included. It costs the reduction's extent
+/// squared per output element.
+fn product_of_others(
+    c: &Tensor,
+    axis: &[IterVar],
+    inner: &Expr,
+    raxes: &[IterVar],
+) -> Result<Tensor> {
+    let mut map: HashMap<Var, Expr> = HashMap::new();
+    let mut out_axes = fresh_axes(c);
+    for (a, b) in axis.iter().zip(&out_axes) {
+        map.insert(a.var.clone(), Expr::var(&b.var));
+    }
+    let mut shape: Vec<Expr> = c.shape().to_vec();
+    let mut same = Vec::new();
+    let mut new_raxes = Vec::new();
+    for r in raxes {
+        let q = Var::new(&format!("{}_q", r.var.name));
+        let v = Var::new(&r.var.name);
+        map.insert(r.var.clone(), Expr::var(&v));
+        // r' == q + min: the excluded element.
+        same.push(cmp(
+            CmpOp::Eq,
+            &Expr::var(&v),
+            &simplify(&Expr::var(&q).add(&r.min)),
+        )?);
+        shape.push(r.extent.clone());
+        out_axes.push(IterVar {
+            var: q,
+            min: Expr::int(0),
+            extent: r.extent.clone(),
+            reduce: false,
+        });
+        new_raxes.push(IterVar {
+            var: v,
+            min: r.min.clone(),
+            extent: r.extent.clone(),
+            reduce: true,
+        });
+    }
+    let f = substitute(inner, &|v| map.get(v).cloned());
+    let excluded = and_all(same)?
+        .ok_or_else(|| Error::Internal("te.gradient: a product reduction without axes".into()))?;
+    let body = select(&excluded, &constant(1.0, c.dtype()), &f)?;
+    let body = reduce(ReduceOp::Prod, body, &new_raxes)?;
+    compute_from(&shape, out_axes, body, &format!("{}_others", c.name()))
 }
