@@ -1435,13 +1435,14 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
-    // A placeholder the outputs do not read is accepted as an unused parameter (as in TVM):
-    // a backward function from `te::gradient` takes every forward input, whether or not its
-    // gradient reads it. A compute that is not computed is still an error.
+    // An input no output reads is allowed: it is a parameter the kernel ignores (a backward
+    // function takes every input of its forward, as `rivet.torch` / `rivet.jax` call it, and
+    // a gradient often needs only some). A computed tensor that is not part of the schedule
+    // has no stage to compute it, so passing one stays an error.
     for a in args {
-        if !a.is_placeholder() && !all.contains(a) {
+        if !all.contains(a) && !a.is_placeholder() {
             return cerr(format!(
-                "build: argument '{}' is not used by the schedule's outputs",
+                "build: argument '{}' is computed, but no stage of the schedule computes it (add it to create_schedule's outputs)",
                 a.name()
             ));
         }
