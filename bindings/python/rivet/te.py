@@ -72,6 +72,7 @@ __all__ = [
     "erf",
     "floordiv",
     "floormod",
+    "gradient",
 ]
 
 _AXIS_NAMES = ("i", "j", "k", "l", "m", "n", "o", "p")
@@ -341,3 +342,17 @@ def floordiv(a, b):
 def floormod(a, b):
     """Python's ``a % b`` (the result takes the divisor's sign)."""
     return _native.te_binary("floormod", a, b)
+
+
+def gradient(output, inputs, head=None):
+    """The gradients of ``output`` with respect to ``inputs`` (TVM's ``te.gradient``, as a
+    vector-Jacobian product): a list of te tensors, one per input, of its shape and dtype.
+
+    ``head`` is the adjoint of ``output`` (a te tensor of exactly its shape and dtype, usually
+    a placeholder); with ``head=None`` the result is the gradient of ``sum(output)``. The
+    gradients are ordinary compute stages, so ``rivet.build(rivet.create_schedule(grads),
+    [*inputs, head, *grads])`` is the backward function. An input the output does not depend
+    on gets zeros; int and bool tensors are refused (``rivet.ArgumentError``); a construct
+    with no derivative (``te.prod``) is a ``rivet.CompileError``. See docs/gradient.md.
+    """
+    return _native.te_gradient(output, inputs, head)

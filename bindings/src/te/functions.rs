@@ -1,13 +1,14 @@
 //! The `te.*` functions of the DSL, called by `rivet/te.py`: `var`, `const`, `placeholder`,
 //! `reduce_axis`, `compute`, reductions, and the generic binary / unary / logic / cast /
-//! select builders behind `te.max`, `te.exp`, `te.all`, `te.cast`, `te.if_then_else`, ...
+//! select builders behind `te.max`, `te.exp`, `te.all`, `te.cast`, `te.if_then_else`, ...;
+//! and `te.gradient`.
 
 use super::expr::PyExpr;
 use super::itervar::{new_itervar, PyIterVar};
 use super::operand::{
     binop_of, expr_arg, index_arg, new_expr, operand, operand_or_err, single, unop_of,
 };
-use super::tensor::PyTeTensor;
+use super::tensor::{tensor_arg, tensors_arg, PyTeTensor};
 use super::{arg_err, compile_err, parse_dtype, type_name};
 use crate::errors::CompileResult;
 use pyo3::prelude::*;
@@ -262,4 +263,22 @@ pub fn te_select(
     let x = operand_or_err(a, "te.if_then_else: true value")?;
     let y = operand_or_err(b, "te.if_then_else: false value")?;
     new_expr(py, te::if_then_else(c, x, y).cpy(py)?)
+}
+
+/// `te.gradient(output, inputs, head=None)`: the gradient stages (`te::gradient`).
+#[pyfunction]
+#[pyo3(signature = (output, inputs, head=None))]
+pub fn te_gradient(
+    py: Python<'_>,
+    output: &Bound<'_, PyAny>,
+    inputs: &Bound<'_, PyAny>,
+    head: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<PyTeTensor>> {
+    let out = tensor_arg(output, "te.gradient: output")?;
+    let xs = tensors_arg(inputs, "te.gradient: inputs")?;
+    let h = head
+        .map(|h| tensor_arg(h, "te.gradient: head"))
+        .transpose()?;
+    let grads = te::gradient(&out, &xs, h.as_ref()).cpy(py)?;
+    Ok(grads.into_iter().map(|t| PyTeTensor { t }).collect())
 }

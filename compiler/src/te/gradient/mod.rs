@@ -1,0 +1,424 @@
+//! `te::gradient`: reverse-mode automatic differentiation of tensor-expression programs
+//! (TVM's `te.gradient`, as vector-Jacobian products). docs/gradient.md is the user's guide.
+//!
+//! `gradient(output, inputs, head)` returns, for each input, a te tensor of its shape and
+//! dtype holding `sum_k head[k] * d output[k] / d input[j]` (`head = None`: a head of ones,
+//! i.e. the gradient of `sum(output)`). The gradients are ordinary compute stages over the
+//! forward program's tensors (recomputing what they need), so `Schedule::new` and `build`
+//! handle them like any other program: one build with `[inputs..., head, grads...]` is the
+//! backward function.
+//!
+//! Invariants:
+//! - The program walk is iterative (an explicit stack), in reverse topological order: a stage's
+//!   adjoint is complete (the sum of every consumer's contribution) before it is propagated
+//!   to the stages it reads. Only stages on a path from `output` to a requested input are
+//!   differentiated; nothing is built for the rest.
+//! - Per consumer stage and per read, the contribution is one new stage (when the inverted
+//!   index map leaves variables to sum over) or one inline term; a tensor's adjoint is the
+//!   balanced sum of its contributions, a stage of its shape and dtype.
+//! - Only float tensors carry adjoints; asking for the gradient of or with respect to an int
+//!   or bool tensor is an `ArgumentError`, never a silent zero. An input the output does not
+//!   depend on gets a zeros stage.
+//! - A construct with no derivative (an op without a rule, a derivative past the depth
+//!   limit) is a `CompileError` naming the stage; never a wrong answer.
+
+mod algebra;
+mod body;
+mod solve;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::ir::expr::{CmpOp, Expr, IterVar, ReduceOp, Var};
+use crate::lower::simplify::simplify;
+use crate::te::ops::reduce;
+use crate::te::tensor::{compute_from, inputs as reads_of, top_reduce, Op, Tensor};
+use algebra::{and_all, cmp, constant, div, mul, select, substitute, sum_balanced};
+use body::{read_adjoints, Term};
+use rivet_runtime::DType;
+use std::collections::{HashMap, HashSet};
+
+fn arg_err(msg: String) -> Error {
+    Error::Runtime(rivet_runtime::Error::Argument(msg))
+}
+
+/// The gradients of `output` with respect to each of `inputs` (see the module doc).
+pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Result<Vec<Tensor>> {
+    check_args(output, inputs, head)?;
+    let order = topo_order(output);
+    let requested: HashSet<u32> = inputs.iter().map(Tensor::id).collect();
+    // Relevant: a float tensor from which a requested input can be reached.
+    let mut relevant: HashSet<u32> = HashSet::new();
+    for t in &order {
+        if t.dtype().is_float()
+            && (requested.contains(&t.id())
+                || reads_of(t).iter().any(|x| relevant.contains(&x.id())))
+        {
+            relevant.insert(t.id());
+        }
+    }
+    let mut acc: HashMap<u32, Vec<Contribution>> = HashMap::new();
+    let mut grads: HashMap<u32, Tensor> = HashMap::new();
+    for t in order.iter().rev() {
+        if !relevant.contains(&t.id()) {
+            continue;
+        }
+        let adj = if t == output {
+            Some(match head {
+                Some(h) => Adjoint::Tensor(h.clone()),
+                None => Adjoint::Ones,
+            })
+        } else {
+            materialize(t, acc.remove(&t.id()).unwrap_or_default())?.map(Adjoint::Tensor)
+        };
+        if requested.contains(&t.id()) {
+            let g = match &adj {
+                // A stage made for this adjoint is the gradient itself; the head or ones are
+                // copied into a stage of their own (a build's outputs must be computes).
+                Some(Adjoint::Tensor(a)) if a != output && head != Some(a) => a.clone(),
+                Some(a) => fill(t, &format!("{}_grad", t.name()), |j| a.read(t.dtype(), j))?,
+                None => fill(t, &format!("{}_grad", t.name()), |_| {
+                    constant(0.0, t.dtype())
+                })?,
+            };
+            grads.insert(t.id(), g);
+        }
+        if let (Some(adj), Op::Compute { .. }) = (&adj, t.op()) {
+            propagate(t, adj, &relevant, &mut acc).map_err(|e| match e {
+                Error::Compile(m) if !m.starts_with("te.gradient") => Error::Compile(format!(
+                    "te.gradient: differentiating stage '{}': {m}",
+                    t.name()
+                )),
+                e => e,
+            })?;
+        }
+    }
+    // An input listed twice gets a copy the second time: a build's arguments must be
+    // distinct tensors.
+    let mut given: HashSet<u32> = HashSet::new();
+    inputs
+        .iter()
+        .map(|x| {
+            let name = format!("{}_grad", x.name());
+            let g = match grads.get(&x.id()) {
+                Some(g) => g.clone(),
+                None => fill(x, &name, |_| constant(0.0, x.dtype()))?,
+            };
+            if given.insert(g.id()) {
+                Ok(g)
+            } else {
+                fill(x, &name, |j| g.idx(j))
+            }
+        })
+        .collect()
+}
+
+fn check_args(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Result<()> {
+    if !output.dtype().is_float() {
+        return Err(arg_err(format!(
+            "te.gradient: output '{}' is {}; only float tensors have gradients",
+            output.name(),
+            output.dtype()
+        )));
+    }
+    for (k, x) in inputs.iter().enumerate() {
+        if !x.dtype().is_float() {
+            return Err(arg_err(format!(
+                "te.gradient: inputs[{k}] '{}' is {}; only float tensors have gradients (int and bool values, such as indices, are not differentiable)",
+                x.name(),
+                x.dtype()
+            )));
+        }
+    }
+    if let Some(h) = head {
+        let same_shape = h.ndim() == output.ndim()
+            && h.shape()
+                .iter()
+                .zip(output.shape())
+                .all(|(a, b)| solve::same_dim(a, b));
+        if !same_shape || h.dtype() != output.dtype() {
+            return Err(arg_err(format!(
+                "te.gradient: head must have the output's shape and dtype ({:?} {}), got '{}' of shape {:?} {}",
+                output.shape(),
+                output.dtype(),
+                h.name(),
+                h.shape(),
+                h.dtype()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The tensors `output` depends on (itself included), producers before consumers, by an
+/// iterative depth-first walk (a chain of thousands of stages needs no deep stack).
+fn topo_order(output: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen: HashSet<u32> = HashSet::new();
+    let mut stack: Vec<(Tensor, bool)> = vec![(output.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        for x in reads_of(&t).into_iter().rev() {
+            if !seen.contains(&x.id()) {
+                stack.push((x, false));
+            }
+        }
+    }
+    order
+}
+
+/// The adjoint of a stage, as the stages reading it see it.
+enum Adjoint {
+    /// `head = None` at the output: every element 1.
+    Ones,
+    Tensor(Tensor),
+}
+
+impl Adjoint {
+    fn read(&self, dtype: DType, idx: &[Expr]) -> Expr {
+        match self {
+            Adjoint::Ones => constant(1.0, dtype),
+            Adjoint::Tensor(t) => t.idx(idx),
+        }
+    }
+}
+
+/// One consumer's share of a tensor's adjoint.
+enum Contribution {
+    /// A stage of the tensor's shape.
+    Stage(Tensor),
+    /// An expression over the tensor's indices, written with the variables given (one per
+    /// dim; `materialize` renames them to the adjoint stage's axes).
+    Inline(Vec<Var>, Expr),
+}
+
+/// A stage of `like`'s shape and dtype with body `f(indices)`.
+fn fill(like: &Tensor, name: &str, f: impl FnOnce(&[Expr]) -> Expr) -> Result<Tensor> {
+    let axes = fresh_axes(like);
+    let idx: Vec<Expr> = axes.iter().map(|a| Expr::var(&a.var)).collect();
+    let body = f(&idx);
+    compute_from(like.shape(), axes, body, name)
+}
+
+fn fresh_axes(like: &Tensor) -> Vec<IterVar> {
+    like.shape()
+        .iter()
+        .enumerate()
+        .map(|(d, ext)| IterVar {
+            var: Var::new(&format!("j{d}")),
+            min: Expr::int(0),
+            extent: ext.clone(),
+            reduce: false,
+        })
+        .collect()
+}
+
+/// The adjoint of `x` from its consumers' contributions (`None`: zero).
+fn materialize(x: &Tensor, parts: Vec<Contribution>) -> Result<Option<Tensor>> {
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    if parts.len() == 1 {
+        if let Contribution::Stage(t) = &parts[0] {
+            return Ok(Some(t.clone()));
+        }
+    }
+    let axes = fresh_axes(x);
+    let idx: Vec<Expr> = axes.iter().map(|a| Expr::var(&a.var)).collect();
+    let terms = parts
+        .into_iter()
+        .map(|p| match p {
+            Contribution::Stage(t) => t.idx(&idx),
+            Contribution::Inline(vars, e) => {
+                let map: HashMap<Var, Expr> = vars.into_iter().zip(idx.iter().cloned()).collect();
+                substitute(&e, &|v| map.get(v).cloned())
+            }
+        })
+        .collect();
+    let body = sum_balanced(terms)?;
+    Ok(Some(compute_from(
+        x.shape(),
+        axes,
+        body,
+        &format!("{}_grad", x.name()),
+    )?))
+}
+
+/// Sends the adjoint `adj` of compute `c` to the relevant tensors `c` reads.
+fn propagate(
+    c: &Tensor,
+    adj: &Adjoint,
+    relevant: &HashSet<u32>,
+    acc: &mut HashMap<u32, Vec<Contribution>>,
+) -> Result<()> {
+    let Op::Compute { axis, body } = c.op() else {
+        return Ok(());
+    };
+    let i: Vec<Expr> = axis.iter().map(|a| Expr::var(&a.var)).collect();
+    let dt = c.dtype();
+    let (inner, raxes, root) = match top_reduce(body) {
+        None => (
+            body.clone(),
+            Vec::new(),
+            Term {
+                guard: None,
+                expr: adj.read(dt, &i),
+            },
+        ),
+        Some((ReduceOp::Sum, inner, raxes)) => (
+            inner.clone(),
+            raxes.to_vec(),
+            Term {
+                guard: None,
+                expr: adj.read(dt, &i),
+            },
+        ),
+        Some((ReduceOp::Max | ReduceOp::Min, inner, raxes)) => {
+            // The elements equal to the extremum share the adjoint evenly (torch.amax's rule).
+            let ties = tie_count(c, axis, inner, raxes)?;
+            let hit = cmp(CmpOp::Eq, inner, &c.idx(&i))?;
+            (
+                inner.clone(),
+                raxes.to_vec(),
+                Term {
+                    guard: Some(hit),
+                    expr: div(&adj.read(dt, &i), &ties.idx(&i))?,
+                },
+            )
+        }
+        Some((ReduceOp::Prod, inner, raxes)) => {
+            // d prod / d f(i, r) = the product of the other elements, computed as such (not
+            // as prod / f, which divides by zero where an element is 0).
+            let others = product_of_others(c, axis, inner, raxes)?;
+            let mut at: Vec<Expr> = i.clone();
+            at.extend(
+                raxes
+                    .iter()
+                    .map(|r| simplify(&Expr::var(&r.var).sub(&r.min))),
+            );
+            (
+                inner.clone(),
+                raxes.to_vec(),
+                Term {
+                    guard: None,
+                    expr: mul(&adj.read(dt, &i), &others.idx(&at))?,
+                },
+            )
+        }
+    };
+    let wanted = |t: &Tensor| relevant.contains(&t.id());
+    let raxes_empty = raxes.is_empty();
+    let domain: Vec<IterVar> = axis.iter().cloned().chain(raxes).collect();
+    // An elementwise stage's element is its body's value (a reduction's is not).
+    let root_value = raxes_empty.then(|| c.idx(&i));
+    for r in read_adjoints(&inner, root, root_value, &wanted, c.name())? {
+        let x = r.tensor.clone();
+        let a = r.value()?;
+        let target = fresh_axes(&x);
+        let jv: Vec<Var> = target.iter().map(|t| t.var.clone()).collect();
+        let s = solve::solve(x.shape(), &r.indices, &a, &domain, &jv)?;
+        let part = if s.raxes.is_empty() {
+            Contribution::Inline(jv, s.body)
+        } else {
+            let body = reduce(ReduceOp::Sum, s.body, &s.raxes)?;
+            Contribution::Stage(compute_from(
+                x.shape(),
+                target,
+                body,
+                &format!("{}_grad_{}", x.name(), c.name()),
+            )?)
+        };
+        acc.entry(x.id()).or_default().push(part);
+    }
+    Ok(())
+}
+
+/// For a max/min reduction `c`, the stage counting, per output element, the elements equal
+/// to the extremum (>= 1 wherever the extremum is a number).
+fn tie_count(c: &Tensor, axis: &[IterVar], inner: &Expr, raxes: &[IterVar]) -> Result<Tensor> {
+    let out_axes = fresh_axes(c);
+    let mut map: HashMap<Var, Expr> = HashMap::new();
+    for (a, b) in axis.iter().zip(&out_axes) {
+        map.insert(a.var.clone(), Expr::var(&b.var));
+    }
+    let new_raxes: Vec<IterVar> = raxes
+        .iter()
+        .map(|r| {
+            let v = Var::new(&r.var.name);
+            map.insert(r.var.clone(), Expr::var(&v));
+            IterVar {
+                var: v,
+                min: r.min.clone(),
+                extent: r.extent.clone(),
+                reduce: true,
+            }
+        })
+        .collect();
+    let f = substitute(inner, &|v| map.get(v).cloned());
+    let idx: Vec<Expr> = out_axes.iter().map(|a| Expr::var(&a.var)).collect();
+    let dt = c.dtype();
+    let one = select(
+        &cmp(CmpOp::Eq, &f, &c.idx(&idx))?,
+        &constant(1.0, dt),
+        &constant(0.0, dt),
+    )?;
+    let body = reduce(ReduceOp::Sum, one, &new_raxes)?;
+    compute_from(c.shape(), out_axes, body, &format!("{}_ties", c.name()))
+}
+
+/// For a product reduction `c[i] = prod_r f(i, r)`, the stage `others[i, q] = prod over
+/// r != q of f(i, r)` (`q` counted from each reduction axis's start): the exact derivative of
+/// the product with respect to one element, zeros included. It costs the reduction's extent
+/// squared per output element.
+fn product_of_others(
+    c: &Tensor,
+    axis: &[IterVar],
+    inner: &Expr,
+    raxes: &[IterVar],
+) -> Result<Tensor> {
+    let mut map: HashMap<Var, Expr> = HashMap::new();
+    let mut out_axes = fresh_axes(c);
+    for (a, b) in axis.iter().zip(&out_axes) {
+        map.insert(a.var.clone(), Expr::var(&b.var));
+    }
+    let mut shape: Vec<Expr> = c.shape().to_vec();
+    let mut same = Vec::new();
+    let mut new_raxes = Vec::new();
+    for r in raxes {
+        let q = Var::new(&format!("{}_q", r.var.name));
+        let v = Var::new(&r.var.name);
+        map.insert(r.var.clone(), Expr::var(&v));
+        // r' == q + min: the excluded element.
+        same.push(cmp(
+            CmpOp::Eq,
+            &Expr::var(&v),
+            &simplify(&Expr::var(&q).add(&r.min)),
+        )?);
+        shape.push(r.extent.clone());
+        out_axes.push(IterVar {
+            var: q,
+            min: Expr::int(0),
+            extent: r.extent.clone(),
+            reduce: false,
+        });
+        new_raxes.push(IterVar {
+            var: v,
+            min: r.min.clone(),
+            extent: r.extent.clone(),
+            reduce: true,
+        });
+    }
+    let f = substitute(inner, &|v| map.get(v).cloned());
+    let excluded = and_all(same)?
+        .ok_or_else(|| Error::Internal("te.gradient: a product reduction without axes".into()))?;
+    let body = select(&excluded, &constant(1.0, c.dtype()), &f)?;
+    let body = reduce(ReduceOp::Prod, body, &new_raxes)?;
+    compute_from(&shape, out_axes, body, &format!("{}_others", c.name()))
+}

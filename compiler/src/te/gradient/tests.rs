@@ -1,0 +1,160 @@
+//! Unit tests of the gradient's pieces: the shape of what it builds (which index maps are
+//! inverted, which fall back to masked sums, which guards are left out), and its errors.
+//! Numerical correctness is checked end to end in tests/tests/te_gradient.rs.
+
+use super::*;
+use crate::te::{ax, compute, ok, placeholder, reduce_axis, sum};
+
+fn ph(shape: &[i64], name: &str) -> Tensor {
+    let s: Vec<Expr> = shape.iter().map(|&d| Expr::int(d)).collect();
+    placeholder(&s, DType::F64, name).unwrap()
+}
+
+fn body_text(t: &Tensor) -> String {
+    t.body().unwrap().to_string()
+}
+
+#[test]
+fn matmul_operand_gradients_are_plain_contractions_without_guards() {
+    let a = ph(&[3, 4], "A");
+    let b = ph(&[4, 5], "B");
+    let k = reduce_axis(Expr::int(0), Expr::int(4), "k").unwrap();
+    let c = compute(
+        &[Expr::int(3), Expr::int(5)],
+        |i| {
+            ok(sum(
+                a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
+                &[k.clone()],
+            ))
+        },
+        "C",
+    )
+    .unwrap();
+    let g = gradient(&c, &[a.clone(), b.clone()], None).unwrap();
+    for t in &g {
+        // One reduction over C's other axis, no select: i and k were solved exactly.
+        assert_eq!(t.reduce_axis().len(), 1, "{}", body_text(t));
+        assert!(!body_text(t).contains("select"), "{}", body_text(t));
+    }
+    assert_eq!(g[0].shape(), a.shape());
+    assert_eq!(g[1].shape(), b.shape());
+}
+
+#[test]
+fn a_shifted_read_solves_the_data_parallel_variable_with_a_range_guard() {
+    // Y[y] = sum_r X[y + r] W[r]: dX solves y = j - r and sums over r (3 terms), guarded.
+    let x = ph(&[8], "X");
+    let w = ph(&[3], "W");
+    let r = reduce_axis(Expr::int(0), Expr::int(3), "r").unwrap();
+    let y = compute(
+        &[Expr::int(6)],
+        |i| {
+            ok(sum(
+                x.idx(&[i[0].clone() + ax(&r)]) * w.idx(&[ax(&r)]),
+                &[r.clone()],
+            ))
+        },
+        "Y",
+    )
+    .unwrap();
+    let g = gradient(&y, &[x], None).unwrap();
+    let raxes = g[0].reduce_axis();
+    assert_eq!(raxes.len(), 1);
+    assert_eq!(raxes[0].extent.as_int(), Some(3), "sums over r, not over y");
+    assert!(body_text(&g[0]).contains(">="), "{}", body_text(&g[0]));
+}
+
+#[test]
+fn an_unsolvable_index_becomes_an_equality_guard() {
+    let x = ph(&[4], "X");
+    let y = compute(&[Expr::int(2)], |i| x.idx(&[i[0].clone() * 2]), "Y").unwrap();
+    let g = gradient(&y, &[x], None).unwrap();
+    assert!(body_text(&g[0]).contains("=="), "{}", body_text(&g[0]));
+    assert_eq!(g[0].reduce_axis()[0].extent.as_int(), Some(2));
+}
+
+#[test]
+fn a_stage_read_twice_gets_the_sum_of_both_contributions() {
+    let x = ph(&[4], "X");
+    let h = compute(&[Expr::int(4)], |i| ok(crate::te::exp(x.idx(i))), "h").unwrap();
+    let y = compute(&[Expr::int(4)], |i| h.idx(i) * 2.0, "y").unwrap();
+    let z = compute(&[Expr::int(4)], |i| h.idx(i) + y.idx(i), "z").unwrap();
+    let g = gradient(&z, &[h], None).unwrap();
+    // Two inline terms (1 from z, 2 from y) in one stage.
+    let text = body_text(&g[0]);
+    assert!(text.contains('+'), "{text}");
+    assert!(g[0].reduce_axis().is_empty());
+}
+
+#[test]
+fn errors_name_the_argument_and_what_came() {
+    let x = ph(&[2], "X");
+    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let h = placeholder(&[Expr::int(2)], DType::F32, "Hd").unwrap();
+    let e = gradient(&y, &[x.clone()], Some(&h))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("head") && e.contains("'Hd'") && e.contains("float32"),
+        "{e}"
+    );
+    assert!(matches!(
+        gradient(&y, &[x.clone()], Some(&h)),
+        Err(Error::Runtime(rivet_runtime::Error::Argument(_)))
+    ));
+    let i = placeholder(&[Expr::int(2)], DType::I64, "Idx").unwrap();
+    let e = gradient(&y, &[x, i], None).unwrap_err().to_string();
+    assert!(e.contains("inputs[1]") && e.contains("int64"), "{e}");
+}
+
+#[test]
+fn gradients_of_the_output_itself_and_of_the_head_are_copies() {
+    let x = ph(&[2], "X");
+    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let h = ph(&[2], "H");
+    let g = gradient(&y, &[y.clone()], Some(&h)).unwrap();
+    assert!(!g[0].is_placeholder());
+    assert_eq!(body_text(&g[0]), format!("H[{}]", g[0].axis()[0].var.name));
+    let g = gradient(&y, &[y.clone()], None).unwrap();
+    assert!(!g[0].is_placeholder());
+}
+
+#[test]
+fn derivative_constants_fold_ones_and_zeros() {
+    let x = Expr::var(&Var::new("x"));
+    let one = constant(1.0, DType::F64);
+    let xf = Expr::cast(DType::F64, x);
+    assert!(algebra::mul(&one, &xf).unwrap().same(&xf));
+    assert!(algebra::add(&constant(0.0, DType::F64), &xf)
+        .unwrap()
+        .same(&xf));
+    let n = algebra::neg(&algebra::neg(&xf).unwrap()).unwrap();
+    assert!(n.same(&xf));
+}
+
+#[test]
+fn an_input_listed_twice_gets_two_distinct_stages() {
+    let x = ph(&[2], "X");
+    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let g = gradient(&y, &[x.clone(), x], None).unwrap();
+    assert_ne!(g[0], g[1]);
+}
+
+#[test]
+fn a_derivative_past_the_depth_limit_is_an_error_naming_the_stage() {
+    let x = ph(&[2], "X");
+    let y = compute(
+        &[Expr::int(2)],
+        |i| {
+            let mut e = x.idx(i);
+            for _ in 0..900 {
+                e = ok(crate::te::tanh(e));
+            }
+            e
+        },
+        "Deep",
+    )
+    .unwrap();
+    let e = gradient(&y, &[x], None).unwrap_err().to_string();
+    assert!(e.contains("'Deep'") && e.contains("MAX_EXPR_DEPTH"), "{e}");
+}
