@@ -9,4 +9,4 @@ pub mod tensor;
 
 pub use number::{Number, Operand};
 pub use ops::*;
-pub use tensor::{compute, compute_from, placeholder, Op, Tensor};
+pub use tensor::{compute, compute_from, extern_, placeholder, CallbackFn, Op, Tensor};
