@@ -513,3 +513,37 @@ fn a_view_kept_by_a_callback_stays_valid_after_the_call() {
         }
     }
 }
+
+#[test]
+fn checked_mode_runs_callbacks_on_every_backend_empty_tensors_included() {
+    let (ra, _, _, rc) = program(None);
+    for target in BACKENDS {
+        let opts = rivet_compiler::build::Options {
+            checked: true,
+            ..rivet_compiler::build::Options::from_env()
+        };
+        let (a, b, _, c) = program(Some(CallbackFn::Function(square_minus(false))));
+        let mut s = Schedule::new(&[c.clone()]).unwrap();
+        s.stage(&b)
+            .unwrap()
+            .debug_tap(CallbackFn::Function(returning(|| Value::Null)))
+            .unwrap();
+        let f = rivet_compiler::build::build_with(&s, &[a, c], target, "f", opts)
+            .unwrap()
+            .get_function("f")
+            .unwrap();
+        let reference = built(
+            &Schedule::new(&[rc.clone()]).unwrap(),
+            &[ra.clone(), rc.clone()],
+            target,
+        );
+        for shape in [[0i64, 3], [3, 0], [5, 4]] {
+            let x = data((shape[0] * shape[1]) as usize, 4);
+            assert_eq!(
+                run(&f, &x, &shape).unwrap(),
+                run(&reference, &x, &shape).unwrap(),
+                "{target} {shape:?}"
+            );
+        }
+    }
+}

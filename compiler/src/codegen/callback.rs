@@ -11,7 +11,7 @@
 //! - a result is checked before anything is written: a tensor of another shape is an
 //!   `Error::Shape`, of another dtype an `Error::DType`, off the CPU an `Error::Device`, any
 //!   other value but None an `Error::Argument`, each naming the stage and the callback;
-//! - a panic of the callback is caught and becomes an `Error::Internal` naming it;
+//! - a panic of the callback is caught and becomes an `Error::Foreign` naming it;
 //! - an error the function returns (a Python exception in `Error::Foreign`) is passed on
 //!   unchanged, so Python sees the very exception with its traceback.
 
@@ -122,11 +122,16 @@ fn call(cb: &Callback, func: &rivet_runtime::Function, args: &[Value]) -> Result
             .map(|s| s.to_string())
             .or_else(|| p.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic".into());
-        Err(Error::Internal(format!(
+        // The callback's fault, not rivet's: a foreign error (`rivet.Error` in Python).
+        let message = format!(
             "the host callback '{}' of stage '{}' panicked: {what}",
             func.name(),
             cb.stage
-        )))
+        );
+        Err(Error::Foreign(rivet_runtime::ForeignError {
+            payload: std::sync::Arc::new(message.clone()),
+            message,
+        }))
     })
 }
 
