@@ -315,13 +315,16 @@ fn a_panicking_rust_callback_is_an_error_not_an_abort() {
     }
 }
 
-fn returning(v: fn() -> Value) -> Function {
+/// Makes the value a test callback returns.
+type MakeValue = fn() -> Value;
+
+fn returning(v: MakeValue) -> Function {
     Function::new("returns", move |_| Ok(v()))
 }
 
 #[test]
 fn a_wrong_result_is_a_shape_dtype_or_argument_error_naming_the_stage() {
-    let cases: [(fn() -> Value, &str); 4] = [
+    let cases: [(MakeValue, &str); 4] = [
         (
             || Value::Tensor(Tensor::zeros(&[2, 4], DType::F32).unwrap()),
             "shape",
