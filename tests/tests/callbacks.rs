@@ -550,3 +550,74 @@ fn checked_mode_runs_callbacks_on_every_backend_empty_tensors_included() {
         }
     }
 }
+
+#[test]
+fn several_extern_stages_run_in_producer_order_each_once() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // E1 = A + 1 (extern), B = 2 * E1 (compute), E2 = B - E1 (extern, the output).
+    let logged = |name: &'static str, f: fn(&[Vec<f32>]) -> Vec<f32>| {
+        let log = log.clone();
+        Function::new(name, move |args| {
+            log.lock().unwrap().push(name.to_string());
+            let ins = args[..args.len() - 1]
+                .iter()
+                .enumerate()
+                .map(|(k, v)| arg(v, k)?.to_vec::<f32>())
+                .collect::<Result<Vec<_>, _>>()?;
+            fill(arg(&args[args.len() - 1], args.len() - 1)?, &f(&ins))?;
+            Ok(Value::Null)
+        })
+    };
+    let n = te::var("n");
+    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let e1 = te::extern_(
+        &[n.clone()],
+        &[a.clone()],
+        CallbackFn::Function(logged("E1", |x| x[0].iter().map(|v| v + 1.0).collect())),
+        DType::F32,
+        "E1",
+    )
+    .unwrap();
+    let e1c = e1.clone();
+    let b = compute(
+        &[n.clone()],
+        |i| ok(te::binary(BinOp::Mul, e1c.idx(i), 2.0f32)),
+        "B",
+    )
+    .unwrap();
+    let e2 = te::extern_(
+        &[n],
+        &[b.clone(), e1.clone()],
+        CallbackFn::Function(logged("E2", |x| {
+            x[0].iter().zip(&x[1]).map(|(b, e)| b - e).collect()
+        })),
+        DType::F32,
+        "E2",
+    )
+    .unwrap();
+    for target in BACKENDS {
+        log.lock().unwrap().clear();
+        let mut s = Schedule::new(&[e2.clone()]).unwrap();
+        s.stage(&b)
+            .unwrap()
+            .debug_tap(CallbackFn::Function(logger(&log, "tapB", None)))
+            .unwrap();
+        let f = built(&s, &[a.clone(), e2.clone()], target);
+        for _ in 0..2 {
+            let x = data(33, 8);
+            let ta = Tensor::from_slice(&x, &[33]).unwrap();
+            let got = f.call(&[Value::Tensor(ta)]).unwrap();
+            let want: Vec<f32> = x.iter().map(|v| (v + 1.0) * 2.0 - (v + 1.0)).collect();
+            assert_eq!(
+                got.as_tensor().unwrap().to_vec::<f32>().unwrap(),
+                want,
+                "{target}"
+            );
+        }
+        let want: Vec<String> = ["E1", "tapB", "E2", "E1", "tapB", "E2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(*log.lock().unwrap(), want, "{target}");
+    }
+}
