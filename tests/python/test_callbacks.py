@@ -98,10 +98,11 @@ def test_an_exception_comes_out_unchanged_with_its_traceback(h, rng):
             raise e
         np.from_dlpack(out)[...] = np.from_dlpack(b)
 
-    for target in CPU_TARGETS:
+    # Small (the GIL kept through the call) and large (released around the compiled work).
+    for target, shape in [(t, s) for t in CPU_TARGETS for s in [(40, 30), (400, 300)]]:
         A, _, _, C = _program(failing_callback)
         f = _build(te.create_schedule(C), [A, C], target)
-        a = h.random_array(rng, (40, 30), np.float32)
+        a = h.random_array(rng, shape, np.float32)
         fail[0] = True
         with pytest.raises(CallbackFailed) as info:
             f(a)
