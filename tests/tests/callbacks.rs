@@ -621,3 +621,40 @@ fn several_extern_stages_run_in_producer_order_each_once() {
         assert_eq!(*log.lock().unwrap(), want, "{target}");
     }
 }
+
+#[test]
+fn crafted_module_files_with_bad_callbacks_are_clear_errors() {
+    let name = "tests.callbacks.crafted";
+    rivet_runtime::registry::register(name, square_minus(false), true).unwrap();
+    let (a, _, _, c) = program(Some(CallbackFn::Registered(name.into())));
+    let m = build(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], "cpu", "f").unwrap();
+    let bytes = m.to_bytes().unwrap();
+    const HEADER: usize = 24;
+    let json = String::from_utf8(bytes[HEADER..].to_vec()).unwrap();
+    let reframe = |j: &str| {
+        let mut out = bytes[..HEADER].to_vec();
+        out[12..20].copy_from_slice(&(j.len() as u64).to_le_bytes());
+        out[20..24].copy_from_slice(&crc32fast::hash(j.as_bytes()).to_le_bytes());
+        out.extend_from_slice(j.as_bytes());
+        out
+    };
+    assert!(Module::from_bytes(&reframe(&json), "<ok>").is_ok());
+    let edits: [(&str, &str); 4] = [
+        ("{\"Callback\":0}", "{\"Callback\":7}"),
+        ("\"kind\":\"Extern\"", "\"kind\":\"Tap\""),
+        ("\"write\":true", "\"write\":false"),
+        (name, "tests.callbacks.nobody"),
+    ];
+    for (from, to) in edits {
+        assert!(json.contains(from), "{from} not in {json}");
+        let err = Module::from_bytes(&reframe(&json.replacen(from, to, 1)), "<crafted>")
+            .err()
+            .unwrap_or_else(|| panic!("{from} -> {to} loaded"));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("<crafted>") && msg.contains("callback"),
+            "{from} -> {to}: {msg}"
+        );
+    }
+    rivet_runtime::registry::remove(name);
+}
