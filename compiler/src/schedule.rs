@@ -665,6 +665,15 @@ impl Schedule {
         seen
     }
 
+    /// Makes stage `i` a fresh, unscheduled stage of `t` (a rewrite of its definition: the
+    /// default schedules' packed GEMM and lane reductions, `cache_write`), keeping its debug
+    /// taps: `t` still computes the same values into the same buffer, which the taps observe.
+    pub(crate) fn restart_stage(&mut self, i: usize, t: &Tensor) {
+        let taps = std::mem::take(&mut self.stages[i].taps);
+        self.stages[i] = Stage::new(t);
+        self.stages[i].taps = taps;
+    }
+
     /// Replaces the definition of stage `i` (and of the output it is, if any).
     pub(crate) fn set_definition(&mut self, i: usize, t: Tensor) {
         for o in &mut self.outputs {
@@ -795,7 +804,7 @@ impl Schedule {
         let cache = crate::te::tensor::compute_from(cur.shape(), axes, body, &name)?;
         let idx: Vec<Expr> = own.iter().map(Expr::var).collect();
         let copy = redefine(&cur, cache.at(&idx)?);
-        self.stages[i] = Stage::new(&copy);
+        self.restart_stage(i, &copy);
         self.set_definition(i, copy);
         let mut stage = Stage::new(&cache);
         stage.scope = scope;

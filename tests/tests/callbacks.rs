@@ -658,3 +658,93 @@ fn crafted_module_files_with_bad_callbacks_are_clear_errors() {
     }
     rivet_runtime::registry::remove(name);
 }
+
+#[test]
+fn taps_survive_the_default_cpu_schedules_rewrites() {
+    // C = A @ B becomes the packed, tensorized GEMM and S = rowsum(C) a lane reduction under
+    // the default CPU schedule: both rewrite their stage's definition; the taps still run and
+    // see the final values. Small multiples of 1/4: every sum is exact in float32.
+    let n = te::var("n");
+    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
+    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "k").unwrap();
+    let (a1, b1, k1) = (a.clone(), b.clone(), k.clone());
+    let c = compute(
+        &[n.clone(), n.clone()],
+        |i| {
+            let prod = te::binary(
+                BinOp::Mul,
+                a1.idx(&[i[0].clone(), te::ax(&k1)]),
+                b1.idx(&[te::ax(&k1), i[1].clone()]),
+            );
+            ok(te::sum(ok(prod), std::slice::from_ref(&k1)))
+        },
+        "C",
+    )
+    .unwrap();
+    let r = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "r").unwrap();
+    let (c1, r1) = (c.clone(), r.clone());
+    let s_ = compute(
+        &[n.clone()],
+        |i| {
+            ok(te::sum(
+                c1.idx(&[i[0].clone(), te::ax(&r1)]),
+                std::slice::from_ref(&r1),
+            ))
+        },
+        "S",
+    )
+    .unwrap();
+    let s1 = s_.clone();
+    let d = compute(&[n], |i| ok(te::binary(BinOp::Mul, s1.idx(i), 2.0f32)), "D").unwrap();
+    let (seen_c, seen_s) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Schedule::new(&[d.clone()]).unwrap();
+    s.stage(&c)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(
+            &log,
+            "C",
+            Some(seen_c.clone()),
+        )))
+        .unwrap();
+    s.stage(&s_)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(
+            &log,
+            "S",
+            Some(seen_s.clone()),
+        )))
+        .unwrap();
+    let f = built(&s, &[a, b, d], "cpu");
+    let nn = 64usize;
+    let (x, y) = (data(nn * nn, 1), data(nn * nn, 2));
+    let args =
+        [&x, &y].map(|v| Value::Tensor(Tensor::from_slice(v, &[nn as i64, nn as i64]).unwrap()));
+    let out = f
+        .call(&args)
+        .unwrap()
+        .as_tensor()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let mut cm = vec![0f64; nn * nn];
+    for i in 0..nn {
+        for j in 0..nn {
+            cm[i * nn + j] = (0..nn)
+                .map(|p| x[i * nn + p] as f64 * y[p * nn + j] as f64)
+                .sum();
+        }
+    }
+    let sm: Vec<f64> = (0..nn)
+        .map(|i| cm[i * nn..(i + 1) * nn].iter().sum())
+        .collect();
+    let as32 = |v: &[f64]| v.iter().map(|&z| z as f32).collect::<Vec<f32>>();
+    assert_eq!(*log.lock().unwrap(), ["C", "S"]);
+    assert_eq!(*seen_c.lock().unwrap(), as32(&cm));
+    assert_eq!(*seen_s.lock().unwrap(), as32(&sm));
+    assert_eq!(out, as32(&sm.iter().map(|v| v * 2.0).collect::<Vec<_>>()));
+}
