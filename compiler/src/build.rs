@@ -132,6 +132,22 @@ pub fn build_with<T: ToTarget + ?Sized>(
             "build: name '{name}' must be non-empty letters, digits, '_' or '.'"
         )));
     }
+    if target.kind == TargetKind::Cuda {
+        let stages = sched.post_order();
+        let with_cb = sched
+            .stages
+            .iter()
+            .filter(|st| !st.taps.is_empty())
+            .map(|st| &st.tensor);
+        if let Some(t) = stages
+            .iter()
+            .filter(|t| t.is_extern())
+            .chain(with_cb)
+            .next()
+        {
+            return Err(refuse_gpu_callback(t.name()));
+        }
+    }
     // A schedule that binds nothing gets the default GPU schedule on a GPU target; one left
     // untouched gets the default CPU schedule on the CPU (`kernels::cpu_default`).
     let defaulted;
@@ -180,8 +196,18 @@ pub fn build_with<T: ToTarget + ?Sized>(
 /// Verifies, lowers and compiles a loop-nest function read from a file (options from the
 /// environment).
 pub fn compile_loaded(nest: PrimFunc, target: &Target) -> Result<Compiled> {
+    if let (TargetKind::Cuda, Some(cb)) = (target.kind, nest.callbacks.first()) {
+        return Err(refuse_gpu_callback(&cb.stage));
+    }
     let opts = Options::from_env();
     on_compile_stack(|| compile_here(lower::Source::Loaded(nest), target, opts))
+}
+
+/// Host callbacks run on the CPU, between kernels: not inside CUDA code (yet).
+fn refuse_gpu_callback(stage: &str) -> Error {
+    Error::Compile(format!(
+        "target 'cuda': stage '{stage}' calls a host callback (an extern stage or a debug_tap); host callbacks in device code are not supported yet: build it for target 'cpu' or 'interp'"
+    ))
 }
 
 fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {

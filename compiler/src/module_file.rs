@@ -74,7 +74,17 @@ fn bad(origin: &str, why: String) -> Error {
 }
 
 impl Module {
+    /// The module as a file's bytes. A host callback given as a function object (not by a
+    /// registered name) cannot be saved: another process could not find it again.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        for c in &self.funcs {
+            if let Some(cb) = c.nest.callbacks.iter().find(|cb| cb.registered.is_none()) {
+                return Err(Error::Compile(format!(
+                    "cannot save function '{}': the host callback of stage '{}' was given as a function object; a saved module finds its callbacks by registered name when it is loaded: register the function (rivet.register_func(name, f)) and pass its name",
+                    c.nest.name, cb.stage
+                )));
+            }
+        }
         let payload = Payload {
             rivet: env!("CARGO_PKG_VERSION").to_string(),
             functions: self
@@ -206,7 +216,13 @@ impl Module {
             };
             let target = crate::target::Target::parse(&f.target)
                 .map_err(|e| bad(origin, format!("function '{name}': {e}")))?;
-            let c = compile_loaded(f.ir, &target).map_err(blame)?;
+            // Host callbacks are found by their registered names in this process.
+            let mut ir = f.ir;
+            for cb in &mut ir.callbacks {
+                cb.resolve()
+                    .map_err(|m| bad(origin, format!("function '{name}': {m}")))?;
+            }
+            let c = compile_loaded(ir, &target).map_err(blame)?;
             funcs.push(Arc::new(c));
         }
         Ok(Module { funcs })

@@ -156,6 +156,10 @@ pub struct Stage {
     /// Loops whose nest (the loop and everything inside it) becomes an intrinsic call
     /// (`tensorize`; matched and replaced by `lower::tensorize`).
     pub tensorize: Vec<(Var, Intrin)>,
+    /// Debug taps (`debug_tap`): callbacks handed the stage's buffer, read-only, right after
+    /// the stage is computed, in the order they were added. Not a scheduling decision: the
+    /// default CPU schedule still applies to a schedule whose only changes are taps.
+    pub taps: Vec<crate::ir::callback::Callback>,
 }
 
 #[derive(Clone, Debug)]
@@ -203,7 +207,42 @@ impl Stage {
             attach: Attach::Root,
             scope: Scope::Global,
             tensorize: Vec::new(),
+            taps: Vec::new(),
         }
+    }
+
+    /// A debug tap (like `jax.debug.callback`): `func(view)` runs on the host with a
+    /// read-only copy of this stage's values once they are computed, on every call, without
+    /// changing any result. The stage must stay materialised at root: inlining it or computing
+    /// it inside another stage's loop is then a `CompileError` (a tap runs exactly once per
+    /// call, at the top level of the program).
+    pub fn debug_tap(&mut self, func: crate::te::CallbackFn) -> Result<()> {
+        if self.attach != Attach::Root {
+            return err(self, "cannot debug_tap a stage that is compute_inline'd or compute_at another stage: a tap needs the whole stage materialised at the top level".into());
+        }
+        if self.scope != Scope::Global {
+            return err(
+                self,
+                "cannot debug_tap a cache stage (it holds only a region inside a GPU kernel)"
+                    .into(),
+            );
+        }
+        let (func, registered) = match func {
+            crate::te::CallbackFn::Function(f) => (f, None),
+            crate::te::CallbackFn::Registered(n) => {
+                let f = rivet_runtime::registry::get(&n).map_err(|e| {
+                    Error::Compile(format!("debug_tap of '{}': {e}", self.tensor.name()))
+                })?;
+                (f, Some(n))
+            }
+        };
+        self.taps.push(crate::ir::callback::Callback {
+            kind: crate::ir::callback::CallbackKind::Tap,
+            stage: self.tensor.name().to_string(),
+            registered,
+            func: Some(func),
+        });
+        Ok(())
     }
 
     fn leaf_pos(&self, v: &Var, what: &str) -> Result<usize> {
@@ -474,6 +513,22 @@ impl Schedule {
     pub fn compute_inline(&mut self, t: &Tensor) -> Result<()> {
         let i = self.stage_index(t)?;
         let st = &self.stages[i];
+        if st.tensor.is_extern() {
+            return err(st, "cannot compute_inline an extern stage: a host callback computes it as a whole buffer".into());
+        }
+        if !st.taps.is_empty() {
+            return err(
+                st,
+                "cannot compute_inline a stage with a debug_tap: the tap needs its buffer".into(),
+            );
+        }
+        if self
+            .stages
+            .iter()
+            .any(|c| c.tensor.is_extern() && inputs(&c.tensor).contains(t))
+        {
+            return err(st, "cannot compute_inline a stage an extern stage reads: its callback receives the whole materialised tensor".into());
+        }
         if !st.tensor.reduce_axis().is_empty() {
             return err(
                 st,
@@ -498,6 +553,12 @@ impl Schedule {
             return err(
                 &self.stages[i],
                 "cannot compute_at a stage inside itself".into(),
+            );
+        }
+        if self.stages[i].tensor.is_extern() || !self.stages[i].taps.is_empty() {
+            return err(
+                &self.stages[i],
+                "cannot compute_at a stage with a host callback (an extern stage or a debug_tap): callbacks run once per call at the top level, never inside a loop".into(),
             );
         }
         self.stages[c].leaf_pos(var, "compute_at inside")?;
@@ -604,6 +665,15 @@ impl Schedule {
         seen
     }
 
+    /// Makes stage `i` a fresh, unscheduled stage of `t` (a rewrite of its definition: the
+    /// default schedules' packed GEMM and lane reductions, `cache_write`), keeping its debug
+    /// taps: `t` still computes the same values into the same buffer, which the taps observe.
+    pub(crate) fn restart_stage(&mut self, i: usize, t: &Tensor) {
+        let taps = std::mem::take(&mut self.stages[i].taps);
+        self.stages[i] = Stage::new(t);
+        self.stages[i].taps = taps;
+    }
+
     /// Replaces the definition of stage `i` (and of the output it is, if any).
     pub(crate) fn set_definition(&mut self, i: usize, t: Tensor) {
         for o in &mut self.outputs {
@@ -646,6 +716,13 @@ impl Schedule {
                 )));
             };
             let cur = &self.stages[p].tensor;
+            if cur.is_extern() {
+                return Err(Error::Compile(format!(
+                    "cache_read of '{}': reader '{}' is an extern stage (its callback reads whole tensors on the host)",
+                    t.name(),
+                    r.name()
+                )));
+            }
             if !inputs(cur).contains(&t) {
                 return Err(Error::Compile(format!(
                     "cache_read of '{}': reader '{}' does not read '{}'",
@@ -702,6 +779,12 @@ impl Schedule {
         }
         let i = self.stage_index(t)?;
         let st = &self.stages[i];
+        if st.tensor.is_extern() {
+            return err(
+                st,
+                "cannot cache_write an extern stage (a host callback computes it)".into(),
+            );
+        }
         if st.attach != Attach::Root
             || !st.relations.is_empty()
             || st.leaves.iter().any(|l| l.kind != ForKind::Serial)
@@ -721,7 +804,7 @@ impl Schedule {
         let cache = crate::te::tensor::compute_from(cur.shape(), axes, body, &name)?;
         let idx: Vec<Expr> = own.iter().map(Expr::var).collect();
         let copy = redefine(&cur, cache.at(&idx)?);
-        self.stages[i] = Stage::new(&copy);
+        self.restart_stage(i, &copy);
         self.set_definition(i, copy);
         let mut stage = Stage::new(&cache);
         stage.scope = scope;

@@ -1,5 +1,5 @@
 """The Python examples of the framework docs run as written: every ```python block of
-docs/jax.md and docs/torch.md, and of the README's "JAX" section, executes in a fresh
+docs/jax.md, docs/torch.md and docs/callbacks.md, and of the README's "JAX" section, executes in a fresh
 namespace (their own asserts check results), so the docs cannot rot."""
 
 import os
@@ -21,13 +21,18 @@ def _blocks(path, section=None):
 
 CASES = [
     (p, s, i, code)
-    for p, s in [("docs/jax.md", None), ("docs/torch.md", None), ("README.md", "## JAX: rivet kernels inside")]
+    for p, s in [
+        ("docs/jax.md", None),
+        ("docs/torch.md", None),
+        ("docs/callbacks.md", None),
+        ("README.md", "## JAX: rivet kernels inside"),
+    ]
     for i, code in enumerate(_blocks(p, s))
 ]
 
 
 def test_every_doc_has_examples():
-    assert {p for p, _, _, _ in CASES} == {"docs/jax.md", "docs/torch.md", "README.md"}
+    assert {p for p, _, _, _ in CASES} == {"docs/jax.md", "docs/torch.md", "docs/callbacks.md", "README.md"}
 
 
 @pytest.mark.parametrize("path,section,index,code", CASES, ids=[f"{p}#{i}" for p, _, i, _ in CASES])

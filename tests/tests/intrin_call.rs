@@ -68,6 +68,7 @@ fn gemm_func(m: i64, n: i64, k: i64, cs: [i64; 2], c_base: [i64; 2]) -> PrimFunc
         checks: vec![],
         body: call,
         kernels: vec![],
+        callbacks: vec![],
     }
 }
 

@@ -46,6 +46,7 @@ __all__ = [
     "placeholder",
     "reduce_axis",
     "compute",
+    "extern",
     "create_schedule",
     "default_gpu_schedule",
     "sum",
@@ -136,6 +137,21 @@ def _axis_names(fcompute, ndim):
     if len(required) > ndim or len(positional) < ndim:
         return default, False
     return [p.name for p in positional[:ndim]], True
+
+
+def extern(shape, inputs, func, dtype="float32", name="extern"):
+    """A stage whose values a host callback computes (TVM's ``te.extern``).
+
+    ``func`` is a Python callable, a ``rivet.Function`` or a registered function's name. On
+    every call of the built function, once ``inputs`` (te tensors: placeholders or stages) are
+    computed, it is called as ``func(in_0, ..., in_k, out)`` with ``rivet.Tensor`` s:
+    read-only copies of the inputs and a fresh writable ``out`` of ``shape`` and ``dtype``
+    (use them through DLPack, e.g. ``np.from_dlpack``). It fills ``out`` and returns None, or
+    returns an array of that shape and dtype (anything with ``__dlpack__``), which is copied
+    into the stage (another shape: ``rivet.ShapeError``; dtype: ``rivet.DTypeError``). Later
+    stages read the result like any tensor. See docs/callbacks.md.
+    """
+    return _native.te_extern(_shape(shape), list(inputs), func, _dtype(dtype), name)
 
 
 def compute(shape, fcompute, name="compute"):

@@ -282,3 +282,65 @@ pub fn te_gradient(
     let grads = te::gradient(&out, &xs, h.as_ref()).cpy(py)?;
     Ok(grads.into_iter().map(|t| PyTeTensor { t }).collect())
 }
+
+/// A callback argument: a registered name (`str`), a `rivet.Function`, or any Python callable
+/// (wrapped as `rivet.register_func` wraps one: called with the GIL taken, its exception
+/// carried through unchanged).
+pub(super) fn callback_arg(
+    py: Python<'_>,
+    f: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<te::CallbackFn> {
+    if let Ok(name) = f.extract::<String>() {
+        return Ok(te::CallbackFn::Registered(name));
+    }
+    if let Ok(pf) = f.cast::<crate::function::PyFunction>() {
+        return Ok(te::CallbackFn::Function(pf.get().func.clone()));
+    }
+    if f.is_callable() {
+        return Ok(te::CallbackFn::Function(crate::convert::wrap_callable(
+            f.clone().unbind(),
+            None,
+        )));
+    }
+    Err(arg_err(
+        py,
+        format!(
+            "{what}: the callback must be a registered name (str), a rivet.Function or a callable, got {}",
+            type_name(f)
+        ),
+    ))
+}
+
+/// `te.extern(shape, inputs, func, dtype, name)`: a stage a host callback computes.
+#[pyfunction]
+#[pyo3(signature = (shape, inputs, func, dtype="float32", name="extern"))]
+pub fn te_extern(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    inputs: Vec<Bound<'_, PyAny>>,
+    func: &Bound<'_, PyAny>,
+    dtype: &str,
+    name: &str,
+) -> PyResult<PyTeTensor> {
+    let shape = shape_arg(shape, &format!("extern '{name}' shape"))?;
+    let dt = parse_dtype(py, dtype)?;
+    let inputs = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| match t.cast::<PyTeTensor>() {
+            Ok(t) => Ok(t.get().t.clone()),
+            Err(_) => Err(arg_err(
+                py,
+                format!(
+                    "extern '{name}': input {k} must be a te.Tensor, got {}",
+                    type_name(t)
+                ),
+            )),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let f = callback_arg(py, func, &format!("extern '{name}'"))?;
+    Ok(PyTeTensor {
+        t: te::extern_(&shape, &inputs, f, dt, name).cpy(py)?,
+    })
+}

@@ -391,6 +391,18 @@ impl PyStage {
         self.with(py, |st| st.tensorize(&v, i))
     }
 
+    /// A debug tap (like `jax.debug.callback`): on every call, once this stage is computed,
+    /// `func` (a callable, a `rivet.Function` or a registered name) receives a read-only copy
+    /// of its values as a `rivet.Tensor`; its return value is ignored and no result changes.
+    /// The stage stays materialised at the top level (it cannot be inlined or computed at
+    /// another stage's loop while tapped). A schedule method, not a te op: a tap is a fact of
+    /// how the program runs, not of what it computes, so the te graph (and gradients built
+    /// from it) is untouched, and a tap cannot be dropped by not using a returned tensor.
+    fn debug_tap(&self, py: Python<'_>, func: &Bound<'_, PyAny>) -> PyResult<()> {
+        let f = super::functions::callback_arg(py, func, "debug_tap")?;
+        self.with(py, |st| st.debug_tap(f))
+    }
+
     /// Substitutes this stage into its consumers (no buffer, no loops of its own).
     fn compute_inline(&self, py: Python<'_>) -> PyResult<()> {
         let mut s = self.sched.bind(py).borrow_mut();

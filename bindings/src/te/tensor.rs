@@ -187,6 +187,8 @@ impl PyTensorOp {
             self.t.name(),
             if self.t.is_placeholder() {
                 "placeholder"
+            } else if self.t.is_extern() {
+                "extern"
             } else {
                 "compute"
             }

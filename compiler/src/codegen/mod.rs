@@ -7,6 +7,7 @@
 //! stride variables of each parameter buffer in order. Bounds checks (`func.checks`) have run
 //! and passed before a kernel is launched; a kernel trusts its frame.
 
+pub mod callback;
 pub mod cranelift;
 pub mod cuda;
 pub mod erff16;

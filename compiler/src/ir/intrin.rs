@@ -21,6 +21,7 @@
 //! multiply-add (one rounding) in the same order. That is the only difference a tensorized
 //! program shows against its untensorized nest (docs/cpu.md gives the tolerance).
 
+use super::callback::CallbackKind;
 use super::expr::{BufId, Expr, Var};
 use super::stmt::{Buffer, ForKind, PrimFunc, Stmt};
 use rivet_runtime::DType;
@@ -33,12 +34,18 @@ pub enum Intrin {
     /// i), B (read; axes p, j)]`, extents `m, n` (C), `k, m` (A), `k, n` (B), all float32 or
     /// all float64; `C[i, j] = fold_p fma(A[p, i], B[p, j], C[i, j])`, `p` ascending.
     GemmUpdate,
+    /// A host callback, `PrimFunc::callbacks[k]` (`ir::callback`): whole-buffer regions,
+    /// `[out (written), in_0, ... (read)]` for an extern stage, `[stage (read)]` for a tap;
+    /// its declared computation writes every element of `out` and reads every element of the
+    /// inputs. Never matched by `tensorize` and never parsed from a schedule.
+    Callback(u32),
 }
 
 impl Intrin {
     pub fn name(self) -> &'static str {
         match self {
             Intrin::GemmUpdate => "gemm_update",
+            Intrin::Callback(_) => "callback",
         }
     }
 
@@ -155,6 +162,7 @@ pub fn check_call(
         }
     }
     match intrin {
+        Intrin::Callback(k) => check_callback(func, k, regions, scalars),
         Intrin::GemmUpdate => {
             if regions.len() != 3 || !scalars.is_empty() {
                 return Err(format!(
@@ -203,10 +211,112 @@ pub fn check_call(
     }
 }
 
+/// `check_call` for `Intrin::Callback(k)`: an entry of the table, regions of its kind (see
+/// `Intrin::Callback`), each walking every dim of its buffer in order from element 0 (the whole
+/// buffer: the bounds proof checks the extents against the buffer's shape), an output distinct
+/// from the inputs, no scalar.
+fn check_callback(
+    func: &PrimFunc,
+    k: u32,
+    regions: &[Region],
+    scalars: &[Expr],
+) -> Result<(), String> {
+    let Some(cb) = func.callbacks.get(k as usize) else {
+        return Err(format!(
+            "callback {k}: the function has {} callbacks",
+            func.callbacks.len()
+        ));
+    };
+    let what = format!("callback of stage '{}'", cb.stage);
+    if !scalars.is_empty() {
+        return Err(format!("{what}: takes no scalar"));
+    }
+    let writes: Vec<bool> = regions.iter().map(|r| r.write).collect();
+    let ok = match cb.kind {
+        CallbackKind::Extern => !writes.is_empty() && writes[0] && !writes[1..].contains(&true),
+        CallbackKind::Tap => writes == [false],
+    };
+    if !ok {
+        return Err(format!(
+            "{what}: an extern callback writes its first region and reads the others, a tap reads one; got writes {writes:?}"
+        ));
+    }
+    for r in regions {
+        let b = func.buffer(r.buf);
+        let whole = r.axes.iter().enumerate().all(|(d, a)| a.dim as usize == d)
+            && r.axes.len() == b.shape.len()
+            && r.base
+                .iter()
+                .all(|e| crate::lower::simplify::simplify(e).as_int() == Some(0));
+        if !whole {
+            return Err(format!(
+                "{what}: the region of `{}` must be the whole buffer (base 0, every dim in order)",
+                b.name
+            ));
+        }
+    }
+    if cb.kind == CallbackKind::Extern && regions[1..].iter().any(|r| r.buf == regions[0].buf) {
+        return Err(format!("{what}: its output is also one of its inputs"));
+    }
+    Ok(())
+}
+
+/// `for t in region: body(indices of t)`, over fresh variables.
+fn region_loops(
+    func: &PrimFunc,
+    r: &Region,
+    flat: bool,
+    body: impl FnOnce(Vec<Expr>) -> Stmt,
+) -> Stmt {
+    let vars: Vec<Var> = (0..r.axes.len())
+        .map(|d| Var::new(&format!("cb_{d}")))
+        .collect();
+    let ts: Vec<Expr> = vars.iter().map(Expr::var).collect();
+    let mut s = body(r.index(func.buffer(r.buf), &ts, flat));
+    for (v, a) in vars.into_iter().zip(&r.axes).rev() {
+        s = Stmt::For {
+            var: v,
+            min: Expr::int(0),
+            extent: a.extent.clone(),
+            kind: ForKind::Serial,
+            body: Box::new(s),
+        };
+    }
+    s
+}
+
 /// The declared computation of a call (module header), as loop IR over fresh variables.
 /// `func` declares the buffers; the call must pass `check_call`.
 pub fn model(func: &PrimFunc, intrin: Intrin, regions: &[Region], flat: bool) -> Stmt {
     match intrin {
+        // Every element of every read region is loaded (in a condition with nothing to do),
+        // then every element of the written region is stored: exactly the accesses of the
+        // callback's copies in and out (`codegen::callback`).
+        Intrin::Callback(_) => {
+            let mut body = Vec::new();
+            for r in regions {
+                let dt = func.buffer(r.buf).dtype;
+                let stmt = if r.write {
+                    region_loops(func, r, flat, |idx| Stmt::Store {
+                        buf: r.buf,
+                        indices: idx,
+                        value: Expr::constant(0.0, dt),
+                    })
+                } else {
+                    region_loops(func, r, flat, |idx| {
+                        let x = Expr::load(r.buf, idx, dt);
+                        Stmt::If {
+                            cond: Expr::cmp(super::expr::CmpOp::Eq, x.clone(), x)
+                                .expect("an element compares with itself"),
+                            then: Box::new(Stmt::Seq(vec![])),
+                            otherwise: None,
+                        }
+                    })
+                };
+                body.push(stmt);
+            }
+            Stmt::Seq(body)
+        }
         Intrin::GemmUpdate => {
             let (m, n, k) = gemm_extents(regions);
             let (i, j, p) = (Var::new("mk_i"), Var::new("mk_j"), Var::new("mk_p"));

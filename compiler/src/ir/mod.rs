@@ -6,6 +6,7 @@
 //! collective, the cross-thread reduction `Stmt::AllReduce` (its meaning and fixed combination
 //! order in `stmt`'s header); where each may stand is `verify_gpu`'s.
 
+pub mod callback;
 pub mod checked;
 pub mod expr;
 pub mod intrin;
@@ -19,6 +20,7 @@ pub mod verify;
 pub mod verify_gpu;
 pub mod verify_parallel;
 
+pub use callback::{Callback, CallbackKind};
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
 pub use intrin::{Intrin, Region, RegionAxis};
 pub use stmt::{

@@ -252,7 +252,12 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
                 })
                 .chain(scalars.iter().map(|e| e.to_string()))
                 .collect();
-            let _ = writeln!(out, "call {}({})", intrin.name(), rs.join(", "));
+            let name = match intrin {
+                // Which entry of the function's callback table.
+                crate::ir::Intrin::Callback(k) => format!("callback#{k}"),
+                other => other.name().to_string(),
+            };
+            let _ = writeln!(out, "call {name}({})", rs.join(", "));
         }
         Stmt::Launch { kernel } => {
             indent(out, depth);

@@ -247,6 +247,9 @@ pub struct PrimFunc {
     /// Bodies outlined by the host/device split, run by `Launch` statements of `body`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<DeviceFunc>,
+    /// Host callbacks, called by `Call`s of `Intrin::Callback(k)` (`ir::callback`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callbacks: Vec<super::callback::Callback>,
 }
 
 impl PrimFunc {

@@ -45,6 +45,7 @@ pub fn func(name: &str, buffers: Vec<Buffer>, dims: Vec<Var>, body: Stmt) -> Pri
         checks: vec![],
         body,
         kernels: vec![],
+        callbacks: vec![],
     }
 }
 

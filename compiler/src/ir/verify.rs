@@ -64,6 +64,9 @@ use std::collections::{HashMap, HashSet};
 pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
     let mut v = Verifier::new(func, flattened);
     v.header()?;
+    // Before the statements: a callback in a parallel loop is refused for what it is, not
+    // for the race its whole-buffer write would be.
+    super::callback::check_placement(func).map_err(Error::Compile)?;
     v.stmt(&func.body)?;
     super::verify_gpu::check(func)
 }
@@ -78,6 +81,9 @@ pub fn verify_loaded(func: &PrimFunc) -> Result<()> {
     let mut v = Verifier::new(func, false);
     v.loaded = true;
     v.header()?;
+    // Before the statements: a callback in a parallel loop is refused for what it is, not
+    // for the race its whole-buffer write would be.
+    super::callback::check_placement(func).map_err(Error::Compile)?;
     v.stmt(&func.body)?;
     super::verify_gpu::check(func)
 }
@@ -1088,6 +1094,7 @@ mod tests {
             checks: vec![],
             body,
             kernels: vec![],
+            callbacks: vec![],
         };
         Base { f, n, i, a, c, t }
     }

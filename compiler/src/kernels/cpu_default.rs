@@ -5,7 +5,8 @@
 //! `build(..., default_schedule=False)`) turns it off.
 //!
 //! 1. Injective intermediate stages are inlined into their consumers (no intermediate buffer,
-//!    one pass instead of two), except an expensive one (exp, log, erf, tanh, sigmoid, sqrt)
+//!    one pass instead of two), except those a host callback needs whole (an extern stage,
+//!    its inputs, a stage with a debug tap: `ir::callback`), and an expensive one (exp, log, erf, tanh, sigmoid, sqrt)
 //!    read by more than one stage, which would be recomputed per reader.
 //! 2. A matmul-like stage (`packed_gemm::match_matmul`: a sum over one axis of a product of
 //!    two float32/float64 factors, each walking a data axis the other does not) with enough
@@ -76,6 +77,16 @@ pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
         .stages
         .iter()
         .filter(|st| st.tensor.reduce_axis().is_empty() && !s.outputs.contains(&st.tensor))
+        // Host callbacks need whole buffers: an extern stage, its inputs and a tapped stage
+        // stay materialised.
+        .filter(|st| {
+            !st.tensor.is_extern()
+                && st.taps.is_empty()
+                && !s
+                    .stages
+                    .iter()
+                    .any(|c| c.tensor.is_extern() && inputs(&c.tensor).contains(&st.tensor))
+        })
         .map(|st| st.tensor.clone())
         .collect();
     for t in &candidates {

@@ -151,7 +151,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
         crate::te::reduce(op, term, std::slice::from_ref(&l2))?,
     );
     let ti = s.stage_index(t)?;
-    s.stages[ti] = Stage::new(&combined);
+    s.restart_stage(ti, &combined);
     s.set_definition(ti, combined.clone());
     s.stages
         .splice(ti..ti, [Stage::new(&lanes), Stage::new(&tail)]);

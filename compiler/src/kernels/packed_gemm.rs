@@ -224,7 +224,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         let idx: Vec<Expr> = axes.iter().map(|a| Expr::var(&a.var)).collect();
         (cp.clone(), redefine(&cur, cp.idx(&idx)))
     };
-    s.stages[ti] = Stage::new(&new_t);
+    s.restart_stage(ti, &new_t);
     s.set_definition(ti, new_t.clone());
     let mut added = vec![Stage::new(&ap), Stage::new(&bp)];
     if !aligned {

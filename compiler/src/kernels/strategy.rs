@@ -315,6 +315,14 @@ pub fn apply_default_gpu(s: &mut Schedule) -> Result<()> {
                 && st.tensor.reduce_axis().is_empty()
                 && !s.outputs.contains(&st.tensor)
                 && !contraction_inputs.contains(&st.tensor)
+                // Host callbacks need whole buffers (and a CUDA build refuses them anyway,
+                // with a message of its own rather than an inlining refusal).
+                && !st.tensor.is_extern()
+                && st.taps.is_empty()
+                && !s
+                    .stages
+                    .iter()
+                    .any(|c| c.tensor.is_extern() && crate::te::tensor::inputs(&c.tensor).contains(&st.tensor))
         })
         .map(|st| st.tensor.clone())
         .collect();

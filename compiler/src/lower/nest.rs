@@ -23,6 +23,8 @@
 //!   then `AllReduce` combines the group's partials into it and the thread of
 //!   `threadIdx.x == 0` stores the element (under the data-parallel guards only: every thread
 //!   reaches the `AllReduce`, which is collective).
+//! - an extern stage as one `Call` of `Intrin::Callback` on whole buffers, and each debug tap as
+//!   one right after its stage's nest, all at the top level (`ir::callback`);
 //! - GPU memory caches (`Stage::scope` shared / local, from `cache_read` / `cache_write`): only
 //!   inside a kernel (attached at or below the innermost block loop of a GPU stage), in a
 //!   compact buffer of the region's constant shape, stores and the consumer's loads indexed
@@ -1613,10 +1615,43 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             }
         }
     }
+    // Host callbacks (`ir::callback`): an extern stage is one call, a tap one call right
+    // after its stage's nest; both at the top level, in stage order (producers first), which
+    // is the order they run in.
+    let mut callbacks = Vec::new();
     let mut body = Vec::new();
     for st in &sched.stages {
         if st.attach == Attach::Root {
-            body.push(ctx.emit(st, None, &Place::Host)?);
+            if let Some(cb) = st.tensor.extern_callback() {
+                let mut bufs = vec![(ctx.buf_of[&st.tensor.id()], true)];
+                for i in inputs(&st.tensor) {
+                    if ctx.inlined.contains(&i.id()) {
+                        return cerr(format!(
+                            "schedule of '{}': it is read by extern stage '{}', whose callback receives whole tensors, so it cannot be compute_inline'd",
+                            i.name(),
+                            st.tensor.name()
+                        ));
+                    }
+                    bufs.push((ctx.buf_of[&i.id()], false));
+                }
+                body.push(callback_call(&ctx, &mut callbacks, cb.clone(), &bufs));
+            } else {
+                body.push(ctx.emit(st, None, &Place::Host)?);
+            }
+            for tap in &st.taps {
+                let b = ctx.buf_of[&st.tensor.id()];
+                body.push(callback_call(
+                    &ctx,
+                    &mut callbacks,
+                    tap.clone(),
+                    &[(b, false)],
+                ));
+            }
+        } else if st.tensor.is_extern() || !st.taps.is_empty() {
+            return cerr(format!(
+                "schedule of '{}': a stage with a host callback (an extern stage or a debug_tap) must be computed at root: callbacks run once per call at the top level, never inside a loop",
+                st.tensor.name()
+            ));
         }
     }
     let mut stmt = Stmt::seq(body);
@@ -1634,7 +1669,45 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         checks: vec![],
         body: stmt,
         kernels: vec![],
+        callbacks,
     })
+}
+
+/// A call of callback `cb` (added to `table`) on the whole buffers `bufs` (id, written).
+fn callback_call(
+    ctx: &Ctx,
+    table: &mut Vec<crate::ir::callback::Callback>,
+    cb: crate::ir::callback::Callback,
+    bufs: &[(BufId, bool)],
+) -> Stmt {
+    let k = table.len() as u32;
+    table.push(cb);
+    let buffers = ctx.buffers.borrow();
+    let regions = bufs
+        .iter()
+        .map(|&(id, write)| {
+            let b = buffers.iter().find(|b| b.id == id).expect("declared");
+            crate::ir::intrin::Region {
+                buf: id,
+                base: vec![Expr::int(0); b.shape.len()],
+                axes: b
+                    .shape
+                    .iter()
+                    .enumerate()
+                    .map(|(d, e)| crate::ir::intrin::RegionAxis {
+                        dim: d as u32,
+                        extent: e.clone(),
+                    })
+                    .collect(),
+                write,
+            }
+        })
+        .collect();
+    Stmt::Call {
+        intrin: crate::ir::intrin::Intrin::Callback(k),
+        regions,
+        scalars: vec![],
+    }
 }
 
 /// True when `consumer` reads `producer` directly or through inlined stages.

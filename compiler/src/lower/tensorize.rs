@@ -173,6 +173,7 @@ fn dim_of(walks: &[Option<usize>], k: usize) -> Option<u32> {
 fn match_nest(func: &PrimFunc, s: &Stmt, intrin: Intrin) -> std::result::Result<Stmt, String> {
     match intrin {
         Intrin::GemmUpdate => match_gemm(func, s),
+        Intrin::Callback(_) => Err("a host callback is not a tensorize intrinsic".into()),
     }
 }
 

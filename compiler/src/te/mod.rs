@@ -12,4 +12,4 @@ pub mod tensor;
 pub use gradient::gradient;
 pub use number::{Number, Operand};
 pub use ops::*;
-pub use tensor::{compute, compute_from, placeholder, Op, Tensor};
+pub use tensor::{compute, compute_from, extern_, placeholder, CallbackFn, Op, Tensor};

@@ -1,4 +1,5 @@
-//! Tensors of the DSL: placeholders (inputs) and computes (a body over index variables).
+//! Tensors of the DSL: placeholders (inputs), computes (a body over index variables) and
+//! extern stages (values a host callback computes from whole input tensors: `extern_`).
 //!
 //! A `Tensor` is a cheap handle; identity is its `id`. A compute's body may read other
 //! tensors (multi-stage programs); a reduction (`sum`, `max`, ...) may only be the top-level
@@ -19,6 +20,12 @@ pub enum Op {
     Compute {
         axis: Vec<IterVar>,
         body: Expr,
+    },
+    /// Computed by a host callback from whole, materialised `inputs` (TVM's `te.extern`):
+    /// no axes, no body; `ir::callback` gives the calling convention.
+    Extern {
+        inputs: Vec<Tensor>,
+        callback: crate::ir::callback::Callback,
     },
 }
 
@@ -119,7 +126,7 @@ impl Tensor {
     pub fn axis(&self) -> &[IterVar] {
         match &self.0.op {
             Op::Compute { axis, .. } => axis,
-            Op::Placeholder => &[],
+            Op::Placeholder | Op::Extern { .. } => &[],
         }
     }
 
@@ -127,15 +134,27 @@ impl Tensor {
     pub fn reduce_axis(&self) -> &[IterVar] {
         match &self.0.op {
             Op::Compute { body, .. } => top_reduce(body).map(|(_, _, a)| a).unwrap_or(&[]),
-            Op::Placeholder => &[],
+            Op::Placeholder | Op::Extern { .. } => &[],
         }
     }
 
     pub fn body(&self) -> Option<&Expr> {
         match &self.0.op {
             Op::Compute { body, .. } => Some(body),
-            Op::Placeholder => None,
+            Op::Placeholder | Op::Extern { .. } => None,
         }
+    }
+
+    /// The callback of an extern stage.
+    pub fn extern_callback(&self) -> Option<&crate::ir::callback::Callback> {
+        match &self.0.op {
+            Op::Extern { callback, .. } => Some(callback),
+            _ => None,
+        }
+    }
+
+    pub fn is_extern(&self) -> bool {
+        matches!(self.0.op, Op::Extern { .. })
     }
 
     /// The element at `indices` (int64 expressions, one per dim).
@@ -263,8 +282,65 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
     })))
 }
 
-/// The tensors `t` reads directly (each once, in first-read order).
+/// How an extern stage's callback is given: a function (not savable in a module) or a name
+/// in the global registry (resolved now, and by name again when a saved module is loaded).
+pub enum CallbackFn {
+    Function(rivet_runtime::Function),
+    Registered(String),
+}
+
+/// A stage whose values the packed function `func` computes on the host (TVM's `te.extern`):
+/// at run time `inputs` are materialised and `func(in_0, ..., in_k, out)` is called with
+/// read-only copies of them and a fresh tensor `out` of `shape` and `dtype`; it fills `out`
+/// and returns None, or returns a tensor of that shape and dtype (copied into `out`).
+/// `shape` must be int64 expressions over the arguments' dims.
+pub fn extern_(
+    shape: &[Expr],
+    inputs: &[Tensor],
+    func: CallbackFn,
+    dtype: DType,
+    name: &str,
+) -> Result<Tensor> {
+    check_shape(shape, &format!("extern '{name}'"))?;
+    for (k, t) in inputs.iter().enumerate() {
+        if inputs[..k].contains(t) {
+            return Err(Error::Compile(format!(
+                "extern '{name}': input '{}' is given twice",
+                t.name()
+            )));
+        }
+    }
+    let (func, registered) = match func {
+        CallbackFn::Function(f) => (f, None),
+        CallbackFn::Registered(n) => {
+            let f = rivet_runtime::registry::get(&n)
+                .map_err(|e| Error::Compile(format!("extern '{name}': callback: {e}")))?;
+            (f, Some(n))
+        }
+    };
+    Ok(Tensor(Arc::new(TensorNode {
+        id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        dtype,
+        op: Op::Extern {
+            inputs: inputs.to_vec(),
+            callback: crate::ir::callback::Callback {
+                kind: crate::ir::callback::CallbackKind::Extern,
+                stage: name.to_string(),
+                registered,
+                func: Some(func),
+            },
+        },
+    })))
+}
+
+/// The tensors `t` reads directly (each once, in first-read order; an extern stage's inputs
+/// in call order).
 pub fn inputs(t: &Tensor) -> Vec<Tensor> {
+    if let Op::Extern { inputs, .. } = &t.0.op {
+        return inputs.clone();
+    }
     let mut out: Vec<Tensor> = Vec::new();
     if let Some(body) = t.body() {
         body.visit_unique(&mut |e| {

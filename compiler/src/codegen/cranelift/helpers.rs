@@ -21,6 +21,8 @@ pub(super) enum Fault {
         index: i64,
         extent: i64,
     },
+    /// A host callback failed; its error is in `callback::CALLBACK_ERROR`.
+    Callback,
 }
 
 thread_local! {

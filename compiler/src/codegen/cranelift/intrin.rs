@@ -17,7 +17,15 @@ use rivet_runtime::DType;
 /// lacks), none otherwise.
 pub(super) fn symbols(func: &PrimFunc) -> Result<Vec<(&'static str, *const u8)>> {
     let mut calls = false;
-    func.visit_all(&mut |s| calls |= matches!(s, Stmt::Call { .. }));
+    func.visit_all(&mut |s| {
+        calls |= matches!(
+            s,
+            Stmt::Call {
+                intrin: Intrin::GemmUpdate,
+                ..
+            }
+        )
+    });
     if !calls {
         return Ok(vec![]);
     }
@@ -36,6 +44,7 @@ impl FnGen<'_, '_> {
 
     pub(super) fn call_intrin(&mut self, intrin: Intrin, regions: &[Region]) -> Result<()> {
         match intrin {
+            Intrin::Callback(k) => self.call_callback(k, regions),
             Intrin::GemmUpdate => {
                 let (m, n, k) = gemm_extents(regions);
                 let mut args = vec![self.int_arg(&m)?, self.int_arg(&n)?, self.int_arg(&k)?];

@@ -9,7 +9,8 @@
 //! Error channel: every generated function returns 0, or 1 after a helper recorded a
 //! `helpers::Fault` for its thread (a local buffer that cannot be allocated; in checked mode, an
 //! out-of-bounds access). The failing function frees the local buffers it holds and returns at
-//! once; callers propagate the status; `launch` turns the fault into a `rivet.Error`. Nothing
+//! once; callers propagate the status; `launch` turns the fault into a `rivet.Error`. A host
+//! callback's error (`callback.rs`) travels in a slot of its own, unchanged. Nothing
 //! unwinds through generated code and nothing aborts.
 //!
 //! Checked mode (`CraneliftBackend::checked`): functions are not flattened; every load and
@@ -45,6 +46,7 @@
 //! process, through the symbols `rivet_gemm_f32` / `rivet_gemm_f64`, which each kernel's JIT
 //! module binds to the chosen variant's entry when it is built).
 
+mod callback;
 mod exp_run;
 mod expr;
 mod helpers;
@@ -177,7 +179,7 @@ impl CraneliftBackend {
         for (name, addr) in crate::codegen::math::symbols() {
             jb.symbol(name, addr);
         }
-        for (name, addr) in helpers::symbols() {
+        for (name, addr) in helpers::symbols().into_iter().chain(callback::symbols()) {
             jb.symbol(name, addr);
         }
         for (name, addr) in intrin::symbols(func)? {
@@ -188,9 +190,11 @@ impl CraneliftBackend {
         jb.symbol("fmaf", crate::codegen::math::ffi::fmaf as *const u8);
         jb.symbol("fma", crate::codegen::math::ffi::fma as *const u8);
         let module = JITModule::new(jb);
+        let callbacks = Box::new(callback::CallbackTable::new(func));
         let mut cx = Compiler {
             module,
             func,
+            callback_table: &*callbacks as *const callback::CallbackTable as usize,
             helper_ids: HashMap::new(),
             disassemble: self.disassemble,
             bodies: Vec::new(),
@@ -224,6 +228,7 @@ impl CraneliftBackend {
         }
         Ok(CraneliftKernel {
             _module: OwnedModule(Some(module)),
+            _callbacks: callbacks,
             entry,
             n_ptrs: func.params.len(),
             n_ints: int_slots(func).len(),
@@ -287,6 +292,8 @@ pub struct CraneliftKernel {
     disasm: String,
     // Owns the code `entry` points to (only ever dropped).
     _module: OwnedModule,
+    /// The host callbacks the code calls; its address is a constant in the code.
+    _callbacks: Box<callback::CallbackTable>,
 }
 
 impl std::fmt::Debug for CraneliftKernel {
@@ -354,6 +361,7 @@ impl CraneliftKernel {
         }
         // A fault left by an earlier launch on this thread is not this launch's.
         helpers::take_fault();
+        callback::take_callback_error();
         // SAFETY: the entry function follows the CallFrame ABI; the frame has the expected
         // number of entries (checked above) and the caller guarantees (`launch`'s contract)
         // that the pointers address memory matching the buffers under these ints.
@@ -364,6 +372,11 @@ impl CraneliftKernel {
         use rivet_runtime::Error as R;
         let name = &self.name;
         Err(match helpers::take_fault() {
+            // The callback's own error, unchanged (a Python exception stays that exception).
+            Some(helpers::Fault::Callback) => match callback::take_callback_error() {
+                Some(e) => Error::Runtime(e),
+                None => Error::Internal(format!("{name}: a callback failed without an error")),
+            },
             Some(helpers::Fault::Alloc { bytes }) => Error::Runtime(R::Memory(format!(
                 "{name}: a temporary buffer of {bytes} bytes could not be allocated (over rivet.MAX_ALLOC_BYTES = {}, or refused by the system)",
                 crate::ir::limits::MAX_ALLOC_BYTES
@@ -402,6 +415,8 @@ struct Compiler<'f> {
     func: &'f PrimFunc,
     /// Helper functions declared in the module, by symbol.
     helper_ids: HashMap<&'static str, FuncId>,
+    /// The address of the kernel's `callback::CallbackTable`.
+    callback_table: usize,
     disassemble: bool,
     /// Texts of the outlined parallel bodies, in order of generation.
     bodies: Vec<FuncText>,

@@ -235,6 +235,7 @@ impl Prepared {
         let f = &self.func;
         let mut m = Machine::new(&f.name, &f.buffers, &f.kernels, self.flattened);
         m.checked = self.checked;
+        m.callbacks = &f.callbacks;
         if frame.ptrs.len() != f.params.len() || frame.ints.len() != self.slots.len() {
             return Err(m.err(format!(
                 "call frame has {} pointers and {} ints, the function takes {} buffers and {} ints",
@@ -342,6 +343,8 @@ struct Machine<'a> {
     decls: &'a [Buffer],
     /// The function's outlined bodies (`Launch` runs them in place).
     kernels: &'a [DeviceFunc],
+    /// The function's host callbacks (`Intrin::Callback`).
+    callbacks: &'a [crate::ir::callback::Callback],
     flattened: bool,
     checked: bool,
     /// Values of the variables in scope.
@@ -368,6 +371,7 @@ impl<'a> Machine<'a> {
             name,
             decls,
             kernels,
+            callbacks: &[],
             flattened,
             checked: false,
             env: IdMap::default(),
@@ -703,6 +707,45 @@ impl<'a> Machine<'a> {
     /// As `exec`.
     unsafe fn call(&mut self, intrin: Intrin, regions: &[Region]) -> Result<()> {
         match intrin {
+            Intrin::Callback(k) => {
+                let cb = self
+                    .callbacks
+                    .get(k as usize)
+                    .ok_or_else(|| self.err(format!("callback {k} is not in the table")))?;
+                let mut args = Vec::with_capacity(regions.len());
+                for r in regions {
+                    let shape = r
+                        .axes
+                        .iter()
+                        .map(|a| self.int(&a.extent))
+                        .collect::<Result<Vec<i64>>>()?;
+                    if shape.iter().any(|&e| e <= 0) {
+                        // No element: nothing to address (an empty buffer has no element 0).
+                        let pos = self.buf_pos(r.buf.0)?;
+                        args.push(crate::codegen::callback::RegionArg {
+                            ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                            shape: shape.iter().map(|&e| e.max(0)).collect(),
+                            strides: vec![0; shape.len()],
+                            dtype: self.bufs[pos].dtype,
+                        });
+                        continue;
+                    }
+                    // Checked against the buffer's span, like any intrinsic region.
+                    let (pos, base, steps) = self.region(r, &shape)?;
+                    let b = &self.bufs[pos];
+                    args.push(crate::codegen::callback::RegionArg {
+                        ptr: b
+                            .ptr
+                            .wrapping_offset((base as isize).wrapping_mul(b.dtype.size() as isize)),
+                        shape: shape.iter().map(|&e| e.max(0)).collect(),
+                        strides: steps,
+                        dtype: b.dtype,
+                    });
+                }
+                // SAFETY: every region was checked inside its buffer above; the output is a
+                // buffer of its own (`check_call`).
+                unsafe { crate::codegen::callback::run(cb, &args) }.map_err(Error::Runtime)
+            }
             Intrin::GemmUpdate => {
                 if regions.len() != 3 {
                     return Err(self.err("gemm_update takes 3 regions"));

@@ -83,6 +83,16 @@ pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Re
             };
             grads.insert(t.id(), g);
         }
+        // A host callback's values are opaque: an adjoint reaching one (on a path to a
+        // requested input) cannot go further, and dropping it would be a silent zero.
+        if let (Some(_), Op::Extern { inputs, .. }) = (&adj, t.op()) {
+            if inputs.iter().any(|x| relevant.contains(&x.id())) {
+                return Err(Error::Compile(format!(
+                    "te.gradient: stage '{}' is computed by a host callback (te.extern), which rivet cannot differentiate; the requested inputs are reached only through it",
+                    t.name()
+                )));
+            }
+        }
         if let (Some(adj), Op::Compute { .. }) = (&adj, t.op()) {
             propagate(t, adj, &relevant, &mut acc).map_err(|e| match e {
                 Error::Compile(m) if !m.starts_with("te.gradient") => Error::Compile(format!(
