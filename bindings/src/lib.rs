@@ -6,6 +6,7 @@ mod capsule;
 mod convert;
 mod cuda;
 mod errors;
+mod exchange;
 mod function;
 mod kernels;
 mod te;
@@ -49,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange::_exchange_api_stats, m)?)?;
     te::register(m)?;
     m.add(
         "DLPACK_VERSION",
