@@ -74,11 +74,16 @@ fn dlpack_call_versioned<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Py
     let method = pyo3::intern!(py, "__dlpack__");
     #[cfg(feature = "abi3")]
     {
-        // The limited API has no vectorcall before 3.12: a kwargs dict per call.
+        // The limited API has no vectorcall before 3.12: a keyword dict, made once (callees
+        // get their own copy of keyword arguments, so sharing it is safe).
         let _ = names;
-        let kw = pyo3::types::PyDict::new(py);
-        kw.set_item("max_version", version.bind(py))?;
-        obj.call_method(method, (), Some(&kw))
+        static KW: PyOnceLock<Py<pyo3::types::PyDict>> = PyOnceLock::new();
+        let kw = KW.get_or_try_init(py, || {
+            let kw = pyo3::types::PyDict::new(py);
+            kw.set_item("max_version", version.bind(py))?;
+            PyResult::Ok(kw.unbind())
+        })?;
+        obj.call_method(method, (), Some(kw.bind(py)))
     }
     #[cfg(not(feature = "abi3"))]
     {
