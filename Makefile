@@ -17,7 +17,7 @@ VPY       := $(VENV)/bin/python
 MXPY      := $(MXVENV)/bin/python
 WHEEL_DIR := target/wheels-out
 
-VENV_DEPS   := torch==2.15.0 "jax[cpu]" numpy pytest maturin matplotlib hypothesis
+VENV_DEPS   := torch==2.15.0 "jax[cpu]" numpy pytest maturin matplotlib hypothesis mypy
 VENV_OPT    := apache-tvm-ffi
 MXVENV_DEPS := mxnet==1.9.1 "numpy<1.24" pytest
 

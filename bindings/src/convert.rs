@@ -30,6 +30,14 @@ use rivet_runtime::{dlpack, ArgName, Error, Function, Result, Tensor, Value};
 use std::cell::RefCell;
 use std::ffi::c_void;
 
+/// How `requires_grad` is read without the generic attribute lookup: the getset's C getter
+/// and its closure; under the limited API (abi3), which hides the descriptor's layout, the
+/// descriptor type's `tp_descr_get` and the descriptor (a reference kept for the process).
+#[cfg(not(feature = "abi3"))]
+type GradGetter = (ffi::getter, usize);
+#[cfg(feature = "abi3")]
+type GradGetter = (ffi::descrgetfunc, usize);
+
 /// What we know about one Python type.
 #[derive(Clone, Copy)]
 struct TypeInfo {
@@ -42,7 +50,7 @@ struct TypeInfo {
     grad: bool,
     /// `requires_grad`'s C getter and its closure, when reading the attribute is exactly
     /// calling it (`grad_getter`): a third of the generic lookup's cost.
-    grad_getter: Option<(ffi::getter, usize)>,
+    grad_getter: Option<GradGetter>,
     /// Has `__dlpack_device__` and may live on a GPU (not numpy): asked before `__dlpack__`
     /// inside a call, so a CUDA producer gets the call's stream.
     may_be_gpu: bool,
@@ -64,17 +72,33 @@ fn dlpack_call_versioned<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Py
         ))
     })?;
     let method = pyo3::intern!(py, "__dlpack__");
-    let args = [obj.as_ptr(), version.as_ptr()];
-    // SAFETY: args holds the receiver then one keyword value, as vectorcall's method form
-    // wants (nargsf = 1 positional: the receiver); all objects are alive during the call.
-    let r = unsafe {
-        ffi::PyObject_VectorcallMethod(method.as_ptr(), args.as_ptr(), 1, names.as_ptr())
-    };
-    if r.is_null() {
-        return Err(PyErr::fetch(py));
+    #[cfg(feature = "abi3")]
+    {
+        // The limited API has no vectorcall before 3.12: a keyword dict, made once (callees
+        // get their own copy of keyword arguments, so sharing it is safe).
+        let _ = names;
+        static KW: PyOnceLock<Py<pyo3::types::PyDict>> = PyOnceLock::new();
+        let kw = KW.get_or_try_init(py, || {
+            let kw = pyo3::types::PyDict::new(py);
+            kw.set_item("max_version", version.bind(py))?;
+            PyResult::Ok(kw.unbind())
+        })?;
+        obj.call_method(method, (), Some(kw.bind(py)))
     }
-    // SAFETY: a new reference.
-    Ok(unsafe { Bound::from_owned_ptr(py, r) })
+    #[cfg(not(feature = "abi3"))]
+    {
+        let args = [obj.as_ptr(), version.as_ptr()];
+        // SAFETY: args holds the receiver then one keyword value, as vectorcall's method form
+        // wants (nargsf = 1 positional: the receiver); all objects are alive during the call.
+        let r = unsafe {
+            ffi::PyObject_VectorcallMethod(method.as_ptr(), args.as_ptr(), 1, names.as_ptr())
+        };
+        if r.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        // SAFETY: a new reference.
+        Ok(unsafe { Bound::from_owned_ptr(py, r) })
+    }
 }
 
 /// Entries per thread in the type cache: far more tensor types than any program mixes, few
@@ -187,10 +211,18 @@ fn type_info_of(ty: &Bound<'_, PyType>) -> TypeInfo {
 /// `__getattribute__`, a metaclass trick) keeps the generic `getattr`. The getter and its
 /// closure come from the descriptor's `PyGetSetDef`, static data of the extension defining
 /// it; the cache entry also holds the type alive.
-fn grad_getter(ty: &Bound<'_, PyType>) -> Option<(ffi::getter, usize)> {
+fn grad_getter(ty: &Bound<'_, PyType>) -> Option<GradGetter> {
     let py = ty.py();
+    #[cfg(not(feature = "abi3"))]
     // SAFETY: reading a field of a live type object, under the GIL.
     let getattro = unsafe { (*ty.as_type_ptr()).tp_getattro };
+    #[cfg(feature = "abi3")]
+    // SAFETY: a live type object (every type, static ones too, since 3.10); a slot the type
+    // lacks reads as NULL.
+    let getattro: Option<ffi::getattrofunc> = unsafe {
+        let p = ffi::PyType_GetSlot(ty.as_type_ptr(), ffi::Py_tp_getattro);
+        (!p.is_null()).then(|| std::mem::transmute::<*mut c_void, ffi::getattrofunc>(p))
+    };
     // libpython's exported function: one address, whoever reads it.
     let generic = ffi::PyObject_GenericGetAttr as ffi::getattrofunc as usize;
     if !matches!(getattro, Some(f) if f as usize == generic) {
@@ -207,10 +239,30 @@ fn grad_getter(ty: &Bound<'_, PyType>) -> Option<(ffi::getter, usize)> {
         if d.get_type().as_ptr() != std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type).cast() {
             return None;
         }
-        // SAFETY: `d` is a getset descriptor (checked above), whose layout is
-        // `PyGetSetDescrObject`; its `d_getset` points at the defining type's static table.
-        let def = unsafe { &*(*(d.as_ptr() as *const ffi::PyGetSetDescrObject)).d_getset };
-        return def.get.map(|g| (g, def.closure as usize));
+        #[cfg(not(feature = "abi3"))]
+        {
+            // SAFETY: `d` is a getset descriptor (checked above), whose layout is
+            // `PyGetSetDescrObject`; its `d_getset` points at the defining type's static table.
+            let def = unsafe { &*(*(d.as_ptr() as *const ffi::PyGetSetDescrObject)).d_getset };
+            return def.get.map(|g| (g, def.closure as usize));
+        }
+        #[cfg(feature = "abi3")]
+        {
+            // SAFETY: the getset descriptor type's own slot (a static type, 3.10+).
+            let get = unsafe {
+                ffi::PyType_GetSlot(
+                    std::ptr::addr_of_mut!(ffi::PyGetSetDescr_Type),
+                    ffi::Py_tp_descr_get,
+                )
+            };
+            if get.is_null() {
+                return None;
+            }
+            // SAFETY: the slot `Py_tp_descr_get` holds a `descrgetfunc`.
+            let get = unsafe { std::mem::transmute::<*mut c_void, ffi::descrgetfunc>(get) };
+            // The descriptor is kept alive for the process: its class may drop it.
+            return Some((get, d.unbind().into_ptr() as usize));
+        }
     }
     None
 }
@@ -218,13 +270,23 @@ fn grad_getter(ty: &Bound<'_, PyType>) -> Option<(ffi::getter, usize)> {
 /// Refuses a torch tensor with `requires_grad=True`, as torch's `__dlpack__` does: rivet
 /// functions are not differentiable, and writing such a tensor would corrupt autograd.
 /// Only the exchange fast path needs this; torch's own export checks the generic path.
-fn check_no_grad(obj: &Bound<'_, PyAny>, getter: Option<(ffi::getter, usize)>) -> Result<()> {
+fn check_no_grad(obj: &Bound<'_, PyAny>, getter: Option<GradGetter>) -> Result<()> {
     let py = obj.py();
     let grad = match getter {
         Some((get, closure)) => {
             // SAFETY: `obj`'s type is the one `grad_getter` read the getter from (the type
             // cache is keyed by it); a getter returns a new reference or NULL with an error.
+            #[cfg(not(feature = "abi3"))]
             let r = unsafe { get(obj.as_ptr(), closure as *mut c_void) };
+            // SAFETY: as above; `closure` is the descriptor, kept alive by `grad_getter`.
+            #[cfg(feature = "abi3")]
+            let r = unsafe {
+                get(
+                    closure as *mut ffi::PyObject,
+                    obj.as_ptr(),
+                    obj.get_type().as_ptr(),
+                )
+            };
             if r.is_null() {
                 return Err(producer_error(obj, PyErr::take(py)));
             }

@@ -6,6 +6,7 @@ mod capsule;
 mod convert;
 mod cuda;
 mod errors;
+mod exchange;
 mod function;
 mod kernels;
 mod te;
@@ -19,8 +20,7 @@ fn run_without_gil(f: &mut dyn FnMut()) {
     struct OnThisThread<'a>(&'a mut dyn FnMut());
     // SAFETY: `detach` runs the closure on the calling thread before returning.
     unsafe impl Send for OnThisThread<'_> {}
-    // SAFETY: PyGILState_Check only reads the calling thread's state.
-    if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
+    if attached() {
         let job = OnThisThread(f);
         // SAFETY: this thread holds the GIL (checked above).
         let py = unsafe { Python::assume_attached() };
@@ -31,6 +31,22 @@ fn run_without_gil(f: &mut dyn FnMut()) {
     } else {
         f()
     }
+}
+
+/// Whether this thread holds the GIL (is attached to the interpreter).
+#[cfg(not(feature = "abi3"))]
+fn attached() -> bool {
+    // SAFETY: PyGILState_Check only reads the calling thread's state.
+    unsafe { pyo3::ffi::PyGILState_Check() == 1 }
+}
+
+/// Whether this thread holds the GIL. The limited API has no `PyGILState_Check`;
+/// `PyThreadState_GetDict` is NULL exactly when the thread has no current thread state
+/// (documented: no exception is set then).
+#[cfg(feature = "abi3")]
+fn attached() -> bool {
+    // SAFETY: reads the calling thread's current state; never raises.
+    !unsafe { pyo3::ffi::PyThreadState_GetDict() }.is_null()
 }
 
 #[pymodule]
@@ -49,6 +65,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
+    m.add_function(wrap_pyfunction!(exchange::_exchange_api_stats, m)?)?;
     te::register(m)?;
     m.add(
         "DLPACK_VERSION",

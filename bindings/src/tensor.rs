@@ -3,6 +3,9 @@
 //! A CUDA tensor remembers the stream rivet last queued work on it on (its allocation, the
 //! call that wrote it): `__dlpack__(stream=...)` makes the consumer's stream wait for that
 //! stream (an event, never a synchronisation), as the array API asks of producers.
+//!
+//! The type also carries `__dlpack_c_exchange_api__` (DLPack's C exchange table, in
+//! `exchange.rs`), so C consumers import rivet tensors with no Python call.
 
 use crate::capsule;
 use crate::convert;
@@ -46,7 +49,10 @@ impl PyTensor {
     /// The array API's producer side for a CUDA tensor: the consumer's `stream` (None: the
     /// legacy default stream; -1: no ordering asked; 0 taken as the legacy default stream)
     /// waits for the stream of rivet's last work on the tensor (an event, no sync).
-    fn order_for_consumer(&self, stream: Option<&Bound<'_, PyAny>>) -> Result<(), Error> {
+    pub(crate) fn order_for_consumer(
+        &self,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> Result<(), Error> {
         let Device::Cuda(o) = self.tensor.device() else {
             return Ok(());
         };
@@ -82,6 +88,14 @@ impl PyTensor {
 
 #[pymethods]
 impl PyTensor {
+    /// DLPack's C exchange API (a `dlpack_exchange_api` capsule on the type, see
+    /// `exchange.rs`): C consumers (tvm-ffi, C extensions) import rivet tensors without a
+    /// Python call or a capsule per tensor.
+    #[classattr]
+    fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::exchange::capsule(py)
+    }
+
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.tensor.shape())

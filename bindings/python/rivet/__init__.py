@@ -3,6 +3,13 @@
 Tensors cross in both directions through DLPack without copies; see README.md for the API.
 """
 
+from collections.abc import Callable as _Callable
+from typing import Any as _Any
+from typing import Optional as _Optional
+from typing import TypeVar as _TypeVar
+from typing import Union as _Union
+from typing import overload as _overload
+
 from ._native import (
     DLPACK_VERSION,
     MAX_ALLOC_BYTES,
@@ -26,13 +33,21 @@ from ._native import (
 )
 from ._native import _register
 from .error import *  # noqa: F401,F403
-from .error import __all__ as _error_names
 from .contrib.dlpack import convert_func, to_jax_func, to_mxnet_func, to_pytorch_func
 from . import te  # noqa: E402  (the DSL: rivet.te.placeholder / compute / ...)
 from . import kernels  # noqa: E402  (kernels written in Rust: rivet.kernels.matmul(...))
 
 
-def register_func(name, f=None, override=False):
+_F = _TypeVar("_F", bound=_Callable[..., _Any])
+
+
+@_overload
+def register_func(name: str, f: None = None, override: bool = False) -> _Callable[[_F], _F]: ...
+@_overload
+def register_func(name: str, f: _F, override: bool = False) -> _F: ...
+def register_func(
+    name: str, f: _Optional[_F] = None, override: bool = False
+) -> _Union[_F, _Callable[[_F], _F]]:
     """Register ``f`` (a Python callable or a ``rivet.Function``) as the global function ``name``.
 
     Without ``f`` it returns a decorator::
@@ -49,7 +64,7 @@ def register_func(name, f=None, override=False):
             f"register_func: argument 0 ('name') must be a str, got {type(name).__name__}"
         )
 
-    def register(func):
+    def register(func: _F) -> _F:
         _register(name, func, override)
         return func
 
@@ -83,5 +98,22 @@ __all__ = [
     "te",
     "kernels",
     "zeros",
-    *_error_names,
+    # rivet.error's classes, written out so type checkers see them (tests/python/test_typing.py
+    # checks that the list matches rivet.error.__all__).
+    "Error",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "ArgumentError",
+    "ReadOnlyError",
+    "LayoutError",
+    "DLPackError",
+    "KernelNotFoundError",
+    "FunctionNotFoundError",
+    "RegistryError",
+    "CompileError",
+    "MemoryError",
+    "IndexError",
+    "NotDifferentiableError",
+    "InternalError",
 ]

@@ -11,8 +11,14 @@ runs the GPU schedule with GPU semantics on the CPU (how the GPU schedules are t
 a GPU).
 """
 
-from ._native import _kernel
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn, Optional, Union
+
+from ._native import Function, _kernel
 from .error import KernelNotFoundError
+
+# A broadcast shape entry: a size (1 broadcasts) or a dim name.
+_Dim = Union[int, str]
 
 __all__ = [
     "matmul", "batch_matmul", "add", "mul", "relu", "gelu", "softmax", "layer_norm",
@@ -20,66 +26,91 @@ __all__ = [
 ]
 
 
-def matmul(dtype="float32", target="cpu", schedule=None):
+def matmul(dtype: str = "float32", target: str = "cpu", schedule: Optional[str] = None) -> Function:
     """``(A[m, k], B[k, n], C[m, n])``: ``C = A @ B``."""
     return _kernel("matmul", dtype, target, schedule=schedule)
 
 
-def batch_matmul(dtype="float32", target="cpu", schedule=None):
+def batch_matmul(dtype: str = "float32", target: str = "cpu", schedule: Optional[str] = None) -> Function:
     """``(A[b, m, k], B[b, k, n], C[b, m, n])``: ``C[i] = A[i] @ B[i]``."""
     return _kernel("batch_matmul", dtype, target, schedule=schedule)
 
 
-def add(dtype="float32", a_shape=("n",), b_shape=("n",), target="cpu", schedule=None):
+def add(
+    dtype: str = "float32",
+    a_shape: Sequence[_Dim] = ("n",),
+    b_shape: Sequence[_Dim] = ("n",),
+    target: str = "cpu",
+    schedule: Optional[str] = None,
+) -> Function:
     """``(A, B, C)``: ``C = A + B`` with numpy broadcasting. A shape entry is a size (1
     broadcasts) or a dim name, e.g. ``add("float32", ("n", 1), (1, "m"))``."""
     return _kernel("add", dtype, target, schedule=schedule, a_shape=list(a_shape), b_shape=list(b_shape))
 
 
-def mul(dtype="float32", a_shape=("n",), b_shape=("n",), target="cpu", schedule=None):
+def mul(
+    dtype: str = "float32",
+    a_shape: Sequence[_Dim] = ("n",),
+    b_shape: Sequence[_Dim] = ("n",),
+    target: str = "cpu",
+    schedule: Optional[str] = None,
+) -> Function:
     """``(A, B, C)``: ``C = A * B`` with numpy broadcasting (see ``add``)."""
     return _kernel("mul", dtype, target, schedule=schedule, a_shape=list(a_shape), b_shape=list(b_shape))
 
 
-def relu(dtype="float32", ndim=2, target="cpu", schedule=None):
+def relu(dtype: str = "float32", ndim: int = 2, target: str = "cpu", schedule: Optional[str] = None) -> Function:
     """``(X, Y)``: ``Y = max(X, 0)``."""
     return _kernel("relu", dtype, target, schedule=schedule, ndim=ndim)
 
 
-def gelu(dtype="float32", ndim=2, target="cpu", schedule=None):
+def gelu(dtype: str = "float32", ndim: int = 2, target: str = "cpu", schedule: Optional[str] = None) -> Function:
     """``(X, Y)``: exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``."""
     return _kernel("gelu", dtype, target, schedule=schedule, ndim=ndim)
 
 
-def softmax(dtype="float32", ndim=2, axis=-1, target="cpu", schedule=None):
+def softmax(
+    dtype: str = "float32", ndim: int = 2, axis: int = -1, target: str = "cpu", schedule: Optional[str] = None
+) -> Function:
     """``(X, Y)``: softmax over ``axis`` (max-subtracted)."""
     return _kernel("softmax", dtype, target, schedule=schedule, ndim=ndim, axis=axis)
 
 
-def layer_norm(dtype="float32", ndim=2, eps=1e-5, target="cpu", schedule=None):
+def layer_norm(
+    dtype: str = "float32", ndim: int = 2, eps: float = 1e-5, target: str = "cpu", schedule: Optional[str] = None
+) -> Function:
     """``(X[..., n], gamma[n], beta[n], Y)``: normalisation over the last axis."""
     return _kernel("layer_norm", dtype, target, schedule=schedule, ndim=ndim, eps=eps)
 
 
-def sum(dtype="float32", ndim=2, axis=-1, target="cpu", schedule=None):  # noqa: A001 - mirrors numpy
+def sum(  # noqa: A001 - mirrors numpy
+    dtype: str = "float32", ndim: int = 2, axis: int = -1, target: str = "cpu", schedule: Optional[str] = None
+) -> Function:
     """``(X, Y)``: sum over ``axis`` (removed from Y's shape)."""
     return _kernel("sum", dtype, target, schedule=schedule, ndim=ndim, axis=axis)
 
 
-def max(dtype="float32", ndim=2, axis=-1, target="cpu", schedule=None):  # noqa: A001 - mirrors numpy
+def max(  # noqa: A001 - mirrors numpy
+    dtype: str = "float32", ndim: int = 2, axis: int = -1, target: str = "cpu", schedule: Optional[str] = None
+) -> Function:
     """``(X, Y)``: maximum over ``axis`` (removed from Y's shape)."""
     return _kernel("max", dtype, target, schedule=schedule, ndim=ndim, axis=axis)
 
 
-def transpose(dtype="float32", perm=(1, 0), target="cpu", schedule=None):
+def transpose(
+    dtype: str = "float32", perm: Sequence[int] = (1, 0), target: str = "cpu", schedule: Optional[str] = None
+) -> Function:
     """``(X, Y)``: ``Y = X.permute(perm)`` (a compact copy)."""
     return _kernel("transpose", dtype, target, schedule=schedule, perm=list(perm))
 
 
-def __getattr__(name):
-    # Unknown names are rivet errors that list what exists (and AttributeErrors, for hasattr).
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise KernelNotFoundError(
-        f"rivet.kernels has no kernel '{name}'; it has: {', '.join(__all__)}"
-    )
+# Hidden from type checkers, so a misspelt kernel is a static error, not NoReturn.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> NoReturn:
+        # Unknown names are rivet errors that list what exists (and AttributeErrors, for hasattr).
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise KernelNotFoundError(
+            f"rivet.kernels has no kernel '{name}'; it has: {', '.join(__all__)}"
+        )

@@ -5,12 +5,15 @@ the function returns come back as the framework's type. The conversion itself ru
 (``Function._with_framework``); these helpers only name the framework's functions.
 """
 
-from .._native import Function, get_global_func
+from collections.abc import Callable
+from typing import Any, Optional, Union
+
+from .._native import Function, Tensor, get_global_func
 
 __all__ = ["convert_func", "to_pytorch_func", "to_mxnet_func", "to_jax_func"]
 
 
-def _as_function(func):
+def _as_function(func: Union[Function, str]) -> Function:
     if isinstance(func, Function):
         return func
     if isinstance(func, str):
@@ -20,7 +23,12 @@ def _as_function(func):
     )
 
 
-def convert_func(func, tensor_type, to_dlpack_func, from_dlpack_func=None):
+def convert_func(
+    func: Union[Function, str],
+    tensor_type: type,
+    to_dlpack_func: Optional[Callable[[Any], Any]],
+    from_dlpack_func: Optional[Callable[[Tensor], Any]] = None,
+) -> Function:
     """Wrap ``func`` so that arguments of ``tensor_type`` are passed through ``to_dlpack_func``.
 
     ``from_dlpack_func``, when given, turns tensor results into the framework's type.
@@ -30,7 +38,7 @@ def convert_func(func, tensor_type, to_dlpack_func, from_dlpack_func=None):
     return _as_function(func)._with_framework(tensor_type, to_dlpack_func, from_dlpack_func)
 
 
-def to_pytorch_func(func):
+def to_pytorch_func(func: Union[Function, str]) -> Function:
     """Wrap ``func`` for ``torch.Tensor`` arguments and results.
 
     torch tensors are imported natively (torch's C DLPack exchange API where available), so
@@ -41,11 +49,11 @@ def to_pytorch_func(func):
     return _as_function(func)._with_framework(torch.Tensor, None, torch.from_dlpack)
 
 
-def to_mxnet_func(func):
+def to_mxnet_func(func: Union[Function, str]) -> Function:
     """Wrap ``func`` for ``mxnet.nd.NDArray`` arguments (``to_dlpack_for_write``) and results."""
     import mxnet
 
-    def from_dlpack(t):
+    def from_dlpack(t: Tensor) -> Any:
         return mxnet.nd.from_dlpack(t.__dlpack__())
 
     return _as_function(func)._with_framework(
@@ -53,7 +61,7 @@ def to_mxnet_func(func):
     )
 
 
-def to_jax_func(func):
+def to_jax_func(func: Union[Function, str]) -> Function:
     """Wrap ``func`` for ``jax.Array`` arguments and results.
 
     JAX arrays are immutable: they can only be inputs (rivet refuses to write them), and the
@@ -62,7 +70,7 @@ def to_jax_func(func):
     import jax
     import jax.dlpack
 
-    def from_dlpack(t):
+    def from_dlpack(t: Tensor) -> Any:
         return jax.dlpack.from_dlpack(_ImmutableExport(t))
 
     return _as_function(func)._with_framework(jax.Array, None, from_dlpack)
@@ -75,12 +83,12 @@ class _ImmutableExport:
 
     __slots__ = ("_t",)
 
-    def __init__(self, t):
+    def __init__(self, t: Tensor) -> None:
         self._t = t
 
-    def __dlpack__(self, stream=None, **kwargs):
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> object:
         # JAX passes its stream for GPU arrays: it waits for rivet's work (an event).
         return self._t._dlpack_for_immutable_consumer(stream)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return self._t.__dlpack_device__()
