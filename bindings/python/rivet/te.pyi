@@ -5,7 +5,7 @@ from typing import Protocol, TypeAlias, overload, type_check_only
 
 from ._native import Expr as Expr
 from ._native import IterVar as IterVar
-from ._native import Schedule
+from ._native import Function, Schedule
 from ._native import Op as Op
 from ._native import TeTensor as Tensor
 
@@ -22,6 +22,7 @@ __all__ = [
     "placeholder",
     "reduce_axis",
     "compute",
+    "extern",
     "create_schedule",
     "default_gpu_schedule",
     "sum",
@@ -48,6 +49,7 @@ __all__ = [
     "erf",
     "floordiv",
     "floormod",
+    "gradient",
 ]
 
 @type_check_only
@@ -87,6 +89,16 @@ def const(value: int | float | bool, dtype: _DTypeLike | None = None) -> Expr: .
 def placeholder(shape: _Shape, dtype: _DTypeLike = "float32", name: str = "placeholder") -> Tensor: ...
 def reduce_axis(dom: tuple[_Dim, _Dim] | Sequence[_Dim], name: str = "rv") -> IterVar: ...
 def compute(shape: _Shape, fcompute: Callable[..., _ExprLike], name: str = "compute") -> Tensor: ...
+def extern(
+    shape: _Shape,
+    inputs: Sequence[Tensor],
+    func: str | Function | Callable[..., object],
+    dtype: str = "float32",
+    name: str = "extern",
+) -> Tensor: ...
+def gradient(
+    output: Tensor, inputs: Sequence[Tensor], head: Tensor | None = None
+) -> list[Tensor]: ...
 def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule: ...
 def default_gpu_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule: ...
 def sum(expr: _ExprLike, axis: _Axes | None = None) -> Expr: ...
