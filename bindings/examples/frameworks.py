@@ -1,7 +1,9 @@
 """rivet kernels inside the frameworks' compilers (`make demo`): a rivet GEMM as a torch custom
 op inside `torch.compile(fullgraph=True)` with a backward pass, and a rivet kernel inside
-`jax.jit` under `jax.grad`. Both backward kernels are rivet kernels too. Each result is
-checked against the framework's own maths."""
+`jax.jit` under `jax.grad`. Both backward kernels are rivet kernels too: the torch one written
+by hand, the JAX one derived by rivet from the forward's te program (`Function.backward()`, what
+both integrations use when no backward is given). Each result is checked against the
+framework's own maths."""
 
 import numpy as np
 
@@ -51,14 +53,14 @@ def jax_demo():
     import jax.numpy as jnp
     import rivet.jax
 
-    fwd, bwd = gemm_and_backward("float32")
-    mm = rivet.jax.ffi_func(fwd, backward=bwd)
+    fwd, _ = gemm_and_backward("float32")
+    mm = rivet.jax.ffi_func(fwd)  # backward: fwd.backward(), from rivet.te.gradient
     x = np.random.rand(16, 64).astype(np.float32)
     w = np.random.rand(64, 32).astype(np.float32)
     grad = jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(mm(x, w)))))(w)
     ref = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(ref), rtol=1e-3, atol=1e-4)
-    print("jax.jit(jax.grad(...)): rivet kernel as an XLA FFI call + rivet backward match jax")
+    print("jax.jit(jax.grad(...)): rivet kernel as an XLA FFI call + derived rivet backward match jax")
 
 
 if __name__ == "__main__":

@@ -140,6 +140,18 @@ impl PyFunction {
         self.func.signature().map(|s| s.to_string())
     }
 
+    /// The backward (vector-Jacobian product) function of a function built from a te program
+    /// (`rivet.build`, `rivet.kernels`): takes the forward's inputs, one cotangent per output,
+    /// and writes one gradient per float input (`rivet_compiler::backward`). Built with
+    /// `te.gradient` on first use, then cached. `rivet.NotDifferentiableError` when rivet
+    /// cannot differentiate the function (loaded from a file, a host callback on the path).
+    fn backward(&self, py: Python<'_>) -> PyResult<PyFunction> {
+        use crate::errors::CompileResult;
+        Ok(PyFunction::new(
+            rivet_compiler::backward::backward(&self.func).cpy(py)?,
+        ))
+    }
+
     /// The outputs an inputs-only call allocates for inputs of `shapes` (a sequence of int
     /// sequences, one per tensor input; `dtypes`, dtype names, are checked against the
     /// signature when given): a list of `(shape, dtype)` tuples, computed without running the

@@ -46,6 +46,9 @@ pub struct Compiled {
     /// measure of a call's work.
     pub work: lower::work::Work,
     pub kernel: Box<dyn Kernel>,
+    /// The te program and options it was built from (`build`; None for a loaded module):
+    /// `backward` differentiates it.
+    pub source: Option<Arc<crate::backward::Source>>,
 }
 
 pub use crate::lower::Options;
@@ -176,7 +179,8 @@ pub fn build_with<T: ToTarget + ?Sized>(
                 },
             )
         });
-        if let Ok(c) = built {
+        if let Ok(mut c) = built {
+            c.source = Some(crate::backward::Source::new(args, &target, opts));
             return Ok(Module {
                 funcs: vec![Arc::new(c)],
             });
@@ -185,9 +189,10 @@ pub fn build_with<T: ToTarget + ?Sized>(
     } else {
         sched
     };
-    let c = on_compile_stack(|| {
+    let mut c = on_compile_stack(|| {
         compile_here(lower::Source::Schedule { sched, args, name }, &target, opts)
     })?;
+    c.source = Some(crate::backward::Source::new(args, &target, opts));
     Ok(Module {
         funcs: vec![Arc::new(c)],
     })
@@ -236,6 +241,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         checked: opts.checked,
         temps,
         kernel,
+        source: None,
     })
 }
 
@@ -405,11 +411,12 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
     let body_sig = sig.clone();
     let plan = if fast { CallPlan::new(&c) } else { None };
     let rule_c = c.clone();
+    let origin: Arc<dyn std::any::Any + Send + Sync> = c.clone();
     let rule = move |shapes: &[&[i64]]| {
         crate::output_shapes::output_shapes(&rule_c.func, shapes)
             .map_err(rivet_runtime::Error::from)
     };
-    Function::with_output_rule(
+    let f = Function::with_output_rule(
         name.clone(),
         sig,
         move |args| {
@@ -430,7 +437,9 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
             call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
         },
         rule,
-    )
+    );
+    f.set_origin(origin);
+    f
 }
 
 /// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed

@@ -67,6 +67,10 @@ pub enum Error {
     /// data-dependent index).
     #[error("{0}")]
     Index(String),
+    /// A derivative was asked of something that has none: a function with no backward, a
+    /// te program through a host callback or a construct with no derivative rule.
+    #[error("{0}")]
+    NotDifferentiable(String),
     /// An error from a foreign callee (Python exception in a callback), passed through.
     #[error("{}", .0.message)]
     Foreign(ForeignError),
@@ -94,6 +98,7 @@ impl Error {
             Error::Compile(_) => "CompileError",
             Error::Memory(_) => "MemoryError",
             Error::Index(_) => "IndexError",
+            Error::NotDifferentiable(_) => "NotDifferentiableError",
             Error::Foreign(_) => "Error",
             Error::Internal(_) => "InternalError",
         }
@@ -116,6 +121,7 @@ impl Error {
             Error::Compile(m) => Error::Compile(pre(m)),
             Error::Memory(m) => Error::Memory(pre(m)),
             Error::Index(m) => Error::Index(pre(m)),
+            Error::NotDifferentiable(m) => Error::NotDifferentiable(pre(m)),
             Error::Internal(m) => Error::Internal(pre(m)),
             Error::Foreign(f) => Error::Foreign(f),
         }

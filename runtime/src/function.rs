@@ -32,6 +32,10 @@ struct Inner {
     /// shapes (compiled functions) have one. Frameworks that trace shapes ahead of running
     /// (XLA, torch's fake tensors) ask it.
     outputs: Option<Box<OutputRule>>,
+    /// What made the function, for the layer that made it (the compiler keeps its te program
+    /// here, from which `rivet_compiler::backward` derives the gradient function). Opaque to
+    /// the runtime: never read by `call`.
+    origin: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Function {
@@ -47,6 +51,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
+                origin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -64,6 +69,7 @@ impl Function {
                 checked: true,
                 body: Box::new(body),
                 outputs: None,
+                origin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -82,6 +88,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
+                origin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -101,8 +108,20 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: Some(Box::new(outputs)),
+                origin: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Records what made the function (see `origin`), once: a second call leaves the first
+    /// origin in place and returns false. The maker calls it straight after construction.
+    pub fn set_origin(&self, origin: Arc<dyn std::any::Any + Send + Sync>) -> bool {
+        self.inner.origin.set(origin).is_ok()
+    }
+
+    /// What made the function (`set_origin`), if its maker recorded it.
+    pub fn origin(&self) -> Option<&Arc<dyn std::any::Any + Send + Sync>> {
+        self.inner.origin.get()
     }
 
     /// The shapes and dtypes of the outputs a call with inputs of `input_shapes` (the

@@ -1,9 +1,10 @@
 """The Python examples of the framework docs run as written: every ```python block of
-docs/jax.md, docs/torch.md and docs/callbacks.md, and of the README's "JAX" section, executes in a fresh
+docs/jax.md, docs/torch.md, docs/callbacks.md and docs/gradient.md, and of the README's "JAX" section, executes in a fresh
 namespace (their own asserts check results), so the docs cannot rot."""
 
 import os
 import re
+import textwrap
 
 import pytest
 
@@ -16,7 +17,8 @@ def _blocks(path, section=None):
         start = text.index(section)
         end = text.find("\n## ", start + len(section))
         text = text[start: end if end >= 0 else None]
-    return re.findall(r"```python\n(.*?)```", text, re.S)
+    # Blocks inside list items are indented: dedent them as Markdown does.
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", text, re.S)]
 
 
 CASES = [
@@ -25,6 +27,7 @@ CASES = [
         ("docs/jax.md", None),
         ("docs/torch.md", None),
         ("docs/callbacks.md", None),
+        ("docs/gradient.md", None),
         ("README.md", "## JAX: rivet kernels inside"),
     ]
     for i, code in enumerate(_blocks(p, s))
@@ -32,7 +35,7 @@ CASES = [
 
 
 def test_every_doc_has_examples():
-    assert {p for p, _, _, _ in CASES} == {"docs/jax.md", "docs/torch.md", "docs/callbacks.md", "README.md"}
+    assert {p for p, _, _, _ in CASES} == {"docs/jax.md", "docs/torch.md", "docs/callbacks.md", "docs/gradient.md", "README.md"}
 
 
 @pytest.mark.parametrize("path,section,index,code", CASES, ids=[f"{p}#{i}" for p, _, i, _ in CASES])

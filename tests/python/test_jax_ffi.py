@@ -106,9 +106,9 @@ def test_float64_kernels_with_x64(mul_parts, mul_only, mul_backward, rng):
 
         check_grads(lambda x, y: jnp.sin(h(x, y)), (x, y), order=1, modes=["rev"])
 
-        # No backward: a clear rivet error naming the function.
-        plain = rjax.ffi_func(mul_only)
-        with pytest.raises(rivet.ArgumentError, match="no backward"):
+        # No backward: a clear rivet error naming the function and why.
+        plain = rjax.ffi_func(mul_only, backward=None)
+        with pytest.raises(rivet.NotDifferentiableError, match=r"ffi_func\(mul\).*backward=None"):
             jax.grad(lambda x, y: jnp.sum(plain(x, y)))(x, y)
         # A backward that returns the wrong number of gradients.
         n, m = te.var("n"), te.var("m")
@@ -118,8 +118,60 @@ def test_float64_kernels_with_x64(mul_parts, mul_only, mul_backward, rng):
         dX = te.compute((n, m), lambda i, j: G[i, j] * Y[i, j] + X[i, j] * 0.0, name="dX")
         only_dx = _fn(dX, [X, Y, G, dX], name="only_dx")
         wrong = rjax.ffi_func(mul_only, backward=only_dx)
-        with pytest.raises(rivet.ArgumentError, match="returns 1 gradient"):
+        with pytest.raises(rivet.ArgumentError, match="returns 1 gradient.*2 input.*2 of them float"):
             jax.grad(lambda x, y: jnp.sum(wrong(x, y)))(x, y)
+
+
+def test_auto_backward_matches_jax_grad(mul_parts, rng):
+    """No backward written: jax.grad through the function's own backward (Function.backward(),
+    from te.gradient), two outputs (their VJPs add up), jit, float64, checked numerically."""
+    with jax.enable_x64(True):
+        g = rjax.ffi_func(mul_parts)
+        x, y = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
+
+        def loss(x, y):
+            p, s = g(x, y)
+            return jnp.sum(jnp.sin(p)) + jnp.sum(s * jnp.arange(4.0))
+
+        def ref(x, y):
+            return jnp.sum(jnp.sin(x * y)) + jnp.sum(jnp.sum(x, axis=1) * jnp.arange(4.0))
+
+        got = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, y)
+        want = jax.grad(ref, argnums=(0, 1))(x, y)
+        for a, e in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-12, atol=1e-12)
+        from jax.test_util import check_grads
+
+        check_grads(lambda x, y: jnp.tanh(g(x, y)[0]), (x, y), order=1, modes=["rev"])
+
+
+def test_auto_backward_with_an_int_input_and_float32(rng):
+    """An int input gets a float0 cotangent; its values still scale the float gradient."""
+    n, m = te.var("n"), te.var("m")
+    T = te.placeholder((n, m), "float32", name="T")
+    k = te.placeholder((m,), "int32", name="k")
+    G = te.compute((n, m), lambda i, j: T[i, j] * te.cast("float32", k[j]), name="G")
+    h = rjax.ffi_func(_fn(G, [T, k, G], name="scale_by_int"))
+    t = rng.standard_normal((5, 7)).astype(np.float32)
+    ks = rng.integers(-4, 5, size=7).astype(np.int32)
+    gt = jax.jit(jax.grad(lambda t, k: jnp.sum(h(t, k) ** 2)))(t, ks)
+    want = jax.grad(lambda t, k: jnp.sum((t * k.astype(jnp.float32)) ** 2))(t, ks)
+    np.testing.assert_allclose(np.asarray(gt), np.asarray(want), rtol=1e-5, atol=1e-6)
+    # Both argnums: the int one's cotangent is float0, as for JAX's own functions.
+    _, gk = jax.grad(lambda t, k: jnp.sum(h(t, k)), argnums=(0, 1), allow_int=True)(t, ks)
+    assert gk.dtype == jax.dtypes.float0 and gk.shape == ks.shape
+
+
+def test_auto_backward_refused_for_a_loaded_module(rng, tmp_path):
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
+    rivet.build(rivet.create_schedule(C), [A, C], name="dbl").save(str(tmp_path / "d.rivet"))
+    h = rjax.ffi_func(rivet.load_module(str(tmp_path / "d.rivet"))["dbl"])
+    a = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(h)(a)), a * 2)  # the forward works
+    with pytest.raises(rivet.NotDifferentiableError, match="loaded from a saved module"):
+        jax.grad(lambda a: jnp.sum(h(a)))(a)
 
 
 def test_vmap_runs_the_kernel_once_per_batch_element(scale_add, rng):

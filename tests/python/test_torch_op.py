@@ -274,12 +274,115 @@ def test_compiled_training_step_uses_backward_op(rng):
     torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_no_backward_is_a_clear_error(ops, rng):
+def test_no_backward_is_a_clear_error(rng):
+    op = rt.custom_op(build_gemm(), opname("gemm_nobwd"), backward=None)
     a, w = randn(rng, 3, 4).requires_grad_(), randn(rng, 4, 2)
-    y = ops["mm"](a, w)  # the forward works
+    y = op(a, w)  # the forward works
     torch.testing.assert_close(y.detach(), a.detach() @ w, rtol=1e-5, atol=1e-5)
-    with pytest.raises(rivet.NotDifferentiableError, match=r"gemm.*has no backward.*backward="):
+    with pytest.raises(
+        rivet.NotDifferentiableError, match=r"gemm.*has no backward \(it was registered with backward=None\).*backward="
+    ):
         y.sum().backward()
+
+
+# ---- automatic backward (Function.backward(), from te.gradient) -----------------------------
+
+
+def build_two_outputs(dtype):
+    """Several outputs, one read by the other, an int input and an int output:
+    P = X * w (broadcast), S[i] = sum_j tanh(P[i, j]) * X[i, j] + idx[i], K = idx * 3."""
+    n, m = te.var("n"), te.var("m")
+    X = te.placeholder((n, m), dtype, name="X")
+    w = te.placeholder((m,), dtype, name="w")
+    idx = te.placeholder((n,), "int64", name="idx")
+    P = te.compute((n, m), lambda i, j: X[i, j] * w[j], name="P")
+    r = te.reduce_axis((0, m), name="r")
+    S = te.compute(
+        (n,), lambda i: te.sum(te.tanh(P[i, r]) * X[i, r] + te.cast(dtype, idx[i]), axis=r), name="S"
+    )
+    K = te.compute((n,), lambda i: idx[i] * 3, name="K")
+    s = rivet.create_schedule([P, S, K])
+    return rivet.build(s, [X, w, idx, P, S, K], target="cpu", name="two_out")["two_out"]
+
+
+def torch_two_outputs(x, w, idx):
+    p = x * w
+    return p, (torch.tanh(p) * x + idx.to(x.dtype)[:, None]).sum(1), idx * 3
+
+
+def test_auto_backward_gradcheck_several_outputs_and_int_arguments(rng):
+    op = rt.custom_op(build_two_outputs("float64"), opname("two_out"))
+    x = randn(rng, 4, 5, dtype=torch.float64).requires_grad_()
+    w = randn(rng, 5, dtype=torch.float64).requires_grad_()
+    idx = torch.from_numpy(rng.integers(-9, 9, size=4))
+    got = op(x, w, idx)
+    for g, e in zip(got, torch_two_outputs(x, w, idx)):
+        torch.testing.assert_close(g, e)
+    assert torch.autograd.gradcheck(lambda x, w: op(x, w, idx)[:2], (x, w))
+    # Against torch's autograd on fresh random cotangents.
+    hp, hs = randn(rng, 4, 5, dtype=torch.float64), randn(rng, 4, dtype=torch.float64)
+    gx, gw = torch.autograd.grad(got[:2], (x, w), (hp, hs))
+    ex, ew = torch.autograd.grad(torch_two_outputs(x, w, idx)[:2], (x, w), (hp, hs))
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gw, ew)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_auto_backward_of_library_kernels_in_compiled_training(rng, dtype, poisoned_empty):
+    """rivet.kernels' softmax and layer_norm are differentiable torch ops with no backward
+    written: torch.compile(fullgraph, dynamic) over two sizes, gradients equal torch's."""
+    torch._dynamo.reset()
+    tdt = getattr(torch, dtype)
+    sm = rt.custom_op(rivet.kernels.softmax(dtype), opname("sm"))
+    ln = rt.custom_op(rivet.kernels.layer_norm(dtype), opname("ln"))
+
+    def model(x, g, b):
+        return (sm(ln(x, g, b)) * torch.arange(x.shape[1], dtype=x.dtype)).sum()
+
+    def ref(x, g, b):
+        y = torch.nn.functional.layer_norm(x, (x.shape[1],), g, b, eps=1e-5)
+        return (torch.softmax(y, -1) * torch.arange(x.shape[1], dtype=x.dtype)).sum()
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-9, atol=1e-10)
+    for rows in (3, 7):
+        x = randn(rng, rows, 6, dtype=tdt).requires_grad_()
+        g = randn(rng, 6, dtype=tdt).requires_grad_()
+        b = randn(rng, 6, dtype=tdt).requires_grad_()
+        got = torch.autograd.grad(compiled(x, g, b), (x, g, b))
+        want = torch.autograd.grad(ref(x, g, b), (x, g, b))
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, **tol)
+
+
+def test_auto_backward_refused_with_the_reason(rng, tmp_path):
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
+    mod = rivet.build(rivet.create_schedule(C), [A, C], target="cpu", name="dbl")
+    mod.save(str(tmp_path / "dbl.rivet"))
+    loaded = rivet.load_module(str(tmp_path / "dbl.rivet"))["dbl"]
+    with pytest.raises(rivet.NotDifferentiableError, match="'dbl' was loaded from a saved module"):
+        loaded.backward()
+    op = rt.custom_op(loaded, opname("loaded"))  # registers: the forward works
+    a = randn(rng, 5).requires_grad_()
+    y = op(a)
+    torch.testing.assert_close(y.detach(), a.detach() * 2)
+    with pytest.raises(rivet.NotDifferentiableError, match="has no backward .*loaded from a saved module"):
+        y.sum().backward()
+    # A host callback on the path.
+    E = te.extern((n,), [A], lambda a, out: None, dtype="float32", name="E")
+    D = te.compute((n,), lambda i: E[i] * 2.0, name="D")
+    ext = rivet.build(rivet.create_schedule(D), [A, D], target="cpu", name="ext")["ext"]
+    with pytest.raises(rivet.NotDifferentiableError, match="function 'ext'.*'E'.*host callback"):
+        ext.backward()
+
+
+def test_auto_backward_is_built_once_and_named():
+    f = build_gemm("float64")
+    b1, b2 = f.backward(), f.backward()
+    assert b1.name == b2.name == "gemm_backward"
+    assert [p["name"] for p in b1._params][:3] == ["A", "B", "grad_C"]
 
 
 # ---- opcheck --------------------------------------------------------------------------------

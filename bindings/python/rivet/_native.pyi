@@ -121,6 +121,8 @@ class Function:
     def output_shapes(
         self, shapes: Sequence[Sequence[int]], dtypes: Sequence[_DType] | None = None
     ) -> list[tuple[list[int], _DType]]: ...
+    # The vector-Jacobian product function derived with te.gradient (built once, cached).
+    def backward(self) -> Function: ...
     # One dict per parameter: name, kind ("tensor", "int", "float", "bool", "str",
     # "function", "any"); tensors add dtypes, shape (ints, dim names, None), device, output.
     @property

@@ -66,7 +66,9 @@ class IndexError(Error, builtins.IndexError):
 
 
 class NotDifferentiableError(Error, RuntimeError):
-    """A gradient asked of a rivet op that has no backward (``rivet.torch.custom_op``)."""
+    """A gradient rivet cannot give: ``Function.backward()`` of a function without a te program
+    or through a host callback, or a gradient through an op registered without a backward
+    (``rivet.torch.custom_op``, ``rivet.jax.ffi_func``)."""
 
 
 class InternalError(Error):

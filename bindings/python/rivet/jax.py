@@ -12,10 +12,13 @@ Rules (README "JAX"):
   the signature at run time, as for any call.
 - CPU only for now (``platform="cpu"``); the CUDA backend will register the same handler for
   XLA's CUDA platform with XLA's stream.
-- ``jax.grad``: ``backward=`` a compiled rivet function taking the forward's inputs, then one
-  cotangent per output, and returning one gradient per input (in that order), e.g. built from
-  ``rivet.te.gradient``. Without it, differentiating through the call raises
-  ``rivet.ArgumentError`` naming the function.
+- ``jax.grad``: by default (``backward="auto"``) the function's own backward
+  (``Function.backward()``, derived from its te program with ``rivet.te.gradient``), or
+  ``backward=`` a compiled rivet function taking the forward's inputs, then one cotangent per
+  output, and returning one gradient per float input (or one per input), in order. Int inputs
+  get zero (``float0``) cotangents. Where there is no backward (``backward=None``, or a
+  function rivet cannot differentiate), differentiating through the call raises
+  ``rivet.NotDifferentiableError`` naming the function and why.
 - ``jax.shard_map``: the kernel runs once per shard on its local block; its outputs vary over
   the mesh axes its inputs vary over, and gradients of replicated inputs are summed over the
   shards (as for JAX's own ops).
@@ -33,7 +36,7 @@ import threading
 
 from . import _native
 from ._native import Function, get_global_func
-from .error import ArgumentError, DeviceError
+from .error import ArgumentError, DeviceError, NotDifferentiableError
 
 __all__ = ["ffi_func", "TARGET"]
 
@@ -147,17 +150,22 @@ def _call(func, name, vmap_method, args):
     return res[0] if len(res) == 1 else tuple(res)
 
 
-def ffi_func(func, *, backward=None, vmap_method="sequential"):
+def ffi_func(func, *, backward="auto", vmap_method="sequential"):
     """Wrap a compiled rivet function for use inside ``jax.jit`` / ``grad`` / ``vmap``.
 
-    ``func`` and ``backward`` are ``rivet.Function`` objects or registered names; see the
-    module docstring for the conventions. Returns a function of JAX arrays returning one
-    array, or a tuple when ``func`` has several outputs.
+    ``func`` and ``backward`` are ``rivet.Function`` objects or registered names
+    (``backward`` may also be ``"auto"``, the default, or None); see the module docstring for
+    the conventions. Returns a function of JAX arrays returning one array, or a tuple when
+    ``func`` has several outputs.
     """
     import jax
 
     func = _as_function(func, "func")
-    bwd_func = None if backward is None else _as_function(backward, "backward")
+    why_not = "it was wrapped with backward=None"
+    if isinstance(backward, str) and backward == "auto":
+        bwd_func, why_not = _derived_backward(func)
+    else:
+        bwd_func = None if backward is None else _as_function(backward, "backward")
     for f, arg in ((func, "func"), (bwd_func, "backward")):
         if f is not None:
             _check_host(f, arg)
@@ -168,6 +176,11 @@ def ffi_func(func, *, backward=None, vmap_method="sequential"):
     if bwd_func is not None:
         bwd_name = f"rivet.jax.{bwd_func.name}#{next(_counter)}"
         _native._register(bwd_name, bwd_func, False)
+    floats = [
+        k
+        for k, p in enumerate(p for p in func._params or () if not p.get("output"))
+        if p["kind"] == "tensor" and p["dtypes"] and set(p["dtypes"]) <= _FLOAT_NAMES
+    ]
 
     def forward(*args):
         return _call(func, name, vmap_method, args)
@@ -181,22 +194,51 @@ def ffi_func(func, *, backward=None, vmap_method="sequential"):
 
     def bwd(args, cts):
         if bwd_func is None:
-            raise ArgumentError(
-                f"rivet.jax.ffi_func({func.name}): no backward was given, so it cannot be "
-                "differentiated; pass backward= a rivet function (inputs, then output "
-                "cotangents -> input gradients), e.g. one built from rivet.te.gradient"
+            raise NotDifferentiableError(
+                f"rivet.jax.ffi_func({func.name}): the function has no backward ({why_not}), "
+                "so it cannot be differentiated; pass backward= a rivet function (inputs, then "
+                "output cotangents -> input gradients), e.g. one built from rivet.te.gradient"
             )
         cts = cts if isinstance(cts, tuple) else (cts,)
         grads = _call(bwd_func, bwd_name, vmap_method, tuple(args) + tuple(cts))
         grads = grads if isinstance(grads, tuple) else (grads,)
-        if len(grads) != len(args):
+        if len(grads) == len(args):
+            which = range(len(args))
+        elif len(grads) == len(floats):
+            which = floats
+        else:
             raise ArgumentError(
                 f"rivet.jax.ffi_func({func.name}): backward {bwd_func.name} returns "
-                f"{len(grads)} gradient(s) but the function takes {len(args)} input(s)"
+                f"{len(grads)} gradient(s) but the function takes {len(args)} input(s), "
+                f"{len(floats)} of them float"
             )
-        return tuple(_match_type(jax, g, a) for g, a in zip(grads, args))
+        out = [_zero_cotangent(jax, a) for a in args]
+        for k, g in zip(which, grads):
+            out[k] = _match_type(jax, g, args[k])
+        return tuple(out)
 
     wrapped.defvjp(fwd, bwd)
     wrapped.__name__ = func.name
     wrapped.__doc__ = f"rivet function {func.name}{func.signature or ''} as an XLA FFI call"
     return wrapped
+
+
+_FLOAT_NAMES = {"float16", "bfloat16", "float32", "float64"}
+
+
+def _derived_backward(func):
+    """``func.backward()`` and no reason, or None and why rivet cannot differentiate it."""
+    try:
+        return func.backward(), None
+    except NotDifferentiableError as e:
+        return None, str(e)
+
+
+def _zero_cotangent(jax, primal):
+    """JAX's cotangent for an input that gets no gradient: float0 zeros for ints and bools,
+    zeros of the input's type for floats."""
+    import numpy as np
+
+    if jax.numpy.issubdtype(primal.dtype, jax.numpy.inexact):
+        return jax.numpy.zeros_like(primal)
+    return np.zeros(primal.shape, dtype=jax.dtypes.float0)

@@ -12,6 +12,6 @@ TARGET: Final[str]
 def ffi_func(
     func: Function | str,
     *,
-    backward: Function | str | None = None,
+    backward: Function | str | None = "auto",
     vmap_method: str = "sequential",
 ) -> Callable[..., Any]: ...

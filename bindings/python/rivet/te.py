@@ -368,7 +368,8 @@ def gradient(output, inputs, head=None):
     a placeholder); with ``head=None`` the result is the gradient of ``sum(output)``. The
     gradients are ordinary compute stages, so ``rivet.build(rivet.create_schedule(grads),
     [*inputs, head, *grads])`` is the backward function. An input the output does not depend
-    on gets zeros; int and bool tensors are refused (``rivet.ArgumentError``); a construct
-    with no derivative (``te.prod``) is a ``rivet.CompileError``. See docs/gradient.md.
+    on gets zeros; int and bool tensors are refused (``rivet.ArgumentError``); an input reached
+    only through a host callback (``te.extern``) is a ``rivet.NotDifferentiableError``. See
+    docs/gradient.md.
     """
     return _native.te_gradient(output, inputs, head)

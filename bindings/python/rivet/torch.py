@@ -14,9 +14,11 @@ autograd see through it with no user code:
   dtype or dims the inputs do not determine is refused at registration.
 - real implementation: allocates the outputs with ``torch.empty`` and calls the rivet
   function on the torch tensors themselves (no copy; strided views work in place).
-- autograd: ``backward=`` a rivet function (registered as the op ``<name>_backward``, so it is
-  traced like the forward) or a Python callable; without one, backward raises
-  ``rivet.NotDifferentiableError`` naming the op.
+- autograd: by default (``backward="auto"``) the function's own backward, derived from its te
+  program with ``te.gradient`` (``Function.backward()``); or ``backward=`` a rivet function
+  (either way registered as the op ``<name>_backward``, so it is traced like the forward) or
+  a Python callable. Where there is none (``backward=None``, or a function rivet cannot
+  differentiate), backward raises ``rivet.NotDifferentiableError`` naming the op and why.
 
 Invariant: the fake and real implementations derive output shapes from one table
 (``_Op.out_shapes``), so they cannot disagree. torch is imported lazily: ``import rivet``
@@ -45,13 +47,17 @@ _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def custom_op(func, name, *, backward=None, mutates=False, device_types=None, override=False):
+def custom_op(
+    func, name, *, backward="auto", mutates=False, device_types=None, override=False
+):
     """Register the rivet function ``func`` as the torch operator ``name`` ("ns::op").
 
     Returns the op, ``torch.ops.ns.op``. Keywords:
 
-    - ``backward``: None (backward through the op raises ``rivet.NotDifferentiableError``),
-      a rivet function taking the forward's inputs then one gradient per forward output and
+    - ``backward``: ``"auto"`` (the default: ``func.backward()``, the vector-Jacobian product
+      rivet derives from the function's te program; a function it cannot differentiate, such
+      as one loaded from a file, gets the error below, with the reason), None (backward
+      through the op raises ``rivet.NotDifferentiableError``), a rivet function taking the forward's inputs then one gradient per forward output and
       writing one gradient per differentiable input (tensor inputs of floating dtypes), in
       order, or a Python callable ``backward(ctx, *grads)`` returning one gradient (or None)
       per op input, where ``ctx.inputs`` / ``ctx.outputs`` hold the forward's inputs and
@@ -68,6 +74,8 @@ def custom_op(func, name, *, backward=None, mutates=False, device_types=None, ov
 
     op = _Op(func, name, mutates, device_types)
     _check_free(name, override)
+    if isinstance(backward, str) and backward == "auto":
+        backward = None if mutates else op.derived_backward()
     if backward is not None and mutates:
         raise ArgumentError(
             f"rivet.torch.custom_op: argument 'backward' needs a functional op, but {name!r} "
@@ -307,14 +315,25 @@ class _Op:
 
         return kernel
 
+    def derived_backward(self):
+        """The function's own backward (``Function.backward()``), or None when rivet cannot
+        differentiate it; the reason is kept for the error a backward pass then raises."""
+        if not any(_differentiable(p) for p in self.params if not _is_output(p)):
+            self.why_not = "it has no float tensor inputs"
+            return None
+        try:
+            return self.func.backward()
+        except NotDifferentiableError as e:
+            self.why_not = str(e)
+            return None
+
+    why_not = "it was registered with backward=None"
+
     def no_backward(self, ctx, *grads):
-        # TE.GRADIENT HOOK: once rivet.te.gradient lands, custom_op can derive a backward
-        # rivet function from the forward's te program and pass it as `backward` (see
-        # _Backward); until then, and for functions without a te program, this is the error.
         raise NotDifferentiableError(
-            f"{self.where} has no backward, so no gradient flows through it; pass backward= "
-            "(a rivet function or a Python callable) to rivet.torch.custom_op, or call the op "
-            "on tensors that do not require grad (.detach())"
+            f"{self.where} has no backward ({self.why_not}), so no gradient flows through it; "
+            "pass backward= (a rivet function or a Python callable) to rivet.torch.custom_op, "
+            "or call the op on tensors that do not require grad (.detach())"
         )
 
 
@@ -328,7 +347,11 @@ class _Backward:
         self.diff = [k for k, p in enumerate(inputs) if _differentiable(p)]
         if isinstance(backward, Function):
             self.check_rivet(backward, len(inputs))
-            self.bwd_op = custom_op(backward, op.name + "_backward", override=override)
+            # The backward op itself is not differentiated (no double backward): deriving a
+            # second-order program at every registration would cost a build nobody asked for.
+            self.bwd_op = custom_op(
+                backward, op.name + "_backward", backward=None, override=override
+            )
             self.user = None
         elif callable(backward):
             self.bwd_op, self.user = None, backward

@@ -12,7 +12,7 @@ def custom_op(
     func: Function | str,
     name: str,
     *,
-    backward: Function | str | Callable[..., Any] | None = None,
+    backward: Function | str | Callable[..., Any] | None = "auto",
     mutates: bool = False,
     device_types: str | Sequence[str] | None = None,
     override: bool = False,

@@ -75,6 +75,7 @@ pub fn kind(e: &rivet_runtime::Error) -> &'static str {
         E::Compile(_) => "Compile",
         E::Memory(_) => "Memory",
         E::Index(_) => "Index",
+        E::NotDifferentiable(_) => "NotDifferentiable",
         E::Foreign(_) => "Foreign",
         E::Internal(_) => "Internal",
     }

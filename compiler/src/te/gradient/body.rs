@@ -324,9 +324,11 @@ fn local_rule(
             scaled(cc, &|g| Ok(g.clone()))?;
         }
         other => {
-            return Err(Error::Compile(format!(
-                "te.gradient: stage '{stage}': no derivative for {} ({n})",
-                kind_name(other)
+            return Err(Error::Runtime(rivet_runtime::Error::NotDifferentiable(
+                format!(
+                    "te.gradient: stage '{stage}': no derivative for {} ({n})",
+                    kind_name(other)
+                ),
             )))
         }
     }

@@ -87,10 +87,10 @@ pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Re
         // requested input) cannot go further, and dropping it would be a silent zero.
         if let (Some(_), Op::Extern { inputs, .. }) = (&adj, t.op()) {
             if inputs.iter().any(|x| relevant.contains(&x.id())) {
-                return Err(Error::Compile(format!(
+                return Err(Error::Runtime(rivet_runtime::Error::NotDifferentiable(format!(
                     "te.gradient: stage '{}' is computed by a host callback (te.extern), which rivet cannot differentiate; the requested inputs are reached only through it",
                     t.name()
-                )));
+                ))));
             }
         }
         if let (Some(adj), Op::Compute { .. }) = (&adj, t.op()) {
