@@ -66,6 +66,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
     m.add_function(wrap_pyfunction!(exchange::_exchange_api_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_take_last_foreign_error, m)?)?;
     te::register(m)?;
     m.add(
         "DLPACK_VERSION",
@@ -107,4 +108,14 @@ fn cuda_device_count(py: Python<'_>) -> PyResult<usize> {
 #[pyfunction]
 fn _live_imports() -> usize {
     rivet_runtime::dlpack::live_imports()
+}
+
+/// The calling thread's last C ABI failure raised by a foreign callee (a Python exception in
+/// a host callback), as that very exception object, taken; None when there is none. The torch
+/// bridge (rivet/_torch_native.py) calls rivet through the C ABI and re-raises it, so an
+/// exception from a callback keeps its type and traceback there too.
+#[pyfunction]
+fn _take_last_foreign_error(py: Python<'_>) -> Option<Py<PyAny>> {
+    rivet_runtime::capi::take_last_foreign_error()
+        .map(|e| errors::to_pyerr(py, e).into_value(py).into_any())
 }

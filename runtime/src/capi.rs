@@ -119,6 +119,10 @@ thread_local! {
         kind: CString::default(),
         message: CString::default(),
     });
+    /// The last error itself when it came from a foreign callee (a Python exception inside a
+    /// callback): kind and message flatten it, so a caller that can re-raise the original
+    /// object takes it back with `take_last_foreign_error`. Replaced by the next failure.
+    static LAST_FOREIGN: RefCell<Option<Error>> = const { RefCell::new(None) };
     /// Storage of the last string result on this thread.
     static STR_RESULT: RefCell<CString> = RefCell::new(CString::default());
 }
@@ -134,10 +138,19 @@ fn set_last_error(e: &Error) -> i32 {
         l.kind = c_string(e.kind_name());
         l.message = c_string(&e.to_string());
     });
+    let foreign = matches!(e, Error::Foreign(_)).then(|| e.clone());
+    LAST_FOREIGN.with(|f| *f.borrow_mut() = foreign);
     match e {
         Error::Internal(_) => RIVET_ERR_INTERNAL,
         _ => RIVET_ERR_USER,
     }
+}
+
+/// The calling thread's last C ABI failure, if a foreign callee raised it (see
+/// `LAST_FOREIGN`), taken: a host language that called through the C ABI re-raises its own
+/// exception object instead of the flattened text (the torch bridge does).
+pub fn take_last_foreign_error() -> Option<Error> {
+    LAST_FOREIGN.with(|f| f.borrow_mut().take())
 }
 
 /// Runs `f` at the C boundary: errors become codes and the last error, panics too.

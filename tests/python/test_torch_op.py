@@ -83,8 +83,19 @@ def build_sum_diff(dtype="float32"):
     return rivet.build(s, [X, Y, S, D], target="cpu", name="sum_diff")["sum_diff"]
 
 
+@pytest.fixture(scope="module", autouse=True, params=["native", "python"])
+def kernel_path(request):
+    """Every test runs on both paths of custom_op: the C++ kernels (the default where the
+    bridge builds; tests/python/test_torch_native.py covers what is specific to it) and the
+    Python kernels of torch.library.custom_op (RIVET_TORCH_NATIVE=0)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RIVET_TORCH_NATIVE", "0" if request.param == "python" else "")
+    yield request.param
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
-def ops():
+def ops(kernel_path):
     return dict(
         mm=rt.custom_op(build_gemm(), opname("gemm")),
         bias_gelu=rt.custom_op(build_bias_gelu(), opname("bias_gelu")),

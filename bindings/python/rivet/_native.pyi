@@ -20,6 +20,7 @@ __all__ = [
     "_kernel",
     "_live_imports",
     "_exchange_api_stats",
+    "_take_last_foreign_error",
     "Expr",
     "IterVar",
     "TeTensor",
@@ -335,6 +336,7 @@ def _kernel(
     schedule: str | None = None,
 ) -> Function: ...
 def _live_imports() -> int: ...
+def _take_last_foreign_error() -> BaseException | None: ...
 def _exchange_api_stats() -> dict[str, int]: ...
 def build(
     s: Schedule,

@@ -48,7 +48,14 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def custom_op(
-    func, name, *, backward="auto", mutates=False, device_types=None, override=False
+    func,
+    name,
+    *,
+    backward="auto",
+    mutates=False,
+    device_types=None,
+    override=False,
+    native=None,
 ):
     """Register the rivet function ``func`` as the torch operator ``name`` ("ns::op").
 
@@ -69,11 +76,17 @@ def custom_op(
       ``rivet.DeviceError`` naming the argument, at trace time and in eager calls.
     - ``override``: replace an op of the same name made by ``custom_op`` (else a taken name
       is a ``rivet.RegistryError``).
+    - ``native``: run the op's kernels in C++ (``_torch_native.cpp``: no Python per call
+      unless a gradient is recorded). None (default): where possible — a functional op of a
+      CPU function, and the C++ bridge builds here (once per machine, cached), unless
+      ``RIVET_TORCH_NATIVE=0``; True: required (``rivet.Error`` saying why when it cannot);
+      False: the Python kernels of ``torch.library.custom_op``.
     """
     import torch
 
     op = _Op(func, name, mutates, device_types)
     _check_free(name, override)
+    ext = _native_bridge(op, native)
     if isinstance(backward, str) and backward == "auto":
         backward = None if mutates else op.derived_backward()
     if backward is not None and mutates:
@@ -82,8 +95,16 @@ def custom_op(
             "is registered with mutates=True (torch has no autograd for ops that write "
             "their arguments); register it with mutates=False"
         )
-    bwd = _Backward(op, backward, override) if backward is not None else None
+    bwd = _Backward(op, backward, override, native) if backward is not None else None
     ns, opname = name.split("::")
+    _release(name)
+    if ext is not None:
+        from . import _torch_native
+
+        _NATIVE_OPS[name] = _torch_native.register(
+            ext, op, bwd, name, op.no_backward, _setup_context
+        )
+        return getattr(getattr(torch.ops, ns), opname)
     cdef = torch.library.custom_op(name, op.run, mutates_args=op.mutated, schema=op.schema)
     cdef.register_fake(op.fake)
     packet = getattr(getattr(torch.ops, ns), opname)
@@ -341,7 +362,7 @@ class _Backward:
     """The autograd formula of an op: a rivet backward function registered as the op
     ``<name>_backward`` (so torch.compile traces the backward too), or a Python callable."""
 
-    def __init__(self, op, backward, override):
+    def __init__(self, op, backward, override, native):
         self.op = op
         inputs = [p for p in op.params if not _is_output(p)]
         self.diff = [k for k, p in enumerate(inputs) if _differentiable(p)]
@@ -350,7 +371,7 @@ class _Backward:
             # The backward op itself is not differentiated (no double backward): deriving a
             # second-order program at every registration would cost a build nobody asked for.
             self.bwd_op = custom_op(
-                backward, op.name + "_backward", backward=None, override=override
+                backward, op.name + "_backward", backward=None, override=override, native=native
             )
             self.user = None
         elif callable(backward):
@@ -404,12 +425,58 @@ def _check_free(name, override):
     ns, opname = name.split("::")
     from torch._library.custom_ops import OPDEFS
 
-    if hasattr(getattr(torch.ops, ns), opname) and not (override and name in OPDEFS):
-        how = "" if name in OPDEFS else " (not by rivet.torch.custom_op: it cannot be replaced)"
+    ours = name in OPDEFS or name in _NATIVE_OPS
+    if hasattr(getattr(torch.ops, ns), opname) and not (override and ours):
+        how = "" if ours else " (not by rivet.torch.custom_op: it cannot be replaced)"
         raise RegistryError(
             f"rivet.torch.custom_op: the torch op {name!r} exists already{how}; choose another "
-            "name" + (", or pass override=True" if name in OPDEFS else "")
+            "name" + (", or pass override=True" if ours else "")
         )
+
+
+# Ops registered on the native path: name -> (torch.library.Library, C++ registration id).
+_NATIVE_OPS = {}
+
+
+def _release(name):
+    """Before (re)defining ``name``: drop a previous native registration's C++ kernels, and
+    forget a previous custom_op definition (its library is dropped by the new definition)."""
+    from torch._library.custom_ops import OPDEFS
+
+    old = _NATIVE_OPS.pop(name, None)
+    if old is not None:
+        from . import _torch_native
+
+        _torch_native.extension().unregister(old[1])
+    OPDEFS.pop(name, None)
+
+
+def _native_bridge(op, native):
+    """The C++ bridge when the op takes the native path (see ``custom_op``), else None."""
+    import os
+
+    if native not in (None, True, False):
+        raise ArgumentError(
+            f"rivet.torch.custom_op: argument 'native' must be None, True or False, got {native!r}"
+        )
+    env = os.environ.get("RIVET_TORCH_NATIVE")
+    if native is False or (native is None and env == "0"):
+        return None
+    why = None
+    if op.mutates:
+        why = "ops with mutates=True take the Python path"
+    elif op.device_types != ("cpu",):
+        why = f"the op runs on {op.device_types} (the native path is CPU only for now)"
+    if why is None:
+        from . import _torch_native
+
+        try:
+            return _torch_native.extension()
+        except _torch_native.NativeUnavailable as e:
+            why = f"the C++ bridge is unavailable: {e}"
+    if native or env == "1":
+        raise Error(f"{op.where}: native=True, but {why}")
+    return None
 
 
 def _is_output(p):

@@ -16,4 +16,5 @@ def custom_op(
     mutates: bool = False,
     device_types: str | Sequence[str] | None = None,
     override: bool = False,
+    native: bool | None = None,
 ) -> OpOverloadPacket: ...
