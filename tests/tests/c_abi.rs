@@ -312,6 +312,50 @@ fn a_panicking_function_is_an_internal_error_code() {
     unsafe { RivetFunctionFree(h) };
 }
 
+#[test]
+fn a_foreign_error_is_kept_whole_for_its_host_language_to_take_once() {
+    use rivet_runtime::{Error, ForeignError};
+    use std::sync::Arc;
+    registry::register(
+        "capi_test.foreign",
+        rivet_runtime::Function::new("capi_test.foreign", |_| {
+            Err(Error::Foreign(ForeignError {
+                message: "Boom: from the callback".into(),
+                payload: Arc::new(42u32),
+            }))
+        }),
+        true,
+    )
+    .unwrap();
+    let h = global("capi_test.foreign");
+    let (rc, _) = call(h, &[]);
+    assert_eq!(rc, RIVET_ERR_USER);
+    assert_eq!(
+        last_error(),
+        ("Error".into(), "Boom: from the callback".into())
+    );
+    match take_last_foreign_error() {
+        Some(Error::Foreign(f)) => assert_eq!(f.payload.downcast_ref::<u32>(), Some(&42)),
+        other => panic!("expected the foreign error, got {other:?}"),
+    }
+    assert!(take_last_foreign_error().is_none(), "taken once");
+    // A later ordinary failure leaves nothing foreign behind.
+    let (rc, _) = call(h, &[]);
+    assert_eq!(rc, RIVET_ERR_USER);
+    let add = {
+        register_add("capi_test.add_for_foreign");
+        global("capi_test.add_for_foreign")
+    };
+    let (rc, _) = call(add, &[]);
+    assert_eq!(rc, RIVET_ERR_USER);
+    assert!(take_last_foreign_error().is_none());
+    // SAFETY: freed once each.
+    unsafe {
+        RivetFunctionFree(h);
+        RivetFunctionFree(add);
+    }
+}
+
 // ---- XLA FFI -------------------------------------------------------------------------------
 
 /// A stand-in for XLA's `XLA_FFI_Error_Create`: records the message and code.
