@@ -256,6 +256,22 @@ pub struct ExprNode {
     pub lanes: u32,
 }
 
+/// Operands are dropped through `deferred_drop`: an expression over a long chain of te
+/// stages (each `Read` holds a tensor whose body is another expression) is freed without a
+/// stack frame per level.
+impl Drop for ExprNode {
+    fn drop(&mut self) {
+        if matches!(
+            self.kind,
+            ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_)
+        ) {
+            return;
+        }
+        let kind = std::mem::replace(&mut self.kind, ExprKind::Const(Const::Int(0)));
+        super::deferred_drop::drop_deferred(super::deferred_drop::Deferred::Expr(kind));
+    }
+}
+
 /// What a file stores of a node: the depth is recomputed, never trusted.
 #[derive(Deserialize)]
 struct ExprNodeData {
