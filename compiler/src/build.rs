@@ -409,6 +409,7 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
         crate::output_shapes::output_shapes(&rule_c.func, shapes)
             .map_err(rivet_runtime::Error::from)
     };
+    let parts: Arc<dyn std::any::Any + Send + Sync> = c.clone();
     Function::with_output_rule(
         name.clone(),
         sig,
@@ -431,6 +432,8 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
         },
         rule,
     )
+    // The body holds `c`, the output rule `rule_c`: two handles besides the parts' own.
+    .with_parts(parts, 2)
 }
 
 /// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed

@@ -608,6 +608,7 @@ pub(crate) fn redefine(t: &Tensor, body: Expr) -> Tensor {
         name: t.name().to_string(),
         shape: t.shape().to_vec(),
         dtype: t.dtype(),
+        host_callbacks: crate::te::tensor::reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
     }))
 }

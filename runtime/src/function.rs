@@ -32,6 +32,19 @@ struct Inner {
     /// shapes (compiled functions) have one. Frameworks that trace shapes ahead of running
     /// (XLA, torch's fake tensors) ask it.
     outputs: Option<Box<OutputRule>>,
+    /// What the body computes with, made visible (`with_parts`).
+    parts: Option<Parts>,
+}
+
+/// The object a function's body works with (a wrapped Python callable, a compiled function),
+/// shown to whoever must account for what a function keeps alive: the Python bindings tell
+/// Python's garbage collector which Python objects a rivet object owns (`bindings/src/gc.rs`).
+/// The body's closures hold `hidden` handles of `object` besides the one here, so the
+/// function as a whole holds `hidden + 1`.
+#[derive(Clone)]
+pub struct Parts {
+    pub object: Arc<dyn std::any::Any + Send + Sync>,
+    pub hidden: usize,
 }
 
 impl Function {
@@ -47,6 +60,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
+                parts: None,
             }),
         }
     }
@@ -64,6 +78,7 @@ impl Function {
                 checked: true,
                 body: Box::new(body),
                 outputs: None,
+                parts: None,
             }),
         }
     }
@@ -82,6 +97,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
+                parts: None,
             }),
         }
     }
@@ -101,6 +117,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: Some(Box::new(outputs)),
+                parts: None,
             }),
         }
     }
@@ -165,6 +182,36 @@ impl Function {
     /// True when both handles are the same function object.
     pub fn same(&self, other: &Function) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// This function with `object`, of which its body's closures hold `hidden` handles,
+    /// made visible as its `parts`. Only a function no one else holds yet can take them
+    /// (right after it is made); otherwise it is returned unchanged (parts only inform, so
+    /// lacking them makes accounting conservative, never wrong).
+    pub fn with_parts(
+        mut self,
+        object: Arc<dyn std::any::Any + Send + Sync>,
+        hidden: usize,
+    ) -> Function {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.parts = Some(Parts { object, hidden });
+        }
+        self
+    }
+
+    /// What the body works with, when the function was given it (`with_parts`).
+    pub fn parts(&self) -> Option<&Parts> {
+        self.inner.parts.as_ref()
+    }
+
+    /// How many handles of this function object exist (clones of it, anywhere).
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// An identity of the function object, equal for every handle of it.
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const () as usize
     }
 }
 

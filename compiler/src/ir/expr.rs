@@ -153,6 +153,11 @@ impl TensorRef {
     pub fn downcast<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.node.clone().downcast::<T>().ok()
     }
+    /// The handle on the DSL's tensor node itself (one of its `Arc`'s handles, for code that
+    /// counts them: `bindings/src/gc.rs`).
+    pub fn node(&self) -> &Arc<dyn std::any::Any + Send + Sync> {
+        &self.node
+    }
 }
 
 impl PartialEq for TensorRef {

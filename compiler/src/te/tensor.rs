@@ -36,6 +36,10 @@ pub struct TensorNode {
     pub shape: Vec<Expr>,
     pub dtype: DType,
     pub op: Op,
+    /// This stage is an extern stage or reads one, directly or through other stages: a host
+    /// callback (possibly a Python callable) is reachable from it. Lets the Python bindings'
+    /// garbage-collector support skip programs that hold no callback (`bindings/src/gc.rs`).
+    pub host_callbacks: bool,
 }
 
 /// The operation (a body, an extern stage's inputs) is dropped through
@@ -226,6 +230,7 @@ pub fn placeholder(shape: &[Expr], dtype: DType, name: &str) -> Result<Tensor> {
         shape: shape.to_vec(),
         dtype,
         op: Op::Placeholder,
+        host_callbacks: false,
     })))
 }
 
@@ -293,6 +298,7 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
         name: name.to_string(),
         shape: shape.to_vec(),
         dtype: body.dtype(),
+        host_callbacks: reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
     })))
 }
@@ -347,7 +353,23 @@ pub fn extern_(
                 func: Some(func),
             },
         },
+        host_callbacks: true,
     })))
+}
+
+/// Whether `body` reads a tensor from which a host callback is reachable
+/// (`TensorNode::host_callbacks`).
+pub fn reads_host_callbacks(body: &Expr) -> bool {
+    let mut found = false;
+    body.visit_unique(&mut |e| {
+        if let ExprKind::Read { tensor, .. } = e.kind() {
+            found |= tensor
+                .node()
+                .downcast_ref::<TensorNode>()
+                .is_some_and(|t| t.host_callbacks);
+        }
+    });
+    found
 }
 
 /// The tensors `t` reads directly (each once, in first-read order; an extern stage's inputs

@@ -329,6 +329,10 @@ impl Kernel for CraneliftKernel {
         crate::codegen::host::alloc_output(shape, dtype)
     }
 
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self._callbacks.callbacks().collect()
+    }
+
     /// "asm": the disassembly, when the backend kept it (`RIVET_DUMP`, `set_disassembly`).
     fn source_of(&self, kind: &str) -> Option<String> {
         (kind == "asm" && !self.disasm.is_empty()).then(|| self.disasm.clone())

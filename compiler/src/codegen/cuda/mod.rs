@@ -342,6 +342,10 @@ impl CudaKernel {
 }
 
 impl Kernel for CudaKernel {
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self.func.callbacks.iter().collect()
+    }
+
     /// Generated code by kind: "cuda" (or "cu"), "ptx" (`None` without NVRTC).
     fn source_of(&self, kind: &str) -> Option<String> {
         match kind {

@@ -116,6 +116,10 @@ impl Kernel for InterpKernel {
     fn source(&self) -> String {
         self.0.func.to_string()
     }
+
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self.0.func.callbacks.iter().collect()
+    }
 }
 
 /// Verifies `func` (flattened: one element offset per access) and runs it on `frame`.
