@@ -9,8 +9,8 @@ use crate::cuda::{parse_stream, CallStreams};
 use crate::errors::IntoPyResult;
 use crate::tensor::PyTensor;
 use pyo3::prelude::*;
-use pyo3::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::{PyTraverseError, PyVisit};
 use rivet_runtime::{registry, ArgName, DeviceSpec, Dim, Function, ParamKind, Value};
 use smallvec::SmallVec;
 

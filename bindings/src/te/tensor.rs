@@ -7,8 +7,8 @@ use super::{arg_err, compile_err, type_name};
 use crate::errors::CompileResult;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::{PyTraverseError, PyVisit};
 use pyo3::types::{PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 use rivet_compiler::ir::expr::Expr;
 use rivet_compiler::te::{self, Tensor};
 
