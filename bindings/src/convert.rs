@@ -544,7 +544,9 @@ pub fn to_value_in(
     )))
 }
 
-/// Wraps a Python callable as a packed function. Its exceptions travel back unchanged.
+/// Wraps a Python callable as a packed function. Its exceptions travel back unchanged. The
+/// callable is the function's parts (a `gc::PyCallable`), so the rivet objects that come to
+/// hold the function can report it to Python's garbage collector (`gc.rs`).
 pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
     let name = name.unwrap_or_else(|| {
         Python::attach(|py| {
@@ -555,8 +557,17 @@ pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
         })
     });
     let fname = name.clone();
+    let cell = crate::gc::PyCallable::new(f);
+    let parts: std::sync::Arc<dyn std::any::Any + Send + Sync> = cell.clone();
     Function::new(name, move |args| {
         Python::attach(|py| {
+            // Released only when the collector cleared every holder of this function, after
+            // which nothing can call it: reaching this is a rivet bug.
+            let f = cell.get(py).ok_or_else(|| {
+                rivet_runtime::Error::Internal(format!(
+                    "the Python callable '{fname}' was released by the garbage collector while still reachable"
+                ))
+            })?;
             let items = args
                 .iter()
                 .map(|a| from_value(py, a))
@@ -574,6 +585,8 @@ pub fn wrap_callable(f: Py<PyAny>, name: Option<String>) -> Function {
             )
         })
     })
+    // The body holds one handle of the cell besides the parts' own.
+    .with_parts(parts, 1)
 }
 
 /// Converts a result back to Python.

@@ -10,6 +10,7 @@ use crate::errors::IntoPyResult;
 use crate::tensor::PyTensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::{PyTraverseError, PyVisit};
 use rivet_runtime::{registry, ArgName, DeviceSpec, Dim, Function, ParamKind, Value};
 use smallvec::SmallVec;
 
@@ -86,6 +87,21 @@ impl PyFunction {
 
 #[pymethods]
 impl PyFunction {
+    /// Reports its framework's type and conversion functions, and the Python callables its
+    /// function alone holds (a wrapped callable, a compiled function's callbacks: `gc.rs`).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(fw) = &self.framework {
+            visit.call(&fw.ty)?;
+            visit.call(&fw.to_dlpack)?;
+            visit.call(&fw.from_dlpack)?;
+        }
+        crate::gc::traverse([crate::gc::Root::Function(&self.func)], &visit)
+    }
+    /// The framework's objects are immutable fields (the collector breaks a cycle through
+    /// them at a mutable object in it, e.g. the closure of a `to_dlpack` lambda).
+    fn __clear__(&self) {
+        crate::gc::clear([crate::gc::Root::Function(&self.func)])
+    }
     /// `f(*args, stream=None)`: `stream` (an int CUstream handle, a torch.cuda.Stream, a
     /// cupy.cuda.Stream, anything with `.cuda_stream` / `.ptr`) is the CUDA stream the call
     /// runs on; without it the call picks one (`cuda::CallStreams`). CPU functions ignore it.

@@ -8,6 +8,7 @@ mod cuda;
 mod errors;
 mod exchange;
 mod function;
+mod gc;
 mod kernels;
 mod te;
 mod tensor;

@@ -47,8 +47,8 @@ impl Source {
 /// The backward function of `f` (module header), built on first use and cached.
 pub fn backward(f: &Function) -> Result<Function> {
     let compiled = f
-        .origin()
-        .and_then(|o| o.clone().downcast::<Compiled>().ok())
+        .parts()
+        .and_then(|p| p.object.clone().downcast::<Compiled>().ok())
         .ok_or_else(|| {
             not_diff(format!(
                 "function '{}' has no te program rivet can differentiate (it was not built by rivet.build / rivet.kernels in this process: a loaded module or a registered function); give the backward explicitly",

@@ -411,12 +411,12 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
     let body_sig = sig.clone();
     let plan = if fast { CallPlan::new(&c) } else { None };
     let rule_c = c.clone();
-    let origin: Arc<dyn std::any::Any + Send + Sync> = c.clone();
     let rule = move |shapes: &[&[i64]]| {
         crate::output_shapes::output_shapes(&rule_c.func, shapes)
             .map_err(rivet_runtime::Error::from)
     };
-    let f = Function::with_output_rule(
+    let parts: Arc<dyn std::any::Any + Send + Sync> = c.clone();
+    Function::with_output_rule(
         name.clone(),
         sig,
         move |args| {
@@ -437,9 +437,9 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
             call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
         },
         rule,
-    );
-    f.set_origin(origin);
-    f
+    )
+    // The body holds `c`, the output rule `rule_c`: two handles besides the parts' own.
+    .with_parts(parts, 2)
 }
 
 /// The device rule of a CUDA function: every tensor argument on one CUDA device. Mixed

@@ -608,6 +608,7 @@ pub(crate) fn redefine(t: &Tensor, body: Expr) -> Tensor {
         name: t.name().to_string(),
         shape: t.shape().to_vec(),
         dtype: t.dtype(),
+        host_callbacks: crate::te::tensor::reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
     }))
 }
@@ -648,21 +649,18 @@ impl Schedule {
     /// Every tensor the outputs depend on through the current definitions (cache stages
     /// included), producers before consumers.
     pub fn post_order(&self) -> Vec<Tensor> {
-        fn go(s: &Schedule, t: &Tensor, seen: &mut Vec<Tensor>) {
-            if seen.contains(t) {
-                return;
-            }
-            let cur = s.current(t);
-            for i in inputs(&cur) {
-                go(s, &i, seen);
-            }
-            seen.push(cur);
-        }
-        let mut seen = Vec::new();
-        for t in &self.outputs {
-            go(self, t, &mut seen);
-        }
-        seen
+        let current: std::collections::HashMap<u32, &Tensor> = self
+            .stages
+            .iter()
+            .map(|s| (s.tensor.id(), &s.tensor))
+            .collect();
+        let cur = |t: &Tensor| {
+            current
+                .get(&t.id())
+                .map_or_else(|| t.clone(), |&c| c.clone())
+        };
+        let roots: Vec<Tensor> = self.outputs.iter().map(cur).collect();
+        crate::te::tensor::post_order_by(&roots, &mut |t| inputs(t).iter().map(cur).collect())
     }
 
     /// Makes stage `i` a fresh, unscheduled stage of `t` (a rewrite of its definition: the

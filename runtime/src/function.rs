@@ -32,10 +32,19 @@ struct Inner {
     /// shapes (compiled functions) have one. Frameworks that trace shapes ahead of running
     /// (XLA, torch's fake tensors) ask it.
     outputs: Option<Box<OutputRule>>,
-    /// What made the function, for the layer that made it (the compiler keeps its te program
-    /// here, from which `rivet_compiler::backward` derives the gradient function). Opaque to
-    /// the runtime: never read by `call`.
-    origin: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+    /// What the body computes with, made visible (`with_parts`).
+    parts: Option<Parts>,
+}
+
+/// The object a function's body works with (a wrapped Python callable, a compiled function),
+/// shown to whoever must account for what a function keeps alive: the Python bindings tell
+/// Python's garbage collector which Python objects a rivet object owns (`bindings/src/gc.rs`).
+/// The body's closures hold `hidden` handles of `object` besides the one here, so the
+/// function as a whole holds `hidden + 1`.
+#[derive(Clone)]
+pub struct Parts {
+    pub object: Arc<dyn std::any::Any + Send + Sync>,
+    pub hidden: usize,
 }
 
 impl Function {
@@ -51,7 +60,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
-                origin: std::sync::OnceLock::new(),
+                parts: None,
             }),
         }
     }
@@ -69,7 +78,7 @@ impl Function {
                 checked: true,
                 body: Box::new(body),
                 outputs: None,
-                origin: std::sync::OnceLock::new(),
+                parts: None,
             }),
         }
     }
@@ -88,7 +97,7 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: None,
-                origin: std::sync::OnceLock::new(),
+                parts: None,
             }),
         }
     }
@@ -108,20 +117,9 @@ impl Function {
                 checked: false,
                 body: Box::new(body),
                 outputs: Some(Box::new(outputs)),
-                origin: std::sync::OnceLock::new(),
+                parts: None,
             }),
         }
-    }
-
-    /// Records what made the function (see `origin`), once: a second call leaves the first
-    /// origin in place and returns false. The maker calls it straight after construction.
-    pub fn set_origin(&self, origin: Arc<dyn std::any::Any + Send + Sync>) -> bool {
-        self.inner.origin.set(origin).is_ok()
-    }
-
-    /// What made the function (`set_origin`), if its maker recorded it.
-    pub fn origin(&self) -> Option<&Arc<dyn std::any::Any + Send + Sync>> {
-        self.inner.origin.get()
     }
 
     /// The shapes and dtypes of the outputs a call with inputs of `input_shapes` (the
@@ -184,6 +182,36 @@ impl Function {
     /// True when both handles are the same function object.
     pub fn same(&self, other: &Function) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// This function with `object`, of which its body's closures hold `hidden` handles,
+    /// made visible as its `parts`. Only a function no one else holds yet can take them
+    /// (right after it is made); otherwise it is returned unchanged (parts only inform, so
+    /// lacking them makes accounting conservative, never wrong).
+    pub fn with_parts(
+        mut self,
+        object: Arc<dyn std::any::Any + Send + Sync>,
+        hidden: usize,
+    ) -> Function {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.parts = Some(Parts { object, hidden });
+        }
+        self
+    }
+
+    /// What the body works with, when the function was given it (`with_parts`).
+    pub fn parts(&self) -> Option<&Parts> {
+        self.inner.parts.as_ref()
+    }
+
+    /// How many handles of this function object exist (clones of it, anywhere).
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// An identity of the function object, equal for every handle of it.
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const () as usize
     }
 }
 

@@ -28,6 +28,6 @@ pub use alloc::MAX_ALLOC_BYTES;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{ArgName, Error, ForeignError, Result};
-pub use function::{DeviceSpec, Dim, Function, Param, ParamKind, Signature, TensorSpec};
+pub use function::{DeviceSpec, Dim, Function, Param, ParamKind, Parts, Signature, TensorSpec};
 pub use tensor::{Element, Tensor};
 pub use value::Value;

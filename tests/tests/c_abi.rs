@@ -414,9 +414,10 @@ fn run_handler(
     args: &mut [Buffer],
     rets: &mut [Buffer],
     name: &str,
-    value: &str,
+    value: impl AsRef<[u8]>,
     attr_type: i32,
 ) -> Option<(String, i32)> {
+    let value = value.as_ref();
     let api = fake_api();
     let mut arg_types = vec![1i32; args.len()];
     let mut arg_items: Vec<*mut c_void> = args
@@ -503,6 +504,11 @@ fn the_xla_handler_runs_a_compiled_function_on_xla_buffers() {
         assert!(msg.contains(want), "{msg}");
         assert_eq!(errc, 3, "{msg}");
     }
+    // A name that is not UTF-8 (read in place from XLA's bytes, never copied).
+    let (msg, errc) =
+        run_handler(&mut args, &mut rets, FUNCTION_ATTR, b"xla_test.\xffadd", 4).expect("an error");
+    assert!(msg.contains("is not UTF-8"), "{msg}");
+    assert_eq!(errc, 3, "{msg}");
     // A result XLA sized wrongly: the function's shape check, not an out-of-bounds write.
     let mut short = [3i64];
     let mut bad_rets = [buffer(11, c.as_mut_ptr() as *mut c_void, &mut short)];

@@ -748,3 +748,42 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     assert_eq!(*seen_s.lock().unwrap(), as32(&sm));
     assert_eq!(out, as32(&sm.iter().map(|v| v * 2.0).collect::<Vec<_>>()));
 }
+
+/// What the Python bindings' garbage-collector support counts on (`bindings/src/gc.rs`):
+/// every handle a compiled function holds of its callbacks is visible (the loop nest's, the
+/// lowered function's and the kernel's copies), and a packed function declares the handles
+/// of its compiled code its closures hold, so the counts add up exactly.
+#[test]
+fn compiled_functions_show_every_handle_they_hold() {
+    for target in BACKENDS {
+        let cb = square_minus(false);
+        let (a, _, e, c) = program(Some(CallbackFn::Function(cb.clone())));
+        let s = Schedule::new(&[c.clone()]).unwrap();
+        let m = build(&s, &[a, c], target, "f").unwrap();
+        drop(s);
+        let compiled = m.funcs[0].clone();
+        let seen = compiled.nest.callbacks.len()
+            + compiled.func.callbacks.len()
+            + compiled.kernel.host_callbacks().len();
+        assert_eq!(seen, 3, "{target}");
+        // Ours, the extern stage's, and the three inside the compiled function.
+        assert_eq!(cb.handles(), 2 + seen, "{target}");
+        drop(e);
+        assert_eq!(cb.handles(), 1 + seen, "{target}");
+        let before = Arc::strong_count(&compiled);
+        let f = rivet_compiler::build::make_function(compiled.clone());
+        let parts = f.parts().expect("a compiled function shows its code");
+        assert_eq!(
+            Arc::strong_count(&compiled),
+            before + 1 + parts.hidden,
+            "{target}"
+        );
+        let shown = parts
+            .object
+            .downcast_ref::<rivet_compiler::build::Compiled>()
+            .expect("the parts are the compiled function");
+        assert!(std::ptr::eq(shown, &*compiled));
+        drop(f);
+        assert_eq!(Arc::strong_count(&compiled), before, "{target}");
+    }
+}

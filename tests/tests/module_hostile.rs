@@ -633,3 +633,90 @@ fn cross_thread_reductions_round_trip_and_hostile_edits_are_refused() {
         "{e}"
     );
 }
+
+/// `chain(A) = ((A + 1) * 2) - 3` through two local stages, built for the CPU as written (so
+/// the locals stay materialised); its file's payload.
+fn locals_module() -> (Vec<u8>, String) {
+    let a = placeholder(&[Expr::int(8)], DType::F32, "A").unwrap();
+    let a2 = a.clone();
+    let t1 = compute(&[Expr::int(8)], |i| a2.idx(i) + 1.0f64, "T1").unwrap();
+    let t1c = t1.clone();
+    let t2 = compute(&[Expr::int(8)], |i| t1c.idx(i) * 2.0f64, "T2").unwrap();
+    let t2c = t2.clone();
+    let t3 = compute(&[Expr::int(8)], |i| t2c.idx(i) - 3.0f64, "T3").unwrap();
+    let s = Schedule::new(&[t3.clone()]).unwrap();
+    let opts = rivet_compiler::build::Options {
+        as_written: true,
+        ..Default::default()
+    };
+    let m = rivet_compiler::build::build_with(&s, &[a, t3], "cpu", "chain", opts).unwrap();
+    let bytes = m.to_bytes().unwrap();
+    let json = payload(&bytes);
+    (bytes, json)
+}
+
+/// Loads `bytes` and runs `chain` on fresh data: `Ok` with the result checked, or the load
+/// error's message (a `CompileError` naming the file).
+fn load_locals(bytes: &[u8], origin: &str) -> std::result::Result<(), String> {
+    let m = Module::from_bytes(bytes, origin).map_err(|e| {
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("cannot load rivet module {origin}: ")),
+            "{msg}"
+        );
+        assert!(!msg.contains("internal compiler error"), "{msg}");
+        assert!(matches!(
+            rivet_runtime::Error::from(e),
+            rivet_runtime::Error::Compile(_)
+        ));
+        msg
+    })?;
+    let av = data(8, 7);
+    let a = Tensor::from_slice(&av, &[8]).unwrap();
+    let out = m
+        .get_function("chain")
+        .unwrap()
+        .call(&[Value::Tensor(a)])
+        .unwrap();
+    let got = out.as_tensor().unwrap().to_vec::<f32>().unwrap();
+    let want: Vec<f32> = av.iter().map(|v| (v + 1.0) * 2.0 - 3.0).collect();
+    assert_eq!(got, want);
+    Ok(())
+}
+
+#[test]
+fn allocations_load_in_both_spellings_and_bad_lists_are_refused() {
+    let (bytes, json) = locals_module();
+    let key = "{\"Allocate\":{\"bufs\":[";
+    let at = json.find(key).expect("one allocation of the locals") + key.len();
+    let end = at + json[at..].find(']').unwrap();
+    let ids: Vec<&str> = json[at..end].split(',').collect();
+    assert_eq!(ids.len(), 2, "{}", &json[at..end]);
+    assert_eq!(load_locals(&bytes, "chain.rivet"), Ok(()));
+    // Files written when an allocation held one buffer: `"buf": id`, nested.
+    let old = format!(
+        "{}{{\"Allocate\":{{\"buf\":{},\"body\":{{\"Allocate\":{{\"buf\":{},\"body\":{}}}}}}}}}{}",
+        &json[..at - key.len()],
+        ids[0],
+        ids[1],
+        // The body of the list allocation, up to its closing braces.
+        &json[end + "],\"body\":".len()..json.len() - "}}}]}".len()],
+        "}]}",
+    );
+    assert!(!old.contains("\"bufs\""), "{old}");
+    assert_eq!(
+        load_locals(&with_payload(&bytes, &old), "old.rivet"),
+        Ok(())
+    );
+    // An empty list, a buffer twice, a parameter, an unknown id.
+    for (list, why) in [
+        (String::new(), "at least one buffer"),
+        (format!("{},{}", ids[0], ids[0]), "allocated twice"),
+        ("0".to_string(), "only local buffers are allocated"),
+        ("99".to_string(), "does not declare"),
+    ] {
+        let j = format!("{}{list}{}", &json[..at], &json[end..]);
+        let msg = load_locals(&with_payload(&bytes, &j), "bad.rivet").expect_err(why);
+        assert!(msg.contains(why), "{msg}");
+    }
+}

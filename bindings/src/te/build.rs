@@ -7,6 +7,7 @@ use super::{arg_err, type_name};
 use crate::errors::CompileResult;
 use crate::function::PyFunction;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 /// `rivet.Module`: the functions of one `build` (or of a loaded file).
 #[pyclass(name = "Module", module = "rivet", frozen)]
@@ -56,6 +57,13 @@ pub fn build(
 
 #[pymethods]
 impl PyModule_ {
+    /// Reports the Python callbacks of its functions that it alone holds (`gc.rs`).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        crate::gc::traverse(crate::gc::module_roots(&self.m), &visit)
+    }
+    fn __clear__(&self) {
+        crate::gc::clear(crate::gc::module_roots(&self.m))
+    }
     fn get_function(&self, py: Python<'_>, name: &str) -> PyResult<PyFunction> {
         Ok(PyFunction::new(self.m.get_function(name).cpy(py)?))
     }

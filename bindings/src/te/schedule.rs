@@ -10,6 +10,7 @@ use super::{arg_err, compile_err};
 use crate::errors::CompileResult;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
 use rivet_compiler::ir::expr::{Expr, IterVar, Var};
 use rivet_compiler::ir::stmt::{ForKind, Scope, ThreadTag};
 use rivet_compiler::schedule::{Attach, Schedule, Stage};
@@ -42,6 +43,13 @@ pub fn default_gpu_schedule(py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyRes
 
 #[pymethods]
 impl PySchedule {
+    /// Reports the Python callbacks (debug taps, extern stages) it alone holds (`gc.rs`).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        crate::gc::traverse(crate::gc::schedule_roots(&self.sched), &visit)
+    }
+    fn __clear__(&mut self) {
+        crate::gc::clear(crate::gc::schedule_roots(&self.sched))
+    }
     fn __getitem__(slf: &Bound<'_, Self>, t: &Bound<'_, PyAny>) -> PyResult<PyStage> {
         let py = slf.py();
         let t = tensor_arg(t, "s[...]")?;
@@ -187,6 +195,14 @@ impl PyStage {
 
 #[pymethods]
 impl PyStage {
+    /// Reports its schedule (a tap closing over the stage and its schedule is a cycle).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sched)?;
+        crate::gc::traverse([crate::gc::Root::Tensor(&self.t)], &visit)
+    }
+    fn __clear__(&self) {
+        crate::gc::clear([crate::gc::Root::Tensor(&self.t)])
+    }
     /// The stage's current definition (after `cache_write`, the copy out of the cache).
     #[getter]
     fn op(&self, py: Python<'_>) -> PyTensorOp {

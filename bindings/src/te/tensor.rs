@@ -8,6 +8,7 @@ use crate::errors::CompileResult;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
 use rivet_compiler::ir::expr::Expr;
 use rivet_compiler::te::{self, Tensor};
 
@@ -51,6 +52,13 @@ fn read(py: Python<'_>, t: &Tensor, idx: &Bound<'_, PyAny>) -> PyResult<Py<PyAny
 
 #[pymethods]
 impl PyTeTensor {
+    /// Reports the Python callbacks of its program that it alone holds (`gc.rs`).
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        crate::gc::traverse([crate::gc::Root::Tensor(&self.t)], &visit)
+    }
+    fn __clear__(&self) {
+        crate::gc::clear([crate::gc::Root::Tensor(&self.t)])
+    }
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         shape_tuple(py, self.t.shape())
@@ -116,6 +124,12 @@ pub struct PyTensorOp {
 
 #[pymethods]
 impl PyTensorOp {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        crate::gc::traverse([crate::gc::Root::Tensor(&self.t)], &visit)
+    }
+    fn __clear__(&self) {
+        crate::gc::clear([crate::gc::Root::Tensor(&self.t)])
+    }
     #[getter]
     fn name(&self) -> String {
         self.t.name().to_string()

@@ -97,6 +97,13 @@ pub trait Kernel: Send + Sync {
         let _ = kind;
         None
     }
+
+    /// The host callbacks this kernel holds its own handles of (its copy of
+    /// `PrimFunc::callbacks`), for code that accounts for what a compiled function keeps
+    /// alive (the Python bindings' garbage-collector support).
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        Vec::new()
+    }
 }
 
 /// A code generator.

@@ -153,6 +153,11 @@ impl TensorRef {
     pub fn downcast<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.node.clone().downcast::<T>().ok()
     }
+    /// The handle on the DSL's tensor node itself (one of its `Arc`'s handles, for code that
+    /// counts them: `bindings/src/gc.rs`).
+    pub fn node(&self) -> &Arc<dyn std::any::Any + Send + Sync> {
+        &self.node
+    }
 }
 
 impl PartialEq for TensorRef {
@@ -254,6 +259,22 @@ pub struct ExprNode {
     /// widest operand's. Whether the operands agree is the verifier's question (`ir::verify`).
     #[serde(skip_serializing)]
     pub lanes: u32,
+}
+
+/// Operands are dropped through `deferred_drop`: an expression over a long chain of te
+/// stages (each `Read` holds a tensor whose body is another expression) is freed without a
+/// stack frame per level.
+impl Drop for ExprNode {
+    fn drop(&mut self) {
+        if matches!(
+            self.kind,
+            ExprKind::Const(_) | ExprKind::Var(_) | ExprKind::Invalid(_)
+        ) {
+            return;
+        }
+        let kind = std::mem::replace(&mut self.kind, ExprKind::Const(Const::Int(0)));
+        super::deferred_drop::drop_deferred(super::deferred_drop::Deferred::Expr(kind));
+    }
 }
 
 /// What a file stores of a node: the depth is recomputed, never trusted.

@@ -10,9 +10,15 @@
 pub const MAX_EXPR_DEPTH: u32 = 1000;
 /// Deepest expression in lowered IR (inlining and index arithmetic add depth to the DSL's).
 pub const MAX_IR_DEPTH: u32 = 4000;
-/// Deepest statement nesting in lowered IR (loops, ifs, lets, allocations, sequences). Each
-/// materialised stage nests one `Allocate`, so this also bounds the stages of one function.
+/// Deepest statement nesting in lowered IR (loops, ifs, lets, allocations, sequences). The
+/// number of stages does not count: a program's root temporaries share one `Allocate`; what
+/// nests is loops inside loops (`compute_at` chains nest each producer in its consumer).
 pub const MAX_STMT_DEPTH: u32 = 2048;
+/// Deepest statement nesting of the loop nest `build` makes from a schedule, before the
+/// passes: `MAX_STMT_DEPTH` less the few levels the passes may add (vector strip-mining,
+/// layout tests, outlining). A schedule past it is a `CompileError` naming `MAX_STMT_DEPTH`,
+/// so the verifier's own limit is never reached by a program `build` accepted.
+pub const MAX_NEST_DEPTH: u32 = MAX_STMT_DEPTH - 64;
 /// Most expression and statement nodes, counted as a tree, in one lowered function.
 pub const MAX_FUNC_NODES: usize = 2_000_000;
 /// Largest module file `load_module` reads.

@@ -8,6 +8,7 @@
 
 pub mod callback;
 pub mod checked;
+pub mod deferred_drop;
 pub mod expr;
 pub mod intrin;
 pub mod limits;

@@ -202,9 +202,10 @@ fn stmt(out: &mut String, s: &Stmt, depth: usize) {
             let _ = writeln!(out, "let {} = {value}", var.name);
             stmt(out, body, depth);
         }
-        Stmt::Allocate { buf, body } => {
+        Stmt::Allocate { bufs, body } => {
             indent(out, depth);
-            let _ = writeln!(out, "allocate {}", buf_name(buf.0));
+            let names: Vec<String> = bufs.iter().map(|b| buf_name(b.0)).collect();
+            let _ = writeln!(out, "allocate {}", names.join(", "));
             stmt(out, body, depth + 1);
         }
         Stmt::Seq(v) => v.iter().for_each(|s| stmt(out, s, depth)),

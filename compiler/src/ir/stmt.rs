@@ -135,9 +135,16 @@ pub enum Stmt {
         value: Expr,
         body: Box<Stmt>,
     },
-    /// A local buffer (declared in `PrimFunc::buffers`) alive during `body`.
+    /// Local buffers (declared in `PrimFunc::buffers`) alive during `body`, allocated in
+    /// order on entry (zeroed unless marked `overwritten`) and freed on exit. One statement
+    /// allocates many so that a program's root temporaries (one per materialised stage) sit
+    /// in one flat list instead of one nesting level each (`Stmt::allocate_all`): statement
+    /// depth, and the recursion of every pass and backend on it, does not grow with the
+    /// number of stages. Never empty (`ir::verify`). Files written when it held one buffer
+    /// (`"buf": id`) still load.
     Allocate {
-        buf: BufId,
+        #[serde(alias = "buf", deserialize_with = "one_or_many")]
+        bufs: Vec<BufId>,
         body: Box<Stmt>,
     },
     Seq(Vec<Stmt>),
@@ -269,7 +276,73 @@ impl PrimFunc {
     }
 }
 
+/// An `Allocate`'s buffers as a file gives them: a list, or one id (files written before an
+/// `Allocate` held several).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BufId>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(BufId),
+        Many(Vec<BufId>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(b) => vec![b],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 impl Stmt {
+    /// `body` with the local `buf` alive in it.
+    pub fn allocate(buf: BufId, body: Stmt) -> Stmt {
+        Stmt::Allocate {
+            bufs: vec![buf],
+            body: Box::new(body),
+        }
+    }
+
+    /// `body` with the locals `bufs` alive in it: one flat `Allocate` however many they are,
+    /// or `body` itself when there are none.
+    pub fn allocate_all(bufs: Vec<BufId>, body: Stmt) -> Stmt {
+        if bufs.is_empty() {
+            return body;
+        }
+        Stmt::Allocate {
+            bufs,
+            body: Box::new(body),
+        }
+    }
+
+    /// Deepest nesting of statements (a statement with no sub-statement is 1; each loop,
+    /// condition, `let`, allocation and sequence adds 1, as `ir::verify` counts it), found
+    /// without recursion.
+    pub fn depth(&self) -> u32 {
+        let mut deepest = 0;
+        let mut stack = vec![(self, 1u32)];
+        while let Some((s, d)) = stack.pop() {
+            deepest = deepest.max(d);
+            match s {
+                Stmt::For { body, .. } | Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => {
+                    stack.push((body, d + 1))
+                }
+                Stmt::If {
+                    then, otherwise, ..
+                } => {
+                    stack.push((then, d + 1));
+                    if let Some(o) = otherwise {
+                        stack.push((o, d + 1));
+                    }
+                }
+                Stmt::Seq(v) => stack.extend(v.iter().map(|x| (x, d + 1))),
+                Stmt::Store { .. }
+                | Stmt::Barrier
+                | Stmt::AllReduce { .. }
+                | Stmt::Launch { .. }
+                | Stmt::Call { .. } => {}
+            }
+        }
+        deepest
+    }
+
     pub fn seq(mut stmts: Vec<Stmt>) -> Stmt {
         if stmts.len() == 1 {
             stmts.pop().unwrap()
@@ -322,8 +395,8 @@ impl Stmt {
                 value: fe(value),
                 body: Box::new(body.rewrite(fe, fs)),
             },
-            Stmt::Allocate { buf, body } => Stmt::Allocate {
-                buf: *buf,
+            Stmt::Allocate { bufs, body } => Stmt::Allocate {
+                bufs: bufs.clone(),
                 body: Box::new(body.rewrite(fe, fs)),
             },
             Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| s.rewrite(fe, fs)).collect()),

@@ -46,8 +46,10 @@ pub fn uses(s: &Stmt, func: &PrimFunc, bufs: &mut BTreeSet<BufId>, vars: &mut BT
             bufs.insert(*dst);
             on_expr(value, bufs, vars);
         }
-        Stmt::Allocate { buf, .. } => {
-            bufs.insert(*buf);
+        Stmt::Allocate {
+            bufs: allocated, ..
+        } => {
+            bufs.extend(allocated.iter().copied());
         }
         Stmt::Launch { kernel } => {
             if let Some(k) = func.kernels.get(*kernel) {
@@ -86,11 +88,15 @@ pub fn free_uses(s: &Stmt, func: &PrimFunc) -> (BTreeSet<BufId>, BTreeSet<u32>) 
         Stmt::For { var, .. } | Stmt::Let { var, .. } => {
             vars.remove(&var.id);
         }
-        Stmt::Allocate { buf, .. } => {
-            bufs.remove(buf);
-            if let Some(b) = func.buffers.iter().find(|b| b.id == *buf) {
-                for v in &b.strides {
-                    vars.remove(&v.id);
+        Stmt::Allocate {
+            bufs: allocated, ..
+        } => {
+            for buf in allocated {
+                bufs.remove(buf);
+                if let Some(b) = func.buffers.iter().find(|b| b.id == *buf) {
+                    for v in &b.strides {
+                        vars.remove(&v.id);
+                    }
                 }
             }
         }

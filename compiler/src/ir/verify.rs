@@ -782,6 +782,79 @@ impl<'a> Verifier<'a> {
             .map_err(|m| self.fail("intrinsic call must match its signature", m))
     }
 
+    /// `Allocate { bufs, body }`: each buffer a declared local, not live already (nor twice
+    /// in the list), its shape valid and its strides bound for `body`. Out of line, like
+    /// `store`, to keep `stmt_inner`'s frame small.
+    #[inline(never)]
+    fn allocate(&mut self, bufs: &'a [BufId], body: &'a Stmt) -> Result<()> {
+        if bufs.is_empty() {
+            return Err(self.fail(
+                "an Allocate names at least one buffer",
+                "Allocate of no buffers".to_string(),
+            ));
+        }
+        let mut done = 0;
+        let mut r = Ok(());
+        for buf in bufs {
+            r = self.allocate_one(*buf);
+            if r.is_err() {
+                break;
+            }
+            done += 1;
+        }
+        if r.is_ok() {
+            r = self.stmt(body);
+        }
+        for buf in &bufs[..done] {
+            self.live.remove(buf);
+            if let Some(b) = self.bufs.get(buf).copied() {
+                for v in &b.strides {
+                    self.bound.remove(&v.id);
+                }
+            }
+        }
+        r
+    }
+
+    /// One buffer of an `Allocate`: checked, then live with its strides bound (nothing
+    /// bound when it fails).
+    fn allocate_one(&mut self, buf: BufId) -> Result<()> {
+        let Some(b) = self.bufs.get(&buf).copied() else {
+            return Err(self.fail(
+                "unknown buffer",
+                format!(
+                    "Allocate of buffer id {} which the function does not declare",
+                    buf.0
+                ),
+            ));
+        };
+        if b.kind != BufKind::Local {
+            return Err(self.fail(
+                "only local buffers are allocated",
+                format!("Allocate of param `{}`", b.name),
+            ));
+        }
+        if self.live.contains(&buf) {
+            return Err(self.fail(
+                "local buffer allocated twice in nested scopes",
+                format!("`{}`", b.name),
+            ));
+        }
+        for e in &b.shape {
+            self.int_expr(e, &format!("shape of local `{}`", b.name))?;
+        }
+        for (k, v) in b.strides.iter().enumerate() {
+            if let Err(e) = self.bind(v, &format!("stride of local `{}`", b.name)) {
+                for w in &b.strides[..k] {
+                    self.bound.remove(&w.id);
+                }
+                return Err(e);
+            }
+        }
+        self.live.insert(buf);
+        Ok(())
+    }
+
     // Out of line: `stmt_inner` recurses once per nesting level (up to MAX_STMT_DEPTH), so
     // its frame must stay small.
     #[inline(never)]
@@ -884,47 +957,7 @@ impl<'a> Verifier<'a> {
                 self.bound.remove(&var.id);
                 r
             }
-            Stmt::Allocate { buf, body } => {
-                let Some(b) = self.bufs.get(buf).copied() else {
-                    return Err(self.fail(
-                        "unknown buffer",
-                        format!(
-                            "Allocate of buffer id {} which the function does not declare",
-                            buf.0
-                        ),
-                    ));
-                };
-                if b.kind != BufKind::Local {
-                    return Err(self.fail(
-                        "only local buffers are allocated",
-                        format!("Allocate of param `{}`", b.name),
-                    ));
-                }
-                if self.live.contains(buf) {
-                    return Err(self.fail(
-                        "local buffer allocated twice in nested scopes",
-                        format!("`{}`", b.name),
-                    ));
-                }
-                for e in &b.shape {
-                    self.int_expr(e, &format!("shape of local `{}`", b.name))?;
-                }
-                for (k, v) in b.strides.iter().enumerate() {
-                    if let Err(e) = self.bind(v, &format!("stride of local `{}`", b.name)) {
-                        for w in &b.strides[..k] {
-                            self.bound.remove(&w.id);
-                        }
-                        return Err(e);
-                    }
-                }
-                self.live.insert(*buf);
-                let r = self.stmt(body);
-                self.live.remove(buf);
-                for v in &b.strides {
-                    self.bound.remove(&v.id);
-                }
-                r
-            }
+            Stmt::Allocate { bufs, body } => self.allocate(bufs, body),
             Stmt::Seq(v) => {
                 for s in v {
                     self.stmt(s)?;
@@ -1071,7 +1104,7 @@ mod tests {
             extent: Expr::var(&n),
             kind: ForKind::Serial,
             body: Box::new(Stmt::Allocate {
-                buf: t.id,
+                bufs: vec![t.id],
                 body: Box::new(Stmt::Seq(vec![
                     Stmt::Store {
                         buf: t.id,
@@ -1108,7 +1141,7 @@ mod tests {
             extent: Expr::var(&b.n),
             kind: ForKind::Serial,
             body: Box::new(Stmt::Allocate {
-                buf: b.t.id,
+                bufs: vec![b.t.id],
                 body: Box::new(Stmt::Store {
                     buf: b.c.id,
                     indices,
@@ -1293,13 +1326,13 @@ mod tests {
         expect_err(&f, true, "local buffer used outside its Allocate");
         let mut f = b.f.clone();
         f.body = Stmt::Allocate {
-            buf: b.a.id,
+            bufs: vec![b.a.id],
             body: Box::new(Stmt::Seq(vec![])),
         };
         expect_err(&f, true, "only local buffers are allocated");
         let mut f = b.f.clone();
         f.body = Stmt::Allocate {
-            buf: b.t.id,
+            bufs: vec![b.t.id],
             body: Box::new(b.f.body.clone()),
         };
         expect_err(&f, true, "allocated twice");

@@ -33,7 +33,7 @@
 //! Violations are `Error::Internal` like every verifier rule (the loader turns them into the
 //! file's fault).
 
-use super::expr::{Expr, ExprKind, Var};
+use super::expr::{BufId, Expr, ExprKind, Var};
 use super::stmt::{BufKind, DeviceFunc, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -172,6 +172,44 @@ impl Walker<'_> {
         }
     }
 
+    /// Where local `buf` may be allocated: shared memory in a kernel's block body outside
+    /// its thread loops, global memory outside kernels.
+    fn allocation(&mut self, buf: BufId, cx: &Ctx) {
+        let (scope, name) = self
+            .scopes
+            .get(&buf.0)
+            .copied()
+            .unwrap_or((Scope::Global, "?"));
+        match scope {
+            Scope::Shared => {
+                if self.kernel.is_none() || !cx.in_block_body {
+                    set(
+                        &mut self.fail,
+                        "shared buffers are allocated in a kernel's block body",
+                        format!("shared `{name}` is allocated outside a kernel"),
+                    );
+                } else if let Some(t) = cx.threads.first() {
+                    set(
+                        &mut self.fail,
+                        "shared buffers are allocated outside thread loops (one copy per block)",
+                        format!(
+                            "shared `{name}` is allocated inside a loop bound to {}",
+                            t.name()
+                        ),
+                    );
+                }
+            }
+            Scope::Global if self.kernel.is_some() => set(
+                &mut self.fail,
+                "a kernel cannot allocate global memory",
+                format!(
+                    "global temporary `{name}` is allocated inside a kernel; allocate it outside"
+                ),
+            ),
+            _ => {}
+        }
+    }
+
     fn stmt(&mut self, s: &Stmt, cx: &Ctx) {
         if !self.fail.is_empty() {
             return;
@@ -206,31 +244,9 @@ impl Walker<'_> {
                 self.bind_inner(var);
                 self.stmt(body, &inner)
             }
-            Stmt::Allocate { buf, body } => {
-                let (scope, name) = self
-                    .scopes
-                    .get(&buf.0)
-                    .copied()
-                    .unwrap_or((Scope::Global, "?"));
-                match scope {
-                    Scope::Shared => {
-                        if self.kernel.is_none() || !cx.in_block_body {
-                            set(&mut self.fail,
-                                "shared buffers are allocated in a kernel's block body",
-                                format!("shared `{name}` is allocated outside a kernel"),
-                            );
-                        } else if let Some(t) = cx.threads.first() {
-                            set(&mut self.fail,
-                                "shared buffers are allocated outside thread loops (one copy per block)",
-                                format!("shared `{name}` is allocated inside a loop bound to {}", t.name()),
-                            );
-                        }
-                    }
-                    Scope::Global if self.kernel.is_some() => set(&mut self.fail,
-                        "a kernel cannot allocate global memory",
-                        format!("global temporary `{name}` is allocated inside a kernel; allocate it outside"),
-                    ),
-                    _ => {}
+            Stmt::Allocate { bufs, body } => {
+                for buf in bufs {
+                    self.allocation(*buf, cx);
                 }
                 self.stmt(body, cx)
             }
@@ -513,7 +529,7 @@ mod tests {
     }
     fn alloc(b: &Buffer, body: Stmt) -> Stmt {
         Stmt::Allocate {
-            buf: b.id,
+            bufs: vec![b.id],
             body: Box::new(body),
         }
     }

@@ -215,8 +215,8 @@ impl<'a> Body<'a> {
                 }
                 Ok(())
             }
-            Stmt::Allocate { buf, body } => {
-                self.private.insert(*buf);
+            Stmt::Allocate { bufs, body } => {
+                self.private.extend(bufs.iter().copied());
                 self.collect(body)
             }
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.collect(s)),

@@ -33,8 +33,8 @@ pub fn fuse(f: &mut PrimFunc) {
 /// Root level: through the `Allocate`s of the function's locals, to the sequence of nests.
 fn fuse_stmt(s: &Stmt) -> Stmt {
     match s {
-        Stmt::Allocate { buf, body } => Stmt::Allocate {
-            buf: *buf,
+        Stmt::Allocate { bufs, body } => Stmt::Allocate {
+            bufs: bufs.clone(),
             body: Box::new(fuse_stmt(body)),
         },
         // A stage's nests (a reduction's init and update) come as a sequence of their own:
@@ -177,8 +177,8 @@ impl Accesses {
                     a.strays.insert(*buf);
                 }
             }
-            Stmt::Allocate { buf, .. } => {
-                a.private.insert(*buf);
+            Stmt::Allocate { bufs, .. } => {
+                a.private.extend(bufs.iter().copied());
             }
             Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
                 a.opaque = true

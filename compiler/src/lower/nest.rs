@@ -39,6 +39,7 @@ use super::interval::{interval, smax, smin, Env, Interval};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
+use crate::ir::limits::{MAX_NEST_DEPTH, MAX_STMT_DEPTH};
 use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::schedule::{Attach, Relation, Schedule, Stage, SMALL_SPLIT};
 use crate::te::tensor::{inputs, top_reduce, Tensor};
@@ -510,20 +511,11 @@ impl Ctx<'_> {
                 v.push(inner);
                 inner = Stmt::Seq(v);
             }
-            for b in locals.into_iter().rev() {
-                inner = Stmt::Allocate {
-                    buf: b,
-                    body: Box::new(inner),
-                };
-            }
+            inner = Stmt::allocate_all(locals, inner);
             if Some(pos) == last_block {
                 // The block body: shared buffers of the cache stages inside, one per block.
-                for b in self.pending_shared.borrow_mut().drain(..).rev() {
-                    inner = Stmt::Allocate {
-                        buf: b,
-                        body: Box::new(inner),
-                    };
-                }
+                let shared = self.pending_shared.borrow_mut().drain(..).collect();
+                inner = Stmt::allocate_all(shared, inner);
             }
             if subst.contains_key(&leaf.var) {
                 continue; // the enclosing thread loop's index: no loop of its own
@@ -1257,7 +1249,7 @@ fn register_acc_around(
         None => store,
     };
     Stmt::Allocate {
-        buf: r.acc,
+        bufs: vec![r.acc],
         body: Box::new(Stmt::Seq(vec![
             Stmt::Store {
                 buf: r.acc,
@@ -1295,7 +1287,7 @@ fn cross_thread(update: Stmt, c: &Cross, dtype: DType, (out, idx): (BufId, &[Exp
         Expr::logic(crate::ir::LogicOp::And, a, b).expect("bools")
     });
     Stmt::Allocate {
-        buf: acc,
+        bufs: vec![acc],
         body: Box::new(Stmt::Seq(vec![
             Stmt::Store {
                 buf: acc,
@@ -1411,6 +1403,63 @@ fn expanded(
     r
 }
 
+/// Refuses, before any loop is built, a schedule whose `compute_at` chains alone nest past
+/// `MAX_NEST_DEPTH`: each stage computed at a loop of another sits in a sequence inside that
+/// loop, one level deeper than its consumer at least, so a chain of `k` such stages nests at
+/// least `k + 1` deep. (Building such a nest first costs time that grows steeply with the
+/// chain: bound inference composes the regions of every level.) The exact depth is checked
+/// again on the built nest.
+fn check_attach_depth(sched: &Schedule, name: &str) -> Result<()> {
+    let index: HashMap<u32, usize> = sched
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (s.tensor.id(), k))
+        .collect();
+    // Levels by stage, memoised; a walk up the chain stops at a stage already known, at the
+    // root, or (a cycle, which nest building reports itself) after as many steps as stages.
+    let mut level: Vec<Option<u32>> = vec![None; sched.stages.len()];
+    for start in 0..sched.stages.len() {
+        let mut path = Vec::new();
+        let mut cur = start;
+        let base = loop {
+            if let Some(l) = level[cur] {
+                break l;
+            }
+            if path.len() > sched.stages.len() {
+                return Ok(());
+            }
+            path.push(cur);
+            match &sched.stages[cur].attach {
+                Attach::At { consumer, .. } => match index.get(consumer) {
+                    Some(&c) => cur = c,
+                    None => break 0,
+                },
+                Attach::Root | Attach::Inline => break 0,
+            }
+        };
+        // `path` runs from `start` up to the last stage before `base`'s; the last one is a
+        // root (level 0) unless the walk stopped at a known level.
+        let mut l = base;
+        let root_end = level[cur].is_none();
+        for (k, &s) in path.iter().rev().enumerate() {
+            if !(k == 0 && root_end) {
+                l += 1;
+            }
+            level[s] = Some(l);
+        }
+    }
+    let deepest = level.iter().flatten().max().copied().unwrap_or(0) + 1;
+    if deepest > MAX_NEST_DEPTH {
+        return cerr(format!(
+            "build '{name}': the program's statements nest at least {deepest} deep (a chain of {} stages each computed at a loop of the next: each compute_at nests a stage inside its consumer's loop); rivet accepts at most {MAX_NEST_DEPTH} (limit MAX_STMT_DEPTH = {MAX_STMT_DEPTH}, less {} levels kept for its passes): compute some stages at root instead",
+            deepest - 1,
+            MAX_STMT_DEPTH - MAX_NEST_DEPTH
+        ));
+    }
+    Ok(())
+}
+
 pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
     for (i, a) in args.iter().enumerate() {
         if args[..i].contains(a) {
@@ -1456,6 +1505,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         .map(|s| s.tensor.id())
         .collect();
     check_sizes(&all, &inlined)?;
+    check_attach_depth(sched, name)?;
     for a in args {
         if inlined.contains(&a.id()) {
             return cerr(format!(
@@ -1654,12 +1704,15 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
-    let mut stmt = Stmt::seq(body);
-    for id in locals.into_iter().rev() {
-        stmt = Stmt::Allocate {
-            buf: id,
-            body: Box::new(stmt),
-        };
+    // One flat allocation of every root temporary (one per materialised stage): nesting one
+    // `Allocate` per stage made statement depth grow with the number of stages.
+    let stmt = Stmt::allocate_all(locals, Stmt::seq(body));
+    let depth = stmt.depth();
+    if depth > MAX_NEST_DEPTH {
+        return cerr(format!(
+            "build '{name}': the program's statements nest {depth} deep (loops inside loops: each compute_at nests a stage inside its consumer's loop); rivet accepts at most {MAX_NEST_DEPTH} (limit MAX_STMT_DEPTH = {MAX_STMT_DEPTH}, less {} levels kept for its passes): compute some stages at root instead",
+            MAX_STMT_DEPTH - MAX_NEST_DEPTH
+        ));
     }
     Ok(PrimFunc {
         name: name.to_string(),

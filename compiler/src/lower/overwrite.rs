@@ -8,7 +8,8 @@
 //! fills it with a poison pattern instead, so a wrong mark shows as a wrong result in the
 //! oracle's own tests instead of passing silently.
 //!
-//! The rule, for a local `b` allocated by `Allocate { b, body }`: walking `body` in execution
+//! The rule, for a local `b` allocated by `Allocate { bufs, body }` (`b` one of `bufs`):
+//! walking `body` in execution
 //! order (through nested `Allocate`s and sequences), every statement before the first one that
 //! mentions `b` mentions nothing of it, and that first statement is a *covering store*: a
 //! perfect loop nest `for v_1 in [0, e_1) .. for v_k in [0, e_k): b[i_1, .., i_n] = value` with
@@ -26,13 +27,15 @@
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
 use crate::ir::stmt::{BufKind, PrimFunc, Stmt};
 use crate::lower::simplify::simplify;
+use std::collections::HashSet;
 
 /// Marks every local of `f` the rule (module doc) allows.
 pub fn mark(f: &mut PrimFunc) {
     let mut found = Vec::new();
     f.body.visit(&mut |s| {
-        if let Stmt::Allocate { buf, body } = s {
-            found.push((*buf, covered_first(*buf, body, f)));
+        if let Stmt::Allocate { bufs, body } = s {
+            let mut pending: HashSet<BufId> = bufs.iter().copied().collect();
+            first_uses(body, &mut pending, f, &mut found);
         }
     });
     for (id, ok) in found {
@@ -44,35 +47,77 @@ pub fn mark(f: &mut PrimFunc) {
     }
 }
 
-/// What `s` does with `buf`, in execution order: `Some(true)` when its first mention of `buf`
-/// is a covering store, `Some(false)` when it mentions `buf` any other way first, `None` when
-/// it does not mention `buf`.
-fn first_use(buf: BufId, s: &Stmt, f: &PrimFunc) -> Option<bool> {
+/// Walks `s` in execution order, deciding each buffer of `pending` at the first statement
+/// that mentions it: `(buf, true)` into `found` when that statement is a covering store,
+/// `(buf, false)` when it mentions `buf` any other way. Decided buffers leave `pending`; the
+/// walk stops when none is left. One walk decides all the buffers of an `Allocate` (a
+/// program's root temporaries, one per stage, share one): each statement is inspected once,
+/// not once per buffer.
+fn first_uses(
+    s: &Stmt,
+    pending: &mut HashSet<BufId>,
+    f: &PrimFunc,
+    found: &mut Vec<(BufId, bool)>,
+) {
+    if pending.is_empty() {
+        return;
+    }
     match s {
-        Stmt::Seq(items) => items.iter().find_map(|x| first_use(buf, x, f)),
-        Stmt::Allocate { buf: other, body } if *other != buf => first_use(buf, body, f),
-        _ if !mentions(buf, s) => None,
-        Stmt::For { .. } => Some(covering(buf, s, f)),
-        _ => Some(false),
+        Stmt::Seq(items) => {
+            for x in items {
+                if pending.is_empty() {
+                    return;
+                }
+                first_uses(x, pending, f, found);
+            }
+        }
+        Stmt::Allocate { bufs, body } => {
+            // Allocated again inside (the verifier refuses it): not a covering store.
+            for b in bufs {
+                if pending.remove(b) {
+                    found.push((*b, false));
+                }
+            }
+            first_uses(body, pending, f, found);
+        }
+        _ => {
+            let decided: Vec<BufId> = match mentioned(s) {
+                None => pending.iter().copied().collect(),
+                Some(m) => m.into_iter().filter(|b| pending.contains(b)).collect(),
+            };
+            for b in decided {
+                pending.remove(&b);
+                found.push((b, matches!(s, Stmt::For { .. }) && covering(b, s, f)));
+            }
+        }
     }
 }
 
-fn covered_first(buf: BufId, body: &Stmt, f: &PrimFunc) -> bool {
-    first_use(buf, body, f) == Some(true)
-}
-
-/// Whether `s` names `buf` anywhere (access, region, allocation, reduction target).
-fn mentions(buf: BufId, s: &Stmt) -> bool {
-    let mut m = false;
+/// The buffers `s` names anywhere (access, region, allocation, reduction target); `None`
+/// when it may name any (a launch of an outlined body).
+fn mentioned(s: &Stmt) -> Option<HashSet<BufId>> {
+    let mut m = HashSet::new();
+    let mut any = false;
     s.visit(&mut |x| match x {
-        Stmt::Store { buf: b, .. } | Stmt::Allocate { buf: b, .. } if *b == buf => m = true,
-        Stmt::AllReduce { dst, .. } if *dst == buf => m = true,
-        Stmt::Call { regions, .. } if regions.iter().any(|r| r.buf == buf) => m = true,
-        Stmt::Launch { .. } => m = true,
+        Stmt::Store { buf, .. } => {
+            m.insert(*buf);
+        }
+        Stmt::Allocate { bufs, .. } => m.extend(bufs.iter().copied()),
+        Stmt::AllReduce { dst, .. } => {
+            m.insert(*dst);
+        }
+        Stmt::Call { regions, .. } => m.extend(regions.iter().map(|r| r.buf)),
+        Stmt::Launch { .. } => any = true,
         _ => {}
     });
-    s.visit_exprs(&mut |e| m |= reads(buf, e));
-    m
+    s.visit_exprs(&mut |e| {
+        e.visit(&mut |n| {
+            if let ExprKind::Load { buf, .. } = n.kind() {
+                m.insert(*buf);
+            }
+        })
+    });
+    (!any).then_some(m)
 }
 
 fn reads(buf: BufId, e: &Expr) -> bool {
@@ -169,7 +214,7 @@ mod tests {
             buffer(T.0, "T", DType::F32, shape(&n), BufKind::Local),
         ];
         let body = Stmt::Allocate {
-            buf: T,
+            bufs: vec![T],
             body: Box::new(body(&n)),
         };
         let mut f = func("f", buffers, vec![nv], body);
@@ -238,7 +283,7 @@ mod tests {
             t.overwritten = marked;
             let buffers = vec![output(X.0, "X", DType::F32, vec![Expr::var(&n)]), t];
             let body = Stmt::Allocate {
-                buf: T,
+                bufs: vec![T],
                 body: Box::new(ser(4, |i| {
                     st(
                         X,

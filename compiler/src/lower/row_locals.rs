@@ -8,7 +8,7 @@
 //! one row that stays in the cache; the small partials (`max.lanes`, `sum`, ...) become
 //! constant-sized and go on the stack.
 //!
-//! Legal for a local `b` allocated in the function's root chain of `Allocate`s when:
+//! Legal for a local `b` allocated in the function's root `Allocate`s when:
 //! - exactly one statement of the sequence under that chain mentions `b`, and it is a
 //!   parallel loop over `v`;
 //! - every load and store of `b` in it has first index `v` (after simplification), and `b`
@@ -30,13 +30,14 @@ use std::collections::{HashMap, HashSet};
 
 /// Shrinks every local of `f` that the rule (module doc) allows to one row per iteration.
 pub fn shrink(f: &mut PrimFunc) {
-    // The root chain of Allocates and the statement under it.
+    // The root chain of Allocates (their buffers in order) and the statement under it.
     let mut chain = Vec::new();
     let mut inner = &f.body;
-    while let Stmt::Allocate { buf, body } = inner {
-        chain.push(*buf);
+    while let Stmt::Allocate { bufs, body } = inner {
+        chain.extend(bufs.iter().copied());
         inner = body;
     }
+    let in_chain: HashSet<BufId> = chain.iter().copied().collect();
     let items: Vec<Stmt> = match inner {
         Stmt::Seq(v) => v.clone(),
         other => vec![other.clone()],
@@ -44,7 +45,7 @@ pub fn shrink(f: &mut PrimFunc) {
     let stride_vars: HashMap<u32, BufId> = f
         .buffers
         .iter()
-        .filter(|b| chain.contains(&b.id))
+        .filter(|b| in_chain.contains(&b.id))
         .flat_map(|b| b.strides.iter().map(move |s| (s.id, b.id)))
         .collect();
     // For each item, the locals of the chain it mentions and those it touches only in its own
@@ -53,7 +54,7 @@ pub fn shrink(f: &mut PrimFunc) {
     let mut row_only: Vec<HashSet<BufId>> = Vec::new();
     for (k, item) in items.iter().enumerate() {
         let u = Usage::of(item, &stride_vars);
-        for b in u.mentioned.iter().filter(|b| chain.contains(b)) {
+        for b in u.mentioned.iter().filter(|b| in_chain.contains(b)) {
             mentioned_by.entry(*b).or_default().push(k);
         }
         row_only.push(
@@ -103,7 +104,7 @@ pub fn shrink(f: &mut PrimFunc) {
                     _ => None,
                 })
             };
-            let mut body = body.rewrite(&mut |e| first_to_zero(e), &mut |s| match s {
+            let body = body.rewrite(&mut |e| first_to_zero(e), &mut |s| match s {
                 Stmt::Store {
                     buf,
                     mut indices,
@@ -118,12 +119,7 @@ pub fn shrink(f: &mut PrimFunc) {
                 }
                 s => s,
             });
-            for b in mine.iter().rev() {
-                body = Stmt::Allocate {
-                    buf: *b,
-                    body: Box::new(body),
-                };
-            }
+            let body = Stmt::allocate_all(mine, body);
             Stmt::For {
                 var,
                 min,
@@ -136,14 +132,11 @@ pub fn shrink(f: &mut PrimFunc) {
     for b in f.buffers.iter_mut().filter(|b| moved_set.contains(&b.id)) {
         b.shape[0] = Expr::int(1);
     }
-    let mut body = Stmt::seq(items);
-    for b in chain.iter().rev().filter(|b| !moved_set.contains(b)) {
-        body = Stmt::Allocate {
-            buf: *b,
-            body: Box::new(body),
-        };
-    }
-    f.body = body;
+    let kept = chain
+        .into_iter()
+        .filter(|b| !moved_set.contains(b))
+        .collect();
+    f.body = Stmt::allocate_all(kept, Stmt::seq(items));
 }
 
 /// What one root-level statement does with buffers.
@@ -182,7 +175,11 @@ impl Usage {
         };
         item.visit(&mut |s| match s {
             Stmt::Store { buf, indices, .. } => touch(&mut u, *buf, own(indices)),
-            Stmt::Allocate { buf, .. } => touch(&mut u, *buf, false),
+            Stmt::Allocate { bufs, .. } => {
+                for b in bufs {
+                    touch(&mut u, *b, false)
+                }
+            }
             Stmt::AllReduce { dst, .. } => touch(&mut u, *dst, false),
             Stmt::Call { regions, .. } => {
                 for r in regions {
@@ -233,7 +230,7 @@ mod tests {
         let t = buffer(T.0, "T", DType::F32, shape.clone(), BufKind::Local);
         let ts0 = Expr::var(&t.strides[0]);
         let body = Stmt::Allocate {
-            buf: T,
+            bufs: vec![T],
             body: Box::new(Stmt::seq(items(&Expr::var(&n), &Expr::var(&m), &ts0))),
         };
         let buffers = vec![
@@ -286,7 +283,7 @@ mod tests {
     }
 
     fn allocated_at_root(f: &PrimFunc) -> bool {
-        matches!(&f.body, Stmt::Allocate { buf, .. } if *buf == T)
+        matches!(&f.body, Stmt::Allocate { bufs, .. } if bufs.contains(&T))
     }
 
     #[test]

@@ -89,8 +89,8 @@ fn outline(s: &Stmt, f: &PrimFunc, names: &HashMap<u32, Var>, out: &mut Vec<Devi
             value: value.clone(),
             body: rec(body, out),
         },
-        Stmt::Allocate { buf, body } => Stmt::Allocate {
-            buf: *buf,
+        Stmt::Allocate { bufs, body } => Stmt::Allocate {
+            bufs: bufs.clone(),
             body: rec(body, out),
         },
         Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| outline(s, f, names, out)).collect()),

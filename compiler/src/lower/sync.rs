@@ -218,11 +218,11 @@ impl Walker<'_> {
                     p,
                 )
             }
-            Stmt::Allocate { buf, body } => {
+            Stmt::Allocate { bufs, body } => {
                 let (b, p) = self.walk(body, pending, varying);
                 (
                     Stmt::Allocate {
-                        buf: *buf,
+                        bufs: bufs.clone(),
                         body: Box::new(b),
                     },
                     p,

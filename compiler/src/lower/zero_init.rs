@@ -16,6 +16,7 @@
 
 use crate::ir::expr::{BinOp, Const, Expr, ExprKind};
 use crate::ir::{BufId, PrimFunc, Stmt};
+use std::collections::HashSet;
 
 /// Drops the redundant zero initialisations of `f`'s locals (module doc).
 pub fn drop_zero_inits(f: &mut PrimFunc) {
@@ -29,33 +30,68 @@ pub fn drop_zero_inits(f: &mut PrimFunc) {
         .map(|b| b.id)
         .collect();
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
-        Stmt::Allocate { buf, body } if !unzeroed.contains(&buf) => {
-            let mut written = false;
+        Stmt::Allocate { bufs, body } => {
+            let mut fresh = Fresh {
+                bufs: bufs
+                    .iter()
+                    .copied()
+                    .filter(|b| !unzeroed.contains(b))
+                    .collect(),
+                written: HashSet::new(),
+                all_written: false,
+            };
+            let body = if fresh.bufs.is_empty() {
+                *body
+            } else {
+                scan(*body, &mut fresh)
+            };
             Stmt::Allocate {
-                buf,
-                body: Box::new(scan(*body, buf, &mut written)),
+                bufs,
+                body: Box::new(body),
             }
         }
         other => other,
     });
 }
 
+/// The freshly allocated (zeroed) buffers of one `Allocate`, and which of them the
+/// statements scanned so far may have written. One scan of the body serves all of them, so
+/// an allocation of many locals (a program's root temporaries) costs one pass, not one each.
+struct Fresh {
+    bufs: HashSet<BufId>,
+    written: HashSet<BufId>,
+    /// A statement scanned so far may write anything (it holds what this pass does not
+    /// look into).
+    all_written: bool,
+}
+
 /// The statements of an allocation's body in program order, at its top level.
-fn scan(s: Stmt, buf: BufId, written: &mut bool) -> Stmt {
+fn scan(s: Stmt, fresh: &mut Fresh) -> Stmt {
     match s {
-        Stmt::Seq(v) => Stmt::Seq(v.into_iter().map(|s| scan(s, buf, written)).collect()),
-        Stmt::Allocate { buf: b, body } => Stmt::Allocate {
-            buf: b,
-            body: Box::new(scan(*body, buf, written)),
+        Stmt::Seq(v) => Stmt::Seq(v.into_iter().map(|s| scan(s, fresh)).collect()),
+        Stmt::Allocate { bufs, body } => Stmt::Allocate {
+            bufs,
+            body: Box::new(scan(*body, fresh)),
         },
         Stmt::Let { var, value, body } if pure(&value) => Stmt::Let {
             var,
             value,
-            body: Box::new(scan(*body, buf, written)),
+            body: Box::new(scan(*body, fresh)),
         },
-        s if !*written && only_zero_stores(&s, buf) => Stmt::Seq(Vec::new()),
+        s if fresh.all_written => s,
         s => {
-            *written |= writes(&s, buf);
+            let mut w = HashSet::new();
+            if writes_into(&s, &mut w) {
+                fresh.all_written = true;
+                return s;
+            }
+            if let [b] = w.iter().copied().collect::<Vec<_>>()[..] {
+                if fresh.bufs.contains(&b) && !fresh.written.contains(&b) && only_zero_stores(&s, b)
+                {
+                    return Stmt::Seq(Vec::new());
+                }
+            }
+            fresh.written.extend(w);
             s
         }
     }
@@ -121,17 +157,19 @@ fn pure(e: &Expr) -> bool {
     ok
 }
 
-/// `s` may write `buf`: a store to it, an intrinsic with a region of it, or anything this
-/// pass does not look into.
-fn writes(s: &Stmt, buf: BufId) -> bool {
-    let mut w = false;
+/// Adds to `out` the buffers `s` may write (stores, intrinsics' regions); true when it holds
+/// something this pass does not look into (which may write anything).
+fn writes_into(s: &Stmt, out: &mut HashSet<BufId>) -> bool {
+    let mut opaque = false;
     s.visit(&mut |s| match s {
-        Stmt::Store { buf: b, .. } => w |= *b == buf,
-        Stmt::Call { regions, .. } => w |= regions.iter().any(|r| r.buf == buf),
-        Stmt::AllReduce { .. } | Stmt::Launch { .. } => w = true,
+        Stmt::Store { buf, .. } => {
+            out.insert(*buf);
+        }
+        Stmt::Call { regions, .. } => out.extend(regions.iter().map(|r| r.buf)),
+        Stmt::AllReduce { .. } | Stmt::Launch { .. } => opaque = true,
         _ => {}
     });
-    w
+    opaque
 }
 
 #[cfg(test)]
@@ -160,8 +198,12 @@ mod tests {
     }
 
     fn run(body: Vec<Stmt>) -> Vec<Stmt> {
-        let mut written = false;
-        match scan(Stmt::Seq(body), T, &mut written) {
+        let mut fresh = Fresh {
+            bufs: [T].into_iter().collect(),
+            written: HashSet::new(),
+            all_written: false,
+        };
+        match scan(Stmt::Seq(body), &mut fresh) {
             Stmt::Seq(v) => v,
             other => panic!("{other:?}"),
         }

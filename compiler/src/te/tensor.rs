@@ -36,6 +36,25 @@ pub struct TensorNode {
     pub shape: Vec<Expr>,
     pub dtype: DType,
     pub op: Op,
+    /// This stage is an extern stage or reads one, directly or through other stages: a host
+    /// callback (possibly a Python callable) is reachable from it. Lets the Python bindings'
+    /// garbage-collector support skip programs that hold no callback (`bindings/src/gc.rs`).
+    pub host_callbacks: bool,
+}
+
+/// The operation (a body, an extern stage's inputs) is dropped through
+/// `ir::deferred_drop`: the last handle of a 20,000-stage chain frees it without a stack
+/// frame per stage.
+impl Drop for TensorNode {
+    fn drop(&mut self) {
+        if matches!(self.op, Op::Placeholder) {
+            return;
+        }
+        let op = std::mem::replace(&mut self.op, Op::Placeholder);
+        crate::ir::deferred_drop::drop_deferred(crate::ir::deferred_drop::Deferred::Other(
+            Box::new(op),
+        ));
+    }
 }
 
 #[derive(Clone)]
@@ -211,6 +230,7 @@ pub fn placeholder(shape: &[Expr], dtype: DType, name: &str) -> Result<Tensor> {
         shape: shape.to_vec(),
         dtype,
         op: Op::Placeholder,
+        host_callbacks: false,
     })))
 }
 
@@ -278,6 +298,7 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
         name: name.to_string(),
         shape: shape.to_vec(),
         dtype: body.dtype(),
+        host_callbacks: reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
     })))
 }
@@ -332,7 +353,23 @@ pub fn extern_(
                 func: Some(func),
             },
         },
+        host_callbacks: true,
     })))
+}
+
+/// Whether `body` reads a tensor from which a host callback is reachable
+/// (`TensorNode::host_callbacks`).
+pub fn reads_host_callbacks(body: &Expr) -> bool {
+    let mut found = false;
+    body.visit_unique(&mut |e| {
+        if let ExprKind::Read { tensor, .. } = e.kind() {
+            found |= tensor
+                .node()
+                .downcast_ref::<TensorNode>()
+                .is_some_and(|t| t.host_callbacks);
+        }
+    });
+    found
 }
 
 /// The tensors `t` reads directly (each once, in first-read order; an extern stage's inputs
@@ -356,18 +393,40 @@ pub fn inputs(t: &Tensor) -> Vec<Tensor> {
 
 /// Every tensor `outputs` depend on, producers before consumers.
 pub fn post_order(outputs: &[Tensor]) -> Vec<Tensor> {
-    fn go(t: &Tensor, seen: &mut Vec<Tensor>) {
-        if seen.contains(t) {
-            return;
+    post_order_by(outputs, &mut |t| inputs(t))
+}
+
+/// Every tensor reachable from `roots` through `inputs_of`, each once, producers before
+/// consumers (a depth-first post-order: a tensor's inputs in their order, then the tensor).
+/// Iterative and linear in the size of the graph: a chain of 20,000 stages needs no deep
+/// stack and no quadratic membership tests.
+pub fn post_order_by(
+    roots: &[Tensor],
+    inputs_of: &mut dyn FnMut(&Tensor) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let mut out = Vec::new();
+    let mut done = std::collections::HashSet::new();
+    // (tensor, its inputs, how many of them are handled), for the tensors being visited.
+    let mut stack: Vec<(Tensor, Vec<Tensor>, usize)> = Vec::new();
+    let mut started = std::collections::HashSet::new();
+    for r in roots {
+        if done.contains(&r.id()) || !started.insert(r.id()) {
+            continue;
         }
-        for i in inputs(t) {
-            go(&i, seen);
+        stack.push((r.clone(), inputs_of(r), 0));
+        while let Some((_, ins, k)) = stack.last_mut() {
+            if let Some(next) = ins.get(*k).cloned() {
+                *k += 1;
+                if !done.contains(&next.id()) && started.insert(next.id()) {
+                    let ins = inputs_of(&next);
+                    stack.push((next, ins, 0));
+                }
+            } else {
+                let (t, _, _) = stack.pop().expect("non-empty");
+                done.insert(t.id());
+                out.push(t);
+            }
         }
-        seen.push(t.clone());
     }
-    let mut seen = Vec::new();
-    for t in outputs {
-        go(t, &mut seen);
-    }
-    seen
+    out
 }

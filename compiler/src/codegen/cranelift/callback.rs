@@ -51,6 +51,11 @@ impl CallbackTable {
             entries: func.callbacks.iter().cloned().zip(layouts).collect(),
         }
     }
+
+    /// The callbacks, in table order.
+    pub(super) fn callbacks(&self) -> impl Iterator<Item = &Callback> {
+        self.entries.iter().map(|(c, _)| c)
+    }
 }
 
 thread_local! {

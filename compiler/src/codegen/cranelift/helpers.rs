@@ -212,6 +212,18 @@ unsafe extern "C" fn rivet_free(ptr: *mut u8, _bytes: i64) {
     unsafe { arena::give(ptr) }
 }
 
+/// Gives the blocks at `table[n - 1]`, ..., `table[0]` back to the arena: the heap locals of
+/// a root `Allocate` (`stmt::allocate_root`), in one call however many they are.
+///
+/// # Safety
+/// `table` must hold `n` addresses from successful `rivet_alloc`s, none freed yet.
+unsafe extern "C" fn rivet_free_n(table: *const *mut u8, n: i64) {
+    for k in (0..n.max(0) as usize).rev() {
+        // SAFETY: the caller's contract.
+        unsafe { arena::give(table.add(k).read()) }
+    }
+}
+
 /// Zeroes `bytes` bytes at `ptr` (a local buffer in a stack frame).
 ///
 /// # Safety
@@ -309,6 +321,7 @@ pub(super) fn symbols() -> Vec<(&'static str, *const u8)> {
         ("rivet_alloc", rivet_alloc as *const u8),
         ("rivet_alloc_uninit", rivet_alloc_uninit as *const u8),
         ("rivet_free", rivet_free as *const u8),
+        ("rivet_free_n", rivet_free_n as *const u8),
         ("rivet_zero", rivet_zero as *const u8),
         ("rivet_expf4", rivet_expf4 as *const u8),
         ("rivet_exp_run", rivet_exp_run as *const u8),

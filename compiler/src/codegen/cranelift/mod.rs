@@ -329,6 +329,10 @@ impl Kernel for CraneliftKernel {
         crate::codegen::host::alloc_output(shape, dtype)
     }
 
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self._callbacks.callbacks().collect()
+    }
+
     /// "asm": the disassembly, when the backend kept it (`RIVET_DUMP`, `set_disassembly`).
     fn source_of(&self, kind: &str) -> Option<String> {
         (kind == "asm" && !self.disasm.is_empty()).then(|| self.disasm.clone())
@@ -552,7 +556,11 @@ struct FnGen<'a, 'f> {
     free_vars: HashMap<Type, Vec<Variable>>,
     /// Local buffers allocated and not yet freed at the current point: (address, bytes). A
     /// failure exit frees them.
-    live_allocs: Vec<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
+    live_allocs: Vec<stmt::Live>,
+    /// The entry function's root locals in scope (`stmt::allocate_root`): where each one's
+    /// memory is, and each one's strides, for `load_frame` to bind per statement.
+    root_homes: HashMap<BufId, stmt::Home>,
+    root_strides: HashMap<u32, stmt::StrideHome>,
     /// Bytes of local buffers placed in this function's stack frame (`stmt::allocate`).
     stack_bytes: u32,
     /// One-element locals held in a Cranelift variable instead of memory (`stmt::allocate`:
@@ -582,6 +590,8 @@ impl<'a, 'f> FnGen<'a, 'f> {
             in_body,
             frame: None,
             live_allocs: Vec::new(),
+            root_homes: HashMap::new(),
+            root_strides: HashMap::new(),
             free_vars: HashMap::new(),
             stack_bytes: 0,
             reg_locals: HashMap::new(),
@@ -597,19 +607,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
         use crate::ir::Stmt;
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|x| self.frame_stmt(x)),
-            Stmt::Allocate { buf, body } => {
-                let shape: Vec<crate::ir::Expr> = self
-                    .func
-                    .buffers
-                    .iter()
-                    .find(|b| b.id == *buf)
-                    .map(|b| b.shape.clone())
-                    .unwrap_or_default();
-                let olds = self.load_frame(&Stmt::Seq(vec![]), &shape)?;
-                let r = self.allocate(*buf, body, true);
-                self.unload_frame(olds);
-                r
-            }
+            Stmt::Allocate { bufs, body } => self.allocate_root(bufs, body),
             other => {
                 let olds = self.load_frame(other, &[])?;
                 let r = self.stmt(other);
@@ -657,19 +655,38 @@ impl<'a, 'f> FnGen<'a, 'f> {
         }
         let mut out = FrameBindings::default();
         for id in bufs {
-            if let Some(&k) = self.cx.param_slot.get(&id) {
-                let p = self.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32);
-                out.bufs.push((id, self.bind_buf(id, p)));
-            }
+            let p = if let Some(&k) = self.cx.param_slot.get(&id) {
+                self.b.ins().load(PTR, expr::flags(), ptrs, (8 * k) as i32)
+            } else if let Some(home) = self.root_homes.get(&id).copied() {
+                match home {
+                    stmt::Home::Stack(slot) => self.b.ins().stack_addr(PTR, slot, 0),
+                    stmt::Home::Heap { table, k } => {
+                        self.b.ins().load(PTR, expr::flags(), table, (8 * k) as i32)
+                    }
+                }
+            } else {
+                continue;
+            };
+            out.bufs.push((id, self.bind_buf(id, p)));
         }
         for id in vars {
-            if let Some(&k) = self.cx.int_slot.get(&id) {
-                let x = self
-                    .b
+            let x = if let Some(&k) = self.cx.int_slot.get(&id) {
+                self.b
                     .ins()
-                    .load(types::I64, expr::flags(), ints, (8 * k) as i32);
-                out.vars.push((id, self.bind_var(id, x)));
-            }
+                    .load(types::I64, expr::flags(), ints, (8 * k) as i32)
+            } else if let Some(home) = self.root_strides.get(&id).copied() {
+                match home {
+                    stmt::StrideHome::Const(c) => self.iconst(types::I64, c),
+                    stmt::StrideHome::Table { table, k } => {
+                        self.b
+                            .ins()
+                            .load(types::I64, expr::flags(), table, (8 * k) as i32)
+                    }
+                }
+            } else {
+                continue;
+            };
+            out.vars.push((id, self.bind_var(id, x)));
         }
         Ok(out)
     }
@@ -701,8 +718,17 @@ impl<'a, 'f> FnGen<'a, 'f> {
             let params = vec![types::I64; args.len()];
             self.call(name, &params, &[], &args)?;
         }
-        for (ptr, bytes) in self.live_allocs.clone().into_iter().rev() {
-            self.call("rivet_free", &[PTR, types::I64], &[], &[ptr, bytes])?;
+        for live in self.live_allocs.clone().into_iter().rev() {
+            match live {
+                stmt::Live::Block(ptr, bytes) => {
+                    self.call("rivet_free", &[PTR, types::I64], &[], &[ptr, bytes])?;
+                }
+                stmt::Live::Table { count: 0, .. } => {}
+                stmt::Live::Table { table, count } => {
+                    let n = self.iconst(types::I64, count as i64);
+                    self.call("rivet_free_n", &[PTR, types::I64], &[], &[table, n])?;
+                }
+            }
         }
         let one = self.iconst(types::I32, 1);
         self.b.ins().return_(&[one]);

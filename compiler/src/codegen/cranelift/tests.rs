@@ -862,11 +862,11 @@ fn reduction_into_a_local_allocation() {
         v(&n),
         ForKind::Serial,
         Stmt::Allocate {
-            buf: acc.id,
+            bufs: vec![acc.id],
             body: Box::new(Stmt::seq(vec![
                 sum1,
                 Stmt::Allocate {
-                    buf: row.id,
+                    bufs: vec![row.id],
                     body: Box::new(sum2),
                 },
             ])),
@@ -966,7 +966,7 @@ fn parallel_program(kind: ForKind) -> PrimFunc {
                 var: t.clone(),
                 value: v(&i).mul(&Expr::int(2)),
                 body: Box::new(Stmt::Allocate {
-                    buf: tmp.id,
+                    bufs: vec![tmp.id],
                     body: Box::new(inner),
                 }),
             },
@@ -1677,7 +1677,7 @@ fn parallel_loop_uses_a_local_allocated_outside_and_a_nonzero_min() {
         body: Box::new(body),
     };
     let body = Stmt::Allocate {
-        buf: tmp.id,
+        bufs: vec![tmp.id],
         body: Box::new(Stmt::seq(vec![
             loop_from_3(
                 &i,
@@ -1729,7 +1729,7 @@ fn locals_on_the_stack_or_the_arena_start_zeroed() {
             v(&n),
             ForKind::Parallel,
             Stmt::Allocate {
-                buf: t.id,
+                bufs: vec![t.id],
                 body: Box::new(Stmt::Seq(vec![
                     for_(
                         &j,

@@ -111,7 +111,7 @@ fn a_local_that_cannot_be_allocated_is_a_memory_error() {
         extent: Expr::var(&n),
         kind: ForKind::Parallel,
         body: Box::new(Stmt::Allocate {
-            buf: t.id,
+            bufs: vec![t.id],
             body: Box::new(inner),
         }),
     };
@@ -151,7 +151,7 @@ fn locals_near_2_pow_62_are_memory_errors_not_overflows() {
             extent: Expr::var(&n),
             kind: ForKind::Serial,
             body: Box::new(Stmt::Allocate {
-                buf: t.id,
+                bufs: vec![t.id],
                 body: Box::new(Stmt::Seq(vec![
                     Stmt::Store {
                         buf: t.id,
@@ -179,4 +179,110 @@ fn locals_near_2_pow_62_are_memory_errors_not_overflows() {
             );
         }
     }
+}
+
+/// `B = A + L` through `L` root locals `T_j = T_{j-1} + 1`, one top-level loop each, the
+/// locals of every kind the CPU backend places differently (`stmt::allocate_root`), by
+/// `j % 4`: constant `[64]` (stack slots until the frame's budget is spent, heap blocks
+/// after), symbolic `[n]` (heap), symbolic `[n, 2]` (heap, strides in the local table),
+/// `[1]` (a register once flattened). Local `huge`, when given, has `n * 2^59` elements.
+fn root_locals(l: usize, huge: Option<usize>) -> PrimFunc {
+    let n = Var::new("n");
+    let nv = Expr::var(&n);
+    let a = input(0, "A", DType::F32, vec![nv.clone()]);
+    let b = output(1, "B", DType::F32, vec![nv.clone()]);
+    let mut bufs = vec![a.clone(), b.clone()];
+    let ix = |j: usize, i: &Expr| -> Vec<Expr> {
+        match j % 4 {
+            0 | 1 => vec![i.clone()],
+            2 => vec![i.clone(), Expr::int(1)],
+            _ => vec![Expr::int(0)],
+        }
+    };
+    let mut stages = Vec::new();
+    for j in 0..l {
+        let shape = match (j % 4, huge == Some(j)) {
+            (_, true) => vec![nv.mul(&Expr::int(1 << 59))],
+            (0, _) => vec![Expr::int(64)],
+            (1, _) => vec![nv.clone()],
+            (2, _) => vec![nv.clone(), Expr::int(2)],
+            _ => vec![Expr::int(1)],
+        };
+        let t = buffer(
+            2 + j as u32,
+            &format!("T{j}"),
+            DType::F32,
+            shape,
+            BufKind::Local,
+        );
+        let prev = j.checked_sub(1).map(|p| (bufs[2 + p].id, p));
+        let i = Var::new("i");
+        let iv = Expr::var(&i);
+        let read = match prev {
+            Some((id, p)) => Expr::load(id, ix(p, &iv), DType::F32),
+            None => Expr::load(a.id, vec![iv.clone()], DType::F32),
+        };
+        let one = Expr::constant(1.0, DType::F32);
+        stages.push(Stmt::For {
+            var: i,
+            min: Expr::int(0),
+            extent: nv.clone(),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Store {
+                buf: t.id,
+                indices: ix(j, &iv),
+                value: Expr::binary(crate::ir::BinOp::Add, read, one).unwrap(),
+            }),
+        });
+        bufs.push(t);
+    }
+    let i = Var::new("i");
+    let iv = Expr::var(&i);
+    stages.push(Stmt::For {
+        var: i,
+        min: Expr::int(0),
+        extent: nv.clone(),
+        kind: ForKind::Serial,
+        body: Box::new(Stmt::Store {
+            buf: b.id,
+            indices: vec![iv.clone()],
+            value: Expr::load(bufs[1 + l].id, ix(l - 1, &iv), DType::F32),
+        }),
+    });
+    let locals = bufs[2..].iter().map(|t| t.id).collect();
+    let body = Stmt::allocate_all(locals, Stmt::Seq(stages));
+    let mut f = func("root_locals", bufs, vec![n], body);
+    crate::lower::flatten::flatten(&mut f);
+    crate::ir::verify::verify(&f, true).unwrap();
+    split(f)
+}
+
+#[test]
+fn many_root_locals_of_every_kind_match_the_interpreter_and_a_failed_one_frees_the_rest() {
+    let l = 301;
+    let good = root_locals(l, None);
+    let cpu = CraneliftBackend::new().unwrap().compile(&good).unwrap();
+    let oracle = InterpBackend::new(false).compile(&good).unwrap();
+    let a: Vec<f32> = (0..8).map(|k| k as f32 * 0.25 - 1.0).collect();
+    let (mut want, mut got) = (vec![f32::NAN; 8], vec![f32::NAN; 8]);
+    run(oracle.as_ref(), &mut a.clone(), &mut want).unwrap();
+    run(cpu.as_ref(), &mut a.clone(), &mut got).unwrap();
+    assert_eq!(got, want);
+    assert!(want.iter().all(|v| v.is_finite()), "{want:?}");
+    // A late local that cannot be allocated: a memory error from both, after the earlier
+    // heap locals were allocated (and given back: the good kernel still runs).
+    let bad = root_locals(l, Some(l - 4));
+    for be in backends(false) {
+        let k = be.compile(&bad).unwrap();
+        let mut out = vec![0.0f32; 8];
+        let err = run(k.as_ref(), &mut a.clone(), &mut out).unwrap_err();
+        assert!(
+            matches!(err, Error::Runtime(rivet_runtime::Error::Memory(_))),
+            "{}: {err}",
+            be.target()
+        );
+    }
+    let mut again = vec![f32::NAN; 8];
+    run(cpu.as_ref(), &mut a.clone(), &mut again).unwrap();
+    assert_eq!(again, want);
 }

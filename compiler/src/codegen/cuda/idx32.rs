@@ -412,18 +412,20 @@ impl Walk {
                 }
                 self.stmt(func, body);
             }
-            Stmt::Allocate { buf, body } => {
-                // Local and shared buffers: constant shapes, compact constant strides.
-                let b = func.buffer(*buf);
-                let mut stride: i64 = 1;
-                for (d, v) in b.shape.iter().zip(&b.strides).rev() {
-                    let iv = Iv::point(Expr::int(stride));
-                    self.push(&iv);
-                    if static_narrow(&iv) {
-                        self.narrow_vars.insert(v.id);
+            Stmt::Allocate { bufs, body } => {
+                for buf in bufs {
+                    // Local and shared buffers: constant shapes, compact constant strides.
+                    let b = func.buffer(*buf);
+                    let mut stride: i64 = 1;
+                    for (d, v) in b.shape.iter().zip(&b.strides).rev() {
+                        let iv = Iv::point(Expr::int(stride));
+                        self.push(&iv);
+                        if static_narrow(&iv) {
+                            self.narrow_vars.insert(v.id);
+                        }
+                        self.vars.insert(v.id, iv);
+                        stride = stride.saturating_mul(d.as_int().unwrap_or(i64::MAX).max(0));
                     }
-                    self.vars.insert(v.id, iv);
-                    stride = stride.saturating_mul(d.as_int().unwrap_or(i64::MAX).max(0));
                 }
                 self.stmt(func, body);
             }
@@ -836,12 +838,14 @@ pub fn enumerate_range(
                     self.env.insert(var.id, v);
                     self.stmt(body);
                 }
-                Stmt::Allocate { buf, body } => {
-                    let b = self.func.buffer(*buf);
-                    let mut stride = 1i128;
-                    for (d, v) in b.shape.iter().zip(&b.strides).rev() {
-                        self.env.insert(v.id, stride);
-                        stride *= d.as_int().unwrap() as i128;
+                Stmt::Allocate { bufs, body } => {
+                    for buf in bufs {
+                        let b = self.func.buffer(*buf);
+                        let mut stride = 1i128;
+                        for (d, v) in b.shape.iter().zip(&b.strides).rev() {
+                            self.env.insert(v.id, stride);
+                            stride *= d.as_int().unwrap() as i128;
+                        }
                     }
                     self.stmt(body);
                 }

@@ -41,14 +41,16 @@ fn launches(f: &PrimFunc, env: &HashMap<u32, i64>) -> Vec<(usize, HashMap<u32, i
                     walk(f, body, env, out);
                 }
             }
-            Stmt::Allocate { buf, body } => {
-                let b = f.buffer(*buf);
-                let mut count = Some(1i64);
-                for (e, v) in b.shape.iter().zip(&b.strides).rev() {
-                    env.insert(v.id, count.unwrap_or(i64::MAX));
-                    count = count
-                        .zip(eval(e, env))
-                        .and_then(|(c, n)| c.checked_mul(n.max(0)));
+            Stmt::Allocate { bufs, body } => {
+                for buf in bufs {
+                    let b = f.buffer(*buf);
+                    let mut count = Some(1i64);
+                    for (e, v) in b.shape.iter().zip(&b.strides).rev() {
+                        env.insert(v.id, count.unwrap_or(i64::MAX));
+                        count = count
+                            .zip(eval(e, env))
+                            .and_then(|(c, n)| c.checked_mul(n.max(0)));
+                    }
                 }
                 walk(f, body, env, out);
             }

@@ -342,6 +342,10 @@ impl CudaKernel {
 }
 
 impl Kernel for CudaKernel {
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self.func.callbacks.iter().collect()
+    }
+
     /// Generated code by kind: "cuda" (or "cu"), "ptx" (`None` without NVRTC).
     fn source_of(&self, kind: &str) -> Option<String> {
         match kind {
@@ -409,6 +413,47 @@ impl Kernel for CudaKernel {
 }
 
 impl CudaKernel {
+    /// Allocates the global temporary `buf` of an `Allocate` on the device: compact, zeroed,
+    /// stream-ordered (as the interpreter's `Allocate`, which build::call has already sized
+    /// against MAX_ALLOC_BYTES); binds its strides in `env`.
+    fn host_alloc(
+        &self,
+        buf: crate::ir::BufId,
+        env: &mut HashMap<u32, i64>,
+        loaded: &driver::Loaded,
+        stream: u64,
+    ) -> Result<u64> {
+        let f = &self.func;
+        let b = f.buffer(buf);
+        let mut shape = Vec::with_capacity(b.shape.len());
+        for e in &b.shape {
+            match crate::codegen::interp::eval_expr(e, &|v| env.get(&v.id).copied())? {
+                crate::codegen::interp::Value::Int(x) => shape.push(x),
+                other => return Err(Error::Internal(format!("`{e}` evaluated to {other:?}"))),
+            }
+        }
+        let mut strides = vec![0i64; shape.len()];
+        let mut count: i64 = 1;
+        for k in (0..shape.len()).rev() {
+            strides[k] = count;
+            count = count.saturating_mul(shape[k].max(0));
+        }
+        let bytes = usize::try_from(count)
+            .ok()
+            .and_then(|n| n.checked_mul(b.dtype.size()))
+            .filter(|&n| n <= crate::ir::limits::MAX_ALLOC_BYTES)
+            .ok_or_else(|| {
+                Error::Runtime(rivet_runtime::Error::Memory(format!(
+                    "{}: temporary '{}' of shape {shape:?} is too large",
+                    f.name, b.name
+                )))
+            })?;
+        for (v, s) in b.strides.iter().zip(&strides) {
+            env.insert(v.id, *s);
+        }
+        loaded.alloc_zeroed(bytes, stream)
+    }
+
     /// Runs the host part (a sequence of launches under `let`s and global temporaries,
     /// `source::check_host`). `temps`: the device pointers of the live temporaries.
     ///
@@ -446,44 +491,35 @@ impl CudaKernel {
                 env.remove(&var.id);
                 r
             }
-            Stmt::Allocate { buf, body } => {
-                // A global temporary: compact, zeroed, stream-ordered (as the interpreter's
-                // `Allocate`, which build::call has already sized against MAX_ALLOC_BYTES).
-                let b = f.buffer(*buf);
-                let shape: Vec<i64> = b
-                    .shape
-                    .iter()
-                    .map(|e| eval(e, env))
-                    .collect::<Result<_>>()?;
-                let mut strides = vec![0i64; shape.len()];
-                let mut count: i64 = 1;
-                for k in (0..shape.len()).rev() {
-                    strides[k] = count;
-                    count = count.saturating_mul(shape[k].max(0));
+            Stmt::Allocate { bufs, body } => {
+                let mut live = Vec::with_capacity(bufs.len());
+                let mut r = Ok(());
+                for buf in bufs {
+                    match self.host_alloc(*buf, env, loaded, stream) {
+                        Ok(ptr) => {
+                            temps.insert(*buf, ptr);
+                            live.push((*buf, ptr));
+                        }
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
                 }
-                let bytes = usize::try_from(count)
-                    .ok()
-                    .and_then(|n| n.checked_mul(b.dtype.size()))
-                    .filter(|&n| n <= crate::ir::limits::MAX_ALLOC_BYTES)
-                    .ok_or_else(|| {
-                        Error::Runtime(rivet_runtime::Error::Memory(format!(
-                            "{}: temporary '{}' of shape {shape:?} is too large",
-                            f.name, b.name
-                        )))
-                    })?;
-                for (v, s) in b.strides.iter().zip(&strides) {
-                    env.insert(v.id, *s);
+                if r.is_ok() {
+                    // SAFETY: forwarded; the temporaries live until the frees below (stream
+                    // order).
+                    r = unsafe { self.run_host(body, env, temps, frame, loaded, stream) };
                 }
-                let ptr = loaded.alloc_zeroed(bytes, stream)?;
-                temps.insert(*buf, ptr);
-                // SAFETY: forwarded; the temporary lives until the free below (stream order).
-                let r = unsafe { self.run_host(body, env, temps, frame, loaded, stream) };
-                temps.remove(buf);
-                for v in &b.strides {
-                    env.remove(&v.id);
+                for (buf, ptr) in live.into_iter().rev() {
+                    temps.remove(&buf);
+                    for v in &f.buffer(buf).strides {
+                        env.remove(&v.id);
+                    }
+                    let freed = loaded.free(ptr, stream);
+                    r = r.and(freed);
                 }
-                let freed = loaded.free(ptr, stream);
-                r.and(freed)
+                r
             }
             Stmt::Launch { kernel } => {
                 let (pos, info) = self

@@ -134,14 +134,19 @@ pub fn check_host(func: &PrimFunc) -> Result<Vec<usize>> {
                 Ok(())
             }
             // A global temporary between kernels: allocated on the device by the host part.
-            Stmt::Allocate { buf, body } if func.buffer(*buf).scope == Scope::Global => {
+            Stmt::Allocate { bufs, body } => {
+                if let Some(b) = bufs
+                    .iter()
+                    .map(|b| func.buffer(*b))
+                    .find(|b| b.scope != Scope::Global)
+                {
+                    return Err(Error::Internal(format!(
+                        "{:?} buffer '{}' allocated on the host",
+                        b.scope, b.name
+                    )));
+                }
                 walk(func, body, out)
             }
-            Stmt::Allocate { buf, .. } => Err(Error::Internal(format!(
-                "{:?} buffer '{}' allocated on the host",
-                func.buffer(*buf).scope,
-                func.buffer(*buf).name
-            ))),
             Stmt::For { var, .. } => Err(unsupported(
                 func,
                 format!(
@@ -656,6 +661,75 @@ impl<'a> KernelGen<'a> {
         })
     }
 
+    /// The declaration of local `buf` (shared or per-thread, constant shape) at the top of
+    /// the block of the `Allocate` whose body is `body`, and its stride constants that `body`
+    /// uses.
+    fn declare_local(&mut self, buf: BufId, body: &Stmt) -> Result<()> {
+        let b = self.func.buffer(buf).clone();
+        let shape: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
+        let shape = match (b.scope, shape) {
+            (Scope::Global, _) => {
+                return Err(unsupported(
+                    self.func,
+                    format!("the global-memory temporary '{}' inside a kernel", b.name),
+                ))
+            }
+            (_, Some(s)) if s.iter().all(|&n| n >= 0) => s,
+            _ => {
+                return Err(Error::Internal(format!(
+                    "CUDA codegen, function `{}`: {:?} buffer '{}' without a constant shape",
+                    self.func.name, b.scope, b.name
+                )))
+            }
+        };
+        let numel = shape
+            .iter()
+            .try_fold(1i64, |a, &n| a.checked_mul(n))
+            .filter(|&n| n <= i32::MAX as i64)
+            .ok_or_else(|| {
+                Error::Compile(format!(
+                    "target 'cuda': the {:?} buffer '{}' of shape {shape:?} is too large",
+                    b.scope, b.name
+                ))
+            })?;
+        let c = self.unique(&b.name);
+        self.bufs.insert(b.id, c.clone());
+        let ty = storage_type(b.dtype);
+        let dims: Vec<String> = shape.iter().map(|n| n.to_string()).collect();
+        // C++ has no zero-length arrays: an empty buffer gets one unused element.
+        let n = numel.max(1);
+        if b.scope == Scope::Shared {
+            self.shared_bytes += n as u64 * b.dtype.size() as u64;
+            self.line(&format!(
+                "__shared__ {ty} {c}[{n}]; // stage {}: shared [{}]",
+                b.name,
+                dims.join(", ")
+            ));
+        } else {
+            self.line(&format!(
+                "{ty} {c}[{n}] = {{}}; // stage {}: local [{}]",
+                b.name,
+                dims.join(", ")
+            ));
+        }
+        // Compact row-major strides, as `Allocate` binds them.
+        let mut stride = 1i64;
+        let mut strides = vec![0i64; shape.len()];
+        for k in (0..shape.len()).rev() {
+            strides[k] = stride;
+            stride = stride.saturating_mul(shape[k]);
+        }
+        for (v, s) in b.strides.iter().zip(&strides) {
+            if stmt_uses(body, v) {
+                let sc = self.bind_var(v);
+                self.nonneg.insert(v.id);
+                let t = self.var_ty(v);
+                self.line(&format!("const {t} {sc} = {s};"));
+            }
+        }
+        Ok(())
+    }
+
     fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s)),
@@ -771,70 +845,11 @@ impl<'a> KernelGen<'a> {
                 self.line("}");
                 Ok(())
             }
-            Stmt::Allocate { buf, body } => {
-                let b = self.func.buffer(*buf).clone();
-                let shape: Option<Vec<i64>> = b.shape.iter().map(|e| e.as_int()).collect();
-                let shape = match (b.scope, shape) {
-                    (Scope::Global, _) => {
-                        return Err(unsupported(
-                            self.func,
-                            format!("the global-memory temporary '{}' inside a kernel", b.name),
-                        ))
-                    }
-                    (_, Some(s)) if s.iter().all(|&n| n >= 0) => s,
-                    _ => {
-                        return Err(Error::Internal(format!(
-                        "CUDA codegen, function `{}`: {:?} buffer '{}' without a constant shape",
-                        self.func.name, b.scope, b.name
-                    )))
-                    }
-                };
-                let numel = shape
-                    .iter()
-                    .try_fold(1i64, |a, &n| a.checked_mul(n))
-                    .filter(|&n| n <= i32::MAX as i64)
-                    .ok_or_else(|| {
-                        Error::Compile(format!(
-                            "target 'cuda': the {:?} buffer '{}' of shape {shape:?} is too large",
-                            b.scope, b.name
-                        ))
-                    })?;
-                let c = self.unique(&b.name);
-                self.bufs.insert(b.id, c.clone());
-                let ty = storage_type(b.dtype);
-                let dims: Vec<String> = shape.iter().map(|n| n.to_string()).collect();
+            Stmt::Allocate { bufs, body } => {
                 self.line("{");
                 self.indent += 1;
-                // C++ has no zero-length arrays: an empty buffer gets one unused element.
-                let n = numel.max(1);
-                if b.scope == Scope::Shared {
-                    self.shared_bytes += n as u64 * b.dtype.size() as u64;
-                    self.line(&format!(
-                        "__shared__ {ty} {c}[{n}]; // stage {}: shared [{}]",
-                        b.name,
-                        dims.join(", ")
-                    ));
-                } else {
-                    self.line(&format!(
-                        "{ty} {c}[{n}] = {{}}; // stage {}: local [{}]",
-                        b.name,
-                        dims.join(", ")
-                    ));
-                }
-                // Compact row-major strides, as `Allocate` binds them.
-                let mut stride = 1i64;
-                let mut strides = vec![0i64; shape.len()];
-                for k in (0..shape.len()).rev() {
-                    strides[k] = stride;
-                    stride = stride.saturating_mul(shape[k]);
-                }
-                for (v, s) in b.strides.iter().zip(&strides) {
-                    if stmt_uses(body, v) {
-                        let sc = self.bind_var(v);
-                        self.nonneg.insert(v.id);
-                        let t = self.var_ty(v);
-                        self.line(&format!("const {t} {sc} = {s};"));
-                    }
+                for buf in bufs {
+                    self.declare_local(*buf, body)?;
                 }
                 self.stmt(body)?;
                 self.indent -= 1;

@@ -75,7 +75,7 @@ pub(super) fn if_(c: Expr, then: Stmt) -> Stmt {
 }
 fn alloc(b: &Buffer, body: Stmt) -> Stmt {
     Stmt::Allocate {
-        buf: b.id,
+        bufs: vec![b.id],
         body: Box::new(body),
     }
 }
@@ -1524,21 +1524,25 @@ fn host_calls(
             env.insert(var.id, x);
             host_calls(f, infos, body, env, m, ci, force64);
         }
-        Stmt::Allocate { buf, body } => {
-            let b = f.buffer(*buf);
-            let shape: Vec<i64> = b.shape.iter().map(|e| eval_int(e, env)).collect();
-            let mut count = 1i64;
-            for (k, v) in b.strides.iter().enumerate().rev() {
-                env.insert(v.id, count);
-                count *= shape[k].max(0);
+        Stmt::Allocate { bufs, body } => {
+            for buf in bufs {
+                let b = f.buffer(*buf);
+                let shape: Vec<i64> = b.shape.iter().map(|e| eval_int(e, env)).collect();
+                let mut count = 1i64;
+                for (k, v) in b.strides.iter().enumerate().rev() {
+                    env.insert(v.id, count);
+                    count *= shape[k].max(0);
+                }
+                m.push_str(&format!(
+                    "  unsigned char* t{} = (unsigned char*)calloc({}, 1);\n",
+                    buf.0,
+                    (count as usize * b.dtype.size()).max(1)
+                ));
             }
-            m.push_str(&format!(
-                "  unsigned char* t{} = (unsigned char*)calloc({}, 1);\n",
-                buf.0,
-                (count as usize * b.dtype.size()).max(1)
-            ));
             host_calls(f, infos, body, env, m, ci, force64);
-            m.push_str(&format!("  free(t{});\n", buf.0));
+            for buf in bufs.iter().rev() {
+                m.push_str(&format!("  free(t{});\n", buf.0));
+            }
         }
         Stmt::Launch { kernel } => {
             let info = infos.iter().find(|i| i.index == *kernel).unwrap();

@@ -309,25 +309,27 @@ impl Machine<'_> {
                 }
                 Ok(())
             }
-            Stmt::Allocate { buf, body } => {
-                let pos = self.buf_pos(buf.0)?;
-                self.alloc_begin(pos)?;
-                let scope = self.decls[pos].scope;
-                if scope == Scope::Local {
-                    // One zeroed copy per thread, swapped in by `as_thread`.
-                    let bytes = self.bufs[pos].storage.as_ref().map_or(0, Vec::len);
-                    let n = self.block().coords.len();
-                    self.block().locals.push((pos, vec![vec![0u8; bytes]; n]));
-                } else {
-                    // Fresh memory: accesses to an earlier allocation do not race with it.
-                    self.block().accesses.remove(&pos);
+            Stmt::Allocate { bufs, body } => {
+                let begun = self.alloc_all(bufs)?;
+                for &pos in &begun {
+                    if self.decls[pos].scope == Scope::Local {
+                        // One zeroed copy per thread, swapped in by `as_thread`.
+                        let bytes = self.bufs[pos].storage.as_ref().map_or(0, Vec::len);
+                        let n = self.block().coords.len();
+                        self.block().locals.push((pos, vec![vec![0u8; bytes]; n]));
+                    } else {
+                        // Fresh memory: accesses to an earlier allocation do not race with it.
+                        self.block().accesses.remove(&pos);
+                    }
                 }
-                // SAFETY: forwarded; the buffer lives until `alloc_end`.
+                // SAFETY: forwarded; the buffers live until `alloc_end`.
                 let r = unsafe { self.exec_block(body, active) };
-                if scope == Scope::Local {
-                    self.block().locals.retain(|(p, _)| *p != pos);
+                for &pos in begun.iter().rev() {
+                    if self.decls[pos].scope == Scope::Local {
+                        self.block().locals.retain(|(p, _)| *p != pos);
+                    }
+                    self.alloc_end(pos);
                 }
-                self.alloc_end(pos);
                 r
             }
             Stmt::Seq(v) => {

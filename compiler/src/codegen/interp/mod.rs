@@ -116,6 +116,10 @@ impl Kernel for InterpKernel {
     fn source(&self) -> String {
         self.0.func.to_string()
     }
+
+    fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {
+        self.0.func.callbacks.iter().collect()
+    }
 }
 
 /// Verifies `func` (flattened: one element offset per access) and runs it on `frame`.
@@ -643,6 +647,27 @@ impl<'a> Machine<'a> {
     }
 
     /// Frees local buffer `pos` and unbinds its strides.
+    /// `alloc_begin` of each of `bufs` in order; their positions. When one fails, those begun
+    /// are ended again and the error returned.
+    fn alloc_all(&mut self, bufs: &[crate::ir::BufId]) -> Result<Vec<usize>> {
+        let mut begun = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            match self
+                .buf_pos(b.0)
+                .and_then(|pos| self.alloc_begin(pos).map(|_| pos))
+            {
+                Ok(pos) => begun.push(pos),
+                Err(e) => {
+                    for &pos in begun.iter().rev() {
+                        self.alloc_end(pos);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(begun)
+    }
+
     fn alloc_end(&mut self, pos: usize) {
         let b = &mut self.bufs[pos];
         b.ptr = std::ptr::null_mut();
@@ -927,12 +952,13 @@ impl<'a> Machine<'a> {
                 self.env.remove(&var.id);
                 Ok(())
             }
-            Stmt::Allocate { buf, body } => {
-                let pos = self.buf_pos(buf.0)?;
-                self.alloc_begin(pos)?;
-                // SAFETY: forwarded; the local's memory lives until `alloc_end`.
+            Stmt::Allocate { bufs, body } => {
+                let begun = self.alloc_all(bufs)?;
+                // SAFETY: forwarded; the locals' memory lives until `alloc_end`.
                 let r = unsafe { self.exec(body) };
-                self.alloc_end(pos);
+                for &pos in begun.iter().rev() {
+                    self.alloc_end(pos);
+                }
                 r
             }
             Stmt::Seq(v) => {
@@ -1386,7 +1412,7 @@ mod tests {
             &i,
             Expr::var(&m),
             Stmt::Allocate {
-                buf: acc.id,
+                bufs: vec![acc.id],
                 body: Box::new(Stmt::Seq(vec![
                     for_(
                         &j,
@@ -1402,7 +1428,7 @@ mod tests {
             },
         );
         let copy = Stmt::Allocate {
-            buf: tmp.id,
+            bufs: vec![tmp.id],
             body: Box::new(Stmt::Seq(vec![
                 for_(
                     &i,

@@ -61,7 +61,7 @@ fn if_(c: Expr, then: Stmt) -> Stmt {
 }
 fn alloc(b: &Buffer, body: Stmt) -> Stmt {
     Stmt::Allocate {
-        buf: b.id,
+        bufs: vec![b.id],
         body: Box::new(body),
     }
 }
