@@ -38,6 +38,7 @@
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
+use rivet_compiler::backward::Source;
 use rivet_compiler::build::Compiled;
 use rivet_compiler::ir::callback::Callback;
 use rivet_compiler::ir::expr::{Expr, ExprKind};
@@ -103,6 +104,8 @@ enum Node<'a> {
     Expr(&'a Expr),
     Function(&'a Function),
     Compiled(&'a Compiled),
+    /// The te program a compiled function was built from (`rivet_compiler::backward`).
+    Source(&'a Source),
     Callable(&'a PyCallable),
 }
 
@@ -233,6 +236,18 @@ impl<'a> Graph<'a> {
                     .chain(c.kernel.host_callbacks())
                 {
                     self.callback(p, cb);
+                }
+                if let Some(src) = &c.source {
+                    let k = Arc::as_ptr(src) as *const () as usize;
+                    self.edge(p, k, Arc::strong_count(src), 1, || Node::Source(src));
+                }
+            }
+            Node::Source(src) => {
+                for t in src.args() {
+                    self.tensor(p, t);
+                }
+                if let Some(f) = src.built_backward() {
+                    self.function(p, f);
                 }
             }
             Node::Callable(_) => {}

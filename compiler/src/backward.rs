@@ -34,6 +34,16 @@ pub struct Source {
 }
 
 impl Source {
+    /// The build's arguments (te tensors), in order.
+    pub fn args(&self) -> &[Tensor] {
+        &self.args
+    }
+
+    /// The backward function, once built (`backward`).
+    pub fn built_backward(&self) -> Option<&Function> {
+        self.backward.get().and_then(|r| r.as_ref().ok())
+    }
+
     pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Source> {
         Arc::new(Source {
             args: args.to_vec(),
