@@ -115,5 +115,6 @@ __all__ = [
     "MemoryError",
     "IndexError",
     "NotDifferentiableError",
+    "IPCError",
     "InternalError",
 ]
