@@ -64,29 +64,32 @@ pub struct RawHandle<'a> {
     pub read_only: bool,
 }
 
-fn invalid(msg: String) -> Error {
+/// An `Error::Ipc` about a malformed handle (the bindings word their type errors with it).
+pub fn invalid_handle(msg: String) -> Error {
     Error::Ipc(format!("invalid handle: {msg}"))
 }
 
 /// `v` as a `T` when it lies in `[lo, hi]`, else an error naming the field.
 fn field<T: TryFrom<i128>>(name: &str, v: i128, lo: i128, hi: i128, what: &str) -> Result<T> {
     if v < lo || v > hi {
-        return Err(invalid(format!("field '{name}' is {v}; expected {what}")));
+        return Err(invalid_handle(format!(
+            "field '{name}' is {v}; expected {what}"
+        )));
     }
-    T::try_from(v).map_err(|_| invalid(format!("field '{name}' is {v}; expected {what}")))
+    T::try_from(v).map_err(|_| invalid_handle(format!("field '{name}' is {v}; expected {what}")))
 }
 
 impl Handle {
     /// Checks every field of an untrusted handle (see the module header).
     pub fn parse(raw: &RawHandle<'_>) -> Result<Handle> {
         if raw.kind != KIND_CPU {
-            return Err(invalid(format!(
+            return Err(invalid_handle(format!(
                 "field 'kind' is '{}'; this rivet opens '{KIND_CPU}' handles (CPU shared memory)",
                 raw.kind
             )));
         }
         if raw.device != "cpu" {
-            return Err(invalid(format!(
+            return Err(invalid_handle(format!(
                 "field 'device' is '{}' but a '{KIND_CPU}' handle is of CPU memory ('cpu')",
                 raw.device
             )));
@@ -125,7 +128,7 @@ impl Handle {
             "a byte offset (0 to 2^63 - 1)",
         )?;
         if raw.shape.len() > layout::MAX_NDIM {
-            return Err(invalid(format!(
+            return Err(invalid_handle(format!(
                 "field 'shape' has {} dims; rivet's limit is {}",
                 raw.shape.len(),
                 layout::MAX_NDIM
@@ -136,7 +139,7 @@ impl Handle {
                 .enumerate()
                 .map(|(i, &d)| {
                     i64::try_from(d).map_err(|_| {
-                        invalid(format!(
+                        invalid_handle(format!(
                             "field '{name}'[{i}] is {d}; it does not fit in int64"
                         ))
                     })
@@ -148,7 +151,7 @@ impl Handle {
         let dtype: DType = raw
             .dtype
             .parse()
-            .map_err(|e: Error| invalid(format!("field 'dtype': {e}")))?;
+            .map_err(|e: Error| invalid_handle(format!("field 'dtype': {e}")))?;
         let h = Handle {
             pid,
             fd,
@@ -177,7 +180,7 @@ pub fn check_span(
     dtype: DType,
 ) -> Result<layout::Extent> {
     let ext = layout::validate(shape, strides, dtype.size()).map_err(|e| {
-        invalid(format!(
+        invalid_handle(format!(
             "fields 'shape' {shape:?} / 'strides' {strides:?} / 'dtype' {dtype} are not a valid layout: {e}"
         ))
     })?;
@@ -190,7 +193,7 @@ pub fn check_span(
         )
     };
     if lo < 0 || hi > size as i128 {
-        return Err(invalid(format!(
+        return Err(invalid_handle(format!(
             "the view ('offset' {offset}, 'shape' {shape:?}, 'strides' {strides:?}, 'dtype' {dtype}) reaches bytes [{lo}, {hi}) but the segment has {size} bytes ('size')"
         )));
     }
@@ -247,13 +250,13 @@ fn check_cpu(t: &Tensor, what: &str) -> Result<()> {
 /// first copied once into a new segment. Returns the handle and the tensor it names (`t`
 /// itself, or the copy), which the caller keeps alive until receivers have opened it.
 pub fn share(t: &Tensor, copy: bool) -> Result<(Handle, Tensor)> {
-    check_cpu(t, "rivet.ipc.share")?;
+    check_cpu(t, "the tensor")?;
     if let Some((seg, offset)) = segment_of(t) {
         return Ok((handle_of(&seg, offset, t), t.clone()));
     }
     if !copy {
         return Err(Error::Ipc(format!(
-            "rivet.ipc.share: the {} tensor of shape {:?} is not in shared memory; allocate it with rivet.empty(..., shared=True) or rivet.zeros(..., shared=True), call share_memory_() on a torch tensor, or pass copy=True to copy it once into a new shared segment",
+            "the {} tensor of shape {:?} is not in shared memory; allocate it with rivet.empty(..., shared=True) or rivet.zeros(..., shared=True), call share_memory_() on a torch tensor, or pass copy=True to copy it once into a new shared segment",
             t.dtype(),
             t.shape()
         )));
@@ -275,7 +278,7 @@ pub fn share(t: &Tensor, copy: bool) -> Result<(Handle, Tensor)> {
 /// which gives the element's offset in the file: the handle is right by construction, not by
 /// trust in the caller's arithmetic.
 pub fn share_fd(t: &Tensor, fd: BorrowedFd<'_>) -> Result<Handle> {
-    check_cpu(t, "rivet.ipc.share")?;
+    check_cpu(t, "the tensor")?;
     let (id, size) = shm::fd_identity(fd)?;
     let offset = if t.numel() == 0 {
         0
@@ -283,7 +286,7 @@ pub fn share_fd(t: &Tensor, fd: BorrowedFd<'_>) -> Result<Handle> {
         let first = t.data_ptr() as usize;
         let m = shm::mapping_at(first)?.filter(|m| m.id == id).ok_or_else(|| {
             Error::Ipc(format!(
-                "rivet.ipc.share: the tensor's memory at {first:#x} is not a mapping of fd {} (st_dev {}, st_ino {})",
+                "the tensor's memory at {first:#x} is not a mapping of fd {} (st_dev {}, st_ino {})",
                 fd.as_raw_fd(),
                 id.dev,
                 id.ino
@@ -302,9 +305,32 @@ pub fn share_fd(t: &Tensor, fd: BorrowedFd<'_>) -> Result<Handle> {
         dtype: t.dtype(),
         read_only: t.is_read_only(),
     };
-    check_span(h.size, h.offset, &h.shape, &h.strides, h.dtype)
-        .map_err(|e| e.context("rivet.ipc.share: "))?;
+    check_span(h.size, h.offset, &h.shape, &h.strides, h.dtype)?;
     Ok(h)
+}
+
+/// The handle of an empty view of no memory (an empty torch storage has no file): opening it
+/// gives an empty tensor of the same shape and dtype.
+pub fn share_empty(t: &Tensor) -> Result<Handle> {
+    check_cpu(t, "the tensor")?;
+    if t.numel() != 0 {
+        return Err(Error::Ipc(format!(
+            "the {} tensor of shape {:?} has elements but its storage has no file descriptor",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    Ok(Handle {
+        pid: std::process::id() as i32,
+        fd: -1,
+        id: Identity { dev: 0, ino: 0 },
+        size: 0,
+        offset: 0,
+        shape: t.shape().into(),
+        strides: t.strides().into(),
+        dtype: t.dtype(),
+        read_only: t.is_read_only(),
+    })
 }
 
 /// A tensor over the memory `h` names, through `/proc/<pid>/fd/<fd>` of the sender, or a
