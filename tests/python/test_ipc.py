@@ -11,8 +11,11 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -22,6 +25,8 @@ import rivet
 
 T = 60
 CTX = mp.get_context("spawn")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "bindings", "examples", "ipc_trainer.py")
 
 
 def _get(q):
@@ -414,8 +419,15 @@ def test_torch_tensors_not_shared_or_shared_another_way(rng):
     import torch.multiprocessing as tmp
 
     x = torch.from_numpy(rng.standard_normal(5).astype(np.float32))
-    with pytest.raises(rivet.IPCError, match=r"torch tensor.*not in shared memory.*share_memory_\(\).*copy=True"):
+    with pytest.raises(rivet.IPCError, match=r"torch\.Tensor.*not in shared memory.*share_memory_\(\).*copy=True"):
         rivet.ipc.share(x)
+    # A torch view of rivet shared memory is rivet's to share, without a copy.
+    r = rivet.zeros((4, 5), shared=True)
+    r.numpy()[...] = rng.standard_normal((4, 5))
+    tv = torch.from_dlpack(r)[1:, ::2]
+    ht = rivet.ipc.share(tv)
+    assert rivet.ipc.open(ht).data_ptr == tv.data_ptr()
+    np.testing.assert_array_equal(rivet.ipc.open(ht).numpy(), tv.numpy())
     np.testing.assert_array_equal(rivet.ipc.open(rivet.ipc.share(x, copy=True)).numpy(), x.numpy())
     assert not x.is_shared()  # the copy left the tensor alone
     y = x.clone().share_memory_()
@@ -515,3 +527,23 @@ def test_handles_travel_through_all_gather_object():
         assert _join(p) == 0
     # Each rank read the other's values exactly, and saw the other's write into its own.
     assert got == [(0, True, 1001.0), (1, True, 1000.0)]
+
+
+# ---- the example ---------------------------------------------------------------------------------
+
+
+def test_the_trainer_example_runs():
+    env = dict(os.environ, OMP_NUM_THREADS="1", RIVET_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, EXAMPLE], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ipc trainer ok" in p.stdout, p.stdout
+
+
+def test_the_readme_shows_the_example_as_it_is():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme[readme.index("## Cross-process tensors"):]
+    section = section[: section.index("\n## ", 5)]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    example = open(EXAMPLE).read()
+    body = example[example.index('"""', 3) + 3:].lstrip("\n")
+    assert block == body, "README's 'Cross-process tensors' block differs from bindings/examples/ipc_trainer.py"
