@@ -261,13 +261,13 @@ pub fn _ipc_live_segments() -> usize {
     rivet_runtime::shm::live_segments()
 }
 
+/// `__reduce__`'s answer: the rebuilding function and (bytes, shape, dtype, read_only).
+pub type Reduced = (Py<PyAny>, (Py<PyBytes>, Vec<i64>, &'static str, bool));
+
 /// What `pickle` stores of a `rivet.Tensor` (`Tensor.__reduce__`): its elements by value, as
 /// bytes in row-major order. A handle is meaningless on disk; the multiprocessing reducer
 /// (rivet/ipc.py) shares instead.
-pub fn reduce_by_value(
-    py: Python<'_>,
-    t: &Tensor,
-) -> PyResult<(Py<PyAny>, (Py<PyBytes>, Vec<i64>, &'static str, bool))> {
+pub fn reduce_by_value(py: Python<'_>, t: &Tensor) -> PyResult<Reduced> {
     if !t.device().is_host() {
         return Err(Error::Device(format!(
             "cannot pickle a tensor on {}: rivet copies only CPU tensors by value; copy it to the CPU first",

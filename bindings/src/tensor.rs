@@ -11,7 +11,7 @@ use crate::capsule;
 use crate::convert;
 use crate::errors::IntoPyResult;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 use rivet_runtime::{stream as streams, DType, Device, Error, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -140,11 +140,7 @@ impl PyTensor {
 
     /// `pickle` stores the elements by value (a handle means nothing on disk); passing a
     /// tensor through multiprocessing shares it instead (the reducer in rivet/ipc.py).
-    #[allow(clippy::type_complexity)]
-    fn __reduce__(
-        &self,
-        py: Python<'_>,
-    ) -> PyResult<(Py<PyAny>, (Py<PyBytes>, Vec<i64>, &'static str, bool))> {
+    fn __reduce__(&self, py: Python<'_>) -> PyResult<crate::ipc::Reduced> {
         crate::ipc::reduce_by_value(py, &self.tensor)
     }
 

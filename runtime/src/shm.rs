@@ -44,6 +44,16 @@ pub struct Identity {
     pub ino: u64,
 }
 
+/// The identity in a `stat` result. `Stat`'s field types differ between architectures (u64
+/// on x86-64, `c_ulong` elsewhere), hence the casts that are no-ops here.
+#[allow(clippy::unnecessary_cast)]
+fn identity_of(st: &rustix::fs::Stat) -> Identity {
+    Identity {
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+    }
+}
+
 /// A mapped shared-memory file; see the module header for the invariants.
 pub struct Segment {
     map: MmapRaw,
@@ -113,10 +123,7 @@ impl Segment {
             .map_err(|e| fail("cannot seal a shared memory segment", e))?;
         let st =
             rustix::fs::fstat(&fd).map_err(|e| fail("cannot stat a shared memory segment", e))?;
-        let id = Identity {
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
-        };
+        let id = identity_of(&st);
         Segment::map(fd, id, len)
     }
 
@@ -169,10 +176,7 @@ impl Drop for Segment {
 /// Checks what `fstat` / `stat` said about a file against a handle: a regular file with the
 /// handle's identity and size.
 fn check_file(what: &str, st: &rustix::fs::Stat, expect: Identity, len: usize) -> Result<()> {
-    let got = Identity {
-        dev: st.st_dev as u64,
-        ino: st.st_ino as u64,
-    };
+    let got = identity_of(st);
     if got != expect {
         return Err(Error::Ipc(format!(
             "{what} is another file now (st_dev {}, st_ino {}; the handle names st_dev {}, st_ino {}): the sender dropped the tensor and the fd number was reused",
@@ -256,13 +260,7 @@ pub fn fd_identity(fd: BorrowedFd<'_>) -> Result<(Identity, u64)> {
             fd.as_raw_fd()
         )));
     }
-    Ok((
-        Identity {
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
-        },
-        st.st_size as u64,
-    ))
+    Ok((identity_of(&st), st.st_size as u64))
 }
 
 /// A line of `/proc/self/maps`: the mapping that holds an address.
