@@ -93,9 +93,22 @@ fn str_field(h: &Bound<'_, PyAny>, name: &str) -> Result<String, Error> {
 
 fn dims_field(h: &Bound<'_, PyAny>, name: &str) -> Result<Vec<i128>, Error> {
     let v = attr(h, name)?;
+    let too_many = |n: usize| {
+        invalid(format!(
+            "field '{name}' has {n} dims; rivet's limit is {}",
+            layout::MAX_NDIM
+        ))
+    };
+    // The length is checked before anything is collected: a hostile tuple may be huge.
     let items: Vec<Bound<'_, PyAny>> = if let Ok(t) = v.cast::<PyTuple>() {
+        if t.len() > layout::MAX_NDIM {
+            return Err(too_many(t.len()));
+        }
         t.iter().collect()
     } else if let Ok(l) = v.cast::<PyList>() {
+        if l.len() > layout::MAX_NDIM {
+            return Err(too_many(l.len()));
+        }
         l.iter().collect()
     } else {
         return Err(invalid(format!(
@@ -103,13 +116,6 @@ fn dims_field(h: &Bound<'_, PyAny>, name: &str) -> Result<Vec<i128>, Error> {
             type_name(&v)
         )));
     };
-    if items.len() > layout::MAX_NDIM {
-        return Err(invalid(format!(
-            "field '{name}' has {} dims; rivet's limit is {}",
-            items.len(),
-            layout::MAX_NDIM
-        )));
-    }
     items
         .iter()
         .enumerate()
