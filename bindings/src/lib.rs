@@ -9,6 +9,7 @@ mod errors;
 mod exchange;
 mod function;
 mod gc;
+mod ipc;
 mod kernels;
 mod te;
 mod tensor;
@@ -68,6 +69,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
     m.add_function(wrap_pyfunction!(exchange::_exchange_api_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_take_last_foreign_error, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_share, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_share_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_open, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_open_fd, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_live_segments, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_tensor_from_bytes, m)?)?;
     te::register(m)?;
     m.add(
         "DLPACK_VERSION",

@@ -130,6 +130,19 @@ impl PyTensor {
     fn size(&self) -> i64 {
         self.tensor.numel()
     }
+    /// Whether the memory is in a shared-memory segment of this process (`rivet.ipc.share`
+    /// takes it without a copy): `rivet.empty/zeros(..., shared=True)`, a tensor opened from
+    /// a handle, any view of those.
+    #[getter]
+    fn is_shared(&self) -> bool {
+        rivet_runtime::ipc::is_shared(&self.tensor)
+    }
+
+    /// `pickle` stores the elements by value (a handle means nothing on disk); passing a
+    /// tensor through multiprocessing shares it instead (the reducer in rivet/ipc.py).
+    fn __reduce__(&self, py: Python<'_>) -> PyResult<crate::ipc::Reduced> {
+        crate::ipc::reduce_by_value(py, &self.tensor)
+    }
 
     /// A numpy view of the same memory (no copy); read-only tensors give read-only arrays.
     /// Goes through `__array_interface__`, which every numpy version honours, read-only flag
@@ -294,37 +307,60 @@ pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTens
     }
 }
 
-/// `rivet.zeros(shape, dtype="float32", device="cpu", stream=None)`: a new zero-filled tensor
-/// in rivet's own memory. A size over `rivet.MAX_ALLOC_BYTES`, an overflowing one or a
-/// refused allocation raises `rivet.MemoryError`. On a CUDA device the memory comes from the
-/// device's pool, allocated and zeroed stream-ordered on `stream` (default: the legacy
-/// default stream); without a driver it is a `DeviceError` saying what is missing.
+/// `rivet.zeros(shape, dtype="float32", device="cpu", stream=None, shared=False)`: a new
+/// zero-filled tensor in rivet's own memory. A size over `rivet.MAX_ALLOC_BYTES`, an
+/// overflowing one or a refused allocation raises `rivet.MemoryError`. On a CUDA device the
+/// memory comes from the device's pool, allocated and zeroed stream-ordered on `stream`
+/// (default: the legacy default stream); without a driver it is a `DeviceError` saying what is
+/// missing. `shared=True` (CPU only): in a shared-memory segment of its own, which
+/// `rivet.ipc.share` hands to other processes without a copy.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None))]
+#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None, shared=false))]
 pub fn zeros(
     py: Python<'_>,
     shape: Vec<i64>,
     dtype: &str,
     device: &str,
     stream: Option<Bound<'_, PyAny>>,
+    shared: bool,
 ) -> PyResult<Py<PyTensor>> {
-    new_tensor(py, "rivet.zeros", shape, dtype, device, stream, true)
+    new_tensor(
+        py,
+        "rivet.zeros",
+        shape,
+        dtype,
+        device,
+        stream,
+        true,
+        shared,
+    )
 }
 
-/// `rivet.empty(shape, dtype="float32", device="cpu", stream=None)`: as `zeros`, without the
-/// fill on a CUDA device (rivet's CPU memory is always zeroed).
+/// `rivet.empty(shape, dtype="float32", device="cpu", stream=None, shared=False)`: as
+/// `zeros`, without the fill on a CUDA device (rivet's CPU memory is always zeroed).
 #[pyfunction]
-#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None))]
+#[pyo3(signature = (shape, dtype="float32", device="cpu", stream=None, shared=false))]
 pub fn empty(
     py: Python<'_>,
     shape: Vec<i64>,
     dtype: &str,
     device: &str,
     stream: Option<Bound<'_, PyAny>>,
+    shared: bool,
 ) -> PyResult<Py<PyTensor>> {
-    new_tensor(py, "rivet.empty", shape, dtype, device, stream, false)
+    new_tensor(
+        py,
+        "rivet.empty",
+        shape,
+        dtype,
+        device,
+        stream,
+        false,
+        shared,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn new_tensor(
     py: Python<'_>,
     what: &str,
@@ -333,6 +369,7 @@ fn new_tensor(
     device: &str,
     stream: Option<Bound<'_, PyAny>>,
     zero: bool,
+    shared: bool,
 ) -> PyResult<Py<PyTensor>> {
     let dtype: DType = dtype.parse().py_err(py)?;
     let device: Device = device
@@ -349,9 +386,19 @@ fn new_tensor(
                 )))
                 .py_err(py);
             }
-            let t = Tensor::zeros(&shape, dtype).py_err(py)?;
+            let t = if shared {
+                py.detach(|| Tensor::zeros_shared(&shape, dtype))
+                    .map_err(|e| e.context(&format!("{what}: ")))
+            } else {
+                Tensor::zeros(&shape, dtype)
+            }
+            .py_err(py)?;
             Py::new(py, PyTensor::new(t))
         }
+        Device::Cuda(_) if shared => Err(Error::Device(format!(
+            "{what}: shared=True allocates CPU shared memory; device is '{device}' (sharing CUDA memory between processes is not implemented yet)"
+        )))
+        .py_err(py),
         Device::Cuda(o) => {
             let s = stream.unwrap_or(streams::LEGACY);
             let t = py

@@ -71,6 +71,10 @@ pub enum Error {
     /// te program through a host callback or a construct with no derivative rule.
     #[error("{0}")]
     NotDifferentiable(String),
+    /// Sharing a tensor with another process failed: memory that cannot be shared, a bad,
+    /// stale or foreign handle, a sending process that is gone (`ipc`, `shm`).
+    #[error("{0}")]
+    Ipc(String),
     /// An error from a foreign callee (Python exception in a callback), passed through.
     #[error("{}", .0.message)]
     Foreign(ForeignError),
@@ -99,6 +103,7 @@ impl Error {
             Error::Memory(_) => "MemoryError",
             Error::Index(_) => "IndexError",
             Error::NotDifferentiable(_) => "NotDifferentiableError",
+            Error::Ipc(_) => "IPCError",
             Error::Foreign(_) => "Error",
             Error::Internal(_) => "InternalError",
         }
@@ -122,6 +127,7 @@ impl Error {
             Error::Memory(m) => Error::Memory(pre(m)),
             Error::Index(m) => Error::Index(pre(m)),
             Error::NotDifferentiable(m) => Error::NotDifferentiable(pre(m)),
+            Error::Ipc(m) => Error::Ipc(pre(m)),
             Error::Internal(m) => Error::Internal(pre(m)),
             Error::Foreign(f) => Error::Foreign(f),
         }

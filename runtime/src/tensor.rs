@@ -13,6 +13,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{ArgName, Error, Result};
 use crate::layout::{self, Dims};
+use crate::shm::Segment;
 use std::fmt;
 use std::sync::Arc;
 
@@ -107,29 +108,59 @@ fn check_view(m: &Meta, origin: Origin) -> Result<layout::Extent> {
     Ok(ext)
 }
 
+/// The checks of a shape rivet allocates before any size arithmetic: rank and sign.
+fn check_new_shape(shape: &[i64]) -> Result<&[i64]> {
+    if shape.len() > layout::MAX_NDIM {
+        return Err(layout_error(
+            layout::LayoutError::TooManyDims(shape.len()),
+            Origin::Rivet,
+        ));
+    }
+    if let Some(dim) = shape.iter().position(|&n| n < 0) {
+        return Err(layout_error(
+            layout::LayoutError::NegativeDim {
+                dim,
+                size: shape[dim],
+            },
+            Origin::Rivet,
+        ));
+    }
+    Ok(shape)
+}
+
 impl Tensor {
     /// A new compact, zero-filled CPU tensor in rivet's aligned memory. Sizes are checked
     /// and the allocation is fallible: too large or refused is `Error::Memory`, never an abort.
     pub fn zeros(shape: &[i64], dtype: DType) -> Result<Tensor> {
-        if shape.len() > layout::MAX_NDIM {
-            return Err(layout_error(
-                layout::LayoutError::TooManyDims(shape.len()),
-                Origin::Rivet,
-            ));
-        }
-        if let Some(dim) = shape.iter().position(|&n| n < 0) {
-            return Err(layout_error(
-                layout::LayoutError::NegativeDim {
-                    dim,
-                    size: shape[dim],
-                },
-                Origin::Rivet,
-            ));
-        }
         // Before any other arithmetic: an overflowing or huge size is a memory error.
-        let alloc = Allocation::for_tensor(shape, dtype)?;
+        let alloc = Allocation::for_tensor(check_new_shape(shape)?, dtype)?;
+        Tensor::compact(shape, dtype, alloc.as_ptr(), alloc)
+    }
+
+    /// A new compact, zero-filled CPU tensor in a shared-memory segment of its own (a sealed
+    /// memfd, `shm`): other processes can map it through an `ipc` handle. The same size checks
+    /// and errors as [`Tensor::zeros`]; the kernel zero-fills pages lazily.
+    pub fn zeros_shared(shape: &[i64], dtype: DType) -> Result<Tensor> {
+        let bytes = crate::alloc::tensor_bytes(check_new_shape(shape)?, dtype)?;
+        let seg = Segment::create(bytes).map_err(|e| match e {
+            Error::Memory(m) => {
+                Error::Memory(format!("{m} (a shared {dtype} tensor of shape {shape:?})"))
+            }
+            other => other,
+        })?;
+        Tensor::compact(shape, dtype, seg.base(), seg)
+    }
+
+    /// A compact CPU view of `shape` at `data`, which `owner` keeps alive (a fresh allocation
+    /// of at least the shape's bytes).
+    fn compact<K: Keepalive + 'static>(
+        shape: &[i64],
+        dtype: DType,
+        data: *mut u8,
+        owner: K,
+    ) -> Result<Tensor> {
         let m = Meta {
-            data: alloc.as_ptr(),
+            data,
             byte_offset: 0,
             shape: shape.into(),
             strides: layout::compact_strides(shape),
@@ -138,7 +169,7 @@ impl Tensor {
             read_only: false,
         };
         let ext = check_view(&m, Origin::Rivet)?;
-        Ok(Tensor::new(m, ext, alloc))
+        Ok(Tensor::new(m, ext, owner))
     }
 
     /// A compact CPU tensor holding a copy of `values`.
@@ -389,12 +420,35 @@ impl Tensor {
     /// A compact copy in fresh rivet memory (what DLPack's `copy=True` asks for).
     pub fn copy_compact(&self) -> Result<Tensor> {
         self.check_host("Tensor::copy_compact")?;
-        let out = Tensor::zeros(&self.0.m.shape, self.0.m.dtype)?;
+        self.copy_into(Tensor::zeros(&self.0.m.shape, self.0.m.dtype)?)
+    }
+
+    /// A compact copy in a new shared-memory segment (`ipc` shares a tensor that is not in
+    /// shared memory by copying it once, when asked to).
+    pub fn copy_compact_shared(&self) -> Result<Tensor> {
+        self.check_host("Tensor::copy_compact_shared")?;
+        self.copy_into(Tensor::zeros_shared(&self.0.m.shape, self.0.m.dtype)?)
+    }
+
+    /// Copies every element into `out`, a fresh compact tensor of the same shape and dtype.
+    fn copy_into(&self, out: Tensor) -> Result<Tensor> {
         let size = self.0.m.dtype.size();
         let nest = layout::LoopNest::new(&self.0.m.shape, [&out.0.m.strides, &self.0.m.strides]);
         let (n, [so, si]) = nest.inner();
         for row in 0..if self.numel() == 0 { 0 } else { nest.rows() } {
             let [oo, oi] = nest.row_offsets(row);
+            if so == 1 && si == 1 {
+                // A contiguous run on both sides: one copy (the common case, compact inputs).
+                // SAFETY: the run [oi, oi + n) / [oo, oo + n) is inside both validated layouts.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.data_ptr().offset((oi * size as i64) as isize),
+                        out.data_ptr().offset((oo * size as i64) as isize),
+                        n as usize * size,
+                    )
+                }
+                continue;
+            }
             for k in 0..n {
                 // SAFETY: offsets come from indices inside the shared shape of two validated layouts.
                 unsafe {

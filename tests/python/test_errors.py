@@ -23,6 +23,7 @@ def test_error_hierarchy():
         "DLPackError": BufferError,
         "FunctionNotFoundError": LookupError,
         "RegistryError": ValueError,
+        "IPCError": OSError,
     }
     assert issubclass(rivet.Error, Exception)
     for name, builtin in pairs.items():

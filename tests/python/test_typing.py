@@ -68,7 +68,7 @@ def run_mypy(tmp_path, *args, env_path=None):
 
 
 def test_stubs_and_marker_ship_with_the_package():
-    for name in ["py.typed", "_native.pyi", "te.pyi", "jax.pyi", "torch.pyi"]:
+    for name in ["py.typed", "_native.pyi", "te.pyi", "jax.pyi", "torch.pyi", "ipc.pyi"]:
         assert os.path.isfile(os.path.join(PKG, name)), f"{name} is not installed next to {rivet.__file__}"
 
 
@@ -143,7 +143,7 @@ def test_every_public_name_of_the_package_has_a_type():
         if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
     )
     assert te_stub_all == rivet.te.__all__
-    for mod in ["jax", "torch"]:
+    for mod in ["jax", "torch", "ipc"]:
         top, _ = stub_names(os.path.join(PKG, f"{mod}.pyi"))
         src = ast.parse(open(os.path.join(PKG, f"{mod}.py")).read())
         public = {n.name for n in src.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")}
@@ -193,6 +193,12 @@ assert_type(t.read_only, bool)
 assert_type(t.data_ptr, int)
 assert_type(t.__dlpack_device__(), tuple[int, int])
 assert_type(rivet.from_dlpack(t), rivet.Tensor)
+sh = rivet.zeros((2, 3), shared=True)
+assert_type(sh.is_shared, bool)
+hd = rivet.ipc.share(sh)
+assert_type(hd, rivet.ipc.Handle)
+assert_type(hd.shape, tuple[int, ...])
+assert_type(rivet.ipc.open(hd, device="cpu"), rivet.Tensor)
 
 n = te.var("n")
 assert_type(n, te.Expr)
@@ -281,6 +287,8 @@ t.data_ptr()  # E: operator
 f.name = "g"  # E: misc
 te.sum(A[0], axis="k")  # E: arg-type
 rivet.get_global_func("x", allow_missing=True).name  # E: union-attr
+rivet.ipc.open("handle")  # E: arg-type
+rivet.zeros((2,), shared="yes")  # E: arg-type
 '''
 
 

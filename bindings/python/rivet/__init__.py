@@ -36,6 +36,7 @@ from .error import *  # noqa: F401,F403
 from .contrib.dlpack import convert_func, to_jax_func, to_mxnet_func, to_pytorch_func
 from . import te  # noqa: E402  (the DSL: rivet.te.placeholder / compute / ...)
 from . import kernels  # noqa: E402  (kernels written in Rust: rivet.kernels.matmul(...))
+from . import ipc  # noqa: E402  (cross-process tensors; registers the multiprocessing reducer)
 
 
 _F = _TypeVar("_F", bound=_Callable[..., _Any])
@@ -97,6 +98,7 @@ __all__ = [
     "to_pytorch_func",
     "te",
     "kernels",
+    "ipc",
     "zeros",
     # rivet.error's classes, written out so type checkers see them (tests/python/test_typing.py
     # checks that the list matches rivet.error.__all__).
@@ -115,5 +117,6 @@ __all__ = [
     "MemoryError",
     "IndexError",
     "NotDifferentiableError",
+    "IPCError",
     "InternalError",
 ]

@@ -71,6 +71,11 @@ class NotDifferentiableError(Error, RuntimeError):
     (``rivet.torch.custom_op``, ``rivet.jax.ffi_func``)."""
 
 
+class IPCError(Error, OSError):
+    """Sharing a tensor with another process failed (``rivet.ipc``): memory that is not shared,
+    a malformed, stale or foreign handle, a sending process that is gone or closed the memory."""
+
+
 class InternalError(Error):
     """A bug in rivet (never the caller's fault); please report it."""
 
@@ -91,5 +96,6 @@ __all__ = [
     "MemoryError",
     "IndexError",
     "NotDifferentiableError",
+    "IPCError",
     "InternalError",
 ]

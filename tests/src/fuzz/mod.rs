@@ -76,6 +76,7 @@ pub fn kind(e: &rivet_runtime::Error) -> &'static str {
         E::Memory(_) => "Memory",
         E::Index(_) => "Index",
         E::NotDifferentiable(_) => "NotDifferentiable",
+        E::Ipc(_) => "Ipc",
         E::Foreign(_) => "Foreign",
         E::Internal(_) => "Internal",
     }

@@ -1,0 +1,29 @@
+# Type stubs for rivet.ipc (ipc.py: cross-process tensors, docs/ipc.md).
+import dataclasses
+from typing import Any
+
+from ._native import Tensor
+
+__all__ = ["Handle", "share", "open"]
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """A view of CPU shared memory, as plain data."""
+
+    kind: str
+    device: str
+    pid: int
+    fd: int
+    st_dev: int
+    st_ino: int
+    size: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    read_only: bool = False
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+# A torch tensor, a rivet.Tensor or any array with __dlpack__ (typed Any to keep torch optional).
+def share(tensor: Any, copy: bool = False) -> Handle: ...
+def open(handle: Handle, device: str | None = None) -> Tensor: ...
