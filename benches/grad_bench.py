@@ -10,6 +10,8 @@ repeated calls (median, min and max).
 
     .venv/bin/python benches/grad_bench.py                     # everything, ~2 minutes
     .venv/bin/python benches/grad_bench.py --only softmax --threads 1
+    PYTHONPATH=<other wheel> .venv/bin/python benches/grad_bench.py --libs rivet --json out/x.json
+    .venv/bin/python benches/grad_bench.py --interleaved      # both alternately, one process, 1 thread
     .venv/bin/python benches/grad_bench.py --plot-only benches/out/grad_bench.json
 
 Problems (float32, 1024 x 1024):
@@ -187,6 +189,45 @@ def grad_case(op, lib, threads):
     return {"median_s": med, "min_s": lo, "max_s": hi, "reps": reps, "check": check}
 
 
+def interleaved_case(op, threads, rounds=200):
+    """rivet's backward and torch's, called alternately in one process (`rounds` each): on a
+    loaded machine both see the same load, so their ratio drifts less than between
+    subprocesses run minutes apart."""
+    import torch
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    shapes = {"matmul": [(N, N), (N, N)], "softmax": [(N, N)],
+              "layer_norm": [(N, N), (N,), (N,)]}[op]
+    xs = [torch.randn(s, generator=g, dtype=torch.float32) for s in shapes]
+    gy = torch.randn((N, N), generator=g, dtype=torch.float32)
+    leaves = [x.clone().requires_grad_() for x in xs]
+    y = torch_forward(op, leaves)
+    ref = torch.autograd.grad(y, leaves, gy, retain_graph=True)
+    _, f = build_rivet_backward(op)
+    got = [torch.full_like(x, float("nan")) for x in xs]
+    f(*xs, gy, *got)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)
+    if op == "matmul":
+        rounds = max(10, rounds // 20)
+    calls = {"rivet": lambda: f(*xs, gy, *got),
+             "torch": lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)}
+    ts = {k: [] for k in calls}
+    for c in calls.values():
+        c()
+    for _ in range(rounds):
+        for k, c in calls.items():
+            t0 = time.perf_counter()
+            c()
+            ts[k].append(time.perf_counter() - t0)
+    out = {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "reps": len(v)}
+           for k, v in ts.items()}
+    out["ratio_median"] = out["rivet"]["median_s"] / out["torch"]["median_s"]
+    out["ratio_min"] = out["rivet"]["min_s"] / out["torch"]["min_s"]
+    return out
+
+
 def show_ir(op):
     mod, _ = build_rivet_backward(op)
     print(mod.get_source("ir"))
@@ -233,7 +274,7 @@ def table(results):
     return "\n".join(rows)
 
 
-def plot(results, png):
+def plot(results, png, title=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,10 +297,11 @@ def plot(results, png):
     ax.axvline(TARGET, color="tab:red", lw=0.8, ls="--", label=f"target {TARGET}x")
     ax.set_xscale("log")
     ax.set_xlabel("rivet backward time / torch time, same run (lower is better)")
-    ax.set_title(f"te.gradient kernels vs torch autograd, float32 {N}x{N}")
+    ax.set_title(title or f"te.gradient kernels vs torch autograd, float32 {N}x{N}", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=7)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.1, 0.2, 0.5, 1, 1.5, 2, 5, 10, 20]))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -270,10 +312,16 @@ def main():
     ap.add_argument("--worker")
     ap.add_argument("--only", choices=OPS, nargs="+")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--libs", choices=LIBS, nargs="+", help="a subset of the sides timed (e.g. rivet only, "
+                    "to compare two rivet builds: PYTHONPATH=<wheel dir>)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--json", default=None, help=f"default {DEFAULT_JSON} (a partial run: out/grad_bench_partial.json)")
     ap.add_argument("--png", default=None, help=f"default {DEFAULT_PNG} (a partial run: no plot)")
     ap.add_argument("--plot-only")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="rivet and torch backward called alternately in one process per case "
+                         "(200 rounds; matmul 10), one thread unless --threads: ratios robust to a "
+                         "machine's changing load")
     ap.add_argument("--ir", choices=OPS, help="print the IR the default schedule built for this backward")
     a = ap.parse_args()
     if a.ir:
@@ -281,16 +329,41 @@ def main():
         return
     if a.worker:
         op, lib, threads = a.worker.split(":")
-        print(json.dumps(grad_case(op, lib, int(threads))))
+        if lib == "interleaved":
+            print(json.dumps(interleaved_case(op, int(threads))))
+        else:
+            print(json.dumps(grad_case(op, lib, int(threads))))
         return
-    partial = a.only is not None or a.threads != [1, 2]
+    if a.interleaved:
+        # One thread unless asked: two libraries' pools in one process fight over the cores
+        # (an OpenMP pool spins after its work while rivet's runs), the reason every other
+        # case runs in a subprocess of its own.
+        rows = {}
+        for threads in ([1] if a.threads == [1, 2] else a.threads):
+            for op in a.only or OPS:
+                spec = f"{op}:interleaved:{threads}"
+                r = rows[spec] = run_case(spec, threads, a.timeout)
+                if "error" in r:
+                    print(f"{spec:<26} {r['error']}")
+                    continue
+                print(f"{spec:<26} rivet {r['rivet']['median_s'] * 1e3:8.3f} ms (min {r['rivet']['min_s'] * 1e3:.3f})"
+                      f"  torch {r['torch']['median_s'] * 1e3:8.3f} ms (min {r['torch']['min_s'] * 1e3:.3f})"
+                      f"  rivet / torch {r['ratio_median']:.2f} (by minimums {r['ratio_min']:.2f})", flush=True)
+        path = a.json or os.path.join(HERE, "out", "grad_bench_interleaved.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        json.dump({"meta": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            "load": os.getloadavg()}, "results": rows}, open(path, "w"), indent=1)
+        print(f"wrote {path}")
+        return
+    partial = a.only is not None or a.threads != [1, 2] or a.libs is not None
     if a.json is None:
         a.json = os.path.join(HERE, "out", "grad_bench_partial.json") if partial else DEFAULT_JSON
     if a.png is None and not (partial and not a.plot_only):
         a.png = DEFAULT_PNG
     if a.plot_only:
-        results = json.load(open(a.plot_only))["results"]
-        plot(results, a.png)
+        data = json.load(open(a.plot_only))
+        results = data["results"]
+        plot(results, a.png, data.get("meta", {}).get("title"))
         print(table(results))
         return
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -302,7 +375,7 @@ def main():
     results = {}
     for threads in a.threads:
         for op in a.only or OPS:
-            for lib in LIBS:
+            for lib in a.libs or LIBS:
                 spec = f"{op}:{lib}:{threads}"
                 results[spec] = r = run_case(spec, threads, a.timeout)
                 print(f"{spec:<24} " + (r["error"] if "error" in r else f"{r['median_s'] * 1e3:.3f} ms"),
