@@ -3,7 +3,8 @@
 #                backward passes; a GEMM built in Rust, used from Python; the
 #                same for the GPU, which without a GPU runs the GPU-scheduled IR on the interpreter)
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
-#   make bench   venv + build + benches/call_overhead.py and benches/cpu_bench.py (TVM installed)
+#   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed) and
+#                benches/grad_bench.py
 #   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
 #                Hypothesis suite with its large profile (README "Fuzzing")
 # Venvs are created once; stamp files inside them record the installed package list, so a
@@ -107,6 +108,7 @@ bench: venv build
 	  || echo "warning: could not install apache-tvm: the TVM cases are skipped"
 	$(VPY) benches/call_overhead.py
 	$(VPY) benches/cpu_bench.py
+	$(VPY) benches/grad_bench.py
 
 # A cp312 wheel for a lent GPU machine (Python 3.12 there, no Rust), in target/gpu-wheel: carry
 # that folder and run benches/gpu_session.sh there (docs/cuda.md, "On a lent GPU").

@@ -105,9 +105,7 @@ def test_softmax(rng, dtype):
     check_against_torch([X], y, lambda x: torch.softmax(x, dim=-1), rng, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_layer_norm(rng, dtype):
-    n, m, eps = 3, 8, 1e-5
+def layer_norm_program(dtype, n=3, m=8, eps=1e-5):
     X = te.placeholder((n, m), dtype, name="X")
     G = te.placeholder((m,), dtype, name="G")
     Bb = te.placeholder((m,), dtype, name="Bb")
@@ -122,9 +120,27 @@ def test_layer_norm(rng, dtype):
         lambda i, j: (X[i, j] - mean[i]) * te.rsqrt(var[i] + eps) * G[j] + Bb[j],
         name="ln",
     )
-    check_against_torch(
-        [X, G, Bb], y, lambda x, g, b: F.layer_norm(x, (m,), g, b, eps=eps), rng, dtype
-    )
+    return [X, G, Bb], y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm(rng, dtype):
+    m = 8
+    ins, y = layer_norm_program(dtype, 3, m)
+    check_against_torch(ins, y, lambda x, g, b: F.layer_norm(x, (m,), g, b, eps=1e-5), rng, dtype)
+
+
+# Sizes where the default CPU schedule's rewrites apply to the gradient stages: lane partials
+# of the row reductions (from 32 terms), the softmax gradient's vectorized select, layer_norm's
+# weight and bias gradients (reductions down columns) in chunks of 64 rows from 128 rows, with
+# and without a tail; and the odd sizes around them.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,m", [(1, 1), (3, 17), (17, 97), (128, 33), (129, 5), (1023, 40)])
+def test_softmax_and_layer_norm_at_default_schedule_sizes(rng, dtype, n, m):
+    X, y = softmax_program(dtype, n, m)
+    check_against_torch([X], y, lambda x: torch.softmax(x, dim=-1), rng, dtype)
+    ins, y = layer_norm_program(dtype, n, m)
+    check_against_torch(ins, y, lambda x, g, b: F.layer_norm(x, (m,), g, b, eps=1e-5), rng, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

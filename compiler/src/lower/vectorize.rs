@@ -55,7 +55,15 @@ pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>, wide_math: bool) {
     let Some(bytes) = bytes else {
         return;
     };
-    let width = Width { bytes, wide_math };
+    // Locals of a constant size: a load of one at a constant index inside it cannot fault, so
+    // it may be evaluated for every lane even under a `select` arm (a row's scalars: the
+    // gradient of a max reduction reads `adjoint / ties` only where an element is the max).
+    let sizes = local_sizes(&func.buffers);
+    let width = Width {
+        bytes,
+        wide_math,
+        sizes: &sizes,
+    };
     func.body = func.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::For {
             var,
@@ -88,7 +96,7 @@ fn vectorize_guarded(
     min: &Expr,
     extent: &Expr,
     body: &Stmt,
-    width: Width,
+    width: Width<'_>,
 ) -> Option<Stmt> {
     let Stmt::If {
         cond,
@@ -250,15 +258,43 @@ fn stores(s: &Stmt, out: &mut Vec<(BufId, Expr, Expr)>) -> Option<()> {
     }
 }
 
+/// The element counts of the constant-size locals among `buffers`.
+pub(crate) fn local_sizes(buffers: &[crate::ir::Buffer]) -> Vec<(BufId, i64)> {
+    buffers
+        .iter()
+        .filter(|b| matches!(b.kind, crate::ir::BufKind::Local))
+        .filter_map(|b| {
+            let mut n: i64 = 1;
+            for d in &b.shape {
+                n = n.checked_mul(simplify(d).as_int()?)?;
+            }
+            Some((b.id, n))
+        })
+        .collect()
+}
+
+/// Whether loading `buf[indices]` (flattened) can never fault, so evaluating it where the
+/// scalar code would skip it is harmless: a constant index inside a local of a constant size
+/// (`sizes`, from `local_sizes`). The value read is discarded where the scalar code would not
+/// have read it.
+pub(crate) fn harmless_load(sizes: &[(BufId, i64)], buf: BufId, indices: &[Expr]) -> bool {
+    match (indices, sizes.iter().find(|(b, _)| *b == buf)) {
+        ([i], Some(&(_, n))) => i.as_int().is_some_and(|k| (0..n).contains(&k)),
+        _ => false,
+    }
+}
+
 /// True when evaluating `e` might do what the scalar loop would skip: a lazily evaluated
 /// operand (a `Select` arm, the right side of `&&`/`||`) that loads memory or divides integers
 /// (vector code evaluates both sides for every lane), or an index that itself loads memory.
-fn unsafe_to_evaluate_eagerly(e: &Expr) -> bool {
+/// A load of a local of constant size `sizes` at a constant index inside it is harmless
+/// (it cannot fault, and a value it reads that the scalar loop would not is discarded).
+fn unsafe_to_evaluate_eagerly(e: &Expr, sizes: &[(BufId, i64)]) -> bool {
     let risky = |x: &Expr| {
         let mut r = false;
         x.visit_unique(&mut |n| {
             r |= match n.kind() {
-                ExprKind::Load { .. } => true,
+                ExprKind::Load { buf, indices } => !harmless_load(sizes, *buf, indices),
                 ExprKind::Binary(BinOp::FloorDiv | BinOp::FloorMod, _, d) => {
                     !n.dtype().is_float() && d.as_int().is_none_or(|k| k == 0)
                 }
@@ -296,12 +332,20 @@ pub const WIDE_LANES: u32 = 16;
 
 /// The vector width of the pass (`vectorize`).
 #[derive(Clone, Copy)]
-struct Width {
+struct Width<'a> {
     bytes: u32,
     wide_math: bool,
+    /// Element counts of the function's constant-size locals (`unsafe_to_evaluate_eagerly`).
+    sizes: &'a [(BufId, i64)],
 }
 
-fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, width: Width) -> Option<Stmt> {
+fn vectorize_loop(
+    v: &Var,
+    min: &Expr,
+    extent: &Expr,
+    body: &Stmt,
+    width: Width<'_>,
+) -> Option<Stmt> {
     let mut sts = Vec::new();
     stores(body, &mut sts)?;
     if sts.is_empty() {
@@ -329,7 +373,8 @@ fn vectorize_loop(v: &Var, min: &Expr, extent: &Expr, body: &Stmt, width: Width)
     // Dependence rule: each written buffer is accessed at one index only.
     let mut accesses = Vec::new();
     for (b, i, x) in &sts {
-        if unsafe_to_evaluate_eagerly(x) || unsafe_to_evaluate_eagerly(i) {
+        if unsafe_to_evaluate_eagerly(x, width.sizes) || unsafe_to_evaluate_eagerly(i, width.sizes)
+        {
             return None;
         }
         accesses.push((*b, i.clone()));

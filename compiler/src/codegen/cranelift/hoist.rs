@@ -57,6 +57,75 @@ pub(super) fn invariant_broadcasts(var: &Var, body: &Stmt) -> Vec<Expr> {
     out
 }
 
+/// The broadcast scalars that several vector stores of one iteration of a loop share
+/// (`body`: the loop's body), each computed once at the top of the iteration instead of once
+/// per statement (a statement's scalars are its own: `vector.rs` forgets them after each
+/// store). A column reduction unrolled over eight vectors of a row reads the row's mean and
+/// `rsqrt(var + eps)` in each of them. Only stores directly in the body (through sequences,
+/// `let`s and `Allocate`s, not under an `if` or in a nested loop) count, so every value was
+/// evaluated by the iteration anyway; a value qualifies under `invariant`'s rule with the
+/// loop's own variable allowed: no variable bound inside the body, no load of a buffer the
+/// body writes, no integer division. Returns each distinct value (structurally) with the
+/// node addresses (`FnGen::hoisted` keys) of all its occurrences.
+pub(super) fn per_iteration_broadcasts(body: &Stmt) -> Vec<(Expr, Vec<usize>)> {
+    let mut bound: HashSet<u32> = HashSet::new();
+    let mut written: HashSet<BufId> = HashSet::new();
+    let mut opaque = false;
+    body.visit(&mut |s| match s {
+        Stmt::For { var, .. } | Stmt::Let { var, .. } => {
+            bound.insert(var.id);
+        }
+        Stmt::Store { buf, .. } => {
+            written.insert(*buf);
+        }
+        Stmt::Call { regions, .. } => written.extend(regions.iter().map(|r| r.buf)),
+        Stmt::AllReduce { .. } | Stmt::Launch { .. } => opaque = true,
+        _ => {}
+    });
+    if opaque {
+        return Vec::new();
+    }
+    fn stores(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
+        match s {
+            Stmt::Store { value, .. } if value.is_vector() => f(value),
+            Stmt::Seq(v) => v.iter().for_each(|s| stores(s, f)),
+            Stmt::Let { body, .. } | Stmt::Allocate { body, .. } => stores(body, f),
+            _ => {}
+        }
+    }
+    // (value, occurrences' addresses, number of statements using it)
+    let mut found: Vec<(Expr, Vec<usize>, usize)> = Vec::new();
+    stores(body, &mut |value| {
+        let mut here: HashSet<usize> = HashSet::new();
+        value.visit(&mut |n| {
+            if let ExprKind::Broadcast { value: v, .. } = n.kind() {
+                if !worth_hoisting(v) || !invariant(v, &bound, &written) {
+                    return;
+                }
+                let key = std::sync::Arc::as_ptr(&v.0) as usize;
+                let k = match found.iter().position(|(e, _, _)| e == v) {
+                    Some(k) => k,
+                    None => {
+                        found.push((v.clone(), Vec::new(), 0));
+                        found.len() - 1
+                    }
+                };
+                if !found[k].1.contains(&key) {
+                    found[k].1.push(key);
+                }
+                if here.insert(k) {
+                    found[k].2 += 1;
+                }
+            }
+        })
+    });
+    found
+        .into_iter()
+        .filter(|(_, _, n)| *n >= 2)
+        .map(|(e, keys, _)| (e, keys))
+        .collect()
+}
+
 /// Calls `f` on the value of each vector store in `s`, not descending into loops.
 fn direct_vector_stores(s: &Stmt, f: &mut dyn FnMut(&Expr)) {
     match s {

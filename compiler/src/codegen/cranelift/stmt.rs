@@ -246,7 +246,7 @@ impl<'f> FnGen<'_, 'f> {
                 self.b.seal_block(body_b);
                 self.b.seal_block(exit);
                 self.b.switch_to_block(body_b);
-                self.stmt(body)?;
+                self.iteration(body)?;
                 let i = self.b.use_var(counter);
                 let next = self.b.ins().iadd_imm_s(i, 1);
                 self.b.def_var(counter, next);
@@ -259,7 +259,7 @@ impl<'f> FnGen<'_, 'f> {
                 let exit = self.b.create_block();
                 self.b.ins().jump(body_b, &[]);
                 self.b.switch_to_block(body_b);
-                self.stmt(body)?;
+                self.iteration(body)?;
                 let i = self.b.use_var(counter);
                 // No overflow: i < hi <= i64::MAX.
                 let next = self.b.ins().iadd_imm_s(i, 1);
@@ -273,6 +273,28 @@ impl<'f> FnGen<'_, 'f> {
         }
         self.restore_var(var.id, old);
         Ok(())
+    }
+
+    /// One iteration of a counted loop's body: first the broadcast scalars several of its
+    /// vector statements share (`hoist::per_iteration_broadcasts`), then the body.
+    fn iteration(&mut self, body: &Stmt) -> Result<()> {
+        let shared = super::hoist::per_iteration_broadcasts(body);
+        let mut keys = Vec::new();
+        for (e, at) in &shared {
+            if at.iter().any(|k| self.hoisted.contains_key(k)) {
+                continue;
+            }
+            let v = self.expr(e)?;
+            for k in at {
+                self.hoisted.insert(*k, v);
+                keys.push(*k);
+            }
+        }
+        let r = self.stmt(body);
+        for k in keys {
+            self.hoisted.remove(&k);
+        }
+        r
     }
 
     /// Local buffers inside a function body (not the entry function's root `Allocate`s,

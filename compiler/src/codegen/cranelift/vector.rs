@@ -92,6 +92,17 @@ pub(super) fn packed(e: &Expr) -> bool {
         // One rounding per lane: `vfmadd` where the ISA has FMA, else lane by lane through the
         // correctly rounded libcall (`packed_value`).
         ExprKind::Fma(a, b, c) => dt.is_float() && packed(a) && packed(b) && packed(c),
+        // A float select on a comparison of packed floats of the same width: `cmpps` gives the
+        // lane mask, a bit select the lanes (both arms are evaluated for every lane, which
+        // `lower::vectorize` allows only for arms that cannot fault).
+        ExprKind::Select(c, a, b) => {
+            dt.is_float()
+                && packed(a)
+                && packed(b)
+                && matches!(c.kind(), ExprKind::Cmp(_, x, y)
+                    if x.dtype().is_float() && x.dtype().size() == dt.size()
+                        && packed(x) && packed(y))
+        }
         _ => false,
     }
 }
@@ -275,6 +286,26 @@ impl FnGen<'_, '_> {
                 let x = self.packed_value(a)?;
                 self.slot_call("rivet_erff4", &[x])?[0]
             }
+            ExprKind::Select(c, a, b) => {
+                let ExprKind::Cmp(op, p, q) = c.kind() else {
+                    return Err(internal(format!("packed select on {c}")));
+                };
+                if self.may_fault(a) || self.may_fault(b) {
+                    return Err(internal(format!(
+                        "a select arm that may fault, vectorized: {e}"
+                    )));
+                }
+                let (x, y) = (self.packed_value(p)?, self.packed_value(q)?);
+                let mask = self.compare(*op, x, y, p.dtype());
+                let mask = self.b.ins().bitcast(
+                    ty,
+                    cranelift_codegen::ir::MemFlagsData::new()
+                        .with_endianness(cranelift_codegen::ir::Endianness::Little),
+                    mask,
+                );
+                let (x, y) = (self.packed_value(a)?, self.packed_value(b)?);
+                self.b.ins().bitselect(mask, x, y)
+            }
             ExprKind::Unary(op, a) => {
                 let x = self.packed_value(a)?;
                 let ins = self.b.ins();
@@ -319,6 +350,23 @@ impl FnGen<'_, '_> {
         };
         let nan = self.b.ins().splat(ty, nan);
         self.b.ins().bitselect(uno, nan, r)
+    }
+
+    /// Whether evaluating `e` for a lane the scalar code would skip might load memory that
+    /// could fault: any load but a constant index inside a constant-size local
+    /// (`lower::vectorize::harmless_load`, the rule the vectorize pass applied).
+    fn may_fault(&self, e: &Expr) -> bool {
+        if !has_load(e) {
+            return false;
+        }
+        let sizes = crate::lower::vectorize::local_sizes(&self.func.buffers);
+        let mut bad = false;
+        e.visit(&mut |n| {
+            if let ExprKind::Load { buf, indices } = n.kind() {
+                bad |= !crate::lower::vectorize::harmless_load(&sizes, *buf, indices);
+            }
+        });
+        bad
     }
 
     /// Lane `l` of `e`, as a scalar value of `e`'s dtype.
@@ -384,7 +432,7 @@ impl FnGen<'_, '_> {
             }
             // Operands evaluated lazily by the scalar code must not touch memory here: the
             // vectorize pass keeps such loops scalar.
-            ExprKind::Logic(op, a, b) if !has_load(b) => {
+            ExprKind::Logic(op, a, b) if !self.may_fault(b) => {
                 let x = self.lane(a, l)?;
                 let y = self.lane(b, l)?;
                 match op {
@@ -392,7 +440,7 @@ impl FnGen<'_, '_> {
                     crate::ir::LogicOp::Or => self.b.ins().bor(x, y),
                 }
             }
-            ExprKind::Select(c, a, b) if !has_load(a) && !has_load(b) => {
+            ExprKind::Select(c, a, b) if !self.may_fault(a) && !self.may_fault(b) => {
                 let c = self.lane(c, l)?;
                 let x = self.lane(a, l)?;
                 let y = self.lane(b, l)?;

@@ -334,20 +334,99 @@ fn propagate(
         let target = fresh_axes(&x);
         let jv: Vec<Var> = target.iter().map(|t| t.var.clone()).collect();
         let s = solve::solve(x.shape(), &r.indices, &a, &domain, &jv)?;
+        let name = format!("{}_grad_{}", x.name(), c.name());
         let part = if s.raxes.is_empty() {
             Contribution::Inline(jv, s.body)
+        } else if let Some((variant, outside)) = factor_out(&s.body, &s.raxes)? {
+            // `sum_r (f(r) * c)` as `(sum_r f(r)) * c`: the factors that do not depend on the
+            // summed variables are applied once per element, not once per term.
+            // The partial sum over axes of its own; the factors stay over `target`'s.
+            let own = fresh_axes(&x);
+            let map: HashMap<Var, Expr> = jv
+                .iter()
+                .cloned()
+                .zip(own.iter().map(|a| Expr::var(&a.var)))
+                .collect();
+            let variant = substitute(&variant, &|v| map.get(v).cloned());
+            let body = reduce(ReduceOp::Sum, variant, &s.raxes)?;
+            let partial = compute_from(x.shape(), own, body, &format!("{name}_sum"))?;
+            let idx: Vec<Expr> = jv.iter().map(Expr::var).collect();
+            let body = outside(partial.idx(&idx))?;
+            Contribution::Stage(compute_from(x.shape(), target, body, &name)?)
         } else {
             let body = reduce(ReduceOp::Sum, s.body, &s.raxes)?;
-            Contribution::Stage(compute_from(
-                x.shape(),
-                target,
-                body,
-                &format!("{}_grad_{}", x.name(), c.name()),
-            )?)
+            Contribution::Stage(compute_from(x.shape(), target, body, &name)?)
         };
         acc.entry(x.id()).or_default().push(part);
     }
     Ok(())
+}
+
+/// A summand `e` of a contribution summed over `raxes`, split into the part that depends on
+/// them and the factors that do not: `e = sign * (variant * n_1 * ... ) / d_1 / ...` through
+/// products, quotients by a factor free of `raxes` and negations (never through a `select`:
+/// a guard stays around what it guards). Returns the variant part and a function applying the
+/// rest to its sum, or `None` when nothing can be taken out (no free factor, no variant
+/// factor, or a reduction that may be empty: `c * 0` is NaN where `c` is not finite, where the
+/// empty sum was 0). The sum is then reassociated: it differs from the unfactored one by
+/// rounding, as any reordered float sum does.
+#[allow(clippy::type_complexity)]
+fn factor_out(
+    e: &Expr,
+    raxes: &[IterVar],
+) -> Result<Option<(Expr, Box<dyn Fn(Expr) -> Result<Expr>>)>> {
+    use crate::ir::expr::{BinOp, ExprKind, UnOp};
+    if !raxes
+        .iter()
+        .all(|r| simplify(&r.extent).as_int().is_some_and(|n| n >= 1))
+    {
+        return Ok(None);
+    }
+    let free = |x: &Expr| !raxes.iter().any(|r| x.uses(&r.var));
+    // (variant factors, free numerator factors, free denominators, negated)
+    fn walk(
+        e: &Expr,
+        free: &dyn Fn(&Expr) -> bool,
+        out: &mut (Vec<Expr>, Vec<Expr>, Vec<Expr>, bool),
+    ) {
+        match e.kind() {
+            ExprKind::Unary(UnOp::Neg, a) => {
+                out.3 = !out.3;
+                walk(a, free, out)
+            }
+            ExprKind::Binary(BinOp::Mul, a, b) => {
+                walk(a, free, out);
+                walk(b, free, out)
+            }
+            ExprKind::Binary(BinOp::Div, a, b) if free(b) => {
+                walk(a, free, out);
+                out.2.push(b.clone())
+            }
+            _ if free(e) => out.1.push(e.clone()),
+            _ => out.0.push(e.clone()),
+        }
+    }
+    let mut parts = (Vec::new(), Vec::new(), Vec::new(), false);
+    walk(e, &free, &mut parts);
+    let (variant, num, den, negated) = parts;
+    if variant.is_empty() || (num.is_empty() && den.is_empty()) {
+        return Ok(None);
+    }
+    let mut v = variant[0].clone();
+    for f in &variant[1..] {
+        v = mul(&v, f)?;
+    }
+    let outside = move |s: Expr| -> Result<Expr> {
+        let mut r = if negated { algebra::neg(&s)? } else { s };
+        for f in &num {
+            r = mul(&r, f)?;
+        }
+        for d in &den {
+            r = div(&r, d)?;
+        }
+        Ok(r)
+    };
+    Ok(Some((v, Box::new(outside))))
 }
 
 /// For a max/min reduction `c`, the stage counting, per output element, the elements equal

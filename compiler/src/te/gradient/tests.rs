@@ -158,3 +158,51 @@ fn a_derivative_past_the_depth_limit_is_an_error_naming_the_stage() {
     let e = gradient(&y, &[x], None).unwrap_err().to_string();
     assert!(e.contains("'Deep'") && e.contains("MAX_EXPR_DEPTH"), "{e}");
 }
+
+/// `Y[i, j] = -(X[i, j] * W[i]) / D[i]`: the adjoint of the row factor `W` sums over `j`,
+/// and the factors that do not depend on `j` (the sign, `1 / D[i]`) are taken out of the sum:
+/// one partial-sum stage (`<x>_grad_<c>_sum`) of the varying part, and the contribution an
+/// elementwise stage applying the rest to it.
+#[test]
+fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
+    let x = ph(&[3, 5], "X");
+    let w = ph(&[3], "W");
+    // Y[i, j] = X[i, j] * W[i]: dW[i] = sum_j head[i, j] * X[i, j]; with a factor 1/D[i]
+    // free of j in the body, it is applied after the sum.
+    let d = ph(&[3], "D");
+    let y = compute(
+        &[Expr::int(3), Expr::int(5)],
+        |i| -(x.idx(i) * w.idx(&[i[0].clone()])) / d.idx(&[i[0].clone()]),
+        "Y",
+    )
+    .unwrap();
+    let g = gradient(&y, &[w.clone()], None).unwrap();
+    let text = body_text(&g[0]);
+    assert!(g[0].reduce_axis().is_empty(), "{text}");
+    assert!(text.contains("W_grad_Y_sum"), "{text}");
+    assert!(
+        text.contains("D["),
+        "the free factor is applied after the sum: {text}"
+    );
+    let partial = reads_of(&g[0])
+        .into_iter()
+        .find(|t| t.name() == "W_grad_Y_sum")
+        .expect("the partial sum");
+    let ptext = body_text(&partial);
+    assert!(
+        !ptext.contains("D["),
+        "the sum is of the varying part only: {ptext}"
+    );
+    // A symbolic extent may be empty (where `c * 0` would be NaN for an infinite `c`):
+    // nothing is taken out.
+    let n = crate::te::var("n");
+    let xs = placeholder(&[Expr::int(3), n.clone()], DType::F64, "Xs").unwrap();
+    let ys = compute(
+        &[Expr::int(3), n],
+        |i| xs.idx(i) * w.idx(&[i[0].clone()]) / d.idx(&[i[0].clone()]),
+        "Ys",
+    )
+    .unwrap();
+    let g = gradient(&ys, &[w], None).unwrap();
+    assert_eq!(g[0].reduce_axis().len(), 1, "{}", body_text(&g[0]));
+}
