@@ -8,8 +8,9 @@ use crate::convert;
 use crate::errors::IntoPyResult;
 use crate::tensor::PyTensor;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 use rivet_runtime::ipc::{self, invalid_handle as invalid, Handle, RawHandle, KIND_CPU};
+use rivet_runtime::ipc_cuda::{CudaHandle, CudaRawHandle};
 use rivet_runtime::{layout, DType, Device, Error, Tensor};
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
@@ -335,4 +336,120 @@ pub fn _tensor_from_bytes(
         py,
         PyTensor::new(if read_only { t.to_read_only() } else { t }),
     )
+}
+
+// ---- CUDA handles (docs/ipc.md "CUDA") ------------------------------------------------------
+
+/// A 64-byte CUDA IPC handle field: `bytes` / `bytearray`, or the same as a hex `str` (the
+/// form that survives JSON). Any length comes back; `CudaHandle::parse` checks it is 64.
+fn ipc_bytes_of(name: &str, v: &Bound<'_, PyAny>) -> Result<Vec<u8>, Error> {
+    if let Ok(b) = v.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(b) = v.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        let s = s
+            .to_str()
+            .map_err(|_| invalid(format!("field '{name}' is not valid text")))?;
+        let hex = s.as_bytes();
+        // Checked before decoding (a hostile string may be huge): a handle is 2 x 64 digits.
+        if hex.len() != 2 * rivet_runtime::ipc_cuda::IPC_HANDLE_SIZE {
+            return Err(invalid(format!(
+                "field '{name}' is a str of {} characters; a CUDA IPC handle as hex has exactly {}",
+                hex.len(),
+                2 * rivet_runtime::ipc_cuda::IPC_HANDLE_SIZE
+            )));
+        }
+        return hex
+            .chunks(2)
+            .map(|p| {
+                std::str::from_utf8(p)
+                    .ok()
+                    .and_then(|p| u8::from_str_radix(p, 16).ok())
+                    .ok_or_else(|| invalid(format!("field '{name}' is not hex text")))
+            })
+            .collect();
+    }
+    Err(invalid(format!(
+        "field '{name}' must be bytes (or hex str) of a CUDA IPC handle, got {}",
+        type_name(v)
+    )))
+}
+
+/// Reads and validates a Python `CudaHandle`'s fields (no GPU needed).
+fn parse_cuda(h: &Bound<'_, PyAny>) -> Result<CudaHandle, Error> {
+    let (kind, dtype) = (str_field(h, "kind")?, str_field(h, "dtype")?);
+    let (shape, strides) = (dims_field(h, "shape")?, dims_field(h, "strides")?);
+    let mem = ipc_bytes_of("mem_handle", &attr(h, "mem_handle")?)?;
+    let ev = attr(h, "event_handle")?;
+    let ev = if ev.is_none() {
+        None
+    } else {
+        Some(ipc_bytes_of("event_handle", &ev)?)
+    };
+    CudaHandle::parse(&CudaRawHandle {
+        kind: &kind,
+        pid: int_field(h, "pid")?,
+        device: int_field(h, "device")?,
+        mem_handle: &mem,
+        alloc_size: int_field(h, "alloc_size")?,
+        offset: int_field(h, "offset")?,
+        shape: &shape,
+        strides: &strides,
+        dtype: &dtype,
+        event_handle: ev.as_deref(),
+    })
+}
+
+/// `open(cuda_handle, device)`: validates the handle and the `device` argument (the target
+/// ordinal: None is the handle's), then needs a CUDA driver and both devices present, each a
+/// `DeviceError` saying which is missing. The mapping itself (`cuIpcOpenMemHandle` through a
+/// per-process cache, the event wait) is not in this build: a GPU session adds it (docs/ipc.md).
+#[pyfunction]
+#[pyo3(signature = (handle, device=None))]
+pub fn _ipc_open_cuda(
+    py: Python<'_>,
+    handle: &Bound<'_, PyAny>,
+    device: Option<&str>,
+) -> PyResult<Py<PyTensor>> {
+    let h = parse_cuda(handle).py_err(py)?;
+    let target = match device {
+        None => h.device,
+        Some(d) => match d
+            .parse::<Device>()
+            .map_err(|e: Error| e.context("rivet.ipc.open: argument 'device': "))
+            .py_err(py)?
+        {
+            Device::Cuda(n) => n,
+            _ => {
+                return Err(Error::Device(format!(
+                    "rivet.ipc.open: argument 'device' is '{d}' but the handle is of CUDA memory (device {}); open it on a CUDA device such as 'cuda:{}' (or leave device=None)",
+                    h.device, h.device
+                )))
+                .py_err(py)
+            }
+        },
+    };
+    let n = rivet_compiler::codegen::cuda::driver::device_count()
+        .map_err(Error::from)
+        .map_err(|e| e.context("rivet.ipc.open: cannot open a CUDA handle: "))
+        .py_err(py)?;
+    for (what, d) in [
+        ("the handle's 'device'", h.device),
+        ("argument 'device'", target),
+    ] {
+        if d as usize >= n {
+            return Err(Error::Device(format!(
+                "rivet.ipc.open: {what} is CUDA device {d} but this process sees {n} CUDA device(s)"
+            )))
+            .py_err(py);
+        }
+    }
+    Err(Error::Device(format!(
+        "rivet.ipc.open: opening CUDA IPC handles (device {} -> cuda:{target}) is not implemented in this build yet; the handle is well-formed (docs/ipc.md \"CUDA\")",
+        h.device
+    )))
+    .py_err(py)
 }

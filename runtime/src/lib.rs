@@ -16,6 +16,7 @@ pub mod error;
 pub mod function;
 pub mod host;
 pub mod ipc;
+pub mod ipc_cuda;
 pub mod layout;
 pub mod parallel;
 pub mod registry;

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from . import _native
 from ._native import Tensor
 from .error import ArgumentError, DeviceError, IPCError
 
-__all__ = ["Handle", "share", "open"]
+__all__ = ["Handle", "CudaHandle", "share", "open"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,39 @@ class Handle:
         return Handle, (
             self.kind, self.device, self.pid, self.fd, self.st_dev, self.st_ino, self.size,
             self.offset, self.shape, self.strides, self.dtype, self.read_only,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaHandle:
+    """A view of CUDA device memory shared with CUDA IPC, as plain data (docs/ipc.md "CUDA").
+
+    ``kind`` is "cuda_ipc"; ``pid`` the sending process; ``device`` the sender's CUDA device
+    index; ``mem_handle`` the 64-byte ``cuIpcGetMemHandle`` of the allocation's *base* (bytes,
+    or the same as a hex str), ``alloc_size`` that allocation's bytes and ``offset`` the view's
+    byte offset inside it (torch's caching allocator sub-allocates, so a tensor is rarely at
+    the base); ``shape``, ``strides`` (elements) and ``dtype`` the view; ``event_handle`` the
+    64-byte ``cuIpcGetEventHandle`` of an event recorded after the sender's writes, or None.
+    ``open`` checks every field (lengths, ranges, the view inside ``alloc_size``) before it
+    touches the driver.
+    """
+
+    kind: str
+    pid: int
+    device: int
+    mem_handle: bytes
+    alloc_size: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    event_handle: Optional[bytes] = None
+
+    def __repr__(self) -> str:
+        ev = "event" if self.event_handle is not None else "no event"
+        return (
+            f"rivet.ipc.CudaHandle({self.dtype}{list(self.shape)}, strides={list(self.strides)}, "
+            f"offset={self.offset} of {self.alloc_size} bytes on cuda:{self.device}, pid={self.pid}, {ev})"
         )
 
 
@@ -140,13 +173,30 @@ def share(tensor: Any, copy: bool = False) -> Handle:
     return _make(fields, keep if copy else None)
 
 
-def open(handle: Handle, device: Optional[str] = None) -> Tensor:  # noqa: A001 (the issue's name)
+def open(handle: Union[Handle, CudaHandle], device: Union[str, int, None] = None) -> Tensor:  # noqa: A001 (the issue's name)
     """A ``rivet.Tensor`` over the memory ``handle`` names (a view of this process's own mapping
-    when it has one). ``device`` may be None or "cpu". A malformed, stale or foreign handle is a
-    ``rivet.IPCError`` naming the field or the pid / fd and what went wrong."""
+    when it has one). For a :class:`Handle` ``device`` may be None or "cpu"; for a
+    :class:`CudaHandle` None (the handle's device), a CUDA device ("cuda:1") or its index. A
+    malformed, stale or foreign handle is a ``rivet.IPCError`` naming the field or the pid / fd
+    and what went wrong; a CUDA handle where there is no CUDA driver or device is a
+    ``rivet.DeviceError`` saying which."""
+    if isinstance(handle, CudaHandle):
+        if isinstance(device, int) and not isinstance(device, bool):
+            device = f"cuda:{device}"
+        if device is not None and not isinstance(device, str):
+            raise ArgumentError(
+                "rivet.ipc.open: argument 'device' must be None, a device str such as 'cuda:1' or a CUDA "
+                f"device index, got {type(device).__name__}"
+            )
+        return _native._ipc_open_cuda(handle, device)
     if not isinstance(handle, Handle):
         raise ArgumentError(
-            f"rivet.ipc.open: argument 0 ('handle') must be a rivet.ipc.Handle, got {type(handle).__name__}"
+            "rivet.ipc.open: argument 0 ('handle') must be a rivet.ipc.Handle or rivet.ipc.CudaHandle, "
+            f"got {type(handle).__name__}"
+        )
+    if device is not None and not isinstance(device, str):
+        raise ArgumentError(
+            f"rivet.ipc.open: argument 'device' must be None or 'cpu' for a CPU handle, got {type(device).__name__}"
         )
     return _native._ipc_open(handle, device)
 

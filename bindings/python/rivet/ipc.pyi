@@ -4,7 +4,7 @@ from typing import Any
 
 from ._native import Tensor
 
-__all__ = ["Handle", "share", "open"]
+__all__ = ["Handle", "CudaHandle", "share", "open"]
 
 @dataclasses.dataclass(frozen=True)
 class Handle:
@@ -24,6 +24,21 @@ class Handle:
     read_only: bool = False
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
+@dataclasses.dataclass(frozen=True)
+class CudaHandle:
+    """A view of CUDA device memory shared with CUDA IPC, as plain data."""
+
+    kind: str
+    pid: int
+    device: int
+    mem_handle: bytes
+    alloc_size: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    event_handle: bytes | None = None
+
 # A torch tensor, a rivet.Tensor or any array with __dlpack__ (typed Any to keep torch optional).
 def share(tensor: Any, copy: bool = False) -> Handle: ...
-def open(handle: Handle, device: str | None = None) -> Tensor: ...
+def open(handle: Handle | CudaHandle, device: str | int | None = None) -> Tensor: ...
