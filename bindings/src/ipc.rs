@@ -405,14 +405,15 @@ fn parse_cuda(h: &Bound<'_, PyAny>) -> Result<CudaHandle, Error> {
 
 /// `open(cuda_handle, device)`: validates the handle and the `device` argument (the target
 /// ordinal: None is the handle's), then needs a CUDA driver and both devices present, each a
-/// `DeviceError` saying which is missing. The mapping itself (`cuIpcOpenMemHandle` through a
-/// per-process cache, the event wait) is not in this build: a GPU session adds it (docs/ipc.md).
+/// `DeviceError` saying which is missing; then maps it (`rivet_compiler::codegen::cuda::ipc`:
+/// a per-process cache, the sender's event waited on `stream`). Not yet run on a GPU.
 #[pyfunction]
-#[pyo3(signature = (handle, device=None))]
+#[pyo3(signature = (handle, device=None, stream=0))]
 pub fn _ipc_open_cuda(
     py: Python<'_>,
     handle: &Bound<'_, PyAny>,
     device: Option<&str>,
+    stream: u64,
 ) -> PyResult<Py<PyTensor>> {
     let h = parse_cuda(handle).py_err(py)?;
     let target = match device {
@@ -447,9 +448,37 @@ pub fn _ipc_open_cuda(
             .py_err(py);
         }
     }
-    Err(Error::Device(format!(
-        "rivet.ipc.open: opening CUDA IPC handles (device {} -> cuda:{target}) is not implemented in this build yet; the handle is well-formed (docs/ipc.md \"CUDA\")",
-        h.device
-    )))
-    .py_err(py)
+    let t = py
+        .detach(|| rivet_compiler::codegen::cuda::ipc::open(&h, target as usize, stream))
+        .map_err(Error::from)
+        .map_err(|e| e.context("rivet.ipc.open: "))
+        .py_err(py)?;
+    Py::new(py, PyTensor::new(t))
+}
+
+/// (mem_handle, alloc_size, offset, event_handle or None): `_ipc_share_cuda`'s result.
+type CudaShared<'py> = (Bound<'py, PyBytes>, u64, u64, Option<Bound<'py, PyBytes>>);
+
+/// `share` of CUDA memory at `ptr` on device `ordinal` (a torch CUDA tensor's `data_ptr()`):
+/// (mem_handle, alloc_size, offset, event_handle or None); with `stream`, an interprocess event
+/// is recorded on it after the work queued so far.
+#[pyfunction]
+#[pyo3(signature = (ptr, ordinal, stream=None))]
+pub fn _ipc_share_cuda<'py>(
+    py: Python<'py>,
+    ptr: u64,
+    ordinal: usize,
+    stream: Option<u64>,
+) -> PyResult<CudaShared<'py>> {
+    let s = py
+        .detach(|| rivet_compiler::codegen::cuda::ipc::share(ordinal, ptr, stream))
+        .map_err(Error::from)
+        .map_err(|e| e.context("rivet.ipc.share: "))
+        .py_err(py)?;
+    Ok((
+        PyBytes::new(py, &s.mem_handle),
+        s.alloc_size,
+        s.offset,
+        s.event_handle.map(|e| PyBytes::new(py, &e)),
+    ))
 }

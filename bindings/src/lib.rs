@@ -73,6 +73,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ipc::_ipc_share_fd, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_open, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_open_cuda, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::_ipc_share_cuda, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_open_fd, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_live_segments, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_tensor_from_bytes, m)?)?;

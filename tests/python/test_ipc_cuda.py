@@ -1,5 +1,6 @@
 """CUDA cross-process handles (issue 10, CUDA half; docs/ipc.md "CUDA"): the handle format and
-its validation, which run without a GPU. Every hostile field is a rivet.IPCError naming it
+its validation, which run without a GPU. The gpu-marked two-process tests are written for a GPU
+session and have not run yet. Every hostile field is a rivet.IPCError naming it
 before the driver is touched; a well-formed handle where there is no CUDA is a
 rivet.DeviceError saying so. The gpu-marked tests run only where rivet can use a CUDA device."""
 
@@ -126,3 +127,65 @@ def test_a_device_index_past_the_devices_is_a_device_error():
         rivet.ipc.open(handle(device=n))
     with pytest.raises(rivet.DeviceError, match=rf"argument 'device' is CUDA device {n} but this process sees {n}"):
         rivet.ipc.open(handle(), device=n)
+
+
+def test_a_rivet_cuda_tensor_is_refused_by_share_saying_why():
+    # rivet's CUDA memory is cuMemAllocAsync pool memory; the check needs no GPU (a stand-in
+    # object with a CUDA device string would not be a rivet.Tensor, so this runs only with one).
+    if not cuda_usable():
+        pytest.skip("needs a rivet CUDA tensor")
+    t = rivet.zeros([4], dtype="float32", device="cuda")
+    with pytest.raises(rivet.IPCError, match="stream-ordered pool"):
+        rivet.ipc.share(t)
+
+
+# ---- two processes, one GPU (written for a GPU session; not yet run) -------------------------
+
+
+def _cuda_receiver(h, q):
+    import torch
+
+    try:
+        v = rivet.ipc.open(h)
+        w = rivet.ipc.open(h)  # the per-process cache: CUDA refuses a second cuIpcOpenMemHandle
+        tv = torch.from_dlpack(v)
+        q.put(("read", tv.cpu().tolist()))
+        tv.add_(1.0)  # ordered after the sender's writes by its event, on torch's stream
+        torch.cuda.current_stream().synchronize()
+        q.put(("same", torch.from_dlpack(w).data_ptr() == tv.data_ptr()))
+    except Exception as e:  # the parent reports it
+        q.put(("error", repr(e)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU")
+def test_a_torch_cuda_tensor_is_shared_and_the_receiver_writes_into_it():
+    import multiprocessing as mp
+
+    import torch
+
+    big = torch.zeros(1024, device="cuda")  # caching allocator: a sub-allocation, offset > 0
+    t = big[256:262]
+    t.copy_(torch.arange(6.0, device="cuda"))  # the sender's write, before the event
+    h = rivet.ipc.share(t)
+    assert isinstance(h, rivet.ipc.CudaHandle) and h.offset >= 256 * 4 and h.event_handle is not None
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_cuda_receiver, args=(h, q))
+    p.start()
+    got = [q.get(timeout=120) for _ in range(2)]
+    p.join(60)
+    assert got[0] == ("read", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]), got
+    assert got[1] == ("same", True), got
+    torch.cuda.synchronize()
+    assert t.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="needs a CUDA GPU")
+def test_opening_a_handle_in_the_process_that_made_it_is_an_ipc_error():
+    import torch
+
+    h = rivet.ipc.share(torch.ones(4, device="cuda"))
+    with pytest.raises(rivet.IPCError, match="made by this process"):
+        rivet.ipc.open(h)

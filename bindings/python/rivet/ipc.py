@@ -1,4 +1,5 @@
-"""Cross-process tensors with no copy (CPU shared memory); docs/ipc.md has the rules.
+"""Cross-process tensors with no copy (CPU shared memory; CUDA IPC handles, docs/ipc.md "CUDA");
+docs/ipc.md has the rules.
 
 ``share(tensor)`` gives a :class:`Handle`: small, picklable plain data naming a view of a
 shared-memory segment; ``open(handle)`` in another process (same user, Linux) gives a
@@ -18,6 +19,8 @@ Only the pickling glue and torch's fd live here; the checks are in Rust (runtime
 from __future__ import annotations
 
 import dataclasses
+import os as _os
+import sys as _sys
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
 from typing import Any, Optional, Union
@@ -123,10 +126,12 @@ def _share_torch(t: Any, copy: bool) -> Handle:
     copy when ``copy=True``."""
     import torch.multiprocessing as tmp
 
+    if t.device.type == "cuda":
+        return _share_torch_cuda(t)
     if t.device.type != "cpu":
         raise DeviceError(
             f"rivet.ipc.share: argument 0 ('tensor') is a torch tensor on {t.device}; rivet.ipc shares CPU "
-            "tensors only (CUDA IPC is not implemented yet)"
+            "and CUDA tensors only"
         )
     t = t.detach()
     if not t.is_shared():
@@ -155,12 +160,45 @@ def _share_torch(t: Any, copy: bool) -> Handle:
     return _make(fields, storage if fields[3] >= 0 else None)
 
 
-def share(tensor: Any, copy: bool = False) -> Handle:
+def _share_torch_cuda(t: Any) -> CudaHandle:
+    """A torch CUDA tensor: the handle of its allocation's base and its byte offset there, and an
+    interprocess event recorded on torch's current stream after the work queued so far (the
+    receiver waits on it instead of a device-wide synchronize). Not yet run on a GPU."""
+    import torch
+
+    t = t.detach()
+    dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    mem, alloc_size, offset, event = _native._ipc_share_cuda(t.data_ptr(), dev, stream)
+    # t.data_ptr() already includes the storage offset: `offset` is from the allocation base.
+    return CudaHandle(
+        "cuda_ipc", _os.getpid(), dev, mem, alloc_size, offset, tuple(t.shape), tuple(t.stride()),
+        str(t.dtype).removeprefix("torch."), event,
+    )
+
+
+def _current_stream(device: Optional[str], handle: CudaHandle) -> int:
+    """torch's current stream on the target device when torch is loaded (so torch work after
+    open is ordered after the sender's writes), else 0, the legacy default stream."""
+    torch = _sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0
+    try:
+        idx = handle.device if device is None else (0 if device == "cuda" else int(device.split(":")[-1]))
+        return int(torch.cuda.current_stream(idx).cuda_stream)
+    except Exception:  # an index torch does not see: rivet's own check names it
+        return 0
+
+
+def share(tensor: Any, copy: bool = False) -> Union[Handle, CudaHandle]:
     """A :class:`Handle` of ``tensor``'s memory, which must be shared memory: a rivet tensor from
     ``rivet.empty/zeros(..., shared=True)`` or opened from a handle, any view of one (numpy and
     torch views included), or a torch tensor after ``share_memory_()``. Anything else is a
     ``rivet.IPCError`` saying how to get one, or with ``copy=True`` is copied once into a new
     shared segment, which the returned handle keeps alive in this process.
+
+    A torch CUDA tensor (torch's default caching allocator) gives a :class:`CudaHandle` instead
+    (docs/ipc.md "CUDA"; not yet run on a GPU); a rivet CUDA tensor is a ``rivet.IPCError``.
 
     The sender must keep the tensor (or, with ``copy=True``, the handle) alive until receivers
     have opened the handle; after that each receiver's view keeps the memory alive by itself.
@@ -169,6 +207,12 @@ def share(tensor: Any, copy: bool = False) -> Handle:
         raise ArgumentError(f"rivet.ipc.share: argument 'copy' must be a bool, got {type(copy).__name__}")
     if _is_torch(tensor):
         return _share_torch(tensor, copy)
+    if isinstance(tensor, Tensor) and tensor.device.startswith("cuda"):
+        raise IPCError(
+            f"rivet.ipc.share: argument 0 ('tensor') is a rivet tensor on {tensor.device}, whose memory comes "
+            "from a stream-ordered pool (cuMemAllocAsync), which CUDA IPC (cuIpcGetMemHandle) cannot share; "
+            "allocate the tensor with torch (its default caching allocator) and share the torch tensor"
+        )
     fields, keep = _native._ipc_share(tensor, copy)
     return _make(fields, keep if copy else None)
 
@@ -188,7 +232,8 @@ def open(handle: Union[Handle, CudaHandle], device: Union[str, int, None] = None
                 "rivet.ipc.open: argument 'device' must be None, a device str such as 'cuda:1' or a CUDA "
                 f"device index, got {type(device).__name__}"
             )
-        return _native._ipc_open_cuda(handle, device)
+        stream = _current_stream(device, handle) if device is None or device.startswith("cuda") else 0
+        return _native._ipc_open_cuda(handle, device, stream)
     if not isinstance(handle, Handle):
         raise ArgumentError(
             "rivet.ipc.open: argument 0 ('handle') must be a rivet.ipc.Handle or rivet.ipc.CudaHandle, "
@@ -212,7 +257,8 @@ def _reduce_for_multiprocessing(t: Tensor) -> tuple[Any, tuple[Any, ...]]:
     if t.device != "cpu":
         raise DeviceError(
             f"cannot send a rivet tensor on {t.device} to another process: rivet.ipc shares CPU tensors only "
-            "(CUDA IPC is not implemented yet)"
+            "(a rivet CUDA tensor lives in cuMemAllocAsync pool memory, which CUDA IPC cannot share; send "
+            "rivet.ipc.share(torch_cuda_tensor) instead)"
         )
     fields, keep = _native._ipc_share(t, True)
     handle = _make(fields)

@@ -1,6 +1,6 @@
 # Type stubs for rivet.ipc (ipc.py: cross-process tensors, docs/ipc.md).
 import dataclasses
-from typing import Any
+from typing import Any, overload
 
 from ._native import Tensor
 
@@ -40,5 +40,10 @@ class CudaHandle:
     event_handle: bytes | None = None
 
 # A torch tensor, a rivet.Tensor or any array with __dlpack__ (typed Any to keep torch optional).
-def share(tensor: Any, copy: bool = False) -> Handle: ...
+# A rivet.Tensor gives a CPU Handle (rivet's CUDA tensors are refused); a torch CUDA tensor a
+# CudaHandle.
+@overload
+def share(tensor: Tensor, copy: bool = False) -> Handle: ...
+@overload
+def share(tensor: Any, copy: bool = False) -> Handle | CudaHandle: ...
 def open(handle: Handle | CudaHandle, device: str | int | None = None) -> Tensor: ...

@@ -44,7 +44,7 @@ pub fn device_error(msg: String) -> Error {
 }
 
 /// Runs a cudarc call, turning a panic into a `DeviceError`.
-fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
         let msg = p
             .downcast_ref::<String>()

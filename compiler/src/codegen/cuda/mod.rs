@@ -30,6 +30,7 @@ pub mod driver;
 pub mod idx32;
 #[cfg(test)]
 mod idx32_tests;
+pub mod ipc;
 pub mod nvrtc;
 pub mod prelude;
 pub mod source;
