@@ -396,7 +396,7 @@ fn new_tensor(
             Py::new(py, PyTensor::new(t))
         }
         Device::Cuda(_) if shared => Err(Error::Device(format!(
-            "{what}: shared=True allocates CPU shared memory; device is '{device}' (sharing CUDA memory between processes is not implemented yet)"
+            "{what}: shared=True allocates CPU shared memory; device is '{device}' (rivet's CUDA memory is cuMemAllocAsync pool memory, which CUDA IPC cannot share: share a torch CUDA tensor with rivet.ipc.share instead)"
         )))
         .py_err(py),
         Device::Cuda(o) => {

@@ -239,7 +239,7 @@ fn handle_of(seg: &Segment, offset: u64, t: &Tensor) -> Handle {
 fn check_cpu(t: &Tensor, what: &str) -> Result<()> {
     if t.device() != Device::Cpu {
         return Err(Error::Device(format!(
-            "{what}: the tensor is on {}; rivet.ipc shares CPU tensors only (CUDA IPC is not implemented yet)",
+            "{what}: the tensor is on {}; this path shares CPU memory only (CUDA memory is shared from a torch CUDA tensor through rivet.ipc.share, docs/ipc.md \"CUDA\")",
             t.device()
         )));
     }
