@@ -127,31 +127,7 @@ impl Handle {
             isize::MAX as i128,
             "a byte offset (0 to 2^63 - 1)",
         )?;
-        if raw.shape.len() > layout::MAX_NDIM {
-            return Err(invalid_handle(format!(
-                "field 'shape' has {} dims; rivet's limit is {}",
-                raw.shape.len(),
-                layout::MAX_NDIM
-            )));
-        }
-        let dims = |name: &str, v: &[i128]| -> Result<Dims> {
-            v.iter()
-                .enumerate()
-                .map(|(i, &d)| {
-                    i64::try_from(d).map_err(|_| {
-                        invalid_handle(format!(
-                            "field '{name}'[{i}] is {d}; it does not fit in int64"
-                        ))
-                    })
-                })
-                .collect()
-        };
-        let shape = dims("shape", raw.shape)?;
-        let strides = dims("strides", raw.strides)?;
-        let dtype: DType = raw
-            .dtype
-            .parse()
-            .map_err(|e: Error| invalid_handle(format!("field 'dtype': {e}")))?;
+        let (shape, strides, dtype) = view_fields(raw.shape, raw.strides, raw.dtype)?;
         let h = Handle {
             pid,
             fd,
@@ -168,11 +144,58 @@ impl Handle {
     }
 }
 
-/// Proves that the view (`offset`, `shape`, `strides`, `dtype`) lies inside a segment of
-/// `size` bytes: a valid layout (`layout::validate`), and for a non-empty view every byte it
+/// A handle's view fields, checked: at most `MAX_NDIM` dims in `shape` and `strides`, each
+/// fitting int64, and a dtype rivet knows (the layout itself is `check_span`'s). One
+/// definition for every kind of handle (CPU here, CUDA in `ipc_cuda`).
+pub(crate) fn view_fields(
+    shape: &[i128],
+    strides: &[i128],
+    dtype: &str,
+) -> Result<(Dims, Dims, DType)> {
+    if shape.len() > layout::MAX_NDIM || strides.len() > layout::MAX_NDIM {
+        return Err(invalid_handle(format!(
+            "fields 'shape' / 'strides' have {} / {} dims; rivet's limit is {}",
+            shape.len(),
+            strides.len(),
+            layout::MAX_NDIM
+        )));
+    }
+    let dims = |name: &str, v: &[i128]| -> Result<Dims> {
+        v.iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                i64::try_from(d).map_err(|_| {
+                    invalid_handle(format!(
+                        "field '{name}'[{i}] is {d}; it does not fit in int64"
+                    ))
+                })
+            })
+            .collect()
+    };
+    let dtype: DType = dtype
+        .parse()
+        .map_err(|e: Error| invalid_handle(format!("field 'dtype': {e}")))?;
+    Ok((dims("shape", shape)?, dims("strides", strides)?, dtype))
+}
+
+/// `check_span_in` for a CPU handle: the container is the segment, its size field `size`.
+pub fn check_span(
+    size: u64,
+    offset: u64,
+    shape: &[i64],
+    strides: &[i64],
+    dtype: DType,
+) -> Result<layout::Extent> {
+    check_span_in("the segment", "size", size, offset, shape, strides, dtype)
+}
+
+/// Proves that the view (`offset`, `shape`, `strides`, `dtype`) lies inside a container of
+/// `size` bytes (`what`, whose handle field is `field`, named in the error): a valid layout (`layout::validate`), and for a non-empty view every byte it
 /// touches in `[0, size)`; an empty view's `offset` is at most `size`. Checked `i128`
 /// arithmetic throughout (`offset`, `size` < 2^63 and the layout's extent < 2^63 in magnitude).
-pub fn check_span(
+pub fn check_span_in(
+    what: &str,
+    field: &str,
     size: u64,
     offset: u64,
     shape: &[i64],
@@ -194,7 +217,7 @@ pub fn check_span(
     };
     if lo < 0 || hi > size as i128 {
         return Err(invalid_handle(format!(
-            "the view ('offset' {offset}, 'shape' {shape:?}, 'strides' {strides:?}, 'dtype' {dtype}) reaches bytes [{lo}, {hi}) but the segment has {size} bytes ('size')"
+            "the view ('offset' {offset}, 'shape' {shape:?}, 'strides' {strides:?}, 'dtype' {dtype}) reaches bytes [{lo}, {hi}) but {what} has {size} bytes ('{field}')"
         )));
     }
     Ok(ext)

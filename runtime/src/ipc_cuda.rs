@@ -14,8 +14,8 @@
 //!   sub-allocates, so the view is (base handle, byte offset), as torch's own CUDA IPC does.
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ipc::{check_span, invalid_handle};
-use crate::layout::{self, Dims};
+use crate::ipc::{check_span_in, invalid_handle, view_fields};
+use crate::layout::Dims;
 
 /// The `kind` of a handle of CUDA device memory shared with `cuIpcGetMemHandle`.
 pub const KIND_CUDA: &str = "cuda_ipc";
@@ -124,40 +124,16 @@ impl CudaHandle {
             isize::MAX as i128,
             "a byte offset (0 to 2^63 - 1)",
         )? as u64;
-        if raw.shape.len() > layout::MAX_NDIM || raw.strides.len() > layout::MAX_NDIM {
-            return Err(invalid_handle(format!(
-                "fields 'shape' / 'strides' have {} / {} dims; rivet's limit is {}",
-                raw.shape.len(),
-                raw.strides.len(),
-                layout::MAX_NDIM
-            )));
-        }
-        let dims = |name: &str, v: &[i128]| -> Result<Dims> {
-            v.iter()
-                .enumerate()
-                .map(|(i, &d)| {
-                    i64::try_from(d).map_err(|_| {
-                        invalid_handle(format!(
-                            "field '{name}'[{i}] is {d}; it does not fit in int64"
-                        ))
-                    })
-                })
-                .collect()
-        };
-        let shape = dims("shape", raw.shape)?;
-        let strides = dims("strides", raw.strides)?;
-        let dtype: DType = raw
-            .dtype
-            .parse()
-            .map_err(|e: crate::error::Error| invalid_handle(format!("field 'dtype': {e}")))?;
-        // check_span words its bound as the CPU handle's segment; the field here is another.
-        check_span(alloc_size, offset, &shape, &strides, dtype).map_err(|e| match e {
-            crate::error::Error::Ipc(m) => crate::error::Error::Ipc(m.replace(
-                &format!("the segment has {alloc_size} bytes ('size')"),
-                &format!("the CUDA allocation has {alloc_size} bytes ('alloc_size')"),
-            )),
-            e => e,
-        })?;
+        let (shape, strides, dtype) = view_fields(raw.shape, raw.strides, raw.dtype)?;
+        check_span_in(
+            "the CUDA allocation",
+            "alloc_size",
+            alloc_size,
+            offset,
+            &shape,
+            &strides,
+            dtype,
+        )?;
         Ok(CudaHandle {
             pid,
             device,
