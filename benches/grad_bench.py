@@ -23,13 +23,16 @@ What is timed:
   torch  torch.autograd.grad(y, inputs, gy, retain_graph=True), the forward run once outside
          the timing: torch's backward uses the activations its forward saved.
   torch_fwd_bwd (context, not the target's measure) the forward and torch.autograd.grad in each
-         timed call: what torch pays when it has no saved activations, as rivet's backward.
-  rivet  the function built from te.gradient(out, inputs, head) with the default CPU schedule
-         (rivet.build(rivet.create_schedule(grads), [*inputs, head, *grads], target="cpu")),
-         called on torch tensors with its outputs preallocated. It takes only the forward's
-         inputs and the head (the backward convention of rivet.torch.custom_op), so it
-         recomputes whatever forward values the gradient needs (softmax's max, exp and sum;
-         layer_norm's mean and variance) inside the timed call.
+         timed call: what torch pays when it has no saved activations.
+  rivet  the saved backward of Function.training_pair() (docs/gradient.md, "Saved
+         activations": what rivet.torch.custom_op and rivet.jax.ffi_func run under autograd),
+         derived with te.gradient and built with the default CPU schedule, called on torch
+         tensors with its outputs preallocated; the forward with residuals runs once outside
+         the timing, as torch's forward: the backward reads the forward's outputs and the
+         values it kept (softmax's exponentials and row sums; layer_norm's row sums).
+  rivet_recompute (context) the plain backward, Function.backward(): only the forward's
+         inputs and the head, so it recomputes the forward values it needs inside the timed call
+         (rivet.build(rivet.create_schedule(grads), [*inputs, head, *grads], target="cpu")).
 Outputs: a table, benches/out/grad_bench.json and benches/grad_bench.png (rivet's time over
 torch's per case and thread count; the issue's target is <= 1.5).
 """
@@ -47,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = os.path.join(HERE, "out", "grad_bench.json")
 DEFAULT_PNG = os.path.join(HERE, "grad_bench.png")
 OPS = ["matmul", "softmax", "layer_norm"]
-LIBS = ["torch", "rivet", "torch_fwd_bwd"]
+LIBS = ["torch", "rivet", "rivet_recompute", "torch_fwd_bwd"]
 N = 1024
 EPS = 1e-5
 TARGET = 1.5
@@ -92,7 +95,8 @@ def rivet_program(op, n=N):
     if op == "softmax":
         X = te.placeholder((n, n), "float32", name="X")
         r1 = te.reduce_axis((0, n), name="r1")
-        mx = te.compute((n,), lambda i: te.max(X[i, r1], axis=r1), name="max")
+        # As rivet.kernels.softmax: the max is a constant to te.gradient (shift invariance).
+        mx = te.stop_gradient(te.compute((n,), lambda i: te.max(X[i, r1], axis=r1), name="max"))
         e = te.compute((n, n), lambda i, j: te.exp(X[i, j] - mx[i]), name="exp")
         r2 = te.reduce_axis((0, n), name="r2")
         s = te.compute((n,), lambda i: te.sum(e[i, r2], axis=r2), name="sum")
@@ -126,6 +130,26 @@ def build_rivet_backward(op, n=N):
     mod = rivet.build(rivet.create_schedule(grads), [*inputs, head, *grads], target="cpu",
                       name="bwd")
     return mod, mod["bwd"]
+
+
+def build_rivet_saved(op, n=N):
+    """The saved-activations pair (Function.training_pair(): what rivet.torch.custom_op and
+    rivet.jax.ffi_func run under autograd) of the forward, built with the default schedule."""
+    import rivet
+
+    inputs, out = rivet_program(op, n)
+    f = rivet.build(rivet.create_schedule(out), [*inputs, out], target="cpu", name=op)[op]
+    return f.training_pair()
+
+
+def rivet_saved_call(op, xs, gy, got):
+    """The saved backward's call on `xs` (forward with residuals run once, untimed)."""
+    import torch
+
+    fwd, bwd, _ = build_rivet_saved(op)
+    kept = fwd(*xs)
+    kept = [torch.from_dlpack(t) for t in (kept if isinstance(kept, (tuple, list)) else (kept,))]
+    return lambda: bwd(*xs, *kept, gy, *got)
 
 
 def torch_forward(op, xs):
@@ -172,13 +196,16 @@ def grad_case(op, lib, threads):
     else:
         import rivet
 
-        _, f = build_rivet_backward(op)
         got = [torch.full_like(x, float("nan")) for x in xs]
-        f(*xs, gy, *got)
+        if lib == "rivet":
+            run = rivet_saved_call(op, xs, gy, got)
+        else:
+            _, f = build_rivet_backward(op)
+            run = lambda: f(*xs, gy, *got)  # noqa: E731
+        run()
         for k, (a, b) in enumerate(zip(got, ref)):
             torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4,
                                        msg=lambda m: f"{op} gradient {k}: {m}")
-        run = lambda: f(*xs, gy, *got)  # noqa: E731
         med, lo, hi, reps = timed(run)
         check = "assert_close(rtol=2e-4, atol=2e-4) to torch.autograd.grad"
         if rivet.num_threads() != threads:
@@ -204,14 +231,14 @@ def interleaved_case(op, threads, rounds=200):
     leaves = [x.clone().requires_grad_() for x in xs]
     y = torch_forward(op, leaves)
     ref = torch.autograd.grad(y, leaves, gy, retain_graph=True)
-    _, f = build_rivet_backward(op)
     got = [torch.full_like(x, float("nan")) for x in xs]
-    f(*xs, gy, *got)
+    saved = rivet_saved_call(op, xs, gy, got)
+    saved()
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)
     if op == "matmul":
         rounds = max(10, rounds // 20)
-    calls = {"rivet": lambda: f(*xs, gy, *got),
+    calls = {"rivet": saved,
              "torch": lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)}
     ts = {k: [] for k in calls}
     for c in calls.values():

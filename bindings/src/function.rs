@@ -168,6 +168,22 @@ impl PyFunction {
         ))
     }
 
+    /// The saved-activations pair `(forward, backward, residuals)` of a function built from a
+    /// te program (`rivet_compiler::residuals`, docs/gradient.md "Saved activations"): the
+    /// forward takes this function's arguments then writes `residuals` extra outputs (forward
+    /// values the backward needs); the backward takes the forward's inputs, its outputs, the
+    /// residuals and one cotangent per output, and writes one gradient per float input. Built
+    /// on first use, then cached; the errors of `backward()`.
+    fn training_pair(&self, py: Python<'_>) -> PyResult<(PyFunction, PyFunction, usize)> {
+        use crate::errors::CompileResult;
+        let s = rivet_compiler::backward::saved(&self.func).cpy(py)?;
+        Ok((
+            PyFunction::new(s.forward),
+            PyFunction::new(s.backward),
+            s.residuals,
+        ))
+    }
+
     /// The outputs an inputs-only call allocates for inputs of `shapes` (a sequence of int
     /// sequences, one per tensor input; `dtypes`, dtype names, are checked against the
     /// signature when given): a list of `(shape, dtype)` tuples, computed without running the

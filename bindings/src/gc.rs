@@ -246,7 +246,7 @@ impl<'a> Graph<'a> {
                 for t in src.args() {
                     self.tensor(p, t);
                 }
-                if let Some(f) = src.built_backward() {
+                for f in src.built_functions() {
                     self.function(p, f);
                 }
             }

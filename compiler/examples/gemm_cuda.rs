@@ -12,8 +12,7 @@
 //!
 //! Run: `RIVET_NVRTC_PATH=.../nvidia/cu13/lib cargo run --release -p rivet-compiler --example gemm_cuda -- gemm_cuda.rivet`
 
-use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::te;
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::DType;
 
@@ -23,18 +22,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "gemm_cuda.rivet".into());
 
     // C[i, j] = sum_r A[i, r] * B[r, j], for any m, k, n (symbolic, bound at call time).
-    let (m, k, n) = (te::var("m"), te::var("k"), te::var("n"));
-    let a = placeholder(&[m.clone(), k.clone()], DType::F32, "A")?;
-    let b = placeholder(&[k.clone(), n.clone()], DType::F32, "B")?;
-    let r = te::reduce_axis(Expr::int(0), k, "r")?;
-    let c = compute(
-        &[m, n],
-        |i| {
-            ok(te::sum(
-                a.idx(&[i[0].clone(), ax(&r)]) * b.idx(&[ax(&r), i[1].clone()]),
-                &[r.clone()],
-            ))
-        },
+    let [m, k, n] = ["m", "k", "n"].map(te::var);
+    let a = te::placeholder([&m, &k], DType::F32, "A")?;
+    let b = te::placeholder([&k, &n], DType::F32, "B")?;
+    let r = te::reduce_axis(0, &k, "r")?;
+    let c = te::compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
         "C",
     )?;
 
@@ -45,8 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // reduction serially, in order, so its result is the interpreter's bit for bit. Ragged
     // edges (m or n not a multiple of TILE) are guarded by the generated code.
     // No binding: `build` for "cuda" applies the default GPU schedule.
-    let s = Schedule::new(&[c.clone()])?;
-
+    let s = Schedule::new(&[&c])?;
     let args = [a, b, c];
     let module = build(&s, &args, "cuda", "mm")?;
     module.save(&path)?;

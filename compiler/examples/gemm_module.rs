@@ -4,8 +4,7 @@
 //!
 //! Run: `cargo run --release -p rivet-compiler --example gemm_module -- gemm.rivet`
 
-use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::te;
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::DType;
 
@@ -16,22 +15,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // C[i, j] = sum_k A[i, k] * B[k, j], for any n (a symbolic dim bound at call time).
     let n = te::var("n");
-    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A")?;
-    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B")?;
-    let k = te::reduce_axis(Expr::int(0), n.clone(), "k")?;
-    let c = compute(
-        &[n.clone(), n],
-        |i| {
-            ok(te::sum(
-                a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
-                &[k.clone()],
-            ))
-        },
+    let a = te::placeholder([&n, &n], DType::F32, "A")?;
+    let b = te::placeholder([&n, &n], DType::F32, "B")?;
+    let k = te::reduce_axis(0, &n, "k")?;
+    let c = te::compute(
+        [&n, &n],
+        |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
         "C",
     )?;
 
     // A simple schedule: rows in parallel, the reduction outside the contiguous j loop.
-    let mut s = Schedule::new(&[c.clone()])?;
+    let mut s = Schedule::new(&[&c])?;
     let (i, j) = (c.axis()[0].var.clone(), c.axis()[1].var.clone());
     let st = s.stage(&c)?;
     st.reorder(&[i.clone(), k.var.clone(), j])?;

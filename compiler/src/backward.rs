@@ -31,6 +31,16 @@ pub struct Source {
     target: Target,
     opts: Options,
     backward: OnceLock<std::result::Result<Function, rivet_runtime::Error>>,
+    saved: OnceLock<std::result::Result<Saved, rivet_runtime::Error>>,
+}
+
+/// The saved-activations pair of a function (`residuals.rs`): the forward that also writes
+/// `residuals` extra outputs, and the backward that reads them.
+#[derive(Clone)]
+pub struct Saved {
+    pub forward: Function,
+    pub backward: Function,
+    pub residuals: usize,
 }
 
 impl Source {
@@ -39,9 +49,17 @@ impl Source {
         &self.args
     }
 
-    /// The backward function, once built (`backward`).
-    pub fn built_backward(&self) -> Option<&Function> {
-        self.backward.get().and_then(|r| r.as_ref().ok())
+    /// The functions derived from this one so far (`backward`, `saved`).
+    pub fn built_functions(&self) -> Vec<&Function> {
+        let mut out = Vec::new();
+        if let Some(Ok(f)) = self.backward.get() {
+            out.push(f);
+        }
+        if let Some(Ok(s)) = self.saved.get() {
+            out.push(&s.forward);
+            out.push(&s.backward);
+        }
+        out
     }
 
     pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Source> {
@@ -50,12 +68,13 @@ impl Source {
             target: target.clone(),
             opts,
             backward: OnceLock::new(),
+            saved: OnceLock::new(),
         })
     }
 }
 
-/// The backward function of `f` (module header), built on first use and cached.
-pub fn backward(f: &Function) -> Result<Function> {
+/// The te program `f` was built from, or why rivet cannot differentiate `f`.
+fn source_of(f: &Function) -> Result<Arc<Source>> {
     let compiled = f
         .parts()
         .and_then(|p| p.object.clone().downcast::<Compiled>().ok())
@@ -65,29 +84,101 @@ pub fn backward(f: &Function) -> Result<Function> {
                 f.name()
             ))
         })?;
-    let Some(src) = &compiled.source else {
-        return Err(not_diff(format!(
+    compiled.source.clone().ok_or_else(|| {
+        not_diff(format!(
             "function '{}' was loaded from a saved module, which keeps the loop IR but not the te program rivet differentiates; build it from its te program, or give the backward explicitly",
             f.name()
-        )));
-    };
+        ))
+    })
+}
+
+/// A derivation error, with the function's name on a `NotDifferentiable` reason.
+fn named(f: &Function, e: Error) -> rivet_runtime::Error {
+    match rivet_runtime::Error::from(e) {
+        rivet_runtime::Error::NotDifferentiable(m) => {
+            rivet_runtime::Error::NotDifferentiable(format!("function '{}': {m}", f.name()))
+        }
+        e => e,
+    }
+}
+
+/// The backward function of `f` (module header), built on first use and cached.
+pub fn backward(f: &Function) -> Result<Function> {
+    let src = source_of(f)?;
     src.backward
         .get_or_init(|| {
             let name = format!("{}_backward", f.name());
-            build_backward(&src.args, &src.target, &name, src.opts).map_err(|e| {
-                match rivet_runtime::Error::from(e) {
-                    rivet_runtime::Error::NotDifferentiable(m) => {
-                        rivet_runtime::Error::NotDifferentiable(format!(
-                            "function '{}': {m}",
-                            f.name()
-                        ))
-                    }
-                    e => e,
-                }
-            })
+            build_backward(&src.args, &src.target, &name, src.opts).map_err(|e| named(f, e))
         })
         .clone()
         .map_err(Error::Runtime)
+}
+
+/// The saved-activations pair of `f` (`residuals.rs`), built on first use and cached: the
+/// forward `<name>_fwd` and the backward `<name>_backward_saved`, for `f`'s target with its
+/// options under the default schedule (a function built "as written" gets a default-scheduled
+/// forward with residuals).
+pub fn saved(f: &Function) -> Result<Saved> {
+    let src = source_of(f)?;
+    src.saved
+        .get_or_init(|| build_saved(&src, f.name()).map_err(|e| named(f, e)))
+        .clone()
+        .map_err(Error::Runtime)
+}
+
+fn build_saved(src: &Source, name: &str) -> Result<Saved> {
+    let p = crate::residuals::saved_program(&src.args)?;
+    if p.grads.is_empty() {
+        return Err(not_diff(
+            "it has no float tensor inputs, so there is nothing to differentiate".into(),
+        ));
+    }
+    let outputs: Vec<Tensor> = src
+        .args
+        .iter()
+        .filter(|t| !t.is_placeholder())
+        .chain(&p.residuals)
+        .cloned()
+        .collect();
+    let mut fargs = src.args.clone();
+    fargs.extend(p.residuals.iter().cloned());
+    let forward = build_one(
+        &outputs,
+        &fargs,
+        &src.target,
+        &format!("{name}_fwd"),
+        src.opts,
+    )?;
+    let backward = build_one(
+        &p.grads,
+        &p.args,
+        &src.target,
+        &format!("{name}_backward_saved"),
+        src.opts,
+    )?;
+    Ok(Saved {
+        forward,
+        backward,
+        residuals: p.residuals.len(),
+    })
+}
+
+/// One function: `outputs` under the default schedule, with arguments `args`.
+fn build_one(
+    outputs: &[Tensor],
+    args: &[Tensor],
+    target: &Target,
+    name: &str,
+    opts: Options,
+) -> Result<Function> {
+    let sched = Schedule::new(outputs)?;
+    let m = build_with(&sched, args, target, name, opts)?;
+    let c = m
+        .funcs
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Internal(format!("build of '{name}' returned no function")))?;
+    Ok(make_function(c))
 }
 
 /// The backward program of the function whose build arguments are `args`: its arguments in
@@ -161,14 +252,7 @@ pub fn build_backward(
             "it has no float tensor inputs, so there is nothing to differentiate".into(),
         ));
     }
-    let sched = Schedule::new(&p.grads)?;
-    let m = build_with(&sched, &p.args, target, name, opts)?;
-    let c = m
-        .funcs
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Internal(format!("build of '{name}' returned no function")))?;
-    Ok(make_function(c))
+    build_one(&p.grads, &p.args, target, name, opts)
 }
 
 /// The sum of one input's VJP parts: the part itself when there is one (a stage of its own
@@ -181,8 +265,8 @@ fn sum_of(x: &Tensor, parts: Vec<Tensor>) -> Result<Tensor> {
         1 if !parts[0].is_placeholder() => {
             Ok(parts.into_iter().next().unwrap_or_else(|| x.clone()))
         }
-        0 => te::compute(x.shape(), |_| zero(x), &name),
-        _ => te::compute(
+        0 => te::compute_dyn(x.shape(), |_| zero(x), &name),
+        _ => te::compute_dyn(
             x.shape(),
             |j| {
                 parts

@@ -108,13 +108,14 @@ fn dims_text(f: &PrimFunc, env: &HashMap<Var, i64>) -> String {
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
 /// `target` is a `Target` or its spelling (`"cpu"`, `"interp"`, `"cuda -arch=sm_90"`).
-pub fn build<T: ToTarget + ?Sized>(
+pub fn build<T: ToTarget + ?Sized, A: std::borrow::Borrow<TeTensor>>(
     sched: &Schedule,
-    args: &[TeTensor],
+    args: &[A],
     target: &T,
     name: &str,
 ) -> Result<Module> {
-    build_with(sched, args, target, name, Options::from_env())
+    let args: Vec<TeTensor> = args.iter().map(|t| t.borrow().clone()).collect();
+    build_with(sched, &args, target, name, Options::from_env())
 }
 
 /// `build` with explicit options.

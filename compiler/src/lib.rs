@@ -15,6 +15,7 @@ pub mod kernels;
 pub mod lower;
 pub mod module_file;
 pub mod output_shapes;
+pub mod residuals;
 pub mod schedule;
 pub mod target;
 pub mod te;

@@ -30,7 +30,7 @@
 //! an iterative tokenizer into a `serde_json::Value`, then decoded. Parsing, verifying and
 //! compiling run on one thread with a `limits::COMPILE_STACK` stack, so recursion on depth
 //! stays far from its end. Every error about the file's content — the verifier's, and any
-//! later pass's — is a `CompileError` "cannot load rivet module <path>: ...", never an
+//! later pass's — is a `CompileError` "cannot load rivet module `<path>`: ...", never an
 //! internal error: the file is at fault, not rivet.
 
 use crate::build::{compile_loaded, Module};
@@ -457,18 +457,18 @@ mod tests {
     use super::*;
     use crate::ir::stmt::ThreadTag;
     use crate::ir::Expr;
-    use crate::te::{compute, placeholder};
+    use crate::te::{compute_dyn, placeholder};
     use rivet_runtime::DType;
 
     /// `C[i] = A[i] * 2` split by 128 and bound to blocks and threads, built for `target`.
     fn bound_double(target: &str) -> Module {
         let n = crate::te::var("n");
         let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-        let c = compute(
+        let c = compute_dyn(
             &[n.clone()],
             |i| {
                 crate::te::ok(
-                    a.at(&[i[0].clone()])
+                    a.try_at(&[i[0].clone()])
                         .map(|x| x * Expr::constant(2.0, DType::F32)),
                 )
             },

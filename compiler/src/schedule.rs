@@ -470,8 +470,11 @@ impl Stage {
 }
 
 impl Schedule {
-    /// One stage per compute reachable from `outputs`.
-    pub fn new(outputs: &[Tensor]) -> Result<Schedule> {
+    /// One stage per compute reachable from `outputs` (tensors or references to them:
+    /// `Schedule::new(&[&c])`).
+    pub fn new<T: std::borrow::Borrow<Tensor>>(outputs: &[T]) -> Result<Schedule> {
+        let outputs: Vec<Tensor> = outputs.iter().map(|t| t.borrow().clone()).collect();
+        let outputs = &outputs[..];
         if outputs.is_empty() {
             return Err(Error::Compile(
                 "create_schedule needs at least one output tensor".into(),
@@ -610,6 +613,7 @@ pub(crate) fn redefine(t: &Tensor, body: Expr) -> Tensor {
         dtype: t.dtype(),
         host_callbacks: crate::te::tensor::reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
+        stop_gradient: t.stops_gradient(),
     }))
 }
 
@@ -749,7 +753,7 @@ impl Schedule {
                 "local"
             }
         );
-        let cache = crate::te::tensor::compute_from(t.shape(), axes, t.at(&idx)?, &name)?;
+        let cache = crate::te::tensor::compute_from(t.shape(), axes, t.try_at(&idx)?, &name)?;
         for &p in &positions {
             let cur = self.stages[p].tensor.clone();
             let body = redirect(cur.body().expect("a stage is a compute"), t.id(), &cache);
@@ -801,7 +805,7 @@ impl Schedule {
         let name = format!("{}.local", cur.name());
         let cache = crate::te::tensor::compute_from(cur.shape(), axes, body, &name)?;
         let idx: Vec<Expr> = own.iter().map(Expr::var).collect();
-        let copy = redefine(&cur, cache.at(&idx)?);
+        let copy = redefine(&cur, cache.try_at(&idx)?);
         self.restart_stage(i, &copy);
         self.set_definition(i, copy);
         let mut stage = Stage::new(&cache);
@@ -860,7 +864,7 @@ mod tests {
             let a = te::placeholder(&[m.clone(), k.clone()], DType::F32, "A").unwrap();
             let b = te::placeholder(&[k.clone(), p.clone()], DType::F32, "B").unwrap();
             let r = te::reduce_axis(Expr::int(0), k, "k").unwrap();
-            let c = te::compute(
+            let c = te::compute_dyn(
                 &[m, p],
                 |i| {
                     te::ok(te::sum(

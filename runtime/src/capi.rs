@@ -154,7 +154,7 @@ pub fn take_last_foreign_error() -> Option<Error> {
 }
 
 /// Runs `f` at the C boundary: errors become codes and the last error, panics too.
-fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
+pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => RIVET_OK,
         Ok(Err(e)) => set_last_error(&e),
@@ -171,7 +171,7 @@ fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
 
 /// # Safety
 /// `p` must be NULL or a NUL-terminated string.
-unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+pub(crate) unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
     if p.is_null() {
         return Err(Error::Argument(format!(
             "{what}: expected a string, got NULL"
@@ -185,7 +185,7 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
 
 /// # Safety
 /// `h` must be NULL or a handle from this module that has not been freed.
-unsafe fn function_of<'a>(h: RivetFunctionHandle, what: &str) -> Result<&'a Function> {
+pub(crate) unsafe fn function_of<'a>(h: RivetFunctionHandle, what: &str) -> Result<&'a Function> {
     if h.is_null() {
         return Err(Error::Argument(format!(
             "{what}: expected a function handle, got NULL"
@@ -195,7 +195,7 @@ unsafe fn function_of<'a>(h: RivetFunctionHandle, what: &str) -> Result<&'a Func
     Ok(unsafe { &*(h as *const Function) })
 }
 
-fn new_handle(f: Function) -> RivetFunctionHandle {
+pub(crate) fn new_handle(f: Function) -> RivetFunctionHandle {
     Box::into_raw(Box::new(f)) as RivetFunctionHandle
 }
 
@@ -203,7 +203,7 @@ fn new_handle(f: Function) -> RivetFunctionHandle {
 ///
 /// # Safety
 /// Pointers inside `a` must be valid for the type code, for the duration of the call.
-unsafe fn value_of(a: &RivetAny, index: usize) -> Result<Value> {
+pub(crate) unsafe fn value_of(a: &RivetAny, index: usize) -> Result<Value> {
     let what = || format!("argument {index}");
     // SAFETY: each arm reads the union member its type code names.
     unsafe {
@@ -243,8 +243,43 @@ unsafe fn value_of(a: &RivetAny, index: usize) -> Result<Value> {
     }
 }
 
+/// Reads `num_args` arguments at `args` (`what` names the entry point in errors): the count
+/// checked against `MAX_ARGS`, NULL refused for a non-empty list.
+///
+/// # Safety
+/// `args` must be NULL or point at `num_args` values whose pointers are valid for their type
+/// codes during the call.
+pub(crate) unsafe fn values_of(
+    args: *const RivetAny,
+    num_args: i32,
+    what: &str,
+) -> Result<Vec<Value>> {
+    if !(0..=MAX_ARGS).contains(&num_args) {
+        return Err(Error::Argument(format!(
+            "{what}: argument 2 ('num_args'): expected 0..={MAX_ARGS}, got {num_args}"
+        )));
+    }
+    if num_args > 0 && args.is_null() {
+        return Err(Error::Argument(format!(
+            "{what}: argument 1 ('args'): expected {num_args} values, got NULL"
+        )));
+    }
+    let raw: &[RivetAny] = if num_args == 0 {
+        &[]
+    } else {
+        // SAFETY: checked non-null; the caller's promise of `num_args` values.
+        unsafe { std::slice::from_raw_parts(args, num_args as usize) }
+    };
+    let mut values = Vec::with_capacity(raw.len());
+    for (i, a) in raw.iter().enumerate() {
+        // SAFETY: the caller's promise on each value's pointers.
+        values.push(unsafe { value_of(a, i) }?);
+    }
+    Ok(values)
+}
+
 /// Writes a result value as an owned `RivetAny`.
-fn any_of(v: Value) -> Result<RivetAny> {
+pub(crate) fn any_of(v: Value) -> Result<RivetAny> {
     Ok(match v {
         Value::Null => RivetAny::NULL,
         Value::Int(i) => RivetAny::int(i),
@@ -341,29 +376,9 @@ pub unsafe extern "C" fn RivetFunctionCall(
         unsafe { *result = RivetAny::NULL };
         // SAFETY: the caller's promise on `func`.
         let f = unsafe { function_of(func, "RivetFunctionCall: argument 0 ('func')") }?;
-        if !(0..=MAX_ARGS).contains(&num_args) {
-            return Err(Error::Argument(format!(
-                "RivetFunctionCall: argument 2 ('num_args'): expected 0..={MAX_ARGS}, got {num_args}"
-            )));
-        }
-        if num_args > 0 && args.is_null() {
-            return Err(Error::Argument(format!(
-                "RivetFunctionCall: argument 1 ('args'): expected {num_args} values, got NULL"
-            )));
-        }
-        let raw: &[RivetAny] = if num_args == 0 {
-            &[]
-        } else {
-            // SAFETY: checked non-null; the caller's promise of `num_args` values.
-            unsafe { std::slice::from_raw_parts(args, num_args as usize) }
-        };
-        let mut values = Vec::with_capacity(raw.len());
-        for (i, a) in raw.iter().enumerate() {
-            // SAFETY: the caller's promise on each value's pointers.
-            values.push(
-                unsafe { value_of(a, i) }.map_err(|e| e.context(&format!("{}: ", f.name())))?,
-            );
-        }
+        // SAFETY: the caller's promise on `args`.
+        let values = unsafe { values_of(args, num_args, "RivetFunctionCall") }
+            .map_err(|e| e.context(&format!("{}: ", f.name())))?;
         let out = any_of(f.call(&values)?)?;
         // SAFETY: as above.
         unsafe { *result = out };

@@ -109,6 +109,30 @@ impl Error {
         }
     }
 
+    /// The error of the kind named `kind` (`kind_name`'s inverse) with `message`; None for
+    /// an unknown name. `Foreign` ("Error") maps to `Argument`: across a C boundary only the
+    /// text survives.
+    pub fn from_kind_name(kind: &str, message: String) -> Option<Error> {
+        Some(match kind {
+            "ShapeError" => Error::Shape(message),
+            "DTypeError" => Error::DType(message),
+            "DeviceError" => Error::Device(message),
+            "ArgumentError" | "Error" => Error::Argument(message),
+            "ReadOnlyError" => Error::ReadOnly(message),
+            "LayoutError" => Error::Layout(message),
+            "DLPackError" => Error::DLPack(message),
+            "FunctionNotFoundError" => Error::NotFound(message),
+            "RegistryError" => Error::Registry(message),
+            "CompileError" => Error::Compile(message),
+            "MemoryError" => Error::Memory(message),
+            "IndexError" => Error::Index(message),
+            "NotDifferentiableError" => Error::NotDifferentiable(message),
+            "IPCError" => Error::Ipc(message),
+            "InternalError" => Error::Internal(message),
+            _ => return None,
+        })
+    }
+
     /// Prefixes the message with `ctx` (e.g. "testing.axpy: argument 2 ('y'): "), keeping the
     /// variant. Foreign errors pass through untouched so they can be re-raised as they were.
     pub fn context(self, ctx: &str) -> Error {

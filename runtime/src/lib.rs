@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod cai;
 pub mod capi;
+pub mod capi_foreign;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
@@ -20,6 +21,7 @@ pub mod ipc_cuda;
 pub mod layout;
 pub mod parallel;
 pub mod registry;
+pub mod rust_data;
 pub mod shm;
 pub mod stream;
 pub mod tensor;

@@ -14,12 +14,23 @@ use crate::dtype::DType;
 use crate::error::{ArgName, Error, Result};
 use crate::layout::{self, Dims};
 use crate::shm::Segment;
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 /// Something that keeps a tensor's memory alive; dropped when the last view goes.
-pub trait Keepalive: Send + Sync {}
-impl<T: Send + Sync> Keepalive for T {}
+///
+/// `as_any_mut` lets the runtime recognise its own owners behind a uniquely held view
+/// (`rust_data`: a view whose memory no other handle can reach may lend out a slice, and a
+/// view over a whole `Vec` may give that `Vec` back).
+pub trait Keepalive: Send + Sync {
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+impl<T: Send + Sync + 'static> Keepalive for T {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
 
 /// A cheap handle (one `Arc`, one allocation per view with the owner stored inline): clones
 /// share the view, so passing tensors around in `Value`s copies a pointer, not a shape.
@@ -32,7 +43,8 @@ struct View<K: ?Sized + Keepalive> {
     /// `m`'s validated extent, computed once by `check_view`: the call path reads it on every
     /// call (overlap rule, work size), so it is not re-derived from the shape each time.
     ext: layout::Extent,
-    /// Never read: it exists to be dropped (running a deleter, freeing memory) last.
+    /// Exists to be dropped (running a deleter, freeing memory) last; read only to recognise
+    /// rivet's own owners behind a uniquely held view (`unique_owner_mut`).
     _owner: K,
 }
 
@@ -64,11 +76,19 @@ impl Tensor {
 }
 
 /// Rust element types with a rivet dtype.
-pub trait Element: Copy + Send + Sync + 'static {
+///
+/// # Safety
+/// `Self` must be a plain value type of exactly `DTYPE`'s element size, and every bit pattern
+/// of that size must be a valid `Self`, except for `DType::Bool`, which only `bool` may name
+/// (readers normalise any non-zero byte to `true`). rivet reads and writes tensor memory as
+/// `Self` on that promise; the entry points still refuse a size mismatch (`Error::DType`).
+pub unsafe trait Element: Copy + Send + Sync + 'static {
     const DTYPE: DType;
 }
 macro_rules! element {
-    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+    // SAFETY: each type is the dtype's element exactly (size, and every bit pattern valid;
+    // bool is read through a byte, normalised).
+    ($($t:ty => $d:ident),*) => { $(unsafe impl Element for $t { const DTYPE: DType = DType::$d; })* };
 }
 element!(bool => Bool, i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16,
          u32 => U32, u64 => U64, half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
@@ -170,6 +190,37 @@ impl Tensor {
         };
         let ext = check_view(&m, Origin::Rivet)?;
         Ok(Tensor::new(m, ext, owner))
+    }
+
+    /// A writable CPU view at `data + byte_offset` with any validated layout, over memory that
+    /// `owner` keeps alive (`rust_data`: a `Vec` or an ndarray buffer). The layout passes
+    /// the same validation as every view; that it stays inside the owner's memory is the
+    /// caller's to check.
+    pub(crate) fn owned_view<K: Keepalive + 'static>(
+        owner: K,
+        data: *mut u8,
+        byte_offset: u64,
+        shape: &[i64],
+        strides: &[i64],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let m = Meta {
+            data,
+            byte_offset,
+            shape: shape.into(),
+            strides: strides.into(),
+            dtype,
+            device: Device::Cpu,
+            read_only: false,
+        };
+        let ext = check_view(&m, Origin::Rivet)?;
+        Ok(Tensor::new(m, ext, owner))
+    }
+
+    /// The owner of this view's memory, if this handle is the only one to the view (no other
+    /// clone, no weak reference); the `&mut` borrow keeps it so while it lives.
+    pub(crate) fn unique_owner_mut(&mut self) -> Option<&mut dyn Any> {
+        Arc::get_mut(&mut self.0).map(|v| v._owner.as_any_mut())
     }
 
     /// A compact CPU tensor holding a copy of `values`.
@@ -397,11 +448,30 @@ impl Tensor {
         if self.numel() == 0 {
             return Ok(out);
         }
+        if std::mem::size_of::<T>() != self.dtype().size() {
+            return Err(Error::DType(format!(
+                "Tensor::to_vec: the element type has size {} but {} elements have size {}",
+                std::mem::size_of::<T>(),
+                self.dtype(),
+                self.dtype().size()
+            )));
+        }
         let base = self.data_ptr() as *const T;
         loop {
             let off: i64 = idx.iter().zip(&self.0.m.strides).map(|(i, s)| i * s).sum();
-            // SAFETY: idx is inside shape, so the offset is inside the validated layout.
-            out.push(unsafe { *base.offset(off as isize) });
+            // SAFETY: idx is inside shape, so the offset is inside the validated layout. The
+            // read is unaligned: foreign memory (a DLPack byte_offset) need not be aligned
+            // for T. A bool is read as its byte, so a byte other than 0 and 1 written by a
+            // foreign producer is `true`, not an invalid bool.
+            out.push(unsafe {
+                let p = base.offset(off as isize);
+                if T::DTYPE == DType::Bool {
+                    let b = (p as *const u8).read() != 0;
+                    std::mem::transmute_copy::<bool, T>(&b)
+                } else {
+                    p.read_unaligned()
+                }
+            });
             let mut d = self.ndim();
             loop {
                 if d == 0 {
@@ -487,6 +557,50 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn to_vec_reads_foreign_bytes_unaligned_and_bools_normalised() {
+        // Foreign memory: bytes 1..13 of a Vec as three f32 (unaligned), and bytes holding
+        // 0, 2, 1 as bools (a producer may write any byte there).
+        let mut bytes = vec![0u8; 16];
+        for (k, v) in [1.5f32, -2.0, 3.25].iter().enumerate() {
+            bytes[1 + 4 * k..5 + 4 * k].copy_from_slice(&v.to_ne_bytes());
+        }
+        let owner = bytes;
+        let ptr = owner.as_ptr() as *mut u8;
+        // SAFETY: `owner` holds the 16 bytes for as long as the view lives.
+        let f = unsafe {
+            Tensor::from_raw_parts(
+                owner,
+                ptr,
+                1,
+                smallvec::smallvec![3],
+                smallvec::smallvec![1],
+                DType::F32,
+                Device::Cpu,
+                true,
+            )
+        }
+        .unwrap();
+        assert_eq!(f.to_vec::<f32>().unwrap(), [1.5, -2.0, 3.25]);
+        let flags = vec![0u8, 2, 1];
+        let ptr = flags.as_ptr() as *mut u8;
+        // SAFETY: `flags` holds the 3 bytes for as long as the view lives.
+        let b = unsafe {
+            Tensor::from_raw_parts(
+                flags,
+                ptr,
+                0,
+                smallvec::smallvec![3],
+                smallvec::smallvec![1],
+                DType::Bool,
+                Device::Cpu,
+                true,
+            )
+        }
+        .unwrap();
+        assert_eq!(b.to_vec::<bool>().unwrap(), [false, true, true]);
+    }
 
     #[test]
     fn zeros_are_aligned_and_compact() {

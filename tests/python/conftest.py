@@ -30,6 +30,16 @@ import zlib
 
 # JAX must not probe for accelerators in the test run; the suite is CPU-only.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# torch's compile caches key a custom op by its name only (docs/torch.md, "Compile caches"):
+# a graph cached by an earlier run under the same test op name, with an older derivation of
+# its backward, would be reused. Each run compiles into a fresh cache of its own.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rivet-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 
 import numpy as np
 import pytest

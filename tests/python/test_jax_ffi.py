@@ -145,6 +145,39 @@ def test_auto_backward_matches_jax_grad(mul_parts, rng):
         check_grads(lambda x, y: jnp.tanh(g(x, y)[0]), (x, y), order=1, modes=["rev"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_saved_activations_under_jax_grad(rng, dtype):
+    """rivet.kernels' softmax and layer_norm under jax.grad: the forward JAX runs for the
+    VJP is Function.training_pair()'s (it also writes the residuals), the backward reads
+    them; the plain forward runs outside differentiation. Gradients equal JAX's own."""
+    with jax.enable_x64(dtype == "float64"):
+        sm = rjax.ffi_func(rivet.kernels.softmax(dtype))
+        ln = rjax.ffi_func(rivet.kernels.layer_norm(dtype))
+        x = rng.standard_normal((5, 8)).astype(dtype)
+        gm, bt = rng.standard_normal(8).astype(dtype), rng.standard_normal(8).astype(dtype)
+        w = jnp.arange(8.0, dtype=dtype)
+
+        def loss(x, g, b):
+            return jnp.sum(sm(ln(x, g, b)) * w)
+
+        def ref(x, g, b):
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+            y = (x - mu) / jnp.sqrt(var + 1e-5) * g + b
+            return jnp.sum(jax.nn.softmax(y, -1) * w)
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, gm, bt))
+        assert "rivet.jax.softmax_fwd#" in text and "softmax_backward_saved#" in text, text
+        assert "rivet.jax.softmax#" not in text, text
+        tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
+        for a, e in zip(grad(x, gm, bt), jax.grad(ref, argnums=(0, 1, 2))(x, gm, bt)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), **tol)
+        # Outside differentiation, the plain forward.
+        np.testing.assert_allclose(np.asarray(jax.jit(sm)(x)), np.asarray(jax.nn.softmax(x, -1)),
+                                   **tol)
+
+
 def test_auto_backward_with_an_int_input_and_float32(rng):
     """An int input gets a float0 cotangent; its values still scale the float gradient."""
     n, m = te.var("n"), te.var("m")

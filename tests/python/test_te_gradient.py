@@ -88,10 +88,12 @@ def test_batched_matmul_broadcast(rng, dtype):
     check_against_torch([A, B], C, lambda a, b: a @ b, rng, dtype)
 
 
-def softmax_program(dtype, n=4, m=9):
+def softmax_program(dtype, n=4, m=9, stop=False):
     X = te.placeholder((n, m), dtype, name="X")
     k1 = te.reduce_axis((0, m), name="k1")
     mx = te.compute((n,), lambda i: te.max(X[i, k1], axis=k1), name="mx")
+    if stop:
+        mx = te.stop_gradient(mx)
     e = te.compute((n, m), lambda i, j: te.exp(X[i, j] - mx[i]), name="e")
     k2 = te.reduce_axis((0, m), name="k2")
     s = te.compute((n,), lambda i: te.sum(e[i, k2], axis=k2), name="s")
@@ -100,9 +102,22 @@ def softmax_program(dtype, n=4, m=9):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax(rng, dtype):
-    X, y = softmax_program(dtype)
+@pytest.mark.parametrize("stop", [False, True])
+def test_softmax(rng, dtype, stop):
+    """With or without te.stop_gradient on the max (zero derivative in exact maths)."""
+    X, y = softmax_program(dtype, stop=stop)
     check_against_torch([X], y, lambda x: torch.softmax(x, dim=-1), rng, dtype)
+
+
+def test_stop_gradient_is_a_constant_to_te_gradient(rng):
+    """y = x * stop_gradient(x): values x * x, gradient x (torch's x * x.detach())."""
+    X = te.placeholder((6,), "float64", name="X")
+    S = te.stop_gradient(X)
+    assert S.name == "X_nograd"
+    y = te.compute((6,), lambda i: X[i] * S[i], name="y")
+    check_against_torch([X], y, lambda x: x * x.detach(), rng, "float64")
+    with pytest.raises(TypeError, match="te.stop_gradient: tensor"):
+        te.stop_gradient(3.0)
 
 
 def layer_norm_program(dtype, n=3, m=8, eps=1e-5):

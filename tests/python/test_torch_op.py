@@ -366,6 +366,42 @@ def test_auto_backward_of_library_kernels_in_compiled_training(rng, dtype, poiso
             torch.testing.assert_close(a, e, **tol)
 
 
+def test_saved_activations_path(rng, poisoned_empty):
+    """A backward that reads forward values (softmax's exponentials and row sums) runs on
+    the saved-activations path: under autograd the op runs its ``_fwd`` op, which also
+    writes them, and its ``_backward`` op reads them (docs/gradient.md). Gradients equal
+    torch's on fresh data; gradcheck and opcheck pass; without grad nothing is saved."""
+    fwd, bwd, n_res = rivet.kernels.softmax("float64").training_pair()
+    assert n_res == 2
+    name = opname("sm_saved")
+    op = rt.custom_op(rivet.kernels.softmax("float64"), name)
+    ns, short = name.split("::")
+    fwd_op = getattr(getattr(torch.ops, ns), short + "_fwd")
+    bwd_op = getattr(getattr(torch.ops, ns), short + "_backward")
+    assert len(fwd_op.default._schema.returns) == 3  # Y, then the residuals sum and exp
+    assert [a.name for a in bwd_op.default._schema.arguments] == [
+        "X", "Y", "saved_sum", "saved_exp", "grad_Y"
+    ]
+    x = randn(rng, 4, 9, dtype=torch.float64).requires_grad_()
+    y = op(x)
+    assert type(y.grad_fn).__name__ == f"rivet_{short}Backward"
+    torch.testing.assert_close(y, torch.softmax(x.detach(), -1))
+    h = randn(rng, 4, 9, dtype=torch.float64)
+    (g,) = torch.autograd.grad(y, x, h)
+    (want,) = torch.autograd.grad(torch.softmax(x, -1), x, h)
+    torch.testing.assert_close(g, want)
+    assert torch.autograd.gradcheck(op, (x,))
+    torch.library.opcheck(op, (x,))
+    with torch.no_grad():
+        assert op(x).grad_fn is None
+    # torch.compile over the saved path: the joint graph calls both ops.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: (op(t) * t).sum(), fullgraph=True)
+    (gc_,) = torch.autograd.grad(compiled(x), x)
+    (we,) = torch.autograd.grad((torch.softmax(x, -1) * x).sum(), x)
+    torch.testing.assert_close(gc_, we)
+
+
 def test_auto_backward_refused_with_the_reason(rng, tmp_path):
     n = te.var("n")
     A = te.placeholder((n,), "float32", name="A")

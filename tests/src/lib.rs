@@ -1,7 +1,7 @@
 //! Shared helpers for rivet's cross-crate integration tests (`tests/tests/*.rs`).
 
 use rivet_compiler::ir::{Expr, IterVar};
-use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor};
 use rivet_runtime::DType;
 
 pub mod backends;
@@ -21,7 +21,7 @@ impl SeedGemm {
         let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
         let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
         let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-        let c = compute(
+        let c = compute_dyn(
             &[n.clone(), n],
             |i| {
                 ok(te::sum(

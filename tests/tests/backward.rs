@@ -12,7 +12,7 @@
 
 use rivet_compiler::backward::backward;
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Error, Function, Tensor, Value};
 
@@ -34,31 +34,22 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
 /// Inputs X[n, m], W[m] (float64), I[n] (int64); outputs P = X * W, S[i] = sum_j P[i, j] *
 /// X[i, j] + I[i] (reads P), K = 2 * I (int64).
 fn program() -> (Vec<Te>, Vec<Te>) {
-    let n = Expr::int(N);
-    let m = Expr::int(M);
-    let x = placeholder(&[n.clone(), m.clone()], DType::F64, "X").unwrap();
-    let w = placeholder(&[m.clone()], DType::F64, "W").unwrap();
-    let i = placeholder(&[n.clone()], DType::I64, "I").unwrap();
-    let p = compute(
-        &[n.clone(), m.clone()],
-        |ix| x.idx(ix) * w.idx(&ix[1..]),
-        "P",
-    )
-    .unwrap();
-    let k = te::reduce_axis(Expr::int(0), m.clone(), "k").unwrap();
+    let (n, m) = (Expr::int(N), Expr::int(M));
+    let x = placeholder([&n, &m], DType::F64, "X").unwrap();
+    let w = placeholder([&m], DType::F64, "W").unwrap();
+    let i = placeholder([&n], DType::I64, "I").unwrap();
+    let p = compute([&n, &m], |[r, c]| x.at([&r, &c]) * w.at([c]), "P").unwrap();
+    let k = te::reduce_axis(0, &m, "k").unwrap();
     let s = compute(
-        &[n.clone()],
-        |ix| {
-            ok(te::sum(
-                p.idx(&[ix[0].clone(), ax(&k)]) * x.idx(&[ix[0].clone(), ax(&k)])
-                    + te::cast(DType::F64, i.idx(ix)),
-                &[k.clone()],
-            ))
+        [&n],
+        |[r]| {
+            let cast = te::cast(DType::F64, i.at([&r]));
+            te::sum(p.at((&r, &k)) * x.at((&r, &k)) + cast, &k)
         },
         "S",
     )
     .unwrap();
-    let kk = compute(&[n], |ix| i.idx(ix) * 2, "K").unwrap();
+    let kk = compute([&n], |[r]| i.at([r]) * 2, "K").unwrap();
     (vec![x, w, i], vec![p, s, kk])
 }
 
@@ -173,8 +164,8 @@ fn the_backward_is_built_once() {
 #[test]
 fn identity_gets_the_cotangent_copied() {
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let c = compute(&[n], |ix| a.idx(ix), "C").unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let c = compute([&n], |[i]| a.at([i]), "C").unwrap();
     for target in ["interp", "cpu"] {
         let m = build(
             &Schedule::new(&[c.clone()]).unwrap(),
@@ -239,7 +230,7 @@ fn what_rivet_cannot_differentiate_is_refused_naming_the_function() {
 
     // A host callback on the path from an input to an output.
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
     let e = te::extern_(
         &[n.clone()],
         &[a.clone()],
@@ -248,7 +239,7 @@ fn what_rivet_cannot_differentiate_is_refused_naming_the_function() {
         "E",
     )
     .unwrap();
-    let d = compute(&[n.clone()], |ix| e.idx(ix) * 2.0, "D").unwrap();
+    let d = compute([&n], |[i]| e.at([i]) * 2.0, "D").unwrap();
     let f = build(
         &Schedule::new(&[d.clone()]).unwrap(),
         &[a.clone(), d],
@@ -265,8 +256,8 @@ fn what_rivet_cannot_differentiate_is_refused_naming_the_function() {
     );
 
     // Nothing to differentiate: int inputs only.
-    let i = placeholder(&[n.clone()], DType::I32, "I").unwrap();
-    let o = compute(&[n], |ix| te::cast(DType::F32, i.idx(ix)), "O").unwrap();
+    let i = placeholder([&n], DType::I32, "I").unwrap();
+    let o = compute([&n], |[j]| te::cast(DType::F32, i.at([j])), "O").unwrap();
     let f = build(
         &Schedule::new(&[o.clone()]).unwrap(),
         &[i, o],

@@ -5,7 +5,7 @@
 //! (a parallel loop, CUDA); saved modules; a view kept by a callback after it returned.
 
 use rivet_compiler::ir::{BinOp, ForKind, Stmt, Var};
-use rivet_compiler::te::{self, compute, ok, placeholder, CallbackFn, Tensor as TeTensor};
+use rivet_compiler::te::{self, compute_dyn, ok, placeholder, CallbackFn, Tensor as TeTensor};
 use rivet_compiler::{build, Error as CError, Module, Schedule, Target};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,7 +66,7 @@ fn program(f: Option<CallbackFn>) -> (TeTensor, TeTensor, TeTensor, TeTensor) {
     let (n, m) = (te::var("n"), te::var("m"));
     let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
     let a1 = a.clone();
-    let b = compute(
+    let b = compute_dyn(
         &[n.clone(), m.clone()],
         |i| {
             ok(te::binary(
@@ -89,7 +89,7 @@ fn program(f: Option<CallbackFn>) -> (TeTensor, TeTensor, TeTensor, TeTensor) {
         .unwrap(),
         None => {
             let (a2, b2) = (a.clone(), b.clone());
-            compute(
+            compute_dyn(
                 &[n.clone(), m.clone()],
                 |i| {
                     ok(te::binary(
@@ -104,7 +104,7 @@ fn program(f: Option<CallbackFn>) -> (TeTensor, TeTensor, TeTensor, TeTensor) {
         }
     };
     let (b3, e3) = (b.clone(), e.clone());
-    let c = compute(
+    let c = compute_dyn(
         &[n, m],
         |i| {
             ok(te::binary(
@@ -579,7 +579,7 @@ fn several_extern_stages_run_in_producer_order_each_once() {
     )
     .unwrap();
     let e1c = e1.clone();
-    let b = compute(
+    let b = compute_dyn(
         &[n.clone()],
         |i| ok(te::binary(BinOp::Mul, e1c.idx(i), 2.0f32)),
         "B",
@@ -669,7 +669,7 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
     let k = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "k").unwrap();
     let (a1, b1, k1) = (a.clone(), b.clone(), k.clone());
-    let c = compute(
+    let c = compute_dyn(
         &[n.clone(), n.clone()],
         |i| {
             let prod = te::binary(
@@ -684,7 +684,7 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     .unwrap();
     let r = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "r").unwrap();
     let (c1, r1) = (c.clone(), r.clone());
-    let s_ = compute(
+    let s_ = compute_dyn(
         &[n.clone()],
         |i| {
             ok(te::sum(
@@ -696,7 +696,7 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     )
     .unwrap();
     let s1 = s_.clone();
-    let d = compute(&[n], |i| ok(te::binary(BinOp::Mul, s1.idx(i), 2.0f32)), "D").unwrap();
+    let d = compute_dyn(&[n], |i| ok(te::binary(BinOp::Mul, s1.idx(i), 2.0f32)), "D").unwrap();
     let (seen_c, seen_s) = (
         Arc::new(Mutex::new(Vec::new())),
         Arc::new(Mutex::new(Vec::new())),

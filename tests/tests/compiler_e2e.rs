@@ -4,7 +4,7 @@
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::{self, DimSpec};
-use rivet_compiler::te::{self, compute, ok, placeholder};
+use rivet_compiler::te::{self, compute_dyn, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use rivet_tests::{backends, SeedGemm};
@@ -150,7 +150,7 @@ fn symbolic_out_of_bounds_is_checked_per_call() {
     let (m, n) = (te::var("m"), te::var("n"));
     let a = placeholder(&[m], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let c = compute(&[n.clone()], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let c = compute_dyn(&[n.clone()], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let module = build(&s, &[a.clone(), c.clone()], "interp", "shift").unwrap();
     assert!(module.get_source("ir").unwrap().contains("check"));
@@ -171,13 +171,13 @@ fn symbolic_out_of_bounds_is_checked_per_call() {
     // Same sizes on both sides: out of bounds for every non-empty n, refuted at build time.
     let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let c = compute(&[n], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let c = compute_dyn(&[n], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     assert!(build(&s, &[a, c], "interp", "shift2").is_err());
     // Static version: a build error naming tensor, index and extent.
     let a = placeholder(&[Expr::int(10)], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let c = compute(&[Expr::int(10)], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let c = compute_dyn(&[Expr::int(10)], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let e = build(&s, &[a, c], "interp", "f").err().unwrap().to_string();
     assert!(
@@ -407,9 +407,9 @@ fn compute_at_and_padding_every_backend() {
         let n = te::var("n");
         let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
         let a2 = a.clone();
-        let p = compute(&[n.clone()], |i| a2.idx(i) * 3.0 + 1.0, "P").unwrap();
+        let p = compute_dyn(&[n.clone()], |i| a2.idx(i) * 3.0 + 1.0, "P").unwrap();
         let p2 = p.clone();
-        let c = compute(
+        let c = compute_dyn(
             &[n.clone()],
             |i| {
                 let (i0, last) = (i[0].clone(), n.clone() - 1i64);
@@ -581,7 +581,7 @@ fn register_accumulated_reductions_round_like_the_tensor() {
     for dt in [DType::F16, DType::BF16, DType::F32] {
         let a = placeholder(&[Expr::int(m as i64), Expr::int(kk as i64)], dt, "A").unwrap();
         let k = te::reduce_axis(Expr::int(0), Expr::int(kk as i64), "k").unwrap();
-        let c = compute(
+        let c = compute_dyn(
             &[Expr::int(m as i64), Expr::int(3)],
             |i| {
                 ok(te::sum(

@@ -1356,7 +1356,7 @@ fn build_ew(c: &EwCase) -> Prog {
     };
     let (out, producer) = match &ptree {
         None => {
-            let c_te = te::compute(
+            let c_te = te::compute_dyn(
                 &out_ext,
                 |i| tree.te(&|s, _| read_input(s as usize, i), i),
                 "C",
@@ -1365,7 +1365,7 @@ fn build_ew(c: &EwCase) -> Prog {
             (c_te, None)
         }
         Some(pt) => {
-            let p = te::compute(
+            let p = te::compute_dyn(
                 &dom_ext,
                 |j| pt.te(&|s, _| read_input(s as usize, j), j),
                 "P",
@@ -1373,7 +1373,7 @@ fn build_ew(c: &EwCase) -> Prog {
             .unwrap();
             let p2 = p.clone();
             let offs2 = offs.clone();
-            let c_te = te::compute(
+            let c_te = te::compute_dyn(
                 &out_ext,
                 |i| {
                     tree.te(
@@ -1610,9 +1610,9 @@ fn build_red(c: &RedCase) -> Prog {
         .zip(&lo)
         .map(|(&d, &l)| te::reduce_axis(Expr::int(l), ext[d].clone(), &format!("r{d}")).unwrap())
         .collect();
-    let producer = ptree
-        .as_ref()
-        .map(|pt| te::compute(&ext, |j| pt.te(&|s, _| read_input(s as usize, j), j), "P").unwrap());
+    let producer = ptree.as_ref().map(|pt| {
+        te::compute_dyn(&ext, |j| pt.te(&|s, _| read_input(s as usize, j), j), "P").unwrap()
+    });
     let full = |i: &[Expr]| -> Vec<Expr> {
         (0..rank)
             .map(|d| match red.iter().position(|&r| r == d) {
@@ -1621,7 +1621,7 @@ fn build_red(c: &RedCase) -> Prog {
             })
             .collect()
     };
-    let out = te::compute(
+    let out = te::compute_dyn(
         &out_ext,
         |i| {
             let j = full(i);
@@ -2487,7 +2487,7 @@ fn check_all_pairs(ty: Ty, tree: &E) {
         .map(|k| te::placeholder(&[Expr::int(shape[0])], ty.dtype(), &format!("A{k}")).unwrap())
         .collect();
     let used: Vec<bool> = (0..2).map(|k| tree.reads(k)).collect();
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[Expr::int(shape[0])],
         |i| tree.te(&|s, _| a[s as usize].idx(i), i),
         "C",
@@ -2632,9 +2632,9 @@ fn dims_of(shape: &[Expr]) -> Vec<Expr> {
 
 /// `A` and `C = A + 1` of shape `shape`.
 fn add_one(shape: &[Expr]) -> (Te, Te) {
-    let a = te::placeholder(&dims_of(shape), DType::F32, "A").unwrap();
+    let a = te::placeholder(dims_of(shape), DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let c = te::compute(shape, |i| a2.idx(i) + 1.0, "C").unwrap();
+    let c = te::compute_dyn(shape, |i| a2.idx(i) + 1.0, "C").unwrap();
     (a, c)
 }
 
@@ -2702,9 +2702,9 @@ fn bug_compute_at_inside_a_fused_symbolic_loop_is_refused() {
     let n = te::var("n");
     let a = te::placeholder(&[n.clone()], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(&[n.clone()], |i| a2.idx(i) * 2.0, "P").unwrap();
+    let p = te::compute_dyn(&[n.clone()], |i| a2.idx(i) * 2.0, "P").unwrap();
     let p2 = p.clone();
-    let c = te::compute(&[n], |i| p2.idx(i) + 1.0, "C").unwrap();
+    let c = te::compute_dyn(&[n], |i| p2.idx(i) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let st = s.stage(&c).unwrap();
     let (o, i) = st.split(&axes(&c)[0], Some(Expr::int(2)), None).unwrap();
@@ -2724,14 +2724,14 @@ fn bug_compute_at_with_reversed_read_and_split_producer_is_refused() {
     let sh = [Expr::int(2), Expr::int(3)];
     let a = te::placeholder(&sh, DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(
+    let p = te::compute_dyn(
         &sh,
         |i| a2.idx(&[Expr::int(1).sub(&i[0]), i[1].clone()]) * 2.0,
         "P",
     )
     .unwrap();
     let p2 = p.clone();
-    let c = te::compute(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     let f = s.stage(&c).unwrap().fuse(&ax[0], &ax[1]).unwrap();
@@ -2790,8 +2790,8 @@ fn fused_split_reduction(order: [(usize, i64); 2]) -> (Te, Te, Schedule) {
         .collect();
     let by_dim = |d: usize| te::ax(&r[order.iter().position(|o| o.0 == d).unwrap()]);
     let (a2, r2) = (a.clone(), r.clone());
-    let c = te::compute(
-        &[],
+    let c = te::compute_dyn(
+        &[] as &[Expr],
         |_| ok(te::sum(a2.idx(&[by_dim(0), by_dim(1)]), &r2)),
         "C",
     )
@@ -2836,14 +2836,14 @@ fn bug_compute_at_of_a_fused_stencil_producer_is_refused() {
     let (sp, sc) = ([Expr::int(1), Expr::int(2)], [Expr::int(1), Expr::int(1)]);
     let a = te::placeholder(&sp, DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(
+    let p = te::compute_dyn(
         &sp,
         |i| a2.idx(&[i[0].clone(), Expr::int(1).sub(&i[1])]) * 2.0,
         "P",
     )
     .unwrap();
     let p2 = p.clone();
-    let c = te::compute(
+    let c = te::compute_dyn(
         &sc,
         |i| p2.idx(i) + p2.idx(&[i[0].clone(), i[1].add(&Expr::int(1))]),
         "C",
@@ -2866,7 +2866,7 @@ fn bug_compute_at_of_a_fused_producer_under_a_split_fused_consumer_is_refused() 
     let sp = [Expr::int(2), Expr::int(1), Expr::int(2)];
     let a = te::placeholder(&sp, DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(
+    let p = te::compute_dyn(
         &sp,
         |i| a2.idx(&[Expr::int(1).sub(&i[0]), i[1].clone(), i[2].clone()]) * 2.0,
         "P",
@@ -2874,7 +2874,7 @@ fn bug_compute_at_of_a_fused_producer_under_a_split_fused_consumer_is_refused() 
     .unwrap();
     let r = te::reduce_axis(Expr::int(0), Expr::int(2), "r").unwrap();
     let (p2, r2) = (p.clone(), r.clone());
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[Expr::int(1), Expr::int(2)],
         |i| {
             ok(te::sum(
@@ -2909,14 +2909,14 @@ fn bug_compute_at_of_a_fused_producer_under_a_twice_split_fused_consumer_is_refu
     let sh = [Expr::int(1), Expr::int(4)];
     let a = te::placeholder(&sh, DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(
+    let p = te::compute_dyn(
         &sh,
         |i| a2.idx(&[Expr::int(0).sub(&i[0]), i[1].clone()]) * 2.0,
         "P",
     )
     .unwrap();
     let p2 = p.clone();
-    let c = te::compute(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let cax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2940,9 +2940,9 @@ fn bug_split_of_a_reordered_fused_producer_computed_at_a_split_fused_loop_is_ref
     let sh = [Expr::int(1), Expr::int(3)];
     let a = te::placeholder(&sh, DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(&sh, |i| a2.idx(i) * 2.0, "P").unwrap();
+    let p = te::compute_dyn(&sh, |i| a2.idx(i) * 2.0, "P").unwrap();
     let p2 = p.clone();
-    let c = te::compute(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let cax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -3016,7 +3016,7 @@ fn cached_matmul_schedule(g: &CacheS) -> (Schedule, Vec<Te>) {
     let b = te::placeholder(&[k.clone(), n.clone()], DType::F32, "B").unwrap();
     let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
     let (a2, b2, r2) = (a.clone(), b.clone(), r.clone());
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[m, n],
         move |i| {
             ok(te::sum(
@@ -3162,4 +3162,48 @@ proptest! {
     fn gpu_schedules_with_memory_caches(g in cache_s(), seed in any::<u64>()) {
         run_cache_case(&g, seed)?;
     }
+}
+
+/// Found by `elementwise_f64` in CI (seed unknown, shrunk): the last axis split into 4 parts
+/// (inner extent 2, guarded), the inner loop vectorized and the outer one unrolled: the
+/// unrolled copy `ko = 3` excludes every iteration (`6 + ki < 5`), and the vectorizer's
+/// guard-to-extent rewrite made its extent the constant -1, an internal verifier error.
+#[test]
+fn split_by_parts_vectorized_inside_an_unrolled_outer_loop() {
+    let c = EwCase {
+        main: Ty::F64,
+        dims: vec![
+            DimS { n: 1, sym: false },
+            DimS { n: 1, sym: true },
+            DimS { n: 5, sym: false },
+        ],
+        n_in: 1,
+        reads: vec![
+            ReadS {
+                bcast: [false; 3],
+                flip: [false; 3]
+            };
+            3
+        ],
+        tree: E::In(0, 0, Ty::F64),
+        producer: None,
+    };
+    let sc = SchedS {
+        out: StageS {
+            ops: vec![SOp::SplitParts(Ix(140), 4)],
+            anns: vec![AOp::Vectorize(None), AOp::Unroll(Ix(121))],
+        },
+        prod: StageS::default(),
+        attach: AttachS::Root,
+    };
+    let v = vec![
+        ViewS {
+            keys: [0; 3],
+            steps: [1; 3],
+            flips: [false; 3],
+            bcast: [false; 3]
+        };
+        4
+    ];
+    run_case(&build_ew(&c), &sc, &v, 0).unwrap();
 }

@@ -11,7 +11,7 @@
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::cpu_default::apply_default_cpu;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor as TeTensor};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -112,7 +112,7 @@ impl Gemm {
         if self.batch > 0 {
             c_shape.insert(0, bt);
         }
-        let c = compute(
+        let c = compute_dyn(
             &c_shape,
             |x| {
                 let (pre, i, j) = if self.batch > 0 {
@@ -565,14 +565,14 @@ fn row_fusion_only_where_each_row_is_its_own() {
         let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
         let r = te::reduce_axis(Expr::int(0), m.clone(), "r").unwrap();
         let a1 = a.clone();
-        let s = compute(
+        let s = compute_dyn(
             std::slice::from_ref(&n),
             |i| ok(te::sum(a1.idx(&[i[0].clone(), ax(&r)]), &[r.clone()])),
             "S",
         )
         .unwrap();
         let (a2, s2, n2) = (a.clone(), s.clone(), n.clone());
-        let c = compute(
+        let c = compute_dyn(
             &[n.clone(), m.clone()],
             |i| {
                 let row = if reversed {

@@ -41,17 +41,16 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
     let a0 = te::placeholder(&[n.clone()], DType::I32, "A0").unwrap();
     let a1 = te::placeholder(&[n.clone()], DType::I32, "A1").unwrap();
     let (a0c, a1c, nc) = (a0.clone(), a1.clone(), n.clone());
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[n],
         |i| {
             let one = Expr::int(1);
             let cond = te::all(
                 te::compare(CmpOp::Ge, one.clone(), Expr::int(0)).unwrap(),
                 one.lt(&nc),
-            )
-            .unwrap();
-            let r =
-                te::if_then_else(cond, a0c.idx(&[one]), Expr::const_int(0, DType::I32)).unwrap();
+            );
+            let r = te::try_if_then_else(cond, a0c.idx(&[one]), Expr::const_int(0, DType::I32))
+                .unwrap();
             Expr::binary(rivet_compiler::ir::BinOp::Sub, r, a1c.idx(i)).unwrap()
         },
         "C",
@@ -111,7 +110,7 @@ fn module_with_an_unknown_store_buffer_is_refused() {
     checked_mode();
     let a = te::placeholder(&[te::var("n")], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let c = te::compute(&[te::var("n")], |i| a2.idx(i) * 2.0, "C").unwrap();
+    let c = te::compute_dyn(&[te::var("n")], |i| a2.idx(i) * 2.0, "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let m = build(&s, &[a, c], "cpu", "f").unwrap();
     let bytes = m.to_bytes().unwrap();

@@ -3,7 +3,7 @@
 //! `tests/golden/`; review the diff before committing it.
 
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::DType;
 use rivet_tests::SeedGemm;
@@ -48,7 +48,7 @@ fn softmax_inlined() -> Module {
     let r1 = te::reduce_axis(Expr::int(0), n.clone(), "r1").unwrap();
     let r2 = te::reduce_axis(Expr::int(0), n.clone(), "r2").unwrap();
     let x1 = x.clone();
-    let mx = compute(
+    let mx = compute_dyn(
         &[m.clone()],
         |i| {
             ok(te::max_over(
@@ -60,21 +60,21 @@ fn softmax_inlined() -> Module {
     )
     .unwrap();
     let (x2, mx2) = (x.clone(), mx.clone());
-    let e = compute(
+    let e = compute_dyn(
         &[m.clone(), n.clone()],
         |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))),
         "e",
     )
     .unwrap();
     let e2 = e.clone();
-    let sm = compute(
+    let sm = compute_dyn(
         &[m.clone()],
         |i| ok(te::sum(e2.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])),
         "sm",
     )
     .unwrap();
     let (e3, sm3) = (e.clone(), sm.clone());
-    let y = compute(&[m, n], |i| e3.idx(i) / sm3.idx(&[i[0].clone()]), "Y").unwrap();
+    let y = compute_dyn(&[m, n], |i| e3.idx(i) / sm3.idx(&[i[0].clone()]), "Y").unwrap();
     let mut s = Schedule::new(&[y.clone()]).unwrap();
     s.compute_inline(&e).unwrap();
     build(&s, &[x, y], "cpu", "softmax").unwrap()

@@ -6,7 +6,7 @@
 use rivet_compiler::ir::{Expr, ForKind, ThreadTag};
 use rivet_compiler::kernels::strategy::{apply_default_gpu, default_gpu_schedule, is_contraction};
 use rivet_compiler::schedule::Attach;
-use rivet_compiler::te::{self, compute, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute_dyn, ok, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -51,26 +51,26 @@ fn bound_tags(s: &Schedule, t: &Te) -> Vec<ThreadTag> {
 fn chain() -> (Te, Te, Te, Te, Te) {
     let (m, n) = (te::var("m"), te::var("n"));
     let x = placeholder(&[m.clone(), n.clone()], DType::F32, "X").unwrap();
-    let a = compute(
+    let a = compute_dyn(
         &[m.clone(), n.clone()],
         |i| x.idx(i) * Expr::constant(2.0, DType::F32),
         "A",
     )
     .unwrap();
-    let b = compute(
+    let b = compute_dyn(
         &[m.clone(), n.clone()],
         |i| a.idx(i) + Expr::constant(1.0, DType::F32),
         "B",
     )
     .unwrap();
     let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-    let r = compute(
+    let r = compute_dyn(
         &[m.clone()],
         |i| ok(te::sum(b.idx(&[i[0].clone(), te::ax(&k)]), &[k.clone()])),
         "R",
     )
     .unwrap();
-    let y = compute(
+    let y = compute_dyn(
         &[m, n],
         |i| ok(te::maximum(b.idx(i), Expr::constant(0.0, DType::F32))) + r.idx(&[i[0].clone()]),
         "Y",
@@ -116,14 +116,14 @@ fn contractions_are_tiled_and_their_producers_kept() {
     let a0 = placeholder(&[m.clone(), kk.clone()], DType::F32, "A0").unwrap();
     let b = placeholder(&[kk.clone(), n.clone()], DType::F32, "B").unwrap();
     // A producer of the contraction (kept as its own kernel), the contraction, an epilogue.
-    let a = compute(
+    let a = compute_dyn(
         &[m.clone(), kk.clone()],
         |i| a0.idx(i) - Expr::constant(0.5, DType::F32),
         "A",
     )
     .unwrap();
     let k = te::reduce_axis(Expr::int(0), kk.clone(), "r").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         &[m.clone(), n.clone()],
         |i| {
             ok(te::sum(
@@ -134,7 +134,7 @@ fn contractions_are_tiled_and_their_producers_kept() {
         "C",
     )
     .unwrap();
-    let d = compute(&[m, n], |i| c.idx(i) * Expr::constant(3.0, DType::F32), "D").unwrap();
+    let d = compute_dyn(&[m, n], |i| c.idx(i) * Expr::constant(3.0, DType::F32), "D").unwrap();
     assert!(is_contraction(&c));
     assert!(!is_contraction(&a) && !is_contraction(&d));
     let s = default_gpu_schedule(&[d.clone()]).unwrap();
@@ -217,7 +217,7 @@ fn a_reduction_with_an_empty_constant_axis_stays_serial() {
     let a = placeholder(&[n.clone(), Expr::int(1)], DType::F32, "A").unwrap();
     let r0 = te::reduce_axis(Expr::int(0), n.clone(), "r0").unwrap();
     let r1 = te::reduce_axis(Expr::int(1), Expr::int(1), "r1").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         &[Expr::int(1)],
         |_| {
             ok(te::sum(

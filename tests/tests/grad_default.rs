@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::cpu_default::apply_default_cpu;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -71,7 +71,7 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             let b = placeholder(&[kk.clone(), c.clone()], dt, "B").unwrap();
             let red = te::reduce_axis(Expr::int(0), kk, "k").unwrap();
             let (a1, b1) = (a.clone(), b.clone());
-            let out = compute(
+            let out = compute_dyn(
                 &[r, c],
                 |i| {
                     ok(te::sum(
@@ -88,7 +88,7 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             let x = placeholder(&[r.clone(), c.clone()], dt, "X").unwrap();
             let r1 = te::reduce_axis(Expr::int(0), c.clone(), "r1").unwrap();
             let x1 = x.clone();
-            let mx = compute(
+            let mx = compute_dyn(
                 std::slice::from_ref(&r),
                 |i| {
                     ok(te::max_over(
@@ -100,7 +100,7 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             )
             .unwrap();
             let (x2, mx2) = (x.clone(), mx.clone());
-            let e = compute(
+            let e = compute_dyn(
                 &[r.clone(), c.clone()],
                 |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))),
                 "exp",
@@ -108,13 +108,13 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             .unwrap();
             let r2 = te::reduce_axis(Expr::int(0), c.clone(), "r2").unwrap();
             let e1 = e.clone();
-            let s = compute(
+            let s = compute_dyn(
                 std::slice::from_ref(&r),
                 |i| ok(te::sum(e1.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])),
                 "sum",
             )
             .unwrap();
-            let out = compute(
+            let out = compute_dyn(
                 &[r, c],
                 |i| e.idx(i) * (te::number_like(1.0, &e.idx(i)) / s.idx(&[i[0].clone()])),
                 "Y",
@@ -129,14 +129,14 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             let nf = te::cast(dt, c.clone());
             let r1 = te::reduce_axis(Expr::int(0), c.clone(), "r1").unwrap();
             let x1 = x.clone();
-            let total = compute(
+            let total = compute_dyn(
                 std::slice::from_ref(&r),
                 |i| ok(te::sum(x1.idx(&[i[0].clone(), ax(&r1)]), &[r1.clone()])),
                 "total",
             )
             .unwrap();
             let (x2, t2, nf2) = (x.clone(), total.clone(), nf.clone());
-            let cen = compute(
+            let cen = compute_dyn(
                 &[r.clone(), c.clone()],
                 |i| x2.idx(i) - t2.idx(&[i[0].clone()]) / nf2.clone(),
                 "centered",
@@ -144,7 +144,7 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             .unwrap();
             let r2 = te::reduce_axis(Expr::int(0), c.clone(), "r2").unwrap();
             let c2 = cen.clone();
-            let sq = compute(
+            let sq = compute_dyn(
                 std::slice::from_ref(&r),
                 |i| {
                     let v = c2.idx(&[i[0].clone(), ax(&r2)]);
@@ -154,7 +154,7 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
             )
             .unwrap();
             let (g1, b1) = (g.clone(), b.clone());
-            let out = compute(
+            let out = compute_dyn(
                 &[r, c],
                 |i| {
                     let var = sq.idx(&[i[0].clone()]) / nf.clone();

@@ -7,7 +7,7 @@
 
 use rivet_compiler::build::{build_with, Options};
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute, placeholder};
+use rivet_compiler::te::{self, compute_dyn, placeholder};
 use rivet_compiler::{Error, Module, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 use rivet_tests::backends;
@@ -22,7 +22,7 @@ fn chain(n: usize) -> (te::Tensor, Vec<te::Tensor>) {
     let mut t = x.clone();
     for k in 0..n {
         let prev = t.clone();
-        t = compute(
+        t = compute_dyn(
             &[Expr::int(LEN as i64)],
             |i| prev.idx(i) * 1.0001 + 1.0,
             &format!("X{}", k + 1),

@@ -14,7 +14,7 @@
 //! recomputed, so only the verifier and the passes stand between the edit and the kernel.
 
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute, ok, placeholder};
+use rivet_compiler::te::{self, compute_dyn, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -61,7 +61,7 @@ fn gemm_module(n: i64) -> Module {
     let b = placeholder(&[Expr::int(n), Expr::int(n)], DType::F32, "B").unwrap();
     let k = te::reduce_axis(Expr::int(0), Expr::int(n), "k").unwrap();
     let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute(
+    let c = compute_dyn(
         &[Expr::int(n), Expr::int(n)],
         |i| {
             ok(te::sum(
@@ -431,7 +431,7 @@ pub fn chain_module(n: usize, len: i64) -> Module {
     let mut t = a;
     for k in 0..n {
         let p = t.clone();
-        t = compute(
+        t = compute_dyn(
             &[Expr::int(len)],
             |i| p.idx(&[i[0].clone()]) + 1.0f64,
             &format!("T{k}"),
@@ -524,7 +524,7 @@ fn rowsum_module() -> Module {
     let a = placeholder(&[Expr::int(5), Expr::int(300)], DType::F32, "A").unwrap();
     let k = te::reduce_axis(Expr::int(0), Expr::int(300), "k").unwrap();
     let a2 = a.clone();
-    let r = compute(
+    let r = compute_dyn(
         &[Expr::int(5)],
         |i| ok(te::sum(a2.idx(&[i[0].clone(), te::ax(&k)]), &[k.clone()])),
         "R",
@@ -639,11 +639,11 @@ fn cross_thread_reductions_round_trip_and_hostile_edits_are_refused() {
 fn locals_module() -> (Vec<u8>, String) {
     let a = placeholder(&[Expr::int(8)], DType::F32, "A").unwrap();
     let a2 = a.clone();
-    let t1 = compute(&[Expr::int(8)], |i| a2.idx(i) + 1.0f64, "T1").unwrap();
+    let t1 = compute_dyn(&[Expr::int(8)], |i| a2.idx(i) + 1.0f64, "T1").unwrap();
     let t1c = t1.clone();
-    let t2 = compute(&[Expr::int(8)], |i| t1c.idx(i) * 2.0f64, "T2").unwrap();
+    let t2 = compute_dyn(&[Expr::int(8)], |i| t1c.idx(i) * 2.0f64, "T2").unwrap();
     let t2c = t2.clone();
-    let t3 = compute(&[Expr::int(8)], |i| t2c.idx(i) - 3.0f64, "T3").unwrap();
+    let t3 = compute_dyn(&[Expr::int(8)], |i| t2c.idx(i) - 3.0f64, "T3").unwrap();
     let s = Schedule::new(&[t3.clone()]).unwrap();
     let opts = rivet_compiler::build::Options {
         as_written: true,

@@ -20,7 +20,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rivet_compiler::ir::{CmpOp, Expr, IterVar};
-use rivet_compiler::te::{self, ax, compute, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -174,7 +174,7 @@ fn matmul(a: &Te, b: &Te, ta: bool, tb: bool) -> Te {
         b.shape()[1].clone()
     };
     let r = te::reduce_axis(Expr::int(0), k, "k").unwrap();
-    compute(
+    compute_dyn(
         &[m, n],
         |i| {
             let kk = ax(&r);
@@ -217,7 +217,7 @@ fn batched_matmul_with_broadcast_operand() {
     let a = ph(&[2, 3, 4], "A");
     let b = ph(&[4, 2], "B"); // shared across the batch
     let k = rk(4, "k");
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(2), Expr::int(3), Expr::int(2)],
         |i| {
             ok(te::sum(
@@ -276,7 +276,7 @@ fn conv2d(x: &Te, w: &Te, pad: i64) -> Te {
     let rc = rk(ws[1], "rc");
     let ry = rk(ws[2], "ry");
     let rx = rk(ws[3], "rx");
-    compute(
+    compute_dyn(
         &[
             Expr::int(xs[0]),
             Expr::int(ws[0]),
@@ -355,7 +355,7 @@ fn max_and_min_reductions_split_ties_evenly() {
     let x = ph(&[2, 4], "X");
     let k = rk(4, "k");
     for max in [true, false] {
-        let out = compute(
+        let out = compute_dyn(
             &[Expr::int(2)],
             |i| {
                 let e = x.idx(&[i[0].clone(), ax(&k)]);
@@ -385,7 +385,7 @@ fn max_and_min_reductions_split_ties_evenly() {
 fn elementwise_maximum_splits_ties_evenly() {
     let x = ph(&[3], "X");
     let y = ph(&[3], "Y");
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(3)],
         |i| ok(te::maximum(x.idx(i), y.idx(i))),
         "M",
@@ -443,7 +443,7 @@ fn every_unary_and_binary_rule() {
         ("fma_like", |a, b| a.clone() * b + a),
     ];
     for (name, f) in cases {
-        let out = compute(&[Expr::int(5)], |i| f(x.idx(i), y.idx(i)), name).unwrap();
+        let out = compute_dyn(&[Expr::int(5)], |i| f(x.idx(i), y.idx(i)), name).unwrap();
         let ins = [x.clone(), y.clone()];
         check(name, &ins, &out, &data_for(&ins, 5), 5);
     }
@@ -453,7 +453,7 @@ fn every_unary_and_binary_rule() {
 fn float_casts_carry_the_adjoint() {
     // f32 intermediate: d/dx of cast_f64(cast_f32(x) * 2) = 2 (exactly, as an f32 cast).
     let x = ph(&[3], "X");
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(3)],
         |i| te::cast(DType::F64, te::cast(DType::F32, x.idx(i)) * 2.0),
         "Y",
@@ -471,7 +471,7 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "diagonal",
             vec![x.clone()],
-            compute(
+            compute_dyn(
                 &[Expr::int(4)],
                 |i| x.idx(&[i[0].clone(), i[0].clone()]) * 2.0,
                 "D",
@@ -481,7 +481,7 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "strided",
             vec![v.clone()],
-            compute(
+            compute_dyn(
                 &[Expr::int(3)],
                 |i| ok(te::exp(v.idx(&[i[0].clone() * 2]))),
                 "S",
@@ -491,7 +491,7 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "floordiv",
             vec![v.clone()],
-            compute(
+            compute_dyn(
                 &[Expr::int(12)],
                 |i| {
                     let e = v.idx(&[i[0].floordiv(&Expr::int(2))]);
@@ -504,7 +504,7 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "constant index and reversal",
             vec![v.clone()],
-            compute(
+            compute_dyn(
                 &[Expr::int(6)],
                 |i| v.idx(&[Expr::int(0)]) * v.idx(&[Expr::int(5) - i[0].clone()]),
                 "K",
@@ -514,7 +514,7 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "transpose",
             vec![x.clone()],
-            compute(
+            compute_dyn(
                 &[Expr::int(4), Expr::int(4)],
                 |i| ok(te::tanh(x.idx(&[i[1].clone(), i[0].clone()]))) * x.idx(i),
                 "T",
@@ -532,26 +532,26 @@ fn index_maps_that_need_the_masked_fallback() {
 fn softmax_and_layer_norm() {
     let x = ph(&[3, 5], "X");
     let k = rk(5, "k");
-    let mx = compute(
+    let mx = compute_dyn(
         &[Expr::int(3)],
         |i| ok(te::max_over(x.idx(&[i[0].clone(), ax(&k)]), &[k.clone()])),
         "mx",
     )
     .unwrap();
-    let e = compute(
+    let e = compute_dyn(
         &[Expr::int(3), Expr::int(5)],
         |i| ok(te::exp(x.idx(i) - mx.idx(&[i[0].clone()]))),
         "e",
     )
     .unwrap();
     let k2 = rk(5, "k2");
-    let s = compute(
+    let s = compute_dyn(
         &[Expr::int(3)],
         |i| ok(te::sum(e.idx(&[i[0].clone(), ax(&k2)]), &[k2.clone()])),
         "s",
     )
     .unwrap();
-    let sm = compute(
+    let sm = compute_dyn(
         &[Expr::int(3), Expr::int(5)],
         |i| e.idx(i) / s.idx(&[i[0].clone()]),
         "sm",
@@ -564,7 +564,7 @@ fn softmax_and_layer_norm() {
     let g = ph(&[5], "G");
     let b = ph(&[5], "Bb");
     let k4 = rk(5, "k4");
-    let mean = compute(
+    let mean = compute_dyn(
         &[Expr::int(3)],
         |i| {
             ok(te::sum(
@@ -576,7 +576,7 @@ fn softmax_and_layer_norm() {
     )
     .unwrap();
     let k5 = rk(5, "k5");
-    let var = compute(
+    let var = compute_dyn(
         &[Expr::int(3)],
         |i| {
             let d = x.idx(&[i[0].clone(), ax(&k5)]) - mean.idx(&[i[0].clone()]);
@@ -585,7 +585,7 @@ fn softmax_and_layer_norm() {
         "var",
     )
     .unwrap();
-    let y = compute(
+    let y = compute_dyn(
         &[Expr::int(3), Expr::int(5)],
         |i| {
             (x.idx(i) - mean.idx(&[i[0].clone()]))
@@ -603,8 +603,8 @@ fn softmax_and_layer_norm() {
 #[test]
 fn an_intermediate_stage_can_be_an_input() {
     let x = ph(&[4], "X");
-    let h = compute(&[Expr::int(4)], |i| ok(te::tanh(x.idx(i))), "h").unwrap();
-    let out = compute(&[Expr::int(4)], |i| h.idx(i) * h.idx(i) + x.idx(i), "y").unwrap();
+    let h = compute_dyn(&[Expr::int(4)], |i| ok(te::tanh(x.idx(i))), "h").unwrap();
+    let out = compute_dyn(&[Expr::int(4)], |i| h.idx(i) * h.idx(i) + x.idx(i), "y").unwrap();
     let g = te::gradient(&out, &[h.clone(), x.clone()], None).unwrap();
     let xv = vec![0.1, -0.4, 0.7, 0.2];
     let got = run(&[x], &g, &[xv.clone()]);
@@ -643,7 +643,7 @@ fn err_of(r: rivet_compiler::Result<Vec<Te>>) -> String {
 #[test]
 fn wrong_heads_are_refused_naming_head() {
     let x = ph(&[2, 3], "X");
-    let out = compute(&[Expr::int(2), Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
+    let out = compute_dyn(&[Expr::int(2), Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
     let bad_shape = ph(&[3, 2], "H");
     let m = err_of(te::gradient(&out, &[x.clone()], Some(&bad_shape)));
     assert!(
@@ -664,7 +664,7 @@ fn wrong_heads_are_refused_naming_head() {
 fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
     let x = ph(&[3], "X");
     let ix = placeholder(&[Expr::int(3)], DType::I32, "I").unwrap();
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(3)],
         |i| x.idx(i) * te::cast(DType::F64, ix.idx(i)),
         "Y",
@@ -675,7 +675,7 @@ fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
         m.contains("inputs[0]") && m.contains("'I'") && m.contains("int32"),
         "{m}"
     );
-    let iout = compute(&[Expr::int(3)], |i| ix.idx(i) + 1, "Z").unwrap();
+    let iout = compute_dyn(&[Expr::int(3)], |i| ix.idx(i) + 1, "Z").unwrap();
     let m = err_of(te::gradient(&iout, &[x.clone()], None));
     assert!(m.contains("output") && m.contains("int32"), "{m}");
     // The int factor is a constant for the float input.
@@ -696,7 +696,7 @@ fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
 fn an_input_the_output_does_not_depend_on_gets_zeros() {
     let x = ph(&[3], "X");
     let other = ph(&[2, 2], "Other");
-    let out = compute(&[Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
+    let out = compute_dyn(&[Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
     let g = te::gradient(&out, &[other.clone(), x.clone()], None).unwrap();
     assert_eq!(g[0].shape(), other.shape());
     let got = run(&[x, other], &g, &[vec![1.0; 3], vec![7.0; 4]]);
@@ -710,7 +710,7 @@ fn product_reductions_are_exact_with_zeros() {
     let x = ph(&[2, 3, 3], "X");
     let r1 = te::reduce_axis(Expr::int(1), Expr::int(3), "r1").unwrap();
     let r2 = rk(3, "r2");
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(2)],
         |i| {
             ok(te::prod(
@@ -761,7 +761,8 @@ fn a_chain_of_3000_stages_needs_no_deep_stack() {
             let mut t = x.clone();
             for s in 0..3000 {
                 let prev = t.clone();
-                t = compute(&[Expr::int(2)], |i| prev.idx(i) * 1.0001, &format!("s{s}")).unwrap();
+                t = compute_dyn(&[Expr::int(2)], |i| prev.idx(i) * 1.0001, &format!("s{s}"))
+                    .unwrap();
             }
             let g = te::gradient(&t, &[x], None).unwrap();
             assert_eq!(g.len(), 1);
@@ -777,7 +778,7 @@ fn a_chain_of_200_stages_is_numerically_right() {
     let mut t = x.clone();
     for s in 0..200 {
         let prev = t.clone();
-        t = compute(
+        t = compute_dyn(
             &[Expr::int(2)],
             |i| ok(te::tanh(prev.idx(i))) * 0.5 + prev.idx(i) * 0.75,
             &format!("s{s}"),
@@ -870,11 +871,11 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
         let shape = [Expr::int(a), Expr::int(b)];
         let name = format!("s{s}");
         let next = match step {
-            Step::Unary(op) => compute(&shape, |i| unary(*op, t.idx(i)), &name).unwrap(),
+            Step::Unary(op) => compute_dyn(&shape, |i| unary(*op, t.idx(i)), &name).unwrap(),
             Step::BroadcastIn(op) => {
                 let y = ph(&[b], &format!("Y{s}"));
                 inputs.push(y.clone());
-                compute(
+                compute_dyn(
                     &shape,
                     |i| binary(*op, t.idx(i), y.idx(&[i[1].clone()])),
                     &name,
@@ -884,9 +885,9 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
             Step::WithEarlier(k, op) => {
                 let same: Vec<&Te> = stages.iter().filter(|e| dims(e, &[]) == sh).collect();
                 let e = same[k % same.len()].clone();
-                compute(&shape, |i| binary(*op, t.idx(i), e.idx(i)), &name).unwrap()
+                compute_dyn(&shape, |i| binary(*op, t.idx(i), e.idx(i)), &name).unwrap()
             }
-            Step::Transpose => compute(
+            Step::Transpose => compute_dyn(
                 &[Expr::int(b), Expr::int(a)],
                 |i| t.idx(&[i[1].clone(), i[0].clone()]),
                 &name,
@@ -894,7 +895,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
             .unwrap(),
             Step::Reduce(op) => {
                 let k = rk(b, &format!("r{s}"));
-                let red = compute(
+                let red = compute_dyn(
                     &[Expr::int(a)],
                     |i| {
                         let e = t.idx(&[i[0].clone(), ax(&k)]);
@@ -908,13 +909,13 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                     &format!("red{s}"),
                 )
                 .unwrap();
-                compute(&shape, |i| t.idx(i) * 0.5 - red.idx(&[i[0].clone()]), &name).unwrap()
+                compute_dyn(&shape, |i| t.idx(i) * 0.5 - red.idx(&[i[0].clone()]), &name).unwrap()
             }
             Step::Matmul(n) => {
                 let w = ph(&[b, *n], &format!("W{s}"));
                 inputs.push(w.clone());
                 let k = rk(b, &format!("k{s}"));
-                compute(
+                compute_dyn(
                     &[Expr::int(a), Expr::int(*n)],
                     |i| {
                         ok(te::sum(
@@ -926,7 +927,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 )
                 .unwrap()
             }
-            Step::Shift(drop) if *drop && b > 1 => compute(
+            Step::Shift(drop) if *drop && b > 1 => compute_dyn(
                 &[Expr::int(a), Expr::int(b - 1)],
                 |i| t.idx(&[i[0].clone(), i[1].clone() + 1]) * 1.5,
                 &name,
@@ -936,7 +937,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 let kern = ph(&[*w], &format!("K{s}"));
                 inputs.push(kern.clone());
                 let r = rk(*w, &format!("w{s}"));
-                compute(
+                compute_dyn(
                     &[Expr::int(a), Expr::int(b - w + 1)],
                     |i| {
                         ok(te::sum(
@@ -948,7 +949,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 )
                 .unwrap()
             }
-            Step::Window(_) | Step::Scrambled => compute(
+            Step::Window(_) | Step::Scrambled => compute_dyn(
                 &shape,
                 |i| {
                     let j = ok(te::floormod(i[1].clone() * 2 + 1, b));
@@ -957,7 +958,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 &name,
             )
             .unwrap(),
-            Step::Shift(_) => compute(
+            Step::Shift(_) => compute_dyn(
                 &shape,
                 |i| {
                     let j = i[1].clone() - 1;

@@ -7,7 +7,7 @@
 
 use rivet_compiler::ir::{Expr, Intrin};
 use rivet_compiler::kernels::tensorized::gemm;
-use rivet_compiler::te::{self, ax, compute, ok, placeholder};
+use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Function, Tensor, Value};
 
@@ -224,7 +224,7 @@ fn tiled(
     let a = placeholder(&[int(m), int(16)], dtype, "A").unwrap();
     let b = placeholder(&[int(16), int(n)], dtype, "B").unwrap();
     let k = te::reduce_axis(int(0), int(16), "k").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         &[int(m), int(n)],
         |x| {
             ok(te::sum(

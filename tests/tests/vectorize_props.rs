@@ -20,7 +20,7 @@ use proptest::test_runner::Config;
 use rivet_compiler::build::build_with;
 use rivet_compiler::ir::{BinOp, CmpOp, Expr, UnOp};
 use rivet_compiler::lower::Options;
-use rivet_compiler::te::{compute, placeholder, Tensor as Te};
+use rivet_compiler::te::{compute_dyn, placeholder, Tensor as Te};
 use rivet_compiler::Schedule;
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -314,7 +314,7 @@ fn run(c: &Case, target: &str, opts: Options) -> Result<Vec<u64>, String> {
     let a = placeholder(&[Expr::int(rows), Expr::int(n)], dt, "A").unwrap();
     let b = placeholder(&[Expr::int(rows)], dt, "B").unwrap();
     let (a2, b2) = (a.clone(), b.clone());
-    let out = compute(
+    let out = compute_dyn(
         &[Expr::int(rows), Expr::int(n)],
         |i| {
             let l = Leaves { a: &a2, b: &b2, n };
@@ -443,7 +443,7 @@ fn vectorized_1d(
         .map(|k| placeholder(&[Expr::int(n)], dt, &format!("X{k}")).unwrap())
         .collect();
     let ins = args.clone();
-    let c = compute(
+    let c = compute_dyn(
         &[Expr::int(n)],
         |i| body(ins.iter().map(|x| x.idx(i)).collect()),
         "C",
@@ -591,13 +591,13 @@ fn exp_inline_path_in_a_child() {
 /// lanes of a chunk (masked tails) and 4 of a vector; bits against the interpreter.
 #[test]
 fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
-    use rivet_compiler::te::{compute, placeholder};
+    use rivet_compiler::te::{compute_dyn, placeholder};
     for n in [1i64, 3, 4, 15, 16, 17, 33, 97, 1023] {
         let rows = 3i64;
         let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
         let sh = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
         let (x1, s1) = (x.clone(), sh.clone());
-        let y = compute(
+        let y = compute_dyn(
             &[Expr::int(rows), Expr::int(n)],
             |i| {
                 let d = Expr::binary(BinOp::Sub, x1.idx(i), s1.idx(&i[..1])).unwrap();
@@ -607,7 +607,7 @@ fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
         )
         .unwrap();
         let x2 = x.clone();
-        let z = compute(
+        let z = compute_dyn(
             &[Expr::int(rows), Expr::int(n)],
             |i| Expr::unary(UnOp::Exp, x2.idx(i)).unwrap(),
             "Z",
@@ -874,7 +874,7 @@ fn elementwise_add_disassembles_to_packed_adds() {
 fn split_guard_extent_cannot_wrap() {
     let n = rivet_compiler::te::var("n");
     let a = placeholder(std::slice::from_ref(&n), DType::F32, "A").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         std::slice::from_ref(&n),
         |i| a.idx(&[i[0].clone()]) + Expr::constant(1.0, DType::F32),
         "C",
@@ -920,7 +920,7 @@ fn loop_invariant_row_scalars_match_the_interpreter() {
     let x = placeholder(&[r.clone(), c.clone()], DType::F32, "X").unwrap();
     let s = placeholder(&[r.clone()], DType::F32, "S").unwrap();
     let (x1, s1) = (x.clone(), s.clone());
-    let y = compute(
+    let y = compute_dyn(
         &[r, c],
         |i| {
             let row = s1.idx(&[i[0].clone()]);
@@ -991,10 +991,10 @@ fn loop_invariant_row_scalars_match_the_interpreter() {
 fn sixteen_lane_float32_loops_match_the_interpreter() {
     let n = te_var("n");
     let x = placeholder(&[n.clone()], DType::F32, "X").unwrap();
-    let s = placeholder(&[], DType::F32, "S").unwrap();
+    let s = placeholder(&[] as &[Expr], DType::F32, "S").unwrap();
     let (x1, s1) = (x.clone(), s.clone());
     let c = |v: f64| Expr::constant(v, DType::F32);
-    let y = compute(
+    let y = compute_dyn(
         &[n],
         |i| {
             let v = x1.idx(i);
@@ -1107,7 +1107,7 @@ fn loop_carried_vectors_match_the_interpreter() {
         let b = placeholder(&[Expr::int(kk), Expr::int(n)], DType::F32, "B").unwrap();
         let k = rivet_compiler::te::reduce_axis(Expr::int(0), Expr::int(kk), "k").unwrap();
         let (a1, b1) = (a.clone(), b.clone());
-        let c = compute(
+        let c = compute_dyn(
             &[Expr::int(m), Expr::int(n)],
             |i| {
                 rivet_compiler::te::ok(rivet_compiler::te::sum(
@@ -1182,7 +1182,7 @@ fn invariant_row_scalars_stay_out_of_the_vector_loop() {
     let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
     let sv = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
     let (x1, s1) = (x.clone(), sv.clone());
-    let y = compute(
+    let y = compute_dyn(
         &[Expr::int(rows), Expr::int(n)],
         move |i| {
             let mean = s1.idx(&[i[0].clone()]) / Expr::constant(n as f64, DType::F32);

@@ -37,6 +37,7 @@ from .contrib.dlpack import convert_func, to_jax_func, to_mxnet_func, to_pytorch
 from . import te  # noqa: E402  (the DSL: rivet.te.placeholder / compute / ...)
 from . import kernels  # noqa: E402  (kernels written in Rust: rivet.kernels.matmul(...))
 from . import ipc  # noqa: E402  (cross-process tensors; registers the multiprocessing reducer)
+from .library import load_library  # noqa: E402  (functions a Rust crate built: rivet::python_library!)
 
 
 _F = _TypeVar("_F", bound=_Callable[..., _Any])
@@ -89,6 +90,7 @@ __all__ = [
     "from_dlpack",
     "get_global_func",
     "list_global_funcs",
+    "load_library",
     "load_module",
     "num_threads",
     "register_func",

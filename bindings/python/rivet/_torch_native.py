@@ -193,5 +193,8 @@ def register(ext, op, bwd, name, no_backward, setup_context):
     ]
     handle = _handle(op.func, f"rivet.torch.{name}#{next(_counter)}")
     num_args = sum(1 for k in op.pos if k is not None)
-    reg = ext.register(ns, opname, handle, params, arg_of, outs, num_args, Forward.apply, on_error)
+    # With saved activations, the autograd path is the backward's own Function (outputs and
+    # residuals from the `_fwd` op, the outputs handed back).
+    grad_path = bwd.apply_saved if bwd is not None and bwd.saved is not None else Forward.apply
+    reg = ext.register(ns, opname, handle, params, arg_of, outs, num_args, grad_path, on_error)
     return lib, reg

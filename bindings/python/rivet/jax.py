@@ -13,7 +13,10 @@ Rules (README "JAX"):
 - CPU only for now (``platform="cpu"``); the CUDA backend will register the same handler for
   XLA's CUDA platform with XLA's stream.
 - ``jax.grad``: by default (``backward="auto"``) the function's own backward
-  (``Function.backward()``, derived from its te program with ``rivet.te.gradient``), or
+  (derived from its te program with ``rivet.te.gradient``; when that backward reads forward
+  values worth keeping, such as a softmax's exponentials, the forward run under
+  differentiation is ``Function.training_pair()``'s, which also writes them, and the
+  backward reads them instead of recomputing: JAX's residuals), or
   ``backward=`` a compiled rivet function taking the forward's inputs, then one cotangent per
   output, and returning one gradient per float input (or one per input), in order. Int inputs
   get zero (``float0``) cotangents. Where there is no backward (``backward=None``, or a
@@ -162,8 +165,16 @@ def ffi_func(func, *, backward="auto", vmap_method="sequential"):
 
     func = _as_function(func, "func")
     why_not = "it was wrapped with backward=None"
+    # With backward="auto", the saved-activations pair when the backward needs forward values
+    # (a softmax's exp and sum): the forward under differentiation also writes them, the
+    # backward reads them instead of recomputing (docs/gradient.md, "Saved activations").
+    fwd_func, n_res = None, 0
     if isinstance(backward, str) and backward == "auto":
         bwd_func, why_not = _derived_backward(func)
+        if bwd_func is not None:
+            pair = func.training_pair()
+            if pair[2] > 0:
+                fwd_func, bwd_func, n_res = pair
     else:
         bwd_func = None if backward is None else _as_function(backward, "backward")
     for f, arg in ((func, "func"), (bwd_func, "backward")):
@@ -172,6 +183,10 @@ def ffi_func(func, *, backward="auto", vmap_method="sequential"):
     _register_target()
     name = f"rivet.jax.{func.name}#{next(_counter)}"
     _native._register(name, func, False)
+    fwd_name = None
+    if fwd_func is not None:
+        fwd_name = f"rivet.jax.{fwd_func.name}#{next(_counter)}"
+        _native._register(fwd_name, fwd_func, False)
     bwd_name = None
     if bwd_func is not None:
         bwd_name = f"rivet.jax.{bwd_func.name}#{next(_counter)}"
@@ -190,9 +205,14 @@ def ffi_func(func, *, backward="auto", vmap_method="sequential"):
         return forward(*args)
 
     def fwd(*args):
-        return forward(*args), args
+        if fwd_func is None:
+            return forward(*args), (args, ())
+        got = _call(fwd_func, fwd_name, vmap_method, args)
+        outs = got[: len(got) - n_res]
+        return (outs[0] if len(outs) == 1 else tuple(outs)), (args, tuple(got))
 
-    def bwd(args, cts):
+    def bwd(saved, cts):
+        args, kept = saved
         if bwd_func is None:
             raise NotDifferentiableError(
                 f"rivet.jax.ffi_func({func.name}): the function has no backward ({why_not}), "
@@ -200,7 +220,8 @@ def ffi_func(func, *, backward="auto", vmap_method="sequential"):
                 "output cotangents -> input gradients), e.g. one built from rivet.te.gradient"
             )
         cts = cts if isinstance(cts, tuple) else (cts,)
-        grads = _call(bwd_func, bwd_name, vmap_method, tuple(args) + tuple(cts))
+        # The saved backward takes the forward's outputs and residuals after its inputs.
+        grads = _call(bwd_func, bwd_name, vmap_method, tuple(args) + kept + tuple(cts))
         grads = grads if isinstance(grads, tuple) else (grads,)
         if len(grads) == len(args):
             which = range(len(args))

@@ -74,6 +74,7 @@ __all__ = [
     "floordiv",
     "floormod",
     "gradient",
+    "stop_gradient",
 ]
 
 _AXIS_NAMES = ("i", "j", "k", "l", "m", "n", "o", "p")
@@ -358,6 +359,14 @@ def floordiv(a, b):
 def floormod(a, b):
     """Python's ``a % b`` (the result takes the divisor's sign)."""
     return _native.te_binary("floormod", a, b)
+
+
+def stop_gradient(tensor):
+    """``tensor``'s values as a stage that ``te.gradient`` treats as a constant (JAX's
+    ``lax.stop_gradient``): no gradient flows through it into what it reads. An elementwise
+    copy that the default schedule inlines (free at run time). The classic use is the max a
+    softmax subtracts, whose derivative is zero in exact maths (see docs/gradient.md)."""
+    return _native.te_stop_gradient(tensor)
 
 
 def gradient(output, inputs, head=None):

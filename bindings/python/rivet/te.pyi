@@ -50,6 +50,7 @@ __all__ = [
     "floordiv",
     "floormod",
     "gradient",
+    "stop_gradient",
 ]
 
 @type_check_only
@@ -96,6 +97,7 @@ def extern(
     dtype: str = "float32",
     name: str = "extern",
 ) -> Tensor: ...
+def stop_gradient(tensor: Tensor) -> Tensor: ...
 def gradient(
     output: Tensor, inputs: Sequence[Tensor], head: Tensor | None = None
 ) -> list[Tensor]: ...

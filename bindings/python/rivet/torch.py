@@ -87,15 +87,22 @@ def custom_op(
     op = _Op(func, name, mutates, device_types)
     _check_free(name, override)
     ext = _native_bridge(op, native)
+    saved = None
     if isinstance(backward, str) and backward == "auto":
         backward = None if mutates else op.derived_backward()
+        if backward is not None:
+            # The saved-activations pair when the backward reads forward values worth
+            # keeping (docs/gradient.md): the forward run under autograd also writes them.
+            pair = func.training_pair()
+            if pair[2] > 0:
+                saved = pair
     if backward is not None and mutates:
         raise ArgumentError(
             f"rivet.torch.custom_op: argument 'backward' needs a functional op, but {name!r} "
             "is registered with mutates=True (torch has no autograd for ops that write "
             "their arguments); register it with mutates=False"
         )
-    bwd = _Backward(op, backward, override, native) if backward is not None else None
+    bwd = _Backward(op, backward, override, native, saved) if backward is not None else None
     ns, opname = name.split("::")
     _release(name)
     if ext is not None:
@@ -108,7 +115,11 @@ def custom_op(
     cdef = torch.library.custom_op(name, op.run, mutates_args=op.mutated, schema=op.schema)
     cdef.register_fake(op.fake)
     packet = getattr(getattr(torch.ops, ns), opname)
-    if not mutates:
+    if bwd is not None and bwd.saved is not None:
+        # Autograd through the forward with residuals: an Autograd kernel of our own, as
+        # the native path's (register_autograd would save only the op's own outputs).
+        cdef._lib.impl(opname, bwd.autograd_kernel(packet.default), "Autograd", with_keyset=True)
+    elif not mutates:
         cdef.register_autograd(
             bwd.backward if bwd else op.no_backward, setup_context=_setup_context
         )
@@ -362,11 +373,24 @@ class _Backward:
     """The autograd formula of an op: a rivet backward function registered as the op
     ``<name>_backward`` (so torch.compile traces the backward too), or a Python callable."""
 
-    def __init__(self, op, backward, override, native):
+    def __init__(self, op, backward, override, native, saved=None):
         self.op = op
         inputs = [p for p in op.params if not _is_output(p)]
         self.diff = [k for k, p in enumerate(inputs) if _differentiable(p)]
-        if isinstance(backward, Function):
+        self.saved = None
+        if saved is not None:
+            # `Function.training_pair()`: `<name>_fwd` returns the outputs then the residuals;
+            # `<name>_backward` takes inputs, outputs, residuals, then the output gradients.
+            fwd, bwd, n_res = saved
+            self.fwd_op = custom_op(
+                fwd, op.name + "_fwd", backward=None, override=override, native=native
+            )
+            self.bwd_op = custom_op(
+                bwd, op.name + "_backward", backward=None, override=override, native=native
+            )
+            self.user = None
+            self.saved = self.saved_function(n_res)
+        elif isinstance(backward, Function):
             self.check_rivet(backward, len(inputs))
             # The backward op itself is not differentiated (no double backward): deriving a
             # second-order program at every registration would cost a build nobody asked for.
@@ -407,6 +431,63 @@ class _Backward:
         for k, g in zip(self.diff, got):
             result[k] = g
         return tuple(result)
+
+
+    def saved_function(self, n_res):
+        """The autograd.Function of the saved-activations path: its forward runs the
+        ``_fwd`` op (outputs, then residuals), all of which it returns (the residuals marked
+        non-differentiable; `autograd_kernel` hands back only the outputs) and saves."""
+        import torch
+
+        fwd_op, bwd_op, diff = self.fwd_op, self.bwd_op, self.diff
+
+        def forward(*args):
+            return fwd_op(*args)
+
+        def setup_context(ctx, inputs, output):
+            _setup_context(ctx, inputs, output)
+            ctx.mark_non_differentiable(*output[len(output) - n_res :])
+
+        def backward(ctx, *grads):
+            saved = list(ctx.saved_tensors)
+            inputs = [saved.pop(0) if s is None else s[0] for s in ctx.rivet_scalars]
+            n_out = len(saved) - n_res
+            got = bwd_op(*inputs, *saved, *grads[:n_out])
+            got = got if isinstance(got, tuple) else (got,)
+            result = [None] * len(inputs)
+            for k, g in zip(diff, got):
+                result[k] = g
+            return tuple(result)
+
+        # Named after the op: grad_fn shows as <rivet_<op>Backward>.
+        return type(
+            f"rivet_{self.op.name.split('::')[1]}",
+            (torch.autograd.Function,),
+            {
+                "forward": staticmethod(forward),
+                "setup_context": staticmethod(setup_context),
+                "backward": staticmethod(backward),
+            },
+        )
+
+    def apply_saved(self, *args):
+        """The op's outputs, computed under autograd through the saved-activations path."""
+        got = self.saved.apply(*args)
+        n_out = len(self.op.outputs)
+        return got[0] if n_out == 1 else tuple(got[:n_out])
+
+    def autograd_kernel(self, overload):
+        """The op's Autograd kernel on the Python path: the saved-activations Function when
+        a gradient is recorded, else the kernel below autograd."""
+        import torch
+
+        def kernel(keyset, *args):
+            if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+                return self.apply_saved(*args)
+            with torch._C._AutoDispatchBelowAutograd():
+                return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+        return kernel
 
 
 def _setup_context(ctx, inputs, output):

@@ -262,7 +262,7 @@ pub fn te_select(
     let c = operand_or_err(cond, "te.if_then_else: condition")?;
     let x = operand_or_err(a, "te.if_then_else: true value")?;
     let y = operand_or_err(b, "te.if_then_else: false value")?;
-    new_expr(py, te::if_then_else(c, x, y).cpy(py)?)
+    new_expr(py, te::try_if_then_else(c, x, y).cpy(py)?)
 }
 
 /// `te.gradient(output, inputs, head=None)`: the gradient stages (`te::gradient`).
@@ -281,6 +281,16 @@ pub fn te_gradient(
         .transpose()?;
     let grads = te::gradient(&out, &xs, h.as_ref()).cpy(py)?;
     Ok(grads.into_iter().map(|t| PyTeTensor { t }).collect())
+}
+
+/// `te.stop_gradient(tensor)`: `tensor`'s values, constant to `te.gradient`
+/// (`te::stop_gradient`).
+#[pyfunction]
+pub fn te_stop_gradient(py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<PyTeTensor> {
+    let t = tensor_arg(tensor, "te.stop_gradient: tensor")?;
+    Ok(PyTeTensor {
+        t: te::stop_gradient(&t).cpy(py)?,
+    })
 }
 
 /// A callback argument: a registered name (`str`), a `rivet.Function`, or any Python callable

@@ -63,6 +63,7 @@ pub fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(functions::te_cast, m)?)?;
     m.add_function(wrap_pyfunction!(functions::te_select, m)?)?;
     m.add_function(wrap_pyfunction!(functions::te_gradient, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::te_stop_gradient, m)?)?;
     m.add_function(wrap_pyfunction!(functions::te_extern, m)?)?;
     m.add_function(wrap_pyfunction!(schedule::create_schedule, m)?)?;
     m.add_function(wrap_pyfunction!(schedule::default_gpu_schedule, m)?)?;

@@ -47,7 +47,7 @@ fn read(py: Python<'_>, t: &Tensor, idx: &Bound<'_, PyAny>) -> PyResult<Py<PyAny
             &format!("index {d} of tensor '{}'", t.name()),
         )?);
     }
-    new_expr(py, t.at(&indices).cpy(py)?)
+    new_expr(py, t.try_at(&indices).cpy(py)?)
 }
 
 #[pymethods]

@@ -121,7 +121,8 @@ pub struct BufId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Const {
     Int(i64),
-    Float(f64),
+    /// Written as a JSON number, or "inf" / "-inf" / "nan" (`ir::float_serde`).
+    Float(#[serde(with = "super::float_serde")] f64),
 }
 
 /// The tensor a te `Read` reads, as the expression layer sees it: an opaque handle on the

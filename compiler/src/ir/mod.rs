@@ -10,6 +10,7 @@ pub mod callback;
 pub mod checked;
 pub mod deferred_drop;
 pub mod expr;
+pub mod float_serde;
 pub mod intrin;
 pub mod limits;
 pub mod printer;

@@ -1275,7 +1275,7 @@ mod tests {
     fn te_only_nodes() {
         let b = base();
         let t = crate::te::placeholder(&[Expr::int(4)], DType::F32, "P").unwrap();
-        let read = t.at(&[Expr::var(&b.i)]).unwrap();
+        let read = t.try_at(&[Expr::var(&b.i)]).unwrap();
         expect_err(
             &with_store(&b, vec![off(&b.c, &b.i)], read),
             true,

@@ -6,7 +6,7 @@
 use super::DimSpec;
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, IterVar};
-use crate::te::{self, ax, compute, ok, placeholder, Tensor};
+use crate::te::{self, compute, compute_dyn, placeholder, Tensor};
 use rivet_runtime::DType;
 use std::collections::HashMap;
 
@@ -51,59 +51,38 @@ pub(super) fn float(dtype: DType, kernel: &str) -> Result<()> {
     Ok(())
 }
 
-fn sym(names: &[&str]) -> Vec<Expr> {
-    names.iter().map(|n| te::var(n)).collect()
-}
-
 pub fn matmul(dtype: DType) -> Result<Def> {
-    {
-        let [m, k, n]: [Expr; 3] = sym(&["m", "k", "n"]).try_into().expect("3");
-        let a = placeholder(&[m.clone(), k.clone()], dtype, "A")?;
-        let b = placeholder(&[k.clone(), n.clone()], dtype, "B")?;
-        let r = te::reduce_axis(Expr::int(0), k.clone(), "r")?;
-        let (a2, b2, r2) = (a.clone(), b.clone(), r.clone());
-        let c = compute(
-            &[m, n],
-            |i| {
-                ok(te::sum(
-                    a2.idx(&[i[0].clone(), ax(&r2)]) * b2.idx(&[ax(&r2), i[1].clone()]),
-                    &[r2.clone()],
-                ))
-            },
-            "C",
-        )?;
-        Ok(Def {
-            name: "matmul",
-            args: vec![a, b, c],
-            pattern: Pattern::Contraction,
-        })
-    }
+    let [m, k, n] = ["m", "k", "n"].map(te::var);
+    let a = placeholder([&m, &k], dtype, "A")?;
+    let b = placeholder([&k, &n], dtype, "B")?;
+    let r = te::reduce_axis(0, &k, "r")?;
+    let c = compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
+        "C",
+    )?;
+    Ok(Def {
+        name: "matmul",
+        args: vec![a, b, c],
+        pattern: Pattern::Contraction,
+    })
 }
 
 pub fn batch_matmul(dtype: DType) -> Result<Def> {
-    {
-        let [bt, m, k, n]: [Expr; 4] = sym(&["b", "m", "k", "n"]).try_into().expect("4");
-        let a = placeholder(&[bt.clone(), m.clone(), k.clone()], dtype, "A")?;
-        let b = placeholder(&[bt.clone(), k.clone(), n.clone()], dtype, "B")?;
-        let r = te::reduce_axis(Expr::int(0), k, "r")?;
-        let (a2, b2, r2) = (a.clone(), b.clone(), r.clone());
-        let c = compute(
-            &[bt, m, n],
-            |i| {
-                ok(te::sum(
-                    a2.idx(&[i[0].clone(), i[1].clone(), ax(&r2)])
-                        * b2.idx(&[i[0].clone(), ax(&r2), i[2].clone()]),
-                    &[r2.clone()],
-                ))
-            },
-            "C",
-        )?;
-        Ok(Def {
-            name: "batch_matmul",
-            args: vec![a, b, c],
-            pattern: Pattern::Contraction,
-        })
-    }
+    let [bt, m, k, n] = ["b", "m", "k", "n"].map(te::var);
+    let a = placeholder([&bt, &m, &k], dtype, "A")?;
+    let b = placeholder([&bt, &k, &n], dtype, "B")?;
+    let r = te::reduce_axis(0, &k, "r")?;
+    let c = compute(
+        [&bt, &m, &n],
+        |[p, i, j]| te::sum(a.at((&p, i, &r)) * b.at((p, &r, j)), &r),
+        "C",
+    )?;
+    Ok(Def {
+        name: "batch_matmul",
+        args: vec![a, b, c],
+        pattern: Pattern::Contraction,
+    })
 }
 
 fn dim_expr(d: &DimSpec, vars: &mut HashMap<String, Expr>) -> Expr {
@@ -163,7 +142,7 @@ pub fn binary(
             };
             let (a2, b2) = (a.clone(), b.clone());
             let is_add = op == "add";
-            let c = compute(
+            let c = compute_dyn(
                 &out,
                 |i| {
                     let (x, y) = (index(&a2, a_shape, i), index(&b2, b_shape, i));
@@ -184,34 +163,22 @@ fn shape_vars(ndim: usize) -> Vec<Expr> {
     (0..ndim).map(|d| te::var(&format!("d{d}"))).collect()
 }
 
-fn elementwise(
-    name: &'static str,
-    dtype: DType,
-    ndim: usize,
-    f: fn(Expr) -> Result<Expr>,
-) -> Result<Def> {
+fn elementwise(name: &'static str, dtype: DType, ndim: usize, f: fn(Expr) -> Expr) -> Result<Def> {
     float(dtype, name)?;
-    {
-        let shape = shape_vars(ndim);
-        let x = placeholder(&shape, dtype, "X")?;
-        let x2 = x.clone();
-        let y = compute(&shape, |i| ok(f(x2.idx(i))), "Y")?;
-        generic(name, vec![x, y])
-    }
+    let shape = shape_vars(ndim);
+    let x = placeholder(&shape, dtype, "X")?;
+    let y = compute_dyn(&shape, |i| f(x.at(i)), "Y")?;
+    generic(name, vec![x, y])
 }
 
 pub fn relu(dtype: DType, ndim: usize) -> Result<Def> {
-    elementwise("relu", dtype, ndim, |x| {
-        te::maximum(x.clone(), te::number_like(0.0, &x))
-    })
+    elementwise("relu", dtype, ndim, |x| te::maximum(&x, 0.0))
 }
 
 pub fn gelu(dtype: DType, ndim: usize) -> Result<Def> {
+    // The exact (erf) form, torch's default.
     elementwise("gelu", dtype, ndim, |x| {
-        let half = te::number_like(0.5, &x);
-        let one = te::number_like(1.0, &x);
-        let inv_sqrt2 = te::number_like(std::f64::consts::FRAC_1_SQRT_2, &x);
-        Ok(half * x.clone() * (one + te::erf(x * inv_sqrt2)?))
+        0.5 * &x * (1.0 + te::erf(x * std::f64::consts::FRAC_1_SQRT_2))
     })
 }
 
@@ -228,65 +195,46 @@ pub(super) fn norm_axis(axis: i64, ndim: usize, kernel: &str) -> Result<usize> {
 /// `X` indexed with `r` in place of dim `axis` of `i`.
 fn with_axis(i: &[Expr], axis: usize, r: &IterVar) -> Vec<Expr> {
     let mut v = i.to_vec();
-    v[axis] = ax(r);
+    v[axis] = r.into();
     v
 }
 
 /// Softmax over `axis` (already normalised to `0..ndim`).
 pub fn softmax(dtype: DType, ndim: usize, axis: usize) -> Result<Def> {
     float(dtype, "softmax")?;
-    {
-        let shape = shape_vars(ndim);
-        let x = placeholder(&shape, dtype, "X")?;
-        let red_shape: Vec<Expr> = shape
-            .iter()
-            .enumerate()
-            .map(|(d, e)| if d == axis { Expr::int(1) } else { e.clone() })
-            .collect();
-        let r1 = te::reduce_axis(Expr::int(0), shape[axis].clone(), "r1")?;
-        let r2 = te::reduce_axis(Expr::int(0), shape[axis].clone(), "r2")?;
-        let x1 = x.clone();
-        let mx = compute(
-            &red_shape,
-            |i| {
-                ok(te::max_over(
-                    x1.idx(&with_axis(i, axis, &r1)),
-                    &[r1.clone()],
-                ))
-            },
-            "max",
-        )?;
-        let (x2, mx2) = (x.clone(), mx.clone());
-        let e = compute(
-            &shape,
-            |i| {
-                let mut mi = i.to_vec();
-                mi[axis] = Expr::int(0);
-                ok(te::exp(x2.idx(i) - mx2.idx(&mi)))
-            },
-            "exp",
-        )?;
-        let e2 = e.clone();
-        let sm = compute(
-            &red_shape,
-            |i| ok(te::sum(e2.idx(&with_axis(i, axis, &r2)), &[r2.clone()])),
-            "sum",
-        )?;
-        let (e3, sm3) = (e.clone(), sm.clone());
-        let y = compute(
-            &shape,
-            |i| {
-                let mut si = i.to_vec();
-                si[axis] = Expr::int(0);
-                // A reciprocal per row and a product per element, as torch's CPU softmax:
-                // a packed division per four elements cost 15% of the kernel.
-                let one = te::number_like(1.0, &e3.idx(i));
-                e3.idx(i) * (one / sm3.idx(&si))
-            },
-            "Y",
-        )?;
-        generic("softmax", vec![x, y])
-    }
+    let shape = shape_vars(ndim);
+    let x = placeholder(&shape, dtype, "X")?;
+    let row = row_shape(&shape, axis);
+    let r1 = te::reduce_axis(0, &shape[axis], "r1")?;
+    let r2 = te::reduce_axis(0, &shape[axis], "r2")?;
+    let mx = compute_dyn(
+        &row,
+        |i| te::max_over(x.at(with_axis(i, axis, &r1)), &r1),
+        "max",
+    )?;
+    // Shift invariance: the max's derivative is zero in exact maths, so the backward
+    // skips it (a tie count and a sum per row otherwise), as jax.nn.softmax does.
+    let mx = te::stop_gradient(&mx)?;
+    let e = compute_dyn(&shape, |i| te::exp(x.at(i) - mx.at(at_row(i, axis))), "exp")?;
+    let sm = compute_dyn(&row, |i| te::sum(e.at(with_axis(i, axis, &r2)), &r2), "sum")?;
+    // A reciprocal per row and a product per element, as torch's CPU softmax: a packed
+    // division per four elements cost 15% of the kernel.
+    let y = compute_dyn(&shape, |i| e.at(i) * (1.0 / sm.at(at_row(i, axis))), "Y")?;
+    generic("softmax", vec![x, y])
+}
+
+/// `shape` with dim `axis` of extent 1: a per-row value of a reduction over `axis`.
+fn row_shape(shape: &[Expr], axis: usize) -> Vec<Expr> {
+    let mut v = shape.to_vec();
+    v[axis] = Expr::int(1);
+    v
+}
+
+/// The index of `i`'s row value (dim `axis` at 0).
+fn at_row(i: &[Expr], axis: usize) -> Vec<Expr> {
+    let mut v = i.to_vec();
+    v[axis] = Expr::int(0);
+    v
 }
 
 pub fn layer_norm(dtype: DType, ndim: usize, eps: f64) -> Result<Def> {
@@ -296,60 +244,44 @@ pub fn layer_norm(dtype: DType, ndim: usize, eps: f64) -> Result<Def> {
             "kernels.layer_norm: needs at least one dim".into(),
         ));
     }
-    {
-        let shape = shape_vars(ndim);
-        let last = ndim - 1;
-        let n = shape[last].clone();
-        let x = placeholder(&shape, dtype, "X")?;
-        let gamma = placeholder(&[n.clone()], dtype, "gamma")?;
-        let beta = placeholder(&[n.clone()], dtype, "beta")?;
-        let red_shape: Vec<Expr> = shape
-            .iter()
-            .enumerate()
-            .map(|(d, e)| if d == last { Expr::int(1) } else { e.clone() })
-            .collect();
-        let r1 = te::reduce_axis(Expr::int(0), n.clone(), "r1")?;
-        let r2 = te::reduce_axis(Expr::int(0), n.clone(), "r2")?;
-        let nf = te::cast(dtype, n.clone());
-        let x1 = x.clone();
-        let total = compute(
-            &red_shape,
-            |i| ok(te::sum(x1.idx(&with_axis(i, last, &r1)), &[r1.clone()])),
-            "total",
-        )?;
-        let (x2, t2, nf2) = (x.clone(), total.clone(), nf.clone());
-        let centered = compute(
-            &shape,
-            |i| {
-                let mut ri = i.to_vec();
-                ri[last] = Expr::int(0);
-                x2.idx(i) - t2.idx(&ri) / nf2.clone()
-            },
-            "centered",
-        )?;
-        let c2 = centered.clone();
-        let sq = compute(
-            &red_shape,
-            |i| {
-                let v = c2.idx(&with_axis(i, last, &r2));
-                ok(te::sum(v.clone() * v, &[r2.clone()]))
-            },
-            "sqsum",
-        )?;
-        let (c3, sq3, g3, b3) = (centered.clone(), sq.clone(), gamma.clone(), beta.clone());
-        let y = compute(
-            &shape,
-            |i| {
-                let mut ri = i.to_vec();
-                ri[last] = Expr::int(0);
-                let var = sq3.idx(&ri) / nf.clone();
-                let inv = ok(te::rsqrt(var.clone() + te::number_like(eps, &var)));
-                c3.idx(i) * inv * g3.idx(&[i[last].clone()]) + b3.idx(&[i[last].clone()])
-            },
-            "Y",
-        )?;
-        generic("layer_norm", vec![x, gamma, beta, y])
-    }
+    let shape = shape_vars(ndim);
+    let last = ndim - 1;
+    let n = &shape[last];
+    let x = placeholder(&shape, dtype, "X")?;
+    let gamma = placeholder([n], dtype, "gamma")?;
+    let beta = placeholder([n], dtype, "beta")?;
+    let row = row_shape(&shape, last);
+    let r1 = te::reduce_axis(0, n, "r1")?;
+    let r2 = te::reduce_axis(0, n, "r2")?;
+    let nf = te::cast(dtype, n);
+    let total = compute_dyn(
+        &row,
+        |i| te::sum(x.at(with_axis(i, last, &r1)), &r1),
+        "total",
+    )?;
+    let centered = compute_dyn(
+        &shape,
+        |i| x.at(i) - total.at(at_row(i, last)) / &nf,
+        "centered",
+    )?;
+    let sq = compute_dyn(
+        &row,
+        |i| {
+            let v = centered.at(with_axis(i, last, &r2));
+            te::sum(&v * &v, &r2)
+        },
+        "sqsum",
+    )?;
+    let y = compute_dyn(
+        &shape,
+        |i| {
+            let var = sq.at(at_row(i, last)) / &nf;
+            let inv = te::rsqrt(&var + eps);
+            centered.at(i) * inv * gamma.at([&i[last]]) + beta.at([&i[last]])
+        },
+        "Y",
+    )?;
+    generic("layer_norm", vec![x, gamma, beta, y])
 }
 
 /// A sum (or max) over `axis` (already normalised), removed from the output's shape.
@@ -369,19 +301,18 @@ pub fn reduce(
             .filter(|(d, _)| *d != axis)
             .map(|(_, e)| e.clone())
             .collect();
-        let r = te::reduce_axis(Expr::int(0), shape[axis].clone(), "r")?;
-        let x1 = x.clone();
-        let y = compute(
+        let r = te::reduce_axis(0, &shape[axis], "r")?;
+        let y = compute_dyn(
             &out_shape,
             |i| {
                 let mut full = i.to_vec();
-                full.insert(axis, ax(&r));
-                let v = x1.idx(&full);
-                ok(if max {
-                    te::max_over(v, &[r.clone()])
+                full.insert(axis, Expr::from(&r));
+                let v = x.at(full);
+                if max {
+                    te::max_over(v, &r)
                 } else {
-                    te::sum(v, &[r.clone()])
-                })
+                    te::sum(v, &r)
+                }
             },
             "Y",
         )?;
@@ -404,16 +335,15 @@ pub fn transpose(dtype: DType, perm: &[usize]) -> Result<Def> {
         let shape = shape_vars(nd);
         let x = placeholder(&shape, dtype, "X")?;
         let out_shape: Vec<Expr> = perm.iter().map(|&p| shape[p].clone()).collect();
-        let x1 = x.clone();
         // Y[i] = X[j] with j[perm[d]] = i[d].
-        let y = compute(
+        let y = compute_dyn(
             &out_shape,
             |i| {
                 let mut j = vec![Expr::int(0); nd];
                 for (d, &p) in perm.iter().enumerate() {
                     j[p] = i[d].clone();
                 }
-                x1.idx(&j)
+                x.at(j)
             },
             "Y",
         )?;

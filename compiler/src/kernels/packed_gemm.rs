@@ -213,7 +213,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         t.idx(&idx)
     };
     let product = Expr::binary(BinOp::Mul, read(&ap, &ba, m.i, MR), read(&bp, &bb, m.j, NR))?;
-    let sum = crate::te::sum(product, std::slice::from_ref(&p))?;
+    let sum = crate::te::reduce(
+        crate::ir::expr::ReduceOp::Sum,
+        product,
+        std::slice::from_ref(&p),
+    )?;
     let ti = s.stage_index(t)?;
     let (cp, new_t) = if aligned {
         let c = redefine(&cur, sum);

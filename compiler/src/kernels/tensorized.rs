@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::ir::intrin::Intrin;
 use crate::ir::Expr;
 use crate::schedule::Schedule;
-use crate::te::{self, ax, compute, ok, placeholder, Tensor};
+use crate::te::{self, compute, placeholder, Tensor};
 use rivet_runtime::DType;
 
 /// The register tile (rows, columns) and slice depth: the default schedule's
@@ -43,18 +43,8 @@ pub fn gemm(
     let (mo, no) = ((m + MR - 1) / MR, (n + NR - 1) / NR);
     let kc = KC.min(k.max(1));
     let kp = (k + kc - 1) / kc * kc;
-    let a_shape = if a_t {
-        [int(k), int(m)]
-    } else {
-        [int(m), int(k)]
-    };
-    let b_shape = if b_t {
-        [int(n), int(k)]
-    } else {
-        [int(k), int(n)]
-    };
-    let a = placeholder(&a_shape, dtype, "A")?;
-    let b = placeholder(&b_shape, dtype, "B")?;
+    let a = placeholder(if a_t { [k, m] } else { [m, k] }, dtype, "A")?;
+    let b = placeholder(if b_t { [n, k] } else { [k, n] }, dtype, "B")?;
     let zero = te::constant(0.0, dtype);
     // The condition of a packed element: only the bounds that padding can cross.
     let inside = |x: &Expr, xn: i64, tile: i64, p: &Expr| {
@@ -65,63 +55,50 @@ pub fn gemm(
         if k != kp {
             let pk = p.lt(&int(k));
             c = Some(match c {
-                Some(c) => ok(te::all(c, pk)),
+                Some(c) => te::all(c, pk),
                 None => pk,
             });
         }
         c
     };
     let padded = |c: Option<Expr>, v: Expr| match c {
-        Some(c) => ok(te::if_then_else(c, v, zero.clone())),
+        Some(c) => te::if_then_else(c, v, &zero),
         None => v,
     };
+    // Panels: A.packed[io, p, ii] = A[io * MR + ii, p] (zero past the edges), B likewise.
     let ap = compute(
-        &[int(mo), int(kp), int(MR)],
-        |x| {
-            let i = x[0].mul(&int(MR)).add(&x[2]);
-            let v = if a_t {
-                a.idx(&[x[1].clone(), i.clone()])
-            } else {
-                a.idx(&[i.clone(), x[1].clone()])
-            };
-            padded(inside(&i, m, MR, &x[1]), v)
+        [mo, kp, MR],
+        |[io, q, ii]| {
+            let i = io * MR + ii;
+            let v = if a_t { a.at([&q, &i]) } else { a.at([&i, &q]) };
+            padded(inside(&i, m, MR, &q), v)
         },
         "A.packed",
     )?;
     let bp = compute(
-        &[int(no), int(kp), int(NR)],
-        |x| {
-            let j = x[0].mul(&int(NR)).add(&x[2]);
-            let v = if b_t {
-                b.idx(&[j.clone(), x[1].clone()])
-            } else {
-                b.idx(&[x[1].clone(), j.clone()])
-            };
-            padded(inside(&j, n, NR, &x[1]), v)
+        [no, kp, NR],
+        |[jo, q, ji]| {
+            let j = jo * NR + ji;
+            let v = if b_t { b.at([&j, &q]) } else { b.at([&q, &j]) };
+            padded(inside(&j, n, NR, &q), v)
         },
         "B.packed",
     )?;
-    let p = te::reduce_axis(int(0), int(kp), "p")?;
+    let p = te::reduce_axis(0, kp, "p")?;
     let aligned = m % MR == 0 && n % NR == 0;
     let cp = compute(
-        &[int(mo * MR), int(no * NR)],
-        |x| {
-            ok(te::sum(
-                ap.idx(&[x[0].floordiv(&int(MR)), ax(&p), x[0].floormod(&int(MR))])
-                    * bp.idx(&[x[1].floordiv(&int(NR)), ax(&p), x[1].floormod(&int(NR))]),
-                std::slice::from_ref(&p),
-            ))
+        [mo * MR, no * NR],
+        |[i, j]| {
+            let a_at = ap.at((te::floordiv(&i, MR), &p, te::floormod(&i, MR)));
+            let b_at = bp.at((te::floordiv(&j, NR), &p, te::floormod(&j, NR)));
+            te::sum(a_at * b_at, &p)
         },
         if aligned { "C" } else { "C.padded" },
     )?;
     let c = if aligned {
         cp.clone()
     } else {
-        compute(
-            &[int(m), int(n)],
-            |x| cp.idx(&[x[0].clone(), x[1].clone()]),
-            "C",
-        )?
+        compute([m, n], |[i, j]| cp.at([i, j]), "C")?
     };
     let mut s = Schedule::new(std::slice::from_ref(&c))?;
     let v = |t: &Tensor, d: usize| t.axis()[d].var.clone();

@@ -222,7 +222,9 @@ pub fn simplify_stmt(s: &Stmt) -> Stmt {
                 otherwise,
             },
         },
-        Stmt::For { extent, .. } if extent.as_int() == Some(0) => Stmt::Seq(vec![]),
+        // A loop of no iteration (a negative extent counts none: an unrolled copy whose guard
+        // excludes every iteration, when the vectorizer turned the guard into the extent).
+        Stmt::For { extent, .. } if extent.as_int().is_some_and(|n| n <= 0) => Stmt::Seq(vec![]),
         Stmt::Seq(v) => {
             let mut flat = Vec::new();
             for s in v {

@@ -4,12 +4,16 @@
 //! (`Tensor`s whose bodies are `Expr`s) handed to `schedule` and `lower`. Numbers mixed with
 //! expressions follow one rule in both languages (`number`).
 
+pub mod dsl;
 pub mod gradient;
 pub mod number;
 pub mod ops;
 pub mod tensor;
 
+pub use dsl::{Axes, Body, Indices};
 pub use gradient::gradient;
 pub use number::{Number, Operand};
 pub use ops::*;
-pub use tensor::{compute, compute_from, extern_, placeholder, CallbackFn, Op, Tensor};
+pub use tensor::{
+    compute, compute_dyn, compute_from, extern_, placeholder, stop_gradient, CallbackFn, Op, Tensor,
+};

@@ -76,6 +76,11 @@ impl From<&Expr> for Operand {
         Operand::Expr(e.clone())
     }
 }
+impl From<&crate::ir::expr::IterVar> for Operand {
+    fn from(a: &crate::ir::expr::IterVar) -> Operand {
+        Operand::Expr(Expr::var(&a.var))
+    }
+}
 impl From<Number> for Operand {
     fn from(n: Number) -> Operand {
         Operand::Number(n)
@@ -202,7 +207,7 @@ mod tests {
     fn of(dt: DType) -> Expr {
         crate::te::placeholder(&[Expr::int(4)], dt, "X")
             .unwrap()
-            .at(&[Expr::int(0)])
+            .try_at(&[Expr::int(0)])
             .unwrap()
     }
 

@@ -5,6 +5,7 @@
 //! `Result`; the operators cannot, so a type error inside an operator yields an `Invalid`
 //! expression that `compute` reports as a `CompileError`.
 
+use super::dsl::Axes;
 use super::number::{number_as, operand, operands, Number, Operand};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};
@@ -15,8 +16,9 @@ pub fn var(name: &str) -> Expr {
     Expr::var(&Var::new(name))
 }
 
-/// A reduction axis over `[lo, hi)`.
-pub fn reduce_axis(lo: Expr, hi: Expr, name: &str) -> Result<IterVar> {
+/// A reduction axis over `[lo, hi)` (expressions or integers: `reduce_axis(0, &n, "k")`).
+pub fn reduce_axis(lo: impl Into<Expr>, hi: impl Into<Expr>, name: &str) -> Result<IterVar> {
+    let (lo, hi): (Expr, Expr) = (lo.into(), hi.into());
     if lo.dtype() != DType::I64 || hi.dtype() != DType::I64 {
         return Err(Error::Compile(format!(
             "reduce_axis '{name}': bounds must be int64 expressions"
@@ -57,17 +59,31 @@ pub fn reduce(op: ReduceOp, body: Expr, axes: &[IterVar]) -> Result<Expr> {
     ))
 }
 
-pub fn sum(body: Expr, axes: &[IterVar]) -> Result<Expr> {
-    reduce(ReduceOp::Sum, body, axes)
+/// A reduction for a stage body: `body` reduced over `axes` (`&k`, `[&k1, &k2]`, a slice).
+/// An error (a bool body, no axis, a data axis) is carried in the expression and reported by
+/// `compute`, naming the stage; `reduce` is the checked form.
+fn reduction(op: ReduceOp, body: impl Into<Expr>, axes: impl Axes) -> Expr {
+    let body: Expr = body.into();
+    let dt = body.dtype();
+    reduce(op, body, &axes.into_axes())
+        .unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), dt))
 }
-pub fn prod(body: Expr, axes: &[IterVar]) -> Result<Expr> {
-    reduce(ReduceOp::Prod, body, axes)
+
+/// `sum over axes of body` (`te::sum(a.at([i, &k]) * b.at([&k, j]), &k)`).
+pub fn sum(body: impl Into<Expr>, axes: impl Axes) -> Expr {
+    reduction(ReduceOp::Sum, body, axes)
 }
-pub fn max_over(body: Expr, axes: &[IterVar]) -> Result<Expr> {
-    reduce(ReduceOp::Max, body, axes)
+/// The product over `axes`.
+pub fn prod(body: impl Into<Expr>, axes: impl Axes) -> Expr {
+    reduction(ReduceOp::Prod, body, axes)
 }
-pub fn min_over(body: Expr, axes: &[IterVar]) -> Result<Expr> {
-    reduce(ReduceOp::Min, body, axes)
+/// The maximum over `axes`.
+pub fn max_over(body: impl Into<Expr>, axes: impl Axes) -> Expr {
+    reduction(ReduceOp::Max, body, axes)
+}
+/// The minimum over `axes`.
+pub fn min_over(body: impl Into<Expr>, axes: impl Axes) -> Expr {
+    reduction(ReduceOp::Min, body, axes)
 }
 
 /// `op` on two operands (expressions or numbers): what the operators `+ - * / %` build, in
@@ -77,24 +93,54 @@ pub fn binary(op: BinOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Result
     Expr::binary(op, x, y)
 }
 
-/// Elementwise maximum / minimum of two operands.
-pub fn maximum(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    binary(BinOp::Max, a, b)
+// The body functions below return `Expr`: an error (a type rule) is carried in the expression
+// (`Invalid`) and reported by `compute` naming the stage, so closures need no `?` or `ok`;
+// `check` turns it into a `Result` where one is wanted. `binary`, `compare`, `logic` and
+// `try_if_then_else` are the checked forms (the Python DSL raises at the call through them).
+
+/// The dtype an `Invalid` result of `op(a, ...)` carries: the first expression operand's.
+fn dtype_of(a: &Operand) -> DType {
+    match a {
+        Operand::Expr(e) => e.dtype(),
+        Operand::Number(n) => n.default_dtype(),
+    }
 }
-pub fn minimum(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    binary(BinOp::Min, a, b)
+
+fn binary_body(op: BinOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    let a: Operand = a.into();
+    let dt = dtype_of(&a);
+    or_invalid(binary(op, a, b), dt)
+}
+
+/// Elementwise maximum / minimum of two operands.
+pub fn maximum(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    binary_body(BinOp::Max, a, b)
+}
+pub fn minimum(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    binary_body(BinOp::Min, a, b)
 }
 
 pub fn constant(value: f64, dtype: DType) -> Expr {
     Expr::constant(value, dtype)
 }
 
-pub fn cast(dtype: DType, e: Expr) -> Expr {
-    Expr::cast(dtype, e)
+pub fn cast(dtype: DType, e: impl Into<Expr>) -> Expr {
+    Expr::cast(dtype, e.into())
 }
 
 /// `a` where `cond` holds, else `b`; a number for `cond` is a constant of its own dtype.
 pub fn if_then_else(
+    cond: impl Into<Operand>,
+    a: impl Into<Operand>,
+    b: impl Into<Operand>,
+) -> Expr {
+    let a: Operand = a.into();
+    let dt = dtype_of(&a);
+    or_invalid(try_if_then_else(cond, a, b), dt)
+}
+
+/// `if_then_else`, checked.
+pub fn try_if_then_else(
     cond: impl Into<Operand>,
     a: impl Into<Operand>,
     b: impl Into<Operand>,
@@ -108,36 +154,58 @@ pub fn logic(op: LogicOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Resul
     let (x, y) = operands(&format!("{op:?}"), a.into(), b.into())?;
     Expr::logic(op, x, y)
 }
-pub fn all(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    logic(LogicOp::And, a, b)
+pub fn all(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    or_invalid(logic(LogicOp::And, a, b), DType::Bool)
 }
-pub fn any(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    logic(LogicOp::Or, a, b)
+pub fn any(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    or_invalid(logic(LogicOp::Or, a, b), DType::Bool)
 }
-pub fn not(a: Expr) -> Result<Expr> {
-    Expr::unary(UnOp::Not, a)
+pub fn not(a: impl Into<Expr>) -> Expr {
+    or_invalid(Expr::unary(UnOp::Not, a.into()), DType::Bool)
 }
 
 macro_rules! unary_fns {
     ($($name:ident => $op:ident),*) => {
-        $(pub fn $name(a: Expr) -> Result<Expr> { Expr::unary(UnOp::$op, a) })*
+        $(
+            #[doc = concat!("`", stringify!($name), "(a)`, elementwise.")]
+            pub fn $name(a: impl Into<Expr>) -> Expr {
+                let a: Expr = a.into();
+                let dt = a.dtype();
+                or_invalid(Expr::unary(UnOp::$op, a), dt)
+            }
+        )*
     };
 }
 unary_fns!(exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, tanh => Tanh, sigmoid => Sigmoid,
            abs => Abs, floor => Floor, ceil => Ceil, erf => Erf);
 
-pub fn pow(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    binary(BinOp::Pow, a, b)
+pub fn pow(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    binary_body(BinOp::Pow, a, b)
 }
-pub fn floordiv(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    binary(BinOp::FloorDiv, a, b)
+pub fn floordiv(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    binary_body(BinOp::FloorDiv, a, b)
 }
-pub fn floormod(a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
-    binary(BinOp::FloorMod, a, b)
+pub fn floormod(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+    binary_body(BinOp::FloorMod, a, b)
 }
 pub fn compare(op: CmpOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Result<Expr> {
     let (x, y) = operands(&format!("{op:?}"), a.into(), b.into())?;
     Expr::cmp(op, x, y)
+}
+
+/// The first error carried in `e` (an operator or body function that failed), as a
+/// `CompileError`; else `e`. Lets `?` report a body's error where it is written.
+pub fn check(e: Expr) -> Result<Expr> {
+    let mut problem = None;
+    e.visit_unique(&mut |x| {
+        if let ExprKind::Invalid(m) = x.kind() {
+            problem.get_or_insert_with(|| m.clone());
+        }
+    });
+    match problem {
+        Some(m) => Err(Error::Compile(m)),
+        None => Ok(e),
+    }
 }
 
 /// A number as a constant of `like`'s dtype, by the mixed-type rule of `te::number` (an
@@ -153,36 +221,55 @@ fn or_invalid(r: Result<Expr>, dt: DType) -> Expr {
     r.unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), dt))
 }
 
+// The operators, on every pairing a kernel writes: owned or borrowed expressions and axes on
+// the left, anything `Into<Operand>` on the right (expressions, axes, numbers), and numbers on
+// the left. Numbers follow the mixed-type rule (`i * 0.5` is an error, not `i * 0`); an error
+// is carried in the expression (`Invalid`) and reported by `compute`.
 macro_rules! binop_impl {
     ($trait:ident, $method:ident, $op:ident) => {
-        impl std::ops::$trait<Expr> for Expr {
+        impl<T: Into<Operand>> std::ops::$trait<T> for Expr {
             type Output = Expr;
-            fn $method(self, rhs: Expr) -> Expr {
+            fn $method(self, rhs: T) -> Expr {
                 let dt = self.dtype();
                 or_invalid(binary(BinOp::$op, self, rhs), dt)
             }
         }
-        impl std::ops::$trait<&Expr> for &Expr {
+        impl<T: Into<Operand>> std::ops::$trait<T> for &Expr {
             type Output = Expr;
-            fn $method(self, rhs: &Expr) -> Expr {
-                std::ops::$trait::$method(self.clone(), rhs.clone())
+            fn $method(self, rhs: T) -> Expr {
+                std::ops::$trait::$method(self.clone(), rhs)
             }
         }
-        // Numbers follow the mixed-type rule (`i * 0.5` is an error, not `i * 0`).
-        impl std::ops::$trait<f64> for Expr {
+        impl<T: Into<Operand>> std::ops::$trait<T> for &IterVar {
             type Output = Expr;
-            fn $method(self, rhs: f64) -> Expr {
-                let dt = self.dtype();
-                or_invalid(binary(BinOp::$op, self, rhs), dt)
+            fn $method(self, rhs: T) -> Expr {
+                std::ops::$trait::$method(Expr::from(self), rhs)
             }
         }
-        impl std::ops::$trait<i64> for Expr {
-            type Output = Expr;
-            fn $method(self, rhs: i64) -> Expr {
-                let dt = self.dtype();
-                or_invalid(binary(BinOp::$op, self, rhs), dt)
+        binop_impl!(@numbers $trait, $method, $op, f64 f32 i64 i32);
+    };
+    (@numbers $trait:ident, $method:ident, $op:ident, $($n:ty)*) => {
+        $(
+            impl std::ops::$trait<Expr> for $n {
+                type Output = Expr;
+                fn $method(self, rhs: Expr) -> Expr {
+                    let dt = rhs.dtype();
+                    or_invalid(binary(BinOp::$op, self, rhs), dt)
+                }
             }
-        }
+            impl std::ops::$trait<&Expr> for $n {
+                type Output = Expr;
+                fn $method(self, rhs: &Expr) -> Expr {
+                    std::ops::$trait::$method(self, rhs.clone())
+                }
+            }
+            impl std::ops::$trait<&IterVar> for $n {
+                type Output = Expr;
+                fn $method(self, rhs: &IterVar) -> Expr {
+                    std::ops::$trait::$method(self, Expr::from(rhs))
+                }
+            }
+        )*
     };
 }
 binop_impl!(Add, add, Add);
@@ -198,11 +285,19 @@ impl std::ops::Neg for Expr {
         or_invalid(Expr::unary(UnOp::Neg, self), dt)
     }
 }
+impl std::ops::Neg for &Expr {
+    type Output = Expr;
+    fn neg(self) -> Expr {
+        -self.clone()
+    }
+}
 
 /// For DSL closures (which return `Expr`): a failed construction becomes an `Invalid`
 /// expression that `compute` reports as a `CompileError`.
-pub fn ok(r: Result<Expr>) -> Expr {
-    r.unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), DType::F32))
+/// (Not needed by the expression API: te functions and operators carry their errors in
+/// the expression. Kept for `Result`-returning helpers.)
+pub fn ok(r: impl super::dsl::Body) -> Expr {
+    r.into_body()
 }
 
 /// An index variable as an expression (for `A.idx(&[i.clone(), ax(&k)])`).
@@ -238,9 +333,12 @@ mod tests {
         assert_eq!((i.clone() * 2.0).to_string(), "(i * 2)");
         assert_eq!((i.clone() + 1).to_string(), "(i + 1)");
         assert!(binary(BinOp::Mul, 0.5, i.clone()).is_err());
-        assert!(maximum(i.clone(), 0.5).is_err());
+        assert!(check(maximum(i.clone(), 0.5)).is_err());
         assert!(compare(CmpOp::Lt, i.clone(), 0.5).is_err());
-        assert_eq!(floordiv(i.clone(), 2.0).unwrap().to_string(), "(i // 2)");
+        assert_eq!(
+            check(floordiv(i.clone(), 2.0)).unwrap().to_string(),
+            "(i // 2)"
+        );
     }
 
     #[test]
@@ -257,11 +355,11 @@ mod tests {
             assert!(invalid(&e).is_none(), "{e}");
             assert_eq!(e.dtype(), DType::F32);
         }
-        assert_eq!(maximum(x.clone(), 0).unwrap().dtype(), DType::F32);
-        assert_eq!(pow(2.0, x.clone()).unwrap().dtype(), DType::F32);
+        assert_eq!(check(maximum(x.clone(), 0)).unwrap().dtype(), DType::F32);
+        assert_eq!(check(pow(2.0, x.clone())).unwrap().dtype(), DType::F32);
         let positive = compare(CmpOp::Gt, x.clone(), 0.0).unwrap();
         assert_eq!(
-            if_then_else(positive, x.clone(), 0).unwrap().dtype(),
+            check(if_then_else(positive, x.clone(), 0)).unwrap().dtype(),
             DType::F32
         );
         assert_eq!(number_like(0.5, &x).dtype(), DType::F32);

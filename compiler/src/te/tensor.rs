@@ -6,6 +6,7 @@
 //! node of a body, as in TVM, so every stage is either elementwise
 //! or one reduction.
 
+use super::dsl::Indices;
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, ExprKind, IterVar, ReduceOp, TensorRef, Var};
 use rivet_runtime::DType;
@@ -40,6 +41,9 @@ pub struct TensorNode {
     /// callback (possibly a Python callable) is reachable from it. Lets the Python bindings'
     /// garbage-collector support skip programs that hold no callback (`bindings/src/gc.rs`).
     pub host_callbacks: bool,
+    /// `te::stop_gradient` made this stage: `te::gradient` treats its values as constants
+    /// (no adjoint flows through it into what it reads), as JAX's `lax.stop_gradient`.
+    pub stop_gradient: bool,
 }
 
 /// The operation (a body, an extern stage's inputs) is dropped through
@@ -172,12 +176,18 @@ impl Tensor {
         }
     }
 
+    /// Whether this stage was made by `stop_gradient`.
+    pub fn stops_gradient(&self) -> bool {
+        self.0.stop_gradient
+    }
     pub fn is_extern(&self) -> bool {
         matches!(self.0.op, Op::Extern { .. })
     }
 
-    /// The element at `indices` (int64 expressions, one per dim).
-    pub fn at(&self, indices: &[Expr]) -> Result<Expr> {
+    /// The element at `indices` (int64 expressions, axes or integers, one per dim:
+    /// `te::Indices`), or why it cannot be read there.
+    pub fn try_at(&self, indices: impl Indices) -> Result<Expr> {
+        let indices = indices.into_exprs();
         if indices.len() != self.ndim() {
             return Err(Error::Compile(format!(
                 "tensor '{}' has {} dims but was indexed with {} indices",
@@ -206,42 +216,83 @@ impl Tensor {
         Ok(Expr::new(
             ExprKind::Read {
                 tensor: self.as_ref(),
-                indices: indices.to_vec(),
+                indices,
             },
             self.dtype(),
         ))
     }
 
-    /// `at`, panicking on misuse: for Rust DSL closures (`A.idx(&[i, k])`), where a wrong
-    /// index count is a programming error. Errors are reported at build time instead when
-    /// possible: this returns an `Invalid` expression rather than panicking.
+    /// The element at `indices`, for DSL closures: `a.at([i, j])`, `a.at((i, &k))` (axes,
+    /// expressions and integers; a tuple when their kinds differ). A wrong index (count,
+    /// dtype) is carried in the expression and reported by `compute` as a `CompileError`
+    /// naming the stage, the tensor and the index: never a panic.
+    pub fn at(&self, indices: impl Indices) -> Expr {
+        self.try_at(indices)
+            .unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), self.dtype()))
+    }
+
+    /// `at` with the indices as a slice (`A.idx(&[i, k])`, `S.idx(&[])` for a scalar).
     pub fn idx(&self, indices: &[Expr]) -> Expr {
         self.at(indices)
-            .unwrap_or_else(|e| Expr::new(ExprKind::Invalid(e.to_string()), self.dtype()))
     }
 }
 
-/// An input tensor.
-pub fn placeholder(shape: &[Expr], dtype: DType, name: &str) -> Result<Tensor> {
-    check_shape(shape, &format!("placeholder '{name}'"))?;
+/// An input tensor of `shape` (`te::Indices`: `[&n, &m]`, `(&n, 4)`, `&dims[..]`).
+pub fn placeholder(shape: impl Indices, dtype: DType, name: &str) -> Result<Tensor> {
+    let shape = shape.into_exprs();
+    check_shape(&shape, &format!("placeholder '{name}'"))?;
     Ok(Tensor(Arc::new(TensorNode {
         id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
         name: name.to_string(),
-        shape: shape.to_vec(),
+        shape,
         dtype,
         op: Op::Placeholder,
         host_callbacks: false,
+        stop_gradient: false,
     })))
 }
 
-/// A computed tensor: `fcompute` receives one int64 index expression per dim.
-pub fn compute(
-    shape: &[Expr],
+/// A computed tensor of `shape` (`te::Indices`): `fcompute` receives one int64 index
+/// expression per dim, as an array, and returns the element's value:
+/// `compute([&n, &m], |[i, j]| a.at([i, j]) * 2.0, "B")`. The closure's array length must be
+/// the shape's rank (else a `CompileError` naming the stage); `compute_dyn` takes a rank known
+/// only at run time. An error inside the body (a wrong index, a mixed-type operation) is
+/// reported here, naming the stage.
+pub fn compute<const N: usize>(
+    shape: impl Indices,
+    fcompute: impl FnOnce([Expr; N]) -> Expr,
+    name: &str,
+) -> Result<Tensor> {
+    let shape = shape.into_exprs();
+    if shape.len() != N {
+        return Err(Error::Compile(format!(
+            "compute '{name}': the shape has {} dims but the closure takes {N} indices",
+            shape.len()
+        )));
+    }
+    let axis = data_axes(&shape);
+    let idx: [Expr; N] = std::array::from_fn(|d| Expr::var(&axis[d].var));
+    let body = fcompute(idx);
+    compute_from(&shape, axis, body, name)
+}
+
+/// `compute` for a rank known only at run time: `fcompute` receives the indices as a slice.
+pub fn compute_dyn(
+    shape: impl Indices,
     fcompute: impl FnOnce(&[Expr]) -> Expr,
     name: &str,
 ) -> Result<Tensor> {
+    let shape = shape.into_exprs();
+    let axis = data_axes(&shape);
+    let idx: Vec<Expr> = axis.iter().map(|a| Expr::var(&a.var)).collect();
+    let body = fcompute(&idx);
+    compute_from(&shape, axis, body, name)
+}
+
+/// One data-parallel axis per dim of `shape`, named i, j, k, ...
+fn data_axes(shape: &[Expr]) -> Vec<IterVar> {
     let names = ["i", "j", "k", "l", "m", "n", "o", "p"];
-    let axis: Vec<IterVar> = shape
+    shape
         .iter()
         .enumerate()
         .map(|(d, ext)| IterVar {
@@ -250,10 +301,7 @@ pub fn compute(
             extent: ext.clone(),
             reduce: false,
         })
-        .collect();
-    let idx: Vec<Expr> = axis.iter().map(|a| Expr::var(&a.var)).collect();
-    let body = fcompute(&idx);
-    compute_from(shape, axis, body, name)
+        .collect()
 }
 
 /// `compute` with explicit axes and body (used by the Python DSL, which builds them itself).
@@ -300,6 +348,31 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
         dtype: body.dtype(),
         host_callbacks: reads_host_callbacks(&body),
         op: Op::Compute { axis, body },
+        stop_gradient: false,
+    })))
+}
+
+/// `t`'s values as a stage that `te::gradient` treats as constant (JAX's `lax.stop_gradient`):
+/// an elementwise copy, which the default schedule inlines, so it costs nothing at run time.
+/// Used where a value's derivative is zero in exact maths but not to the differentiator:
+/// the max a softmax subtracts (shift invariance) would otherwise cost a tie count and a sum
+/// per row in the backward.
+pub fn stop_gradient(t: &Tensor) -> Result<Tensor> {
+    let copy = compute_dyn(t.shape(), |i| t.idx(i), &format!("{}_nograd", t.name()))?;
+    let Op::Compute { axis, body } = copy.op() else {
+        return Err(Error::Internal("stop_gradient: a copy is a compute".into()));
+    };
+    Ok(Tensor(Arc::new(TensorNode {
+        id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+        name: copy.name().to_string(),
+        shape: copy.shape().to_vec(),
+        dtype: copy.dtype(),
+        host_callbacks: copy.0.host_callbacks,
+        op: Op::Compute {
+            axis: axis.clone(),
+            body: body.clone(),
+        },
+        stop_gradient: true,
     })))
 }
 
@@ -354,6 +427,7 @@ pub fn extern_(
             },
         },
         host_callbacks: true,
+        stop_gradient: false,
     })))
 }
 

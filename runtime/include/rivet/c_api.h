@@ -72,6 +72,33 @@ int32_t RivetAnyFree(RivetAny* value);
 /* The thread's last error message; *kind (if non-NULL) its kind, e.g. "ShapeError". */
 const char* RivetGetLastError(const char** kind);
 
+/* Functions implemented elsewhere (another library, another language; docs/c_abi.md,
+ * "Functions from another library"). A packed C function: args borrowed for the call,
+ * *result owned by the caller; on failure a non-zero code and, optionally, *result a
+ * RIVET_STR "<Kind>: <message>" valid until the callee's next call on the thread. */
+typedef int32_t (*RivetPackedCFunc)(void* resource, const RivetAny* args, int32_t num_args,
+                                    RivetAny* result);
+typedef void (*RivetDeleter)(void* resource);
+/* *out receives a new handle of a function that calls `func` with `resource`; `deleter`
+ * (may be NULL) releases `resource` once, when the function is dropped. `func` must be
+ * callable from any thread. Function values cannot cross (an argument or result is refused). */
+int32_t RivetFunctionCreate(const char* name, RivetPackedCFunc func, void* resource,
+                            RivetDeleter deleter, RivetFunctionHandle* out);
+/* Registers `func` under `name` (override_ != 0: replace one of that name); the handle stays
+ * the caller's. */
+int32_t RivetFunctionSetGlobal(const char* name, RivetFunctionHandle func, int32_t override_);
+/* What rivet.load_library passes to a library's entry point
+ * `int32_t rivet_library_init(const RivetHostApi* host, char* err, size_t err_len)`. */
+typedef struct {
+  int32_t abi_version;
+  int32_t override_;
+  int32_t (*function_create)(const char*, RivetPackedCFunc, void*, RivetDeleter,
+                             RivetFunctionHandle*);
+  int32_t (*set_global)(const char*, RivetFunctionHandle, int32_t);
+  int32_t (*function_free)(RivetFunctionHandle);
+  const char* (*get_last_error)(const char**);
+} RivetHostApi;
+
 /* XLA FFI handler (typed FFI, api_version 1) running the registered function named by the
  * string attribute `rivet_function` on XLA's buffers: inputs, then results (README "JAX"). */
 void* rivet_xla_ffi_handler(void* xla_ffi_call_frame);

@@ -268,7 +268,7 @@ fn kernel(rank: usize) -> Option<Function> {
                     let shape: Vec<Expr> = (0..rank).map(|d| te::var(&format!("n{d}"))).collect();
                     let a = te::placeholder(&shape, DType::F32, "A").unwrap();
                     let a2 = a.clone();
-                    let c = te::compute(&shape, |i| a2.idx(i) * 2.0 + 1.0, "C").unwrap();
+                    let c = te::compute_dyn(&shape, |i| a2.idx(i) * 2.0 + 1.0, "C").unwrap();
                     let s = Schedule::new(&[c.clone()]).unwrap();
                     let m: Module = build(&s, &[a, c], "cpu", "k").unwrap();
                     m.get_function("k").unwrap()

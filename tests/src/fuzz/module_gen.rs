@@ -39,7 +39,7 @@ fn fixed_modules() -> Vec<Module> {
     let a = te::placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
     let b = te::placeholder(&[n.clone(), m.clone()], DType::F32, "B").unwrap();
     let (a2, b2) = (a.clone(), b.clone());
-    let c = te::compute(&[n, m], |i| a2.idx(i) * 2.0 + b2.idx(i), "C").unwrap();
+    let c = te::compute_dyn(&[n, m], |i| a2.idx(i) * 2.0 + b2.idx(i), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax: Vec<_> = c.axis().iter().map(|x| x.var.clone()).collect();
     s.stage(&c).unwrap().parallel(&ax[0]).unwrap();
@@ -48,7 +48,7 @@ fn fixed_modules() -> Vec<Module> {
     let a = te::placeholder(&[Expr::int(4), Expr::int(8)], DType::F64, "A").unwrap();
     let k = te::reduce_axis(Expr::int(0), Expr::int(8), "k").unwrap();
     let (a2, k2) = (a.clone(), k.clone());
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[Expr::int(4)],
         |i| te::ok(te::sum(a2.idx(&[i[0].clone(), te::ax(&k2)]), &[k2.clone()])),
         "C",
@@ -64,9 +64,9 @@ fn fixed_modules() -> Vec<Module> {
     let n = te::var("n");
     let a = te::placeholder(&[n.clone().add(&Expr::int(1))], DType::I32, "A").unwrap();
     let a2 = a.clone();
-    let p = te::compute(&[n.clone().add(&Expr::int(1))], |i| a2.idx(i) * 3i64, "P").unwrap();
+    let p = te::compute_dyn(&[n.clone().add(&Expr::int(1))], |i| a2.idx(i) * 3i64, "P").unwrap();
     let p2 = p.clone();
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[n],
         |i| p2.idx(i) + p2.idx(&[i[0].add(&Expr::int(1))]),
         "C",

@@ -181,22 +181,19 @@ fn read(inp: &Input, vars: &[Expr], r: &mut Rng, guard_ok: bool) -> Expr {
             index_form(&x, &dim.expr, r)
         };
         if guard_ok && r.chance(0.3) {
-            guards.push(
-                te::all(
-                    te::compare(rivet_compiler::ir::CmpOp::Ge, e.clone(), Expr::int(0)).unwrap(),
-                    e.lt(&dim.expr),
-                )
-                .unwrap(),
-            );
+            guards.push(te::all(
+                te::compare(rivet_compiler::ir::CmpOp::Ge, e.clone(), Expr::int(0)).unwrap(),
+                e.lt(&dim.expr),
+            ));
         }
         idx.push(e);
     }
     let v = inp.te.idx(&idx);
-    match guards.into_iter().reduce(|a, b| te::all(a, b).unwrap()) {
+    match guards.into_iter().reduce(te::all) {
         None => v,
         Some(g) => {
             let z = Expr::constant(0.0, inp.te.dtype());
-            te::if_then_else(g, v, z).unwrap_or_else(|_| inp.te.idx(&idx))
+            te::try_if_then_else(g, v, z).unwrap_or_else(|_| inp.te.idx(&idx))
         }
     }
 }
@@ -273,7 +270,7 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
         }
         let pshape: Vec<Expr> = pdims.iter().map(|d| d.expr.clone()).collect();
         let mut pr = r.clone();
-        let p = te::compute(&pshape, |i| body(&inputs, i, dtype, &mut pr), "P");
+        let p = te::compute_dyn(&pshape, |i| body(&inputs, i, dtype, &mut pr), "P");
         r.next();
         let p = match p {
             Ok(p) => p,
@@ -284,7 +281,7 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
             dims: pdims,
         };
         let mut cr = r.clone();
-        let c = te::compute(
+        let c = te::compute_dyn(
             &out_shape,
             |i| {
                 let a = read(&pin, i, &mut cr, true);
@@ -308,7 +305,7 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
         let k: IterVar = te::reduce_axis(Expr::int(0), ext, "k").expect("int64 bounds");
         let mut cr = r.clone();
         let op = r.below(3);
-        let c = te::compute(
+        let c = te::compute_dyn(
             &out_shape,
             |i| {
                 let mut vars = i.to_vec();
@@ -331,7 +328,7 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
         }
     } else {
         let mut cr = r.clone();
-        let c = te::compute(&out_shape, |i| body(&inputs, i, dtype, &mut cr), "C");
+        let c = te::compute_dyn(&out_shape, |i| body(&inputs, i, dtype, &mut cr), "C");
         r.next();
         match c {
             Ok(c) => c,
@@ -357,7 +354,7 @@ fn gen_fallback(dtype: DType, out_dims: Vec<Dim>, inputs: Vec<Input>) -> Program
     let shape: Vec<Expr> = out_dims.iter().map(|d| d.expr.clone()).collect();
     let a = inputs[0].te.clone();
     let rank = a.ndim();
-    let out = te::compute(
+    let out = te::compute_dyn(
         &shape,
         |i| {
             let idx: Vec<Expr> = (0..rank)

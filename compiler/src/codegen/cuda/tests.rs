@@ -2073,15 +2073,15 @@ int main(int argc, char** argv) {
 /// calling it with CPU tensors, or allocating its outputs, is a `DeviceError`, never a panic.
 #[test]
 fn cuda_build_and_call_through_the_public_api() {
-    use crate::te::{compute, placeholder};
+    use crate::te::{compute_dyn, placeholder};
     let n = crate::te::var("n");
     let a = placeholder(&[n.clone()], F, "A").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         &[n.clone()],
         |i| {
             crate::te::ok(Expr::binary(
                 BinOp::Mul,
-                a.at(&[i[0].clone()]).unwrap(),
+                a.try_at(&[i[0].clone()]).unwrap(),
                 Expr::constant(2.0, F),
             ))
         },
@@ -2160,7 +2160,7 @@ fn allreduce_rows(
     let a = te::placeholder(&[n.clone(), k.clone()], dt, "A").unwrap();
     let r = te::reduce_axis(int(0), k, "r").unwrap();
     let a1 = a.clone();
-    let out = te::compute(
+    let out = te::compute_dyn(
         &[n],
         |i| {
             te::ok(te::reduce(
@@ -2299,11 +2299,11 @@ fn cuda_allreduce_agrees_with_the_interpreter_under_host_emulation() {
 /// `C[i, j] = A[i, j] * B[i] + A[i, j]` over `m x n` (`i` on blocks, `j` split by `4` (or 2)
 /// with the outer part on threads and the inner part vectorized), lowered for CUDA.
 fn vectorized_elementwise(dt: DType, m: i64, n: i64, factor: i64) -> PrimFunc {
-    use crate::te::{compute, placeholder};
+    use crate::te::{compute_dyn, placeholder};
     let a = placeholder(&[int(m), int(n)], dt, "A").unwrap();
     let b = placeholder(&[int(m)], dt, "B").unwrap();
     let (a2, b2) = (a.clone(), b.clone());
-    let c = compute(
+    let c = compute_dyn(
         &[int(m), int(n)],
         |i| {
             let x = a2.idx(i);

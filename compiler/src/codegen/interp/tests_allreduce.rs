@@ -30,7 +30,7 @@ fn row_reduce(
     let a = te::placeholder(&[n.clone(), k.clone()], dt, "A")?;
     let r = te::reduce_axis(Expr::int(0), k, "r")?;
     let a1 = a.clone();
-    let out = te::compute(
+    let out = te::compute_dyn(
         &[n],
         |i| {
             te::ok(te::reduce(
@@ -332,7 +332,7 @@ fn bad_bindings_of_reduction_loops_are_compile_errors() {
     let (n, k) = (te::var("n"), te::var("k"));
     let a = te::placeholder(&[n.clone(), k.clone()], DType::F32, "A").unwrap();
     let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
-    let out = te::compute(
+    let out = te::compute_dyn(
         &[n],
         |i| {
             te::ok(te::sum(
@@ -361,7 +361,7 @@ fn bad_bindings_of_reduction_loops_are_compile_errors() {
     let (m, k2) = (te::var("m"), te::var("k"));
     let b = te::placeholder(&[m.clone(), k2.clone(), Expr::int(3)], DType::F32, "B").unwrap();
     let r2 = te::reduce_axis(Expr::int(0), k2, "r").unwrap();
-    let out2 = te::compute(
+    let out2 = te::compute_dyn(
         &[m, Expr::int(3)],
         |i| {
             te::ok(te::sum(

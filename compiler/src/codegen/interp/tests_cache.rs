@@ -216,7 +216,7 @@ fn mm_program(m: Expr, k: Expr, n: Expr) -> (Tensor, Tensor, Tensor) {
     let b = te::placeholder(&[k.clone(), n.clone()], DType::F32, "B").unwrap();
     let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
     let (a2, b2) = (a.clone(), b.clone());
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[m, n],
         move |i| {
             te::ok(te::sum(
@@ -386,7 +386,7 @@ fn cache_misuse_is_a_compile_error() {
         .to_string();
     assert!(e.contains("reader 'A' is not a stage"), "{e}");
     // A reader that does not read the tensor.
-    let d = te::compute(
+    let d = te::compute_dyn(
         std::slice::from_ref(&m),
         |i| a.idx(&[i[0].clone(), Expr::int(0)]),
         "D",
@@ -484,10 +484,10 @@ fn cache_misuse_is_a_compile_error() {
         assert!(e.contains(want), "{e}");
     }
     // A global (non-cache) stage computed inside a kernel stays refused.
-    let p = te::compute(&[m.clone(), k.clone()], |i| a.idx(i) * a.idx(i), "P").unwrap();
+    let p = te::compute_dyn(&[m.clone(), k.clone()], |i| a.idx(i) * a.idx(i), "P").unwrap();
     let r2 = te::reduce_axis(Expr::int(0), k.clone(), "r2").unwrap();
     let (p2, b2) = (p.clone(), b.clone());
-    let q = te::compute(
+    let q = te::compute_dyn(
         &[m.clone(), n.clone()],
         move |i| {
             te::ok(te::sum(
@@ -520,7 +520,7 @@ fn gpu_gemm_recipe_on_a_square_of_one_tensor() {
     let a = te::placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
     let r = te::reduce_axis(Expr::int(0), n.clone(), "r").unwrap();
     let a2 = a.clone();
-    let c = te::compute(
+    let c = te::compute_dyn(
         &[n.clone(), n],
         move |i| {
             te::ok(te::sum(

@@ -76,10 +76,17 @@ fn flow_children(e: &Expr) -> Vec<Expr> {
     kids.into_iter().filter(is_float).collect()
 }
 
-/// Adds `t` to a list of terms, merging with a term of the same guard.
+/// Adds `t` to a list of terms, merging with a term of the same guard. Equal terms merge as
+/// `t * 2` (exact): the product rule gives a square `c * c` two equal terms (layer_norm's
+/// squared deviation), which as a sum would cost every element of the gradient pass a
+/// second load, subtraction and multiply.
 fn push(list: &mut Vec<Term>, t: Term) -> Result<()> {
     if let Some(old) = list.iter_mut().find(|o| o.guard == t.guard) {
-        old.expr = add(&old.expr, &t.expr)?;
+        old.expr = if old.expr == t.expr {
+            super::algebra::mul(&old.expr, &constant(2.0, t.expr.dtype()))?
+        } else {
+            add(&old.expr, &t.expr)?
+        };
     } else {
         list.push(t);
     }

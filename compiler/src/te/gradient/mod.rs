@@ -49,10 +49,11 @@ pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Re
     let requested: HashSet<u32> = inputs.iter().map(Tensor::id).collect();
     // Relevant: a float tensor from which a requested input can be reached.
     let mut relevant: HashSet<u32> = HashSet::new();
+    // A `stop_gradient` stage is a constant to the differentiator: nothing flows through it.
     for t in &order {
         if t.dtype().is_float()
             && (requested.contains(&t.id())
-                || reads_of(t).iter().any(|x| relevant.contains(&x.id())))
+                || (!t.stops_gradient() && reads_of(t).iter().any(|x| relevant.contains(&x.id()))))
         {
             relevant.insert(t.id());
         }
@@ -93,7 +94,7 @@ pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Re
                 ))));
             }
         }
-        if let (Some(adj), Op::Compute { .. }) = (&adj, t.op()) {
+        if let (Some(adj), Op::Compute { .. }, false) = (&adj, t.op(), t.stops_gradient()) {
             propagate(t, adj, &relevant, &mut acc).map_err(|e| match e {
                 Error::Compile(m) if !m.starts_with("te.gradient") => Error::Compile(format!(
                     "te.gradient: differentiating stage '{}': {m}",

@@ -3,7 +3,7 @@
 //! Numerical correctness is checked end to end in tests/tests/te_gradient.rs.
 
 use super::*;
-use crate::te::{ax, compute, ok, placeholder, reduce_axis, sum};
+use crate::te::{ax, compute_dyn, ok, placeholder, reduce_axis, sum};
 
 fn ph(shape: &[i64], name: &str) -> Tensor {
     let s: Vec<Expr> = shape.iter().map(|&d| Expr::int(d)).collect();
@@ -19,7 +19,7 @@ fn matmul_operand_gradients_are_plain_contractions_without_guards() {
     let a = ph(&[3, 4], "A");
     let b = ph(&[4, 5], "B");
     let k = reduce_axis(Expr::int(0), Expr::int(4), "k").unwrap();
-    let c = compute(
+    let c = compute_dyn(
         &[Expr::int(3), Expr::int(5)],
         |i| {
             ok(sum(
@@ -46,7 +46,7 @@ fn a_shifted_read_solves_the_data_parallel_variable_with_a_range_guard() {
     let x = ph(&[8], "X");
     let w = ph(&[3], "W");
     let r = reduce_axis(Expr::int(0), Expr::int(3), "r").unwrap();
-    let y = compute(
+    let y = compute_dyn(
         &[Expr::int(6)],
         |i| {
             ok(sum(
@@ -67,7 +67,7 @@ fn a_shifted_read_solves_the_data_parallel_variable_with_a_range_guard() {
 #[test]
 fn an_unsolvable_index_becomes_an_equality_guard() {
     let x = ph(&[4], "X");
-    let y = compute(&[Expr::int(2)], |i| x.idx(&[i[0].clone() * 2]), "Y").unwrap();
+    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(&[i[0].clone() * 2]), "Y").unwrap();
     let g = gradient(&y, &[x], None).unwrap();
     assert!(body_text(&g[0]).contains("=="), "{}", body_text(&g[0]));
     assert_eq!(g[0].reduce_axis()[0].extent.as_int(), Some(2));
@@ -76,9 +76,9 @@ fn an_unsolvable_index_becomes_an_equality_guard() {
 #[test]
 fn a_stage_read_twice_gets_the_sum_of_both_contributions() {
     let x = ph(&[4], "X");
-    let h = compute(&[Expr::int(4)], |i| ok(crate::te::exp(x.idx(i))), "h").unwrap();
-    let y = compute(&[Expr::int(4)], |i| h.idx(i) * 2.0, "y").unwrap();
-    let z = compute(&[Expr::int(4)], |i| h.idx(i) + y.idx(i), "z").unwrap();
+    let h = compute_dyn(&[Expr::int(4)], |i| ok(crate::te::exp(x.idx(i))), "h").unwrap();
+    let y = compute_dyn(&[Expr::int(4)], |i| h.idx(i) * 2.0, "y").unwrap();
+    let z = compute_dyn(&[Expr::int(4)], |i| h.idx(i) + y.idx(i), "z").unwrap();
     let g = gradient(&z, &[h], None).unwrap();
     // Two inline terms (1 from z, 2 from y) in one stage.
     let text = body_text(&g[0]);
@@ -89,7 +89,7 @@ fn a_stage_read_twice_gets_the_sum_of_both_contributions() {
 #[test]
 fn errors_name_the_argument_and_what_came() {
     let x = ph(&[2], "X");
-    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
     let h = placeholder(&[Expr::int(2)], DType::F32, "Hd").unwrap();
     let e = gradient(&y, &[x.clone()], Some(&h))
         .unwrap_err()
@@ -110,7 +110,7 @@ fn errors_name_the_argument_and_what_came() {
 #[test]
 fn gradients_of_the_output_itself_and_of_the_head_are_copies() {
     let x = ph(&[2], "X");
-    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
     let h = ph(&[2], "H");
     let g = gradient(&y, &[y.clone()], Some(&h)).unwrap();
     assert!(!g[0].is_placeholder());
@@ -135,7 +135,7 @@ fn derivative_constants_fold_ones_and_zeros() {
 #[test]
 fn an_input_listed_twice_gets_two_distinct_stages() {
     let x = ph(&[2], "X");
-    let y = compute(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
     let g = gradient(&y, &[x.clone(), x], None).unwrap();
     assert_ne!(g[0], g[1]);
 }
@@ -143,7 +143,7 @@ fn an_input_listed_twice_gets_two_distinct_stages() {
 #[test]
 fn a_derivative_past_the_depth_limit_is_an_error_naming_the_stage() {
     let x = ph(&[2], "X");
-    let y = compute(
+    let y = compute_dyn(
         &[Expr::int(2)],
         |i| {
             let mut e = x.idx(i);
@@ -170,7 +170,7 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     // Y[i, j] = X[i, j] * W[i]: dW[i] = sum_j head[i, j] * X[i, j]; with a factor 1/D[i]
     // free of j in the body, it is applied after the sum.
     let d = ph(&[3], "D");
-    let y = compute(
+    let y = compute_dyn(
         &[Expr::int(3), Expr::int(5)],
         |i| -(x.idx(i) * w.idx(&[i[0].clone()])) / d.idx(&[i[0].clone()]),
         "Y",
@@ -197,7 +197,7 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     // nothing is taken out.
     let n = crate::te::var("n");
     let xs = placeholder(&[Expr::int(3), n.clone()], DType::F64, "Xs").unwrap();
-    let ys = compute(
+    let ys = compute_dyn(
         &[Expr::int(3), n],
         |i| xs.idx(i) * w.idx(&[i[0].clone()]) / d.idx(&[i[0].clone()]),
         "Ys",

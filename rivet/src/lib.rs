@@ -1,0 +1,150 @@
+//! # rivet
+//!
+//! Write a tensor kernel once in a small compute DSL, compile it (Cranelift for the CPU, CUDA C
+//! through NVRTC for NVIDIA GPUs) and run it on Rust data here, or on torch, JAX, NumPy, CuPy
+//! and MXNet memory from Python through DLPack, with no copies.
+//!
+//! This crate is the front door: the runtime ([`runtime`], `rivet-runtime`) and the compiler
+//! ([`compiler`], `rivet-compiler`) re-exported, and a [`prelude`] with what a kernel author
+//! needs. The lower crates stay usable on their own. Feature `ndarray`: tensors from and to
+//! `ndarray` arrays (`Tensor::from_ndarray`, `view_ndarray`, `to_ndarray`).
+//!
+//! A matrix product, built for the CPU and run on Rust-owned data:
+//!
+//! ```
+//! use rivet::prelude::*;
+//!
+//! # fn main() -> rivet::Result<()> {
+//! let n = te::var("n");
+//! let a = te::placeholder([&n, &n], DType::F32, "A")?;
+//! let b = te::placeholder([&n, &n], DType::F32, "B")?;
+//! let k = te::reduce_axis(0, &n, "k")?;
+//! let c = te::compute([&n, &n], |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k), "C")?;
+//! let mm = build(&Schedule::new(&[&c])?, &[&a, &b, &c], "cpu", "mm")?.get_function("mm")?;
+//!
+//! // Rust-owned data, no copies: the tensors take the Vecs' buffers.
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let y = Tensor::from_vec(vec![5.0f32, 6.0, 7.0, 8.0], &[2, 2])?;
+//! let z = Tensor::from_vec(vec![0.0f32; 4], &[2, 2])?;
+//! mm.run(&[&x, &y, &z])?;
+//! assert_eq!(z.into_vec::<f32>()?, [19.0, 22.0, 43.0, 50.0]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The DSL ([`te`]): a kernel is placeholders (inputs), computes (a value per element, as a
+//! closure over the element's indices) and reductions over reduce axes. Indices, dims and
+//! bounds take expressions, axes and integers alike, borrowed or owned: an array when they are
+//! of one kind (`a.at([i, j])`), a tuple when they differ (`a.at((i, &k))`). Arithmetic works
+//! on expressions, axes and numbers (`&i * 2 + &k`), with the mixed-type rule of the Python
+//! DSL (a float with an int expression is an error: `i * 0.5` is refused, `x * 0.5` with a
+//! float `x` is fine). Errors inside a body (a wrong index, a mixed-type operation) are carried
+//! in the expression and reported by [`te::compute`] as a [`Error::Compile`] naming the stage,
+//! so closures return plain expressions and `?` handles the rest.
+//!
+//! Functions built here can be saved ([`Module::save`]) and loaded from Python
+//! (`rivet.load_module`), or called in Rust ([`Run::run`]). `rivet/examples/` has the seed
+//! GEMM, softmax, a 2-D convolution and a fused GEMM + bias + gelu, each checked from Python
+//! against torch by the test suite.
+
+pub use rivet_compiler as compiler;
+pub use rivet_runtime as runtime;
+
+pub use rivet_compiler::{build, Error, Module, Result, Schedule, Target};
+pub use rivet_runtime::{DType, Function, Tensor, Value};
+
+/// The tensor-expression DSL: [`te::placeholder`], [`te::compute`], [`te::reduce_axis`],
+/// reductions ([`te::sum`], [`te::max_over`], ...), math functions, [`te::gradient()`].
+///
+/// ```
+/// use rivet::prelude::*;
+///
+/// # fn main() -> rivet::Result<()> {
+/// let (n, m) = (te::var("n"), te::var("m"));
+/// let x = te::placeholder([&n, &m], DType::F32, "X")?;
+/// let r = te::reduce_axis(0, &m, "r")?;
+/// // The row sums, and each element over its row's sum.
+/// let s = te::compute([&n], |[i]| te::sum(x.at((&i, &r)), &r), "S")?;
+/// let y = te::compute([&n, &m], |[i, j]| x.at([&i, &j]) / s.at([i]), "Y")?;
+/// assert_eq!(y.shape().len(), 2);
+/// // A float constant with an int expression is refused, naming the stage:
+/// let bad = te::compute([&n], |[i]| x.at((&i, 0)) + i * 0.5, "Bad");
+/// assert!(bad.unwrap_err().to_string().contains("Bad"));
+/// # Ok(())
+/// # }
+/// ```
+pub mod te {
+    pub use rivet_compiler::te::*;
+}
+
+/// `use rivet::prelude::*;` brings what a kernel author needs: the [`te`] DSL module, its
+/// conversion traits, [`build()`] and [`Schedule`], the runtime's [`Tensor`], [`Function`],
+/// [`DType`] and [`Value`], and [`Run`] to call a function on tensors.
+pub mod prelude {
+    pub use crate::te;
+    pub use crate::te::{Axes, Indices};
+    pub use crate::{build, DType, Function, Module, Run, Schedule, Target, Tensor, Value};
+}
+
+/// Hands a crate's Rust-built functions to Python in one step: in a crate built as a `cdylib`,
+/// `rivet::python_library!(f)` defines the entry point `rivet_library_init` that Python's
+/// `rivet.load_library(path)` calls; `f` (a function or closure returning
+/// `Result<Vec<(String, Function)>, E>` with `E: Display`) builds the functions, which are
+/// registered under their names in the Python process's rivet (`rivet.get_global_func`).
+/// They cross through the C ABI only (`rivet_runtime::capi_foreign`): each keeps its own
+/// signature checks and runs in this library's runtime; on the Python side it is an untyped
+/// function (`rivet.to_pytorch_func` and plain calls work; `rivet.torch.custom_op` and
+/// `rivet.jax.ffi_func`, which need a typed signature, refuse it). `examples/rust_library` is
+/// such a crate; `tests/python/test_rust_examples.py` loads it and checks it against torch.
+#[macro_export]
+macro_rules! python_library {
+    ($build:expr) => {
+        /// The entry point `rivet.load_library` calls (`rivet::python_library!`).
+        ///
+        /// # Safety
+        /// Called by rivet's host with a live `RivetHostApi` and an error buffer.
+        #[no_mangle]
+        pub unsafe extern "C" fn rivet_library_init(
+            host: *const $crate::runtime::capi_foreign::RivetHostApi,
+            err: *mut ::std::ffi::c_char,
+            err_len: usize,
+        ) -> i32 {
+            // SAFETY: the host's promises, passed on.
+            unsafe { $crate::runtime::capi_foreign::library_init(host, err, err_len, $build) }
+        }
+    };
+}
+
+/// Calling a function on tensors from Rust.
+pub trait Run {
+    /// Calls the function with `args` (inputs, then the outputs it writes in place), as Python's
+    /// `f(a, b, c)`: every signature check applies (shapes, dtypes, devices, aliasing).
+    ///
+    /// ```
+    /// use rivet::prelude::*;
+    ///
+    /// # fn main() -> rivet::Result<()> {
+    /// let n = te::var("n");
+    /// let x = te::placeholder([&n], DType::F64, "X")?;
+    /// let y = te::compute([&n], |[i]| x.at([i]) * 2.0, "Y")?;
+    /// let double = build(&Schedule::new(&[&y])?, &[&x, &y], "cpu", "double")?
+    ///     .get_function("double")?;
+    /// let (a, b) = (Tensor::from_slice(&[1.0, 2.5], &[2])?, Tensor::zeros(&[2], DType::F64)?);
+    /// double.run(&[&a, &b])?;
+    /// assert_eq!(b.to_vec::<f64>()?, [2.0, 5.0]);
+    /// // A wrong dtype is an error naming the argument, not a crash:
+    /// let ints = Tensor::from_slice(&[1i64, 2], &[2])?;
+    /// assert!(double.run(&[&ints, &b]).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn run(&self, args: &[&Tensor]) -> Result<()>;
+}
+
+impl Run for Function {
+    fn run(&self, args: &[&Tensor]) -> Result<()> {
+        let vals: Vec<Value> = args.iter().map(|t| Value::Tensor((*t).clone())).collect();
+        self.call(&vals)?;
+        Ok(())
+    }
+}

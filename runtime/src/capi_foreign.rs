@@ -1,0 +1,582 @@
+//! Packed functions across libraries: a rivet function implemented in another shared library
+//! (another copy of rivet-runtime: a user's crate built as a `cdylib`, or any C code) becomes a
+//! function of this runtime, registered under a name, through the C ABI only. This is how a
+//! Rust crate hands its kernels to Python in one step (`rivet.load_library(path)`,
+//! docs/c_abi.md "Functions from another library"): Rust types never cross the boundary, only
+//! `RivetAny` values, borrowed `DLTensor*`s and owned `DLManagedTensorVersioned*`s.
+//!
+//! The callee side (`export`): a `Function` boxed as the `resource` of `exported_call`, which
+//! reads its arguments as `RivetFunctionCall` does, and on failure writes `"<Kind>: <message>"`
+//! as a `RIVET_STR` result (valid until its next call on that thread) with a non-zero code.
+//! The host side (`RivetFunctionCreate`): a `Function` whose body passes tensors as borrowed
+//! `DLTensor`s built from the arguments' layouts (valid for the call), scalars and strings by
+//! value, takes a managed-tensor result with `dlpack::import_versioned` (the callee's deleter
+//! runs when the last view drops), and turns a failure back into the error of that kind.
+//!
+//! Invariants: nothing unwinds across the boundary (both sides run under `catch_unwind`); a
+//! function value never crosses it (a handle is a `Function` of one library's own runtime and
+//! means nothing to another): such an argument or result is an `ArgumentError`; the callee's
+//! `resource` is released exactly once, by its `deleter`, when the host's function is dropped.
+
+use crate::capi::{
+    any_of, guard, new_handle, str_arg, values_of, RivetAny, RivetFunctionHandle, RivetValue,
+    MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR, RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL,
+    RIVET_ERR_USER, RIVET_FLOAT, RIVET_FUNCTION, RIVET_INT, RIVET_MANAGED_TENSOR, RIVET_NULL,
+    RIVET_OK, RIVET_STR,
+};
+use crate::dlpack;
+use crate::error::{Error, Result};
+use crate::function::Function;
+use crate::registry;
+use crate::value::Value;
+use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A packed function in C: `args` borrowed for the call, `*result` owned by the caller. On
+/// failure: a non-zero code (`RIVET_ERR_USER` or `RIVET_ERR_INTERNAL`) and, optionally,
+/// `*result` a `RIVET_STR` `"<Kind>: <message>"` valid until the callee's next call on the
+/// thread (`Kind` a `rivet.error` class name).
+pub type RivetPackedCFunc = unsafe extern "C" fn(
+    resource: *mut c_void,
+    args: *const RivetAny,
+    num_args: i32,
+    result: *mut RivetAny,
+) -> i32;
+
+/// Releases a packed function's `resource`.
+pub type RivetDeleter = unsafe extern "C" fn(resource: *mut c_void);
+
+/// What a library's `rivet_library_init` receives from its host (`rivet.load_library`): the
+/// host runtime's entry points, so the library registers its functions there.
+#[repr(C)]
+pub struct RivetHostApi {
+    /// The host's `RivetAbiVersion()`: a library checks the major first.
+    pub abi_version: i32,
+    /// Whether a registration may replace a function of the same name.
+    pub override_: i32,
+    pub function_create: unsafe extern "C" fn(
+        *const c_char,
+        Option<RivetPackedCFunc>,
+        *mut c_void,
+        Option<RivetDeleter>,
+        *mut RivetFunctionHandle,
+    ) -> i32,
+    pub set_global: unsafe extern "C" fn(*const c_char, RivetFunctionHandle, i32) -> i32,
+    pub function_free: unsafe extern "C" fn(RivetFunctionHandle) -> i32,
+    pub get_last_error: unsafe extern "C" fn(*mut *const c_char) -> *const c_char,
+}
+
+/// The callee's function and resource, released with its deleter.
+struct Foreign {
+    call: RivetPackedCFunc,
+    resource: *mut c_void,
+    deleter: Option<RivetDeleter>,
+}
+
+// SAFETY: `RivetFunctionCreate`'s contract: the callee is callable from any thread and its
+// resource may be released from any thread.
+unsafe impl Send for Foreign {}
+// SAFETY: as for Send: the callee is callable from any thread, concurrently.
+unsafe impl Sync for Foreign {}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        if let Some(d) = self.deleter {
+            // SAFETY: released once, here (the contract).
+            let _ = catch_unwind(AssertUnwindSafe(|| unsafe { d(self.resource) }));
+        }
+    }
+}
+
+/// Wraps a packed C function as a function of this runtime named `name`: `*out` receives a
+/// new handle (free it with `RivetFunctionFree`; register it with `RivetFunctionSetGlobal`).
+///
+/// # Safety
+/// `name` a NUL-terminated string; `func` callable from any thread with `resource` until
+/// `deleter` (may be NULL) is called with it, once, from any thread; `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionCreate(
+    name: *const c_char,
+    func: Option<RivetPackedCFunc>,
+    resource: *mut c_void,
+    deleter: Option<RivetDeleter>,
+    out: *mut RivetFunctionHandle,
+) -> i32 {
+    guard(|| {
+        if out.is_null() {
+            return Err(Error::Argument(
+                "RivetFunctionCreate: argument 4 ('out'): expected a pointer, got NULL".into(),
+            ));
+        }
+        // SAFETY: the caller's promise on `name`.
+        let name = unsafe { str_arg(name, "RivetFunctionCreate: argument 0 ('name')") }?;
+        let Some(call) = func else {
+            return Err(Error::Argument(
+                "RivetFunctionCreate: argument 1 ('func'): expected a function pointer, got NULL"
+                    .into(),
+            ));
+        };
+        let foreign = Foreign {
+            call,
+            resource,
+            deleter,
+        };
+        let fname = name.to_string();
+        let f = Function::new(name, move |args| call_foreign(&foreign, &fname, args));
+        // SAFETY: checked non-null; the caller's promise that it is writable.
+        unsafe { *out = new_handle(f) };
+        Ok(())
+    })
+}
+
+/// Registers `func` under `name` in this runtime's global registry (`override_` non-zero:
+/// replace a function of that name). The handle stays the caller's.
+///
+/// # Safety
+/// `name` a NUL-terminated string; `func` a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionSetGlobal(
+    name: *const c_char,
+    func: RivetFunctionHandle,
+    override_: i32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: the caller's promise on `name`.
+        let name = unsafe { str_arg(name, "RivetFunctionSetGlobal: argument 0 ('name')") }?;
+        // SAFETY: the caller's promise: a live handle.
+        let f = unsafe { crate::capi::function_of(func, "RivetFunctionSetGlobal: argument 1") }?;
+        registry::register(name, f.clone(), override_ != 0)
+    })
+}
+
+/// A borrowed `DLTensor` of `t`'s layout: its shape and strides point into `t`, which the
+/// caller keeps alive for the call.
+fn dltensor_of(t: &crate::tensor::Tensor) -> Result<DLTensor> {
+    let ndim = i32::try_from(t.ndim())
+        .map_err(|_| Error::Internal(format!("a tensor of {} dims", t.ndim())))?;
+    Ok(DLTensor {
+        data: t.raw_data() as *mut c_void,
+        device: t.device().to_dlpack(),
+        ndim,
+        dtype: t.dtype().to_dlpack(),
+        shape: t.shape().as_ptr() as *mut i64,
+        strides: t.strides().as_ptr() as *mut i64,
+        byte_offset: t.byte_offset(),
+    })
+}
+
+fn call_foreign(fr: &Foreign, name: &str, args: &[Value]) -> Result<Value> {
+    if args.len() > MAX_ARGS as usize {
+        return Err(Error::Argument(format!(
+            "{name}: {} arguments; the C ABI carries at most {MAX_ARGS}",
+            args.len()
+        )));
+    }
+    // Every DLTensor and string lives in a buffer sized up front, so the pointers handed to
+    // the callee stay put while the arguments are assembled.
+    let mut tensors: Vec<DLTensor> = Vec::with_capacity(args.len());
+    let mut strings: Vec<CString> = Vec::with_capacity(args.len());
+    let mut anys: Vec<RivetAny> = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        let any = match a {
+            Value::Null => RivetAny::NULL,
+            Value::Int(v) => RivetAny::int(*v),
+            Value::Float(v) => RivetAny::float(*v),
+            Value::Bool(b) => RivetAny {
+                type_code: RIVET_BOOL,
+                pad: 0,
+                value: RivetValue { v_int64: *b as i64 },
+            },
+            Value::Str(s) => {
+                strings.push(CString::new(s.as_bytes()).map_err(|_| {
+                    Error::Argument(format!(
+                        "{name}: argument {i}: a string with a NUL byte cannot cross the C ABI"
+                    ))
+                })?);
+                let p = strings.last().map_or(std::ptr::null(), |c| c.as_ptr());
+                RivetAny::ptr(RIVET_STR, p as *mut c_void)
+            }
+            Value::Tensor(t) => {
+                tensors.push(dltensor_of(t)?);
+                let p = tensors.last().map_or(std::ptr::null(), |d| d as *const DLTensor);
+                let code = if t.is_read_only() {
+                    RIVET_DLTENSOR_READONLY
+                } else {
+                    RIVET_DLTENSOR
+                };
+                RivetAny::ptr(code, p as *mut c_void)
+            }
+            other => {
+                return Err(Error::Argument(format!(
+                    "{name}: argument {i} is a {}, which cannot cross to a function of another library (it takes none, int, float, bool, str and tensor arguments)",
+                    other.kind()
+                )))
+            }
+        };
+        anys.push(any);
+    }
+    let mut result = RivetAny::NULL;
+    // SAFETY: the callee's contract (`RivetFunctionCreate`); every pointer in `anys` points
+    // into `tensors`, `strings` or `args`, all alive until the call returns.
+    let code = unsafe { (fr.call)(fr.resource, anys.as_ptr(), anys.len() as i32, &mut result) };
+    if code != RIVET_OK {
+        let text = if result.type_code == RIVET_STR {
+            // SAFETY: the callee's contract: a NUL-terminated string, valid until its next
+            // call on this thread.
+            unsafe { CStr::from_ptr(result.value.v_ptr as *const c_char) }
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            format!("failed with code {code}")
+        };
+        let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
+        let message = format!("{name}: {message}");
+        return Err(if code == RIVET_ERR_INTERNAL {
+            Error::Internal(message)
+        } else {
+            Error::from_kind_name(kind, message.clone()).unwrap_or(Error::Argument(message))
+        });
+    }
+    // SAFETY: the union member the type code names; a managed tensor is now ours.
+    unsafe {
+        Ok(match result.type_code {
+            RIVET_NULL => Value::Null,
+            RIVET_INT => Value::Int(result.value.v_int64),
+            RIVET_FLOAT => Value::Float(result.value.v_float64),
+            RIVET_BOOL => Value::Bool(result.value.v_int64 != 0),
+            RIVET_STR => Value::Str(
+                CStr::from_ptr(result.value.v_ptr as *const c_char)
+                    .to_string_lossy()
+                    .as_ref()
+                    .into(),
+            ),
+            RIVET_MANAGED_TENSOR => {
+                dlpack::import_versioned(result.value.v_ptr as *mut DLManagedTensorVersioned)?
+                    .into()
+            }
+            RIVET_FUNCTION => {
+                return Err(Error::Argument(format!(
+                    "{name}: returned a function, which cannot cross from another library (its handle is leaked, not freed: it belongs to that library's runtime)"
+                )))
+            }
+            c => {
+                return Err(Error::Argument(format!(
+                    "{name}: returned an unknown type code {c}"
+                )))
+            }
+        })
+    }
+}
+
+thread_local! {
+    /// The callee side's last failure text, handed out as a `RIVET_STR` result.
+    static EXPORT_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// `f` as a packed C function for another runtime's `RivetFunctionCreate`: the function
+/// pointer, the resource (`f`, boxed) and its deleter.
+pub fn export(f: Function) -> (RivetPackedCFunc, *mut c_void, RivetDeleter) {
+    (
+        exported_call,
+        Box::into_raw(Box::new(f)) as *mut c_void,
+        exported_free,
+    )
+}
+
+unsafe extern "C" fn exported_call(
+    resource: *mut c_void,
+    args: *const RivetAny,
+    num_args: i32,
+    result: *mut RivetAny,
+) -> i32 {
+    let run = || -> Result<RivetAny> {
+        // SAFETY: `export` made `resource` a boxed Function, alive until `exported_free`.
+        let f = unsafe { &*(resource as *const Function) };
+        // SAFETY: the host's promise on `args`.
+        let values = unsafe { values_of(args, num_args, f.name()) }?;
+        any_of(f.call(&values)?)
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
+        Err(Error::Internal(
+            "a panic in an exported rivet function".into(),
+        ))
+    });
+    if result.is_null() {
+        return RIVET_ERR_USER;
+    }
+    match outcome {
+        Ok(v) => {
+            // SAFETY: checked non-null; the host's promise that it is writable.
+            unsafe { *result = v };
+            RIVET_OK
+        }
+        Err(e) => {
+            let text = format!("{}: {}", e.kind_name(), e);
+            let p = EXPORT_ERROR.with(|c| {
+                let mut c = c.borrow_mut();
+                *c = CString::new(text.replace('\0', "\u{fffd}")).expect("NULs replaced");
+                c.as_ptr() as *mut c_void
+            });
+            // SAFETY: as above.
+            unsafe { *result = RivetAny::ptr(RIVET_STR, p) };
+            if matches!(e, Error::Internal(_)) {
+                RIVET_ERR_INTERNAL
+            } else {
+                RIVET_ERR_USER
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn exported_free(resource: *mut c_void) {
+    if !resource.is_null() {
+        // SAFETY: `export`'s box, released once (the host's contract).
+        drop(unsafe { Box::from_raw(resource as *mut Function) });
+    }
+}
+
+/// Registers `functions` in the host runtime `host` (a library's `rivet_library_init`):
+/// each exported and created there, then set global under its name.
+///
+/// # Safety
+/// `host` must point at a live `RivetHostApi` (what `rivet.load_library` passes).
+pub unsafe fn register_in_host(
+    host: *const RivetHostApi,
+    functions: Vec<(String, Function)>,
+) -> Result<()> {
+    if host.is_null() {
+        return Err(Error::Argument(
+            "rivet_library_init: the host API is NULL".into(),
+        ));
+    }
+    // SAFETY: the caller's promise.
+    let host = unsafe { &*host };
+    if host.abi_version >> 16 != crate::capi::ABI_MAJOR {
+        return Err(Error::Argument(format!(
+            "rivet_library_init: the host's C ABI is {}.{}, this library's {}.{}: rebuild it against the same rivet",
+            host.abi_version >> 16,
+            host.abi_version & 0xffff,
+            crate::capi::ABI_MAJOR,
+            crate::capi::ABI_MINOR
+        )));
+    }
+    let host_error = |what: &str| -> Error {
+        let mut kind: *const c_char = std::ptr::null();
+        // SAFETY: the host's entry point; its strings live until its next failing call.
+        let msg = unsafe { (host.get_last_error)(&mut kind) };
+        let text = |p: *const c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: as above.
+                unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+            }
+        };
+        let (k, m) = (text(kind), text(msg));
+        Error::from_kind_name(&k, format!("{what}: {m}"))
+            .unwrap_or_else(|| Error::Argument(format!("{what}: {m}")))
+    };
+    for (name, f) in functions {
+        let cname = CString::new(name.as_str())
+            .map_err(|_| Error::Argument(format!("a function name with a NUL byte: {name:?}")))?;
+        let (call, resource, deleter) = export(f);
+        let mut h: RivetFunctionHandle = std::ptr::null_mut();
+        // SAFETY: the host's entry points, with valid arguments; on failure the host does
+        // not keep `resource`, so it is released here.
+        let rc = unsafe {
+            (host.function_create)(cname.as_ptr(), Some(call), resource, Some(deleter), &mut h)
+        };
+        if rc != RIVET_OK {
+            // SAFETY: not taken by the host.
+            unsafe { deleter(resource) };
+            return Err(host_error(&format!("registering '{name}'")));
+        }
+        // SAFETY: `h` is the host's live handle.
+        let rc = unsafe { (host.set_global)(cname.as_ptr(), h, host.override_) };
+        // SAFETY: the handle is ours to free; the registry holds its own reference.
+        unsafe { (host.function_free)(h) };
+        if rc != RIVET_OK {
+            return Err(host_error(&format!("registering '{name}'")));
+        }
+    }
+    Ok(())
+}
+
+/// The body of a library's `rivet_library_init`: runs `build` (which returns the functions
+/// to register), registers them in `host`, and writes a failure's text into `err` (at most
+/// `err_len` bytes, NUL-terminated). Returns a C ABI code. Never unwinds.
+///
+/// # Safety
+/// `host` as for `register_in_host`; `err` NULL or writable for `err_len` bytes.
+pub unsafe fn library_init<E: std::fmt::Display>(
+    host: *const RivetHostApi,
+    err: *mut c_char,
+    err_len: usize,
+    build: impl FnOnce() -> std::result::Result<Vec<(String, Function)>, E>,
+) -> i32 {
+    let outcome = catch_unwind(AssertUnwindSafe(|| -> std::result::Result<(), String> {
+        let functions = build().map_err(|e| e.to_string())?;
+        // SAFETY: the caller's promise on `host`.
+        unsafe { register_in_host(host, functions) }.map_err(|e| format!("{}: {e}", e.kind_name()))
+    }))
+    .unwrap_or_else(|_| Err("InternalError: a panic in rivet_library_init".into()));
+    match outcome {
+        Ok(()) => RIVET_OK,
+        Err(text) => {
+            if !err.is_null() && err_len > 0 {
+                let bytes = text.as_bytes();
+                let n = bytes.len().min(err_len - 1);
+                // SAFETY: the caller's promise: `err` holds `err_len` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, err, n);
+                    *err.add(n) = 0;
+                }
+            }
+            RIVET_ERR_USER
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Both sides of the protocol in one runtime: `export` then `RivetFunctionCreate`.
+    fn crossed(f: Function) -> Function {
+        let (call, resource, deleter) = export(f);
+        let mut h: RivetFunctionHandle = std::ptr::null_mut();
+        let name = CString::new("crossed").unwrap();
+        // SAFETY: valid arguments; the handle is freed below.
+        let rc = unsafe {
+            RivetFunctionCreate(name.as_ptr(), Some(call), resource, Some(deleter), &mut h)
+        };
+        assert_eq!(rc, RIVET_OK);
+        // SAFETY: a live handle of ours.
+        let f = unsafe { &*(h as *const Function) }.clone();
+        // SAFETY: freed once.
+        unsafe { crate::capi::RivetFunctionFree(h) };
+        f
+    }
+
+    #[test]
+    fn tensors_scalars_results_and_errors_cross_with_their_kinds() {
+        let axpy = crossed(crate::testing::functions().remove(2));
+        let x = Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+        let y = Tensor::from_slice(&[10f32, 20., 30., 40., 50., 60.], &[2, 3]).unwrap();
+        // A transposed view crosses as its layout (strides), written in place.
+        let yt = y.as_strided(&[3, 2], &[1, 3], 0).unwrap();
+        let xt = x.as_strided(&[3, 2], &[1, 3], 0).unwrap();
+        axpy.call(&[Value::Float(2.0), xt.into(), yt.into()])
+            .unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [12., 24., 36., 48., 60., 72.]);
+        // The callee's signature check, its kind kept, the name of the crossing added.
+        let bad = Tensor::from_slice(&[1f32, 2.], &[2]).unwrap();
+        let e = axpy
+            .call(&[Value::Float(1.0), bad.into(), y.clone().into()])
+            .unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e:?}");
+        assert!(e.to_string().starts_with("crossed: testing.axpy"), "{e}");
+        // A read-only tensor stays read-only across.
+        let e = axpy
+            .call(&[Value::Float(1.0), x.clone().into(), y.to_read_only().into()])
+            .unwrap_err();
+        assert!(matches!(e, Error::ReadOnly(_)), "{e:?}");
+        // A function argument cannot cross: a clear error, nothing called.
+        let e = axpy
+            .call(&[
+                Value::Function(axpy.clone()),
+                x.clone().into(),
+                y.clone().into(),
+            ])
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Argument(_)) && e.to_string().contains("cannot cross"),
+            "{e}"
+        );
+        // Results: a tensor comes back as a managed tensor of the callee (echo returns it).
+        let echo = crossed(crate::testing::functions().remove(0));
+        let out = echo.call(&[x.clone().into()]).unwrap();
+        let Value::Tensor(t) = out else {
+            panic!("{}", out.kind())
+        };
+        assert_eq!(t.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        assert_eq!(t.data_ptr(), x.data_ptr(), "no copy");
+        assert!(matches!(
+            echo.call(&[Value::Str("a\u{e9}".into())]).unwrap(),
+            Value::Str(s) if &*s == "a\u{e9}"
+        ));
+        assert!(matches!(
+            echo.call(&[Value::Int(i64::MIN)]).unwrap(),
+            Value::Int(i64::MIN)
+        ));
+    }
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn failing(
+        _resource: *mut c_void,
+        _args: *const RivetAny,
+        _n: i32,
+        result: *mut RivetAny,
+    ) -> i32 {
+        static MSG: &[u8] = b"DTypeError: wrong dtype over there\0";
+        // SAFETY: the host passes a writable result.
+        unsafe { *result = RivetAny::ptr(RIVET_STR, MSG.as_ptr() as *mut c_void) };
+        RIVET_ERR_USER
+    }
+
+    unsafe extern "C" fn count_release(_resource: *mut c_void) {
+        RELEASED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn a_foreign_failure_keeps_its_kind_and_the_resource_is_released_once() {
+        let mut h: RivetFunctionHandle = std::ptr::null_mut();
+        let name = CString::new("foreign.fail").unwrap();
+        // SAFETY: valid arguments.
+        let rc = unsafe {
+            RivetFunctionCreate(
+                name.as_ptr(),
+                Some(failing),
+                std::ptr::null_mut(),
+                Some(count_release),
+                &mut h,
+            )
+        };
+        assert_eq!(rc, RIVET_OK);
+        // SAFETY: a live handle of ours.
+        let f = unsafe { &*(h as *const Function) }.clone();
+        let e = f.call(&[]).unwrap_err();
+        assert!(matches!(e, Error::DType(_)), "{e:?}");
+        assert_eq!(e.to_string(), "foreign.fail: wrong dtype over there");
+        // SAFETY: freed once.
+        unsafe { crate::capi::RivetFunctionFree(h) };
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 0, "a clone is still alive");
+        drop(f);
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+        // NULL function pointer and NULL out: user errors, nothing created.
+        let mut h2: RivetFunctionHandle = std::ptr::null_mut();
+        // SAFETY: the NULLs are what is being checked.
+        unsafe {
+            assert_eq!(
+                RivetFunctionCreate(name.as_ptr(), None, std::ptr::null_mut(), None, &mut h2),
+                RIVET_ERR_USER
+            );
+            assert_eq!(
+                RivetFunctionCreate(
+                    name.as_ptr(),
+                    Some(failing),
+                    std::ptr::null_mut(),
+                    None,
+                    std::ptr::null_mut()
+                ),
+                RIVET_ERR_USER
+            );
+        }
+        assert!(h2.is_null());
+    }
+}
