@@ -53,6 +53,32 @@ pub use rivet_runtime as runtime;
 pub use rivet_compiler::{build, Error, Module, Result, Schedule, Target};
 pub use rivet_runtime::{DType, Function, Tensor, Value};
 
+/// The backward (vector-Jacobian product) of a function built from a te program: it takes
+/// the forward's inputs, one cotangent per output, and writes one gradient per float input
+/// (derived with [`te::gradient()`], built for the forward's target, cached). Python's
+/// `Function.backward()`; `rivet.torch.custom_op(f, name, backward=b)` takes it.
+///
+/// ```
+/// use rivet::prelude::*;
+///
+/// # fn main() -> rivet::Result<()> {
+/// let n = te::var("n");
+/// let x = te::placeholder([&n], DType::F64, "X")?;
+/// let y = te::compute([&n], |[i]| x.at([&i]) * x.at([&i]), "Y")?;
+/// let square = build(&Schedule::new(&[&y])?, &[&x, &y], "cpu", "square")?
+///     .get_function("square")?;
+/// let grad = rivet::backward(&square)?; // (X, dY, dX): dX = 2 X dY
+/// let (x, dy) = (Tensor::from_slice(&[3.0, -1.0], &[2])?, Tensor::from_slice(&[1.0, 0.5], &[2])?);
+/// let dx = Tensor::zeros(&[2], DType::F64)?;
+/// grad.run(&[&x, &dy, &dx])?;
+/// assert_eq!(dx.to_vec::<f64>()?, [6.0, -1.0]);
+/// # Ok(())
+/// # }
+/// ```
+pub fn backward(f: &Function) -> Result<Function> {
+    rivet_compiler::backward::backward(f)
+}
+
 /// The tensor-expression DSL: [`te::placeholder`], [`te::compute`], [`te::reduce_axis`],
 /// reductions ([`te::sum`], [`te::max_over`], ...), math functions, [`te::gradient()`].
 ///
@@ -92,9 +118,11 @@ pub mod prelude {
 /// `Result<Vec<(String, Function)>, E>` with `E: Display`) builds the functions, which are
 /// registered under their names in the Python process's rivet (`rivet.get_global_func`).
 /// They cross through the C ABI only (`rivet_runtime::capi_foreign`): each keeps its own
-/// signature checks and runs in this library's runtime; on the Python side it is an untyped
-/// function (`rivet.to_pytorch_func` and plain calls work; `rivet.torch.custom_op` and
-/// `rivet.jax.ffi_func`, which need a typed signature, refuse it). `examples/rust_library` is
+/// signature checks and runs in this library's runtime; on the Python side it keeps its typed
+/// signature and output rule (C ABI 1.1, `RivetFunctionCreateTyped`), so plain calls,
+/// `rivet.to_pytorch_func`, `rivet.torch.custom_op` and `rivet.jax.ffi_func` all take it (a
+/// gradient crosses as a function of its own: hand over [`backward()`] of it too, and pass it
+/// as `backward=`). `examples/rust_library` is
 /// such a crate; `tests/python/test_rust_examples.py` loads it and checks it against torch.
 #[macro_export]
 macro_rules! python_library {

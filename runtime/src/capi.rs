@@ -446,4 +446,4 @@ pub extern "C" fn RivetAbiVersion() -> i32 {
 }
 
 pub const ABI_MAJOR: i32 = 1;
-pub const ABI_MINOR: i32 = 0;
+pub const ABI_MINOR: i32 = 1;

@@ -13,6 +13,13 @@
 //! value, takes a managed-tensor result with `dlpack::import_versioned` (the callee's deleter
 //! runs when the last view drops), and turns a failure back into the error of that kind.
 //!
+//! Typed functions (`RivetFunctionCreateTyped`, C ABI 1.1) also carry their signature, as
+//! JSON (the serde form of `function::Signature`), and optionally an output rule
+//! (`RivetOutputShapesFunc`), so the host's function is typed like the callee's: framework
+//! glue (`rivet.torch.custom_op`, `rivet.jax.ffi_func`) reads its parameters and asks it for
+//! output shapes ahead of a call. The host checks the JSON (size, arity, rank) and never
+//! trusts it for memory safety: the callee still checks every call's arguments itself.
+//!
 //! Invariants: nothing unwinds across the boundary (both sides run under `catch_unwind`); a
 //! function value never crosses it (a handle is a `Function` of one library's own runtime and
 //! means nothing to another): such an argument or result is an `ArgumentError`; the callee's
@@ -25,8 +32,9 @@ use crate::capi::{
     RIVET_OK, RIVET_STR,
 };
 use crate::dlpack;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::function::Function;
+use crate::function::{Dim, Function, ParamKind, Signature};
 use crate::registry;
 use crate::value::Value;
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
@@ -48,6 +56,25 @@ pub type RivetPackedCFunc = unsafe extern "C" fn(
 /// Releases a packed function's `resource`.
 pub type RivetDeleter = unsafe extern "C" fn(resource: *mut c_void);
 
+/// A typed function's output rule in C: for `num_inputs` tensor inputs of shapes
+/// `shapes[i][0..ndims[i]]` (borrowed for the call), `*result` a `RIVET_STR` JSON list of
+/// `[shape, dtype]` pairs (`[[[2, 3], "float32"]]`), valid until the callee's next call on the
+/// thread; on failure a non-zero code and `*result` a `RIVET_STR` `"<Kind>: <message>"`.
+pub type RivetOutputShapesFunc = unsafe extern "C" fn(
+    resource: *mut c_void,
+    shapes: *const *const i64,
+    ndims: *const i32,
+    num_inputs: i32,
+    result: *mut RivetAny,
+) -> i32;
+
+/// The C ABI minor version from which `RivetHostApi` has `function_create_typed`.
+pub const TYPED_SINCE_MINOR: i32 = 1;
+
+/// The longest signature JSON a host accepts (a signature of `MAX_ARGS` tensors of
+/// `MAX_NDIM` dims is far below it).
+pub const MAX_SIGNATURE_JSON: usize = 1 << 24;
+
 /// What a library's `rivet_library_init` receives from its host (`rivet.load_library`): the
 /// host runtime's entry points, so the library registers its functions there.
 #[repr(C)]
@@ -66,6 +93,17 @@ pub struct RivetHostApi {
     pub set_global: unsafe extern "C" fn(*const c_char, RivetFunctionHandle, i32) -> i32,
     pub function_free: unsafe extern "C" fn(RivetFunctionHandle) -> i32,
     pub get_last_error: unsafe extern "C" fn(*mut *const c_char) -> *const c_char,
+    /// `RivetFunctionCreateTyped`; present from C ABI 1.1 (`TYPED_SINCE_MINOR`): a library
+    /// reads it only when the host's minor version says it is there.
+    pub function_create_typed: unsafe extern "C" fn(
+        *const c_char,
+        Option<RivetPackedCFunc>,
+        *mut c_void,
+        Option<RivetDeleter>,
+        *const c_char,
+        Option<RivetOutputShapesFunc>,
+        *mut RivetFunctionHandle,
+    ) -> i32,
 }
 
 /// The callee's function and resource, released with its deleter.
@@ -73,6 +111,7 @@ struct Foreign {
     call: RivetPackedCFunc,
     resource: *mut c_void,
     deleter: Option<RivetDeleter>,
+    output_shapes: Option<RivetOutputShapesFunc>,
 }
 
 // SAFETY: `RivetFunctionCreate`'s contract: the callee is callable from any thread and its
@@ -104,10 +143,34 @@ pub unsafe extern "C" fn RivetFunctionCreate(
     deleter: Option<RivetDeleter>,
     out: *mut RivetFunctionHandle,
 ) -> i32 {
+    // SAFETY: the caller's promises, passed on; no signature, no output rule.
+    unsafe { RivetFunctionCreateTyped(name, func, resource, deleter, std::ptr::null(), None, out) }
+}
+
+/// `RivetFunctionCreate` for a typed function: `signature_json` (NULL: untyped) is its
+/// signature as JSON (the serde form of `rivet_runtime::Signature`, docs/c_abi.md "Typed
+/// functions"), `output_shapes` (may be NULL) its output rule. The host function describes
+/// that signature (introspection, error wording) and answers `output_shapes` through the
+/// rule; the callee checks every call's arguments itself. A malformed signature is an
+/// `ArgumentError` and nothing is created (`resource` stays the caller's).
+///
+/// # Safety
+/// As `RivetFunctionCreate`; `signature_json` NULL or a NUL-terminated string;
+/// `output_shapes` callable from any thread with `resource` until `deleter` runs.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionCreateTyped(
+    name: *const c_char,
+    func: Option<RivetPackedCFunc>,
+    resource: *mut c_void,
+    deleter: Option<RivetDeleter>,
+    signature_json: *const c_char,
+    output_shapes: Option<RivetOutputShapesFunc>,
+    out: *mut RivetFunctionHandle,
+) -> i32 {
     guard(|| {
         if out.is_null() {
             return Err(Error::Argument(
-                "RivetFunctionCreate: argument 4 ('out'): expected a pointer, got NULL".into(),
+                "RivetFunctionCreate: argument 'out': expected a pointer, got NULL".into(),
             ));
         }
         // SAFETY: the caller's promise on `name`.
@@ -118,17 +181,158 @@ pub unsafe extern "C" fn RivetFunctionCreate(
                     .into(),
             ));
         };
-        let foreign = Foreign {
+        let signature = if signature_json.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's promise on `signature_json`.
+            let text = unsafe { CStr::from_ptr(signature_json) };
+            Some(parse_signature(name, text.to_bytes())?)
+        };
+        if output_shapes.is_some() && signature.is_none() {
+            return Err(Error::Argument(format!(
+                "RivetFunctionCreateTyped: '{name}': an output rule needs a signature (the rule's inputs are the signature's tensor inputs)"
+            )));
+        }
+        let foreign = std::sync::Arc::new(Foreign {
             call,
             resource,
             deleter,
-        };
+            output_shapes,
+        });
         let fname = name.to_string();
-        let f = Function::new(name, move |args| call_foreign(&foreign, &fname, args));
+        let callee = foreign.clone();
+        let body = move |args: &[Value]| call_foreign(&callee, &fname, args);
+        let f = match (signature, output_shapes) {
+            (None, _) => Function::new(name, body),
+            (Some(sig), None) => Function::with_described_signature(name, sig, body),
+            (Some(sig), Some(_)) => {
+                let fname = name.to_string();
+                Function::with_output_rule(name, sig, body, move |shapes: &[&[i64]]| {
+                    foreign_output_shapes(&foreign, &fname, shapes)
+                })
+            }
+        };
         // SAFETY: checked non-null; the caller's promise that it is writable.
         unsafe { *out = new_handle(f) };
         Ok(())
     })
+}
+
+/// A signature from its JSON, checked: bounded size, at most `MAX_ARGS` parameters, tensor
+/// ranks at most `MAX_NDIM`, and fixed dims not negative.
+fn parse_signature(name: &str, json: &[u8]) -> Result<Signature> {
+    let what = || format!("RivetFunctionCreateTyped: '{name}': the signature");
+    if json.len() > MAX_SIGNATURE_JSON {
+        return Err(Error::Argument(format!(
+            "{}: {} bytes of JSON; at most {MAX_SIGNATURE_JSON}",
+            what(),
+            json.len()
+        )));
+    }
+    let sig: Signature = serde_json::from_slice(json)
+        .map_err(|e| Error::Argument(format!("{}: not a signature's JSON: {e}", what())))?;
+    if sig.params.len() > MAX_ARGS as usize {
+        return Err(Error::Argument(format!(
+            "{}: {} parameters; the C ABI carries at most {MAX_ARGS}",
+            what(),
+            sig.params.len()
+        )));
+    }
+    for p in &sig.params {
+        let ParamKind::Tensor(t) = &p.kind else {
+            continue;
+        };
+        let Some(shape) = &t.shape else { continue };
+        if shape.len() > crate::layout::MAX_NDIM {
+            return Err(Error::Argument(format!(
+                "{}: parameter '{}' has {} dims; at most {}",
+                what(),
+                p.name,
+                shape.len(),
+                crate::layout::MAX_NDIM
+            )));
+        }
+        if let Some(Dim::Fixed(n)) = shape.iter().find(|d| matches!(d, Dim::Fixed(n) if *n < 0)) {
+            return Err(Error::Argument(format!(
+                "{}: parameter '{}' has a dim of {n}; dims are >= 0",
+                what(),
+                p.name
+            )));
+        }
+    }
+    Ok(sig)
+}
+
+/// Asks the callee's output rule, and checks its answer (JSON of `[shape, dtype]` pairs,
+/// dims >= 0, ranks at most `MAX_NDIM`).
+fn foreign_output_shapes(
+    fr: &Foreign,
+    name: &str,
+    shapes: &[&[i64]],
+) -> Result<Vec<(Vec<i64>, DType)>> {
+    let Some(rule) = fr.output_shapes else {
+        return Err(Error::Internal(format!("{name}: no output rule")));
+    };
+    let num = i32::try_from(shapes.len())
+        .ok()
+        .filter(|n| *n <= MAX_ARGS)
+        .ok_or_else(|| Error::Argument(format!("{name}: {} input shapes", shapes.len())))?;
+    let ptrs: Vec<*const i64> = shapes.iter().map(|s| s.as_ptr()).collect();
+    let ndims: Vec<i32> = shapes
+        .iter()
+        .map(|s| i32::try_from(s.len()).unwrap_or(i32::MAX))
+        .collect();
+    let mut result = RivetAny::NULL;
+    // SAFETY: the callee's contract (`RivetFunctionCreateTyped`); `ptrs` and `ndims` point
+    // into `shapes`, alive until the call returns.
+    let code = unsafe { rule(fr.resource, ptrs.as_ptr(), ndims.as_ptr(), num, &mut result) };
+    // SAFETY: the callee's contract: a RIVET_STR result is NUL-terminated and valid until its
+    // next call on this thread.
+    // SAFETY: `v_ptr` is the member a RIVET_STR result sets.
+    let ptr = unsafe { result.value.v_ptr } as *const c_char;
+    let text = (result.type_code == RIVET_STR && !ptr.is_null())
+        // SAFETY: the callee's contract: NUL-terminated, valid until its next call here.
+        .then(|| unsafe { CStr::from_ptr(ptr) }.to_bytes());
+    if code != RIVET_OK {
+        return Err(foreign_error(
+            name,
+            code,
+            text.map(|t| String::from_utf8_lossy(t).into_owned()),
+        ));
+    }
+    let Some(text) = text else {
+        return Err(Error::Argument(format!(
+            "{name}: the output rule returned type code {} instead of a string",
+            result.type_code
+        )));
+    };
+    let outs: Vec<(Vec<i64>, DType)> = serde_json::from_slice(text).map_err(|e| {
+        Error::Argument(format!(
+            "{name}: the output rule's answer is not a JSON list of [shape, dtype]: {e}"
+        ))
+    })?;
+    for (shape, _) in &outs {
+        if shape.len() > crate::layout::MAX_NDIM || shape.iter().any(|&d| d < 0) {
+            return Err(Error::Shape(format!(
+                "{name}: the output rule answered the shape {shape:?} (dims >= 0, at most {} of them)",
+                crate::layout::MAX_NDIM
+            )));
+        }
+    }
+    Ok(outs)
+}
+
+/// A callee's failure (`"<Kind>: <message>"`, or none) as the error of its kind, `name`
+/// prepended.
+fn foreign_error(name: &str, code: i32, text: Option<String>) -> Error {
+    let text = text.unwrap_or_else(|| format!("failed with code {code}"));
+    let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
+    let message = format!("{name}: {message}");
+    if code == RIVET_ERR_INTERNAL {
+        Error::Internal(message)
+    } else {
+        Error::from_kind_name(kind, message.clone()).unwrap_or(Error::Argument(message))
+    }
 }
 
 /// Registers `func` under `name` in this runtime's global registry (`override_` non-zero:
@@ -222,22 +426,16 @@ fn call_foreign(fr: &Foreign, name: &str, args: &[Value]) -> Result<Value> {
     // into `tensors`, `strings` or `args`, all alive until the call returns.
     let code = unsafe { (fr.call)(fr.resource, anys.as_ptr(), anys.len() as i32, &mut result) };
     if code != RIVET_OK {
-        let text = if result.type_code == RIVET_STR {
+        // SAFETY: `v_ptr` is the member a RIVET_STR result sets.
+        let ptr = unsafe { result.value.v_ptr } as *const c_char;
+        let text = (result.type_code == RIVET_STR && !ptr.is_null()).then(|| {
             // SAFETY: the callee's contract: a NUL-terminated string, valid until its next
             // call on this thread.
-            unsafe { CStr::from_ptr(result.value.v_ptr as *const c_char) }
+            unsafe { CStr::from_ptr(ptr) }
                 .to_string_lossy()
                 .into_owned()
-        } else {
-            format!("failed with code {code}")
-        };
-        let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
-        let message = format!("{name}: {message}");
-        return Err(if code == RIVET_ERR_INTERNAL {
-            Error::Internal(message)
-        } else {
-            Error::from_kind_name(kind, message.clone()).unwrap_or(Error::Argument(message))
         });
+        return Err(foreign_error(name, code, text));
     }
     // SAFETY: the union member the type code names; a managed tensor is now ours.
     unsafe {
@@ -271,8 +469,19 @@ fn call_foreign(fr: &Foreign, name: &str, args: &[Value]) -> Result<Value> {
 }
 
 thread_local! {
-    /// The callee side's last failure text, handed out as a `RIVET_STR` result.
-    static EXPORT_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The callee side's last text (a failure, or an output rule's answer), handed out as a
+    /// `RIVET_STR` result valid until the next call on this thread.
+    static EXPORT_TEXT: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// `text` kept in this thread's `EXPORT_TEXT`, as a `RIVET_STR` value pointing there.
+fn export_text(text: &str) -> RivetAny {
+    let p = EXPORT_TEXT.with(|c| {
+        let mut c = c.borrow_mut();
+        *c = CString::new(text.replace('\0', "\u{fffd}")).expect("NULs replaced");
+        c.as_ptr() as *mut c_void
+    });
+    RivetAny::ptr(RIVET_STR, p)
 }
 
 /// `f` as a packed C function for another runtime's `RivetFunctionCreate`: the function
@@ -283,6 +492,95 @@ pub fn export(f: Function) -> (RivetPackedCFunc, *mut c_void, RivetDeleter) {
         Box::into_raw(Box::new(f)) as *mut c_void,
         exported_free,
     )
+}
+
+/// What `RivetFunctionCreateTyped` takes besides `export`'s three: the signature's JSON and
+/// the output rule, where `f` has them.
+pub fn export_types(f: &Function) -> Result<(Option<CString>, Option<RivetOutputShapesFunc>)> {
+    let Some(sig) = f.signature() else {
+        return Ok((None, None));
+    };
+    let json = serde_json::to_string(sig)
+        .map_err(|e| Error::Internal(format!("{}: signature to JSON: {e}", f.name())))?;
+    let json = CString::new(json)
+        .map_err(|_| Error::Argument(format!("{}: a NUL byte in its signature", f.name())))?;
+    let rule = f
+        .has_output_rule()
+        .then_some(exported_output_shapes as RivetOutputShapesFunc);
+    Ok((Some(json), rule))
+}
+
+unsafe extern "C" fn exported_output_shapes(
+    resource: *mut c_void,
+    shapes: *const *const i64,
+    ndims: *const i32,
+    num_inputs: i32,
+    result: *mut RivetAny,
+) -> i32 {
+    let run = || -> Result<String> {
+        // SAFETY: `export` made `resource` a boxed Function, alive until `exported_free`.
+        let f = unsafe { &*(resource as *const Function) };
+        let n = usize::try_from(num_inputs)
+            .ok()
+            .filter(|n| *n <= MAX_ARGS as usize)
+            .ok_or_else(|| Error::Argument(format!("{}: {num_inputs} input shapes", f.name())))?;
+        if n > 0 && (shapes.is_null() || ndims.is_null()) {
+            return Err(Error::Argument(format!(
+                "{}: NULL shapes for {n} inputs",
+                f.name()
+            )));
+        }
+        let mut refs: Vec<&[i64]> = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: the host's promise: `n` entries in each array.
+            let (p, d) = unsafe { (*shapes.add(i), *ndims.add(i)) };
+            let d = usize::try_from(d)
+                .ok()
+                .filter(|d| *d <= crate::layout::MAX_NDIM)
+                .ok_or_else(|| Error::Argument(format!("{}: input {i} has {d} dims", f.name())))?;
+            if d > 0 && p.is_null() {
+                return Err(Error::Argument(format!(
+                    "{}: input {i}'s shape is NULL",
+                    f.name()
+                )));
+            }
+            refs.push(if d == 0 {
+                &[]
+            } else {
+                // SAFETY: the host's promise: `d` dims at `p`, borrowed for the call.
+                unsafe { std::slice::from_raw_parts(p, d) }
+            });
+        }
+        let outs = f.output_shapes(&refs, None)?;
+        serde_json::to_string(&outs)
+            .map_err(|e| Error::Internal(format!("{}: output shapes to JSON: {e}", f.name())))
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
+        Err(Error::Internal(
+            "a panic in an exported rivet function's output rule".into(),
+        ))
+    });
+    if result.is_null() {
+        return RIVET_ERR_USER;
+    }
+    let (value, code) = match outcome {
+        Ok(json) => (export_text(&json), RIVET_OK),
+        Err(e) => (
+            export_text(&format!("{}: {}", e.kind_name(), e)),
+            error_code(&e),
+        ),
+    };
+    // SAFETY: checked non-null; the host's promise that it is writable.
+    unsafe { *result = value };
+    code
+}
+
+fn error_code(e: &Error) -> i32 {
+    if matches!(e, Error::Internal(_)) {
+        RIVET_ERR_INTERNAL
+    } else {
+        RIVET_ERR_USER
+    }
 }
 
 unsafe extern "C" fn exported_call(
@@ -313,19 +611,9 @@ unsafe extern "C" fn exported_call(
             RIVET_OK
         }
         Err(e) => {
-            let text = format!("{}: {}", e.kind_name(), e);
-            let p = EXPORT_ERROR.with(|c| {
-                let mut c = c.borrow_mut();
-                *c = CString::new(text.replace('\0', "\u{fffd}")).expect("NULs replaced");
-                c.as_ptr() as *mut c_void
-            });
             // SAFETY: as above.
-            unsafe { *result = RivetAny::ptr(RIVET_STR, p) };
-            if matches!(e, Error::Internal(_)) {
-                RIVET_ERR_INTERNAL
-            } else {
-                RIVET_ERR_USER
-            }
+            unsafe { *result = export_text(&format!("{}: {}", e.kind_name(), e)) };
+            error_code(&e)
         }
     }
 }
@@ -381,12 +669,32 @@ pub unsafe fn register_in_host(
     for (name, f) in functions {
         let cname = CString::new(name.as_str())
             .map_err(|_| Error::Argument(format!("a function name with a NUL byte: {name:?}")))?;
+        let (signature, rule) = export_types(&f)?;
+        let typed = host.abi_version & 0xffff >= TYPED_SINCE_MINOR;
         let (call, resource, deleter) = export(f);
         let mut h: RivetFunctionHandle = std::ptr::null_mut();
-        // SAFETY: the host's entry points, with valid arguments; on failure the host does
-        // not keep `resource`, so it is released here.
+        // SAFETY: the host's entry points, with valid arguments (`function_create_typed` read
+        // only from a host whose minor version has it); on failure the host does not keep
+        // `resource`, so it is released here.
         let rc = unsafe {
-            (host.function_create)(cname.as_ptr(), Some(call), resource, Some(deleter), &mut h)
+            match (typed, &signature) {
+                (true, Some(json)) => (host.function_create_typed)(
+                    cname.as_ptr(),
+                    Some(call),
+                    resource,
+                    Some(deleter),
+                    json.as_ptr(),
+                    rule,
+                    &mut h,
+                ),
+                _ => (host.function_create)(
+                    cname.as_ptr(),
+                    Some(call),
+                    resource,
+                    Some(deleter),
+                    &mut h,
+                ),
+            }
         };
         if rc != RIVET_OK {
             // SAFETY: not taken by the host.
@@ -578,5 +886,196 @@ mod tests {
             );
         }
         assert!(h2.is_null());
+    }
+
+    /// `f` crossed the typed way: `export`, `export_types`, `RivetFunctionCreateTyped`.
+    fn crossed_typed(f: Function) -> Function {
+        let (json, rule) = export_types(&f).unwrap();
+        let (call, resource, deleter) = export(f);
+        let mut h: RivetFunctionHandle = std::ptr::null_mut();
+        let name = CString::new("crossed").unwrap();
+        let json_ptr = json.as_ref().map_or(std::ptr::null(), |j| j.as_ptr());
+        // SAFETY: valid arguments; the handle is freed below.
+        let rc = unsafe {
+            RivetFunctionCreateTyped(
+                name.as_ptr(),
+                Some(call),
+                resource,
+                Some(deleter),
+                json_ptr,
+                rule,
+                &mut h,
+            )
+        };
+        assert_eq!(rc, RIVET_OK);
+        // SAFETY: a live handle of ours.
+        let f = unsafe { &*(h as *const Function) }.clone();
+        // SAFETY: freed once.
+        unsafe { crate::capi::RivetFunctionFree(h) };
+        f
+    }
+
+    /// `y = 2 x` over (n, 3) float32 tensors, typed, with an output rule.
+    fn doubler() -> Function {
+        use crate::function::{DeviceSpec, Param, TensorSpec};
+        let spec = |output| {
+            ParamKind::Tensor(TensorSpec {
+                dtypes: vec![DType::F32],
+                shape: Some(vec![Dim::Var("n".into()), Dim::Fixed(3)]),
+                device: DeviceSpec::Host,
+                output,
+            })
+        };
+        let sig = Signature::new(vec![
+            Param::new("x", spec(false)),
+            Param::new("y", spec(true)),
+        ]);
+        Function::with_output_rule(
+            "doubler",
+            sig,
+            |args| {
+                // y is zeros in the test: y <- 2 x + y is 2 x.
+                let axpy = crate::testing::functions().remove(2);
+                let mut with_alpha = vec![Value::Float(2.0)];
+                with_alpha.extend_from_slice(args);
+                axpy.call(&with_alpha)
+            },
+            |shapes| match shapes {
+                [s] if s.len() == 2 && s[1] == 3 => Ok(vec![(s.to_vec(), DType::F32)]),
+                _ => Err(Error::Shape(format!("doubler: input shapes {shapes:?}"))),
+            },
+        )
+    }
+
+    #[test]
+    fn a_typed_function_crosses_with_its_signature_and_output_rule() {
+        let f = crossed_typed(doubler());
+        assert_eq!(f.signature(), doubler().signature());
+        assert_eq!(
+            f.output_shapes(&[&[5, 3]], None).unwrap(),
+            vec![(vec![5, 3], DType::F32)]
+        );
+        // The rule's failure keeps its kind; the crossing's name comes first.
+        let e = f.output_shapes(&[&[5, 4]], None).unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e:?}");
+        assert!(
+            e.to_string().starts_with("crossed: doubler: input shapes"),
+            "{e}"
+        );
+        // Dims near the limits cross unchanged (the rule sees what was asked).
+        let e = f.output_shapes(&[&[i64::MAX, i64::MIN]], None).unwrap_err();
+        assert!(e.to_string().contains(&i64::MIN.to_string()), "{e}");
+        // Calls still run (and are checked) in the callee.
+        let x = Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+        let y = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+        f.call(&[x.clone().into(), y.clone().into()]).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [2., 4., 6., 8., 10., 12.]);
+        let e = f.call(&[x.into(), Tensor::zeros(&[2, 4], DType::F32).unwrap().into()]);
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+        // An untyped function crosses untyped.
+        let echo = crossed_typed(crate::testing::functions().remove(0));
+        assert!(echo.signature().is_some(), "testing.echo is typed");
+        let untyped = crossed_typed(Function::new("plain", |_| Ok(Value::Null)));
+        assert!(untyped.signature().is_none() && !untyped.has_output_rule());
+    }
+
+    #[test]
+    fn a_malformed_signature_is_an_argument_error_and_creates_nothing() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let many_dims = format!(
+            r#"{{"params": [{{"name": "x", "kind": {{"tensor": {{"dtypes": [], "shape": [{}], "device": "host", "output": false}}}}}}]}}"#,
+            vec![r#""any""#; 65].join(", ")
+        );
+        let cases: Vec<(String, &str)> = vec![
+            ("not json".into(), "not a signature's JSON"),
+            (r#"{"params": [], "extra": 1}"#.into(), "unknown field"),
+            (r#"{"params": [{"name": "x", "kind": "tensor"}]}"#.into(), "not a signature's JSON"),
+            (
+                r#"{"params": [{"name": "x", "kind": {"tensor": {"dtypes": ["float128"], "shape": null, "device": "host", "output": false}}}]}"#.into(),
+                "float128",
+            ),
+            (
+                r#"{"params": [{"name": "x", "kind": {"tensor": {"dtypes": [], "shape": [{"fixed": -9223372036854775808}], "device": "host", "output": false}}}]}"#.into(),
+                "dims are >= 0",
+            ),
+            (
+                r#"{"params": [{"name": "x", "kind": {"tensor": {"dtypes": [], "shape": null, "device": {"exactly": "cuda:-1"}, "output": false}}}]}"#.into(),
+                "unknown device",
+            ),
+            (many_dims, "65 dims"),
+            (deep, "not a signature's JSON"),
+        ];
+        for (json, want) in cases {
+            let mut h: RivetFunctionHandle = std::ptr::null_mut();
+            let name = CString::new("bad").unwrap();
+            let json = CString::new(json).unwrap();
+            // SAFETY: valid pointers; the malformed JSON is what is checked.
+            let rc = unsafe {
+                RivetFunctionCreateTyped(
+                    name.as_ptr(),
+                    Some(failing),
+                    std::ptr::null_mut(),
+                    None,
+                    json.as_ptr(),
+                    None,
+                    &mut h,
+                )
+            };
+            assert_eq!(rc, RIVET_ERR_USER, "{want}");
+            assert!(h.is_null());
+            let mut kind: *const c_char = std::ptr::null();
+            // SAFETY: reads this thread's last error.
+            let msg = unsafe { CStr::from_ptr(crate::capi::RivetGetLastError(&mut kind)) }
+                .to_string_lossy()
+                .into_owned();
+            assert!(msg.contains(want) && msg.contains("'bad'"), "{want}: {msg}");
+        }
+    }
+
+    unsafe extern "C" fn garbage_rule(
+        resource: *mut c_void,
+        _shapes: *const *const i64,
+        _ndims: *const i32,
+        _n: i32,
+        result: *mut RivetAny,
+    ) -> i32 {
+        // The resource picks the answer.
+        static ANSWERS: [&[u8]; 3] = [b"[[[2, 3]]]\0", b"[[[-1], \"float32\"]]\0", b"{}\0"];
+        let text = ANSWERS[resource as usize % 3];
+        // SAFETY: the host passes a writable result.
+        unsafe { *result = RivetAny::ptr(RIVET_STR, text.as_ptr() as *mut c_void) };
+        RIVET_OK
+    }
+
+    #[test]
+    fn a_foreign_output_rule_answer_is_checked() {
+        let json = CString::new(r#"{"params": []}"#).unwrap();
+        for (which, want) in [
+            (0usize, "not a JSON list"),
+            (1, "[-1]"),
+            (2, "not a JSON list"),
+        ] {
+            let mut h: RivetFunctionHandle = std::ptr::null_mut();
+            let name = CString::new("rule").unwrap();
+            // SAFETY: valid arguments; `resource` is only an index for `garbage_rule`.
+            let rc = unsafe {
+                RivetFunctionCreateTyped(
+                    name.as_ptr(),
+                    Some(failing),
+                    which as *mut c_void,
+                    None,
+                    json.as_ptr(),
+                    Some(garbage_rule),
+                    &mut h,
+                )
+            };
+            assert_eq!(rc, RIVET_OK);
+            // SAFETY: a live handle of ours.
+            let f = unsafe { &*(h as *const Function) }.clone();
+            // SAFETY: freed once.
+            unsafe { crate::capi::RivetFunctionFree(h) };
+            let e = f.output_shapes(&[], None).unwrap_err();
+            assert!(e.to_string().contains(want), "{e}");
+        }
     }
 }

@@ -7,7 +7,9 @@ use dlpack_rs::ffi::{DLDevice, DLDeviceType};
 use std::fmt;
 use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Serialised by name ("cpu", "cuda:0"), as Python spells it (`FromStr` / `Display`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum Device {
     Cpu,
     Cuda(i32),
@@ -62,6 +64,19 @@ impl fmt::Display for Device {
             Device::Cuda(id) => write!(f, "cuda:{id}"),
             Device::CudaHost => f.write_str("cuda_host"),
         }
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Device> {
+        s.parse()
     }
 }
 

@@ -164,6 +164,11 @@ impl Function {
         }
     }
 
+    /// Whether `output_shapes` can answer (the function was made `with_output_rule`).
+    pub fn has_output_rule(&self) -> bool {
+        self.inner.outputs.is_some()
+    }
+
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -225,7 +230,8 @@ impl fmt::Debug for Function {
 }
 
 /// One dim of a declared tensor shape.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum Dim {
     Fixed(i64),
     /// A symbolic dim: every occurrence across the arguments must bind the same value.
@@ -234,7 +240,8 @@ pub enum Dim {
 }
 
 /// Where a tensor parameter's memory may live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum DeviceSpec {
     /// Any memory CPU code can read (cpu, cuda_host): native CPU functions.
     #[default]
@@ -246,7 +253,8 @@ pub enum DeviceSpec {
     Any,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TensorSpec {
     /// Accepted dtypes; empty means any.
     pub dtypes: Vec<DType>,
@@ -258,7 +266,8 @@ pub struct TensorSpec {
     pub output: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum ParamKind {
     Any,
     Bool,
@@ -270,7 +279,8 @@ pub enum ParamKind {
     Tensor(TensorSpec),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Param {
     pub name: String,
     pub kind: ParamKind,
@@ -285,7 +295,11 @@ impl Param {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+/// Serialised (serde) as the C ABI's signature JSON (docs/c_abi.md, "Typed functions"):
+/// `{"params": [{"name": "x", "kind": {"tensor": {"dtypes": ["float32"], "shape":
+/// [{"var": "n"}, {"fixed": 4}, "any"], "device": "host", "output": false}}}, ...]}`.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Signature {
     pub params: Vec<Param>,
 }

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -100,8 +101,23 @@ def test_examples_run_on_the_gpu(tmp_path):
     assert _check_module().main(str(tmp_path), "cuda", f".{arch}", only=names) == names
 
 
-@pytest.mark.skipif(shutil.which("cargo") is None, reason="needs cargo (the Rust toolchain)")
-def test_a_rust_crate_hands_its_functions_to_python_in_one_step(rng):
+@pytest.fixture(scope="module")
+def example_library():
+    """examples/rust_library built as a shared library (cargo), its path."""
+    if shutil.which("cargo") is None:
+        pytest.skip("needs cargo (the Rust toolchain)")
+    p = subprocess.run(
+        ["cargo", "build", "--release", "-q", "-p", "rivet-example-library"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return os.path.join(ROOT, "target", "release", "librivet_example_library.so")
+
+
+LIBRARY_NAMES = ["example.gemm", "example.gemm_backward", "example.relu6"]
+
+
+def test_a_rust_crate_hands_its_functions_to_python_in_one_step(rng, example_library):
     """examples/rust_library (rivet::python_library!): built as a shared library, loaded with
     rivet.load_library, its functions registered and called on torch tensors (poisoned
     outputs, fresh data) against torch; errors keep their kinds across the C ABI; a second
@@ -111,14 +127,9 @@ def test_a_rust_crate_hands_its_functions_to_python_in_one_step(rng):
 
     import rivet
 
-    p = subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "rivet-example-library"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    lib = os.path.join(ROOT, "target", "release", "librivet_example_library.so")
+    lib = example_library
     names = rivet.load_library(lib, override=True)
-    assert names == ["example.gemm", "example.relu6"]
+    assert names == LIBRARY_NAMES
     mm = rivet.to_pytorch_func(rivet.get_global_func("example.gemm"))
     for n, k, m in ((1, 1, 1), (5, 7, 3), (64, 33, 17)):
         a = torch.from_numpy(rng.standard_normal((n, k)).astype("float32"))
@@ -146,6 +157,76 @@ def test_a_rust_crate_hands_its_functions_to_python_in_one_step(rng):
         rivet.load_library(rivet._native.__file__)
     with pytest.raises(rivet.ArgumentError, match="no file"):
         rivet.load_library(os.path.join(str(ROOT), "no-such-library.so"))
+
+
+def test_library_functions_keep_their_types_and_become_torch_ops(rng, example_library):
+    """Functions from a Rust library cross typed (C ABI 1.1): the same signature as the
+    function built in Python, output shapes answered ahead of a call (and their errors), and
+    rivet.torch.custom_op takes them: the GEMM with its backward from the same library, under
+    torch.compile(fullgraph=True, dynamic=True), forward and gradients against torch's
+    autograd on fresh data."""
+    import torch
+
+    import rivet
+    import rivet.torch
+    from rivet import te
+
+    rivet.load_library(example_library, override=True)
+    gemm = rivet.get_global_func("example.gemm")
+    n, m, k = te.var("n"), te.var("m"), te.var("k")
+    A = te.placeholder((n, k), "float32", name="A")
+    B = te.placeholder((k, m), "float32", name="B")
+    r = te.reduce_axis((0, k), name="r")
+    C = te.compute((n, m), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    twin = rivet.build(rivet.create_schedule(C), [A, B, C], name="gemm")["gemm"]
+    assert gemm.signature == twin.signature, (gemm.signature, twin.signature)
+    assert gemm._params == twin._params
+    assert gemm.output_shapes([[5, 7], [7, 3]]) == [([5, 3], "float32")]
+    with pytest.raises(rivet.ShapeError, match="example.gemm"):
+        gemm.output_shapes([[5, 7], [6, 3]])
+    bwd = rivet.get_global_func("example.gemm_backward")
+    assert bwd._params is not None and [p["name"] for p in bwd._params][:2] == ["A", "B"]
+
+    op = rivet.torch.custom_op(gemm, "rivet_example_lib::gemm", backward=bwd, override=True)
+
+    def model(a, b):
+        return torch.tanh(op(a, b)).sum()
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for nn, kk, mm in ((3, 5, 4), (17, 9, 6)):
+        a = torch.from_numpy(rng.standard_normal((nn, kk)).astype("float32")).requires_grad_()
+        b = torch.from_numpy(rng.standard_normal((kk, mm)).astype("float32")).requires_grad_()
+        a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out = compiled(a, b)
+        out.backward()
+        ref = torch.tanh(a2 @ b2).sum()
+        ref.backward()
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a.grad, a2.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b.grad, b2.grad, rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="k"):
+        op(torch.zeros(2, 3), torch.zeros(4, 2))
+
+
+def test_library_functions_run_inside_jax_jit_with_grad(rng, example_library):
+    """The same typed library GEMM through rivet.jax.ffi_func (XLA's FFI, output shapes from
+    the crossed output rule) inside jax.jit, and jax.grad through its library backward."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import rivet
+    import rivet.jax
+
+    rivet.load_library(example_library, override=True)
+    f = rivet.jax.ffi_func("example.gemm", backward="example.gemm_backward")
+    a = rng.standard_normal((6, 4)).astype("float32")
+    b = rng.standard_normal((4, 5)).astype("float32")
+    np_out = np.asarray(jax.jit(f)(a, b))
+    np.testing.assert_allclose(np_out, a @ b, rtol=1e-4, atol=1e-4)
+    ga, gb = jax.jit(jax.grad(lambda x, y: jnp.tanh(f(x, y)).sum(), argnums=(0, 1)))(a, b)
+    ra, rb = jax.grad(lambda x, y: jnp.tanh(x @ y).sum(), argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(np.asarray(ga), np.asarray(ra), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gb), np.asarray(rb), rtol=1e-4, atol=1e-4)
 
 
 def test_readme_rust_tutorial_is_the_example():

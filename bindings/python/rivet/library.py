@@ -3,8 +3,10 @@ Rust crate built with ``rivet::python_library!`` (or any C code with a ``rivet_l
 entry point) and registers the functions it hands over, in one step.
 
 The library gets this process's C ABI entry points (``RivetFunctionCreate``,
-``RivetFunctionSetGlobal``, ``RivetFunctionFree``, ``RivetGetLastError`` of ``rivet._native``)
-in a ``RivetHostApi`` and registers its functions through them; tensors cross as borrowed
+``RivetFunctionCreateTyped``, ``RivetFunctionSetGlobal``, ``RivetFunctionFree``,
+``RivetGetLastError`` of ``rivet._native``) in a ``RivetHostApi`` and registers its functions
+through them, typed functions with their signatures and output rules (so
+``rivet.torch.custom_op`` and ``rivet.jax.ffi_func`` take them); tensors cross as borrowed
 ``DLTensor``s, results as owned ``DLManagedTensorVersioned``s (docs/c_abi.md, "Functions from
 another library"). The library stays loaded for the life of the process (its functions'
 code lives there).
@@ -28,6 +30,7 @@ class _HostApi(ctypes.Structure):
     set_global: "int | None"
     function_free: "int | None"
     get_last_error: "int | None"
+    function_create_typed: "int | None"
     _fields_ = [
         ("abi_version", ctypes.c_int32),
         ("override_", ctypes.c_int32),
@@ -35,6 +38,7 @@ class _HostApi(ctypes.Structure):
         ("set_global", ctypes.c_void_p),
         ("function_free", ctypes.c_void_p),
         ("get_last_error", ctypes.c_void_p),
+        ("function_create_typed", ctypes.c_void_p),  # C ABI 1.1
     ]
 
 
@@ -94,6 +98,7 @@ def load_library(path: "str | os.PathLike[str]", override: bool = False) -> "lis
         ctypes.cast(record_c, ctypes.c_void_p).value,
         addr("RivetFunctionFree"),
         addr("RivetGetLastError"),
+        addr("RivetFunctionCreateTyped"),
     )
     err = ctypes.create_string_buffer(8192)
     rc = init(ctypes.byref(host), err, len(err))

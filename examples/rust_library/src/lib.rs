@@ -1,8 +1,9 @@
 //! A user's crate: kernels defined in Rust, handed to Python in one step. Built as a shared
 //! library (`cargo build --release -p rivet-example-library`), loaded from Python with
 //! `rivet.load_library("target/release/librivet_example_library.so")`, which registers
-//! `example.gemm` and `example.relu6` (`tests/python/test_rust_examples.py` checks them
-//! against torch).
+//! `example.gemm`, its backward `example.gemm_backward` (from `te::gradient`) and
+//! `example.relu6`, typed: `tests/python/test_rust_examples.py` checks them against torch and
+//! wraps the GEMM as a torch custom op with its backward, under `torch.compile`.
 
 use rivet::prelude::*;
 
@@ -33,8 +34,12 @@ fn relu6() -> rivet::Result<Function> {
 }
 
 fn functions() -> rivet::Result<Vec<(String, Function)>> {
+    let gemm = gemm()?;
+    // (A, B, dC, dA, dB): the vector-Jacobian product, derived from the te program.
+    let gemm_backward = rivet::backward(&gemm)?;
     Ok(vec![
-        ("example.gemm".to_string(), gemm()?),
+        ("example.gemm".to_string(), gemm),
+        ("example.gemm_backward".to_string(), gemm_backward),
         ("example.relu6".to_string(), relu6()?),
     ])
 }

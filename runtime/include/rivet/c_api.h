@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define RIVET_ABI_MAJOR 1
-#define RIVET_ABI_MINOR 0
+#define RIVET_ABI_MINOR 1
 
 typedef enum {
   RIVET_NULL = 0,
@@ -84,6 +84,19 @@ typedef void (*RivetDeleter)(void* resource);
  * callable from any thread. Function values cannot cross (an argument or result is refused). */
 int32_t RivetFunctionCreate(const char* name, RivetPackedCFunc func, void* resource,
                             RivetDeleter deleter, RivetFunctionHandle* out);
+/* A typed function's output rule (ABI 1.1): for num_inputs tensor inputs of shapes
+ * shapes[i][0..ndims[i]], *result a RIVET_STR JSON list of [shape, dtype] pairs
+ * ([[[2, 3], "float32"]]) valid until the callee's next call on the thread; on failure a
+ * non-zero code and *result a RIVET_STR "<Kind>: <message>". */
+typedef int32_t (*RivetOutputShapesFunc)(void* resource, const int64_t* const* shapes,
+                                         const int32_t* ndims, int32_t num_inputs,
+                                         RivetAny* result);
+/* RivetFunctionCreate for a typed function (ABI 1.1): `signature_json` (NULL: untyped) its
+ * signature as JSON (docs/c_abi.md, "Typed functions"), `output_shapes` (may be NULL) its
+ * output rule. A malformed signature is an ArgumentError; nothing is created then. */
+int32_t RivetFunctionCreateTyped(const char* name, RivetPackedCFunc func, void* resource,
+                                 RivetDeleter deleter, const char* signature_json,
+                                 RivetOutputShapesFunc output_shapes, RivetFunctionHandle* out);
 /* Registers `func` under `name` (override_ != 0: replace one of that name); the handle stays
  * the caller's. */
 int32_t RivetFunctionSetGlobal(const char* name, RivetFunctionHandle func, int32_t override_);
@@ -97,6 +110,9 @@ typedef struct {
   int32_t (*set_global)(const char*, RivetFunctionHandle, int32_t);
   int32_t (*function_free)(RivetFunctionHandle);
   const char* (*get_last_error)(const char**);
+  /* From ABI 1.1 (read it only when the host's minor version is >= 1). */
+  int32_t (*function_create_typed)(const char*, RivetPackedCFunc, void*, RivetDeleter,
+                                   const char*, RivetOutputShapesFunc, RivetFunctionHandle*);
 } RivetHostApi;
 
 /* XLA FFI handler (typed FFI, api_version 1) running the registered function named by the
