@@ -11,7 +11,6 @@
 //! `NotDifferentiable` error naming the function; CUDA builds compile with NVRTC.
 
 use rivet_compiler::backward::backward;
-use rivet_compiler::ir::Expr;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Error, Function, Tensor, Value};
@@ -34,14 +33,13 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
 /// Inputs X[n, m], W[m] (float64), I[n] (int64); outputs P = X * W, S[i] = sum_j P[i, j] *
 /// X[i, j] + I[i] (reads P), K = 2 * I (int64).
 fn program() -> (Vec<Te>, Vec<Te>) {
-    let (n, m) = (Expr::int(N), Expr::int(M));
-    let x = placeholder([&n, &m], DType::F64, "X").unwrap();
-    let w = placeholder([&m], DType::F64, "W").unwrap();
-    let i = placeholder([&n], DType::I64, "I").unwrap();
-    let p = compute([&n, &m], |[r, c]| x.at([&r, &c]) * w.at([c]), "P").unwrap();
-    let k = te::reduce_axis(0, &m, "k").unwrap();
+    let x = placeholder([N, M], DType::F64, "X").unwrap();
+    let w = placeholder([M], DType::F64, "W").unwrap();
+    let i = placeholder([N], DType::I64, "I").unwrap();
+    let p = compute([N, M], |[r, c]| x.at([&r, &c]) * w.at([c]), "P").unwrap();
+    let k = te::reduce_axis(0, M, "k").unwrap();
     let s = compute(
-        [&n],
+        [N],
         |[r]| {
             let cast = te::cast(DType::F64, i.at([&r]));
             te::sum(p.at((&r, &k)) * x.at((&r, &k)) + cast, &k)
@@ -49,7 +47,7 @@ fn program() -> (Vec<Te>, Vec<Te>) {
         "S",
     )
     .unwrap();
-    let kk = compute([&n], |[r]| i.at([r]) * 2, "K").unwrap();
+    let kk = compute([N], |[r]| i.at([r]) * 2, "K").unwrap();
     (vec![x, w, i], vec![p, s, kk])
 }
 

@@ -4,8 +4,8 @@
 //! returned) and the function working again after them; the places a callback may not stand
 //! (a parallel loop, CUDA); saved modules; a view kept by a callback after it returned.
 
-use rivet_compiler::ir::{BinOp, ForKind, Stmt, Var};
-use rivet_compiler::te::{self, compute_dyn, ok, placeholder, CallbackFn, Tensor as TeTensor};
+use rivet_compiler::ir::{ForKind, Stmt, Var};
+use rivet_compiler::te::{self, compute, placeholder, CallbackFn, Tensor as TeTensor};
 use rivet_compiler::{build, Error as CError, Module, Schedule, Target};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,20 +64,8 @@ fn square_minus(returns: bool) -> Function {
 /// (`f == None`) the compute `B * B - A`. Returns (A, B, E, C).
 fn program(f: Option<CallbackFn>) -> (TeTensor, TeTensor, TeTensor, TeTensor) {
     let (n, m) = (te::var("n"), te::var("m"));
-    let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
-    let a1 = a.clone();
-    let b = compute_dyn(
-        &[n.clone(), m.clone()],
-        |i| {
-            ok(te::binary(
-                BinOp::Add,
-                ok(te::binary(BinOp::Mul, a1.idx(i), 2.0f32)),
-                1.0f32,
-            ))
-        },
-        "B",
-    )
-    .unwrap();
+    let a = placeholder([&n, &m], DType::F32, "A").unwrap();
+    let b = compute([&n, &m], |[i, j]| a.at([i, j]) * 2.0 + 1.0, "B").unwrap();
     let e = match f {
         Some(f) => te::extern_(
             &[n.clone(), m.clone()],
@@ -87,35 +75,14 @@ fn program(f: Option<CallbackFn>) -> (TeTensor, TeTensor, TeTensor, TeTensor) {
             "E",
         )
         .unwrap(),
-        None => {
-            let (a2, b2) = (a.clone(), b.clone());
-            compute_dyn(
-                &[n.clone(), m.clone()],
-                |i| {
-                    ok(te::binary(
-                        BinOp::Sub,
-                        ok(te::binary(BinOp::Mul, b2.idx(i), b2.idx(i))),
-                        a2.idx(i),
-                    ))
-                },
-                "E",
-            )
-            .unwrap()
-        }
+        None => compute(
+            [&n, &m],
+            |[i, j]| b.at([&i, &j]) * b.at([&i, &j]) - a.at([i, j]),
+            "E",
+        )
+        .unwrap(),
     };
-    let (b3, e3) = (b.clone(), e.clone());
-    let c = compute_dyn(
-        &[n, m],
-        |i| {
-            ok(te::binary(
-                BinOp::Add,
-                ok(te::binary(BinOp::Mul, e3.idx(i), 3.0f32)),
-                b3.idx(i),
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let c = compute([n, m], |[i, j]| e.at([&i, &j]) * 3.0 + b.at([i, j]), "C").unwrap();
     (a, b, e, c)
 }
 
@@ -569,7 +536,7 @@ fn several_extern_stages_run_in_producer_order_each_once() {
         })
     };
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
     let e1 = te::extern_(
         &[n.clone()],
         &[a.clone()],
@@ -578,13 +545,7 @@ fn several_extern_stages_run_in_producer_order_each_once() {
         "E1",
     )
     .unwrap();
-    let e1c = e1.clone();
-    let b = compute_dyn(
-        &[n.clone()],
-        |i| ok(te::binary(BinOp::Mul, e1c.idx(i), 2.0f32)),
-        "B",
-    )
-    .unwrap();
+    let b = compute([&n], |[i]| e1.at([i]) * 2.0, "B").unwrap();
     let e2 = te::extern_(
         &[n],
         &[b.clone(), e1.clone()],
@@ -665,38 +626,18 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     // the default CPU schedule: both rewrite their stage's definition; the taps still run and
     // see the final values. Small multiples of 1/4: every sum is exact in float32.
     let n = te::var("n");
-    let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
-    let k = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "k").unwrap();
-    let (a1, b1, k1) = (a.clone(), b.clone(), k.clone());
-    let c = compute_dyn(
-        &[n.clone(), n.clone()],
-        |i| {
-            let prod = te::binary(
-                BinOp::Mul,
-                a1.idx(&[i[0].clone(), te::ax(&k1)]),
-                b1.idx(&[te::ax(&k1), i[1].clone()]),
-            );
-            ok(te::sum(ok(prod), std::slice::from_ref(&k1)))
-        },
+    let a = placeholder([&n, &n], DType::F32, "A").unwrap();
+    let b = placeholder([&n, &n], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(0, &n, "k").unwrap();
+    let c = compute(
+        [&n, &n],
+        |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
         "C",
     )
     .unwrap();
-    let r = te::reduce_axis(rivet_compiler::ir::Expr::int(0), n.clone(), "r").unwrap();
-    let (c1, r1) = (c.clone(), r.clone());
-    let s_ = compute_dyn(
-        &[n.clone()],
-        |i| {
-            ok(te::sum(
-                c1.idx(&[i[0].clone(), te::ax(&r1)]),
-                std::slice::from_ref(&r1),
-            ))
-        },
-        "S",
-    )
-    .unwrap();
-    let s1 = s_.clone();
-    let d = compute_dyn(&[n], |i| ok(te::binary(BinOp::Mul, s1.idx(i), 2.0f32)), "D").unwrap();
+    let r = te::reduce_axis(0, &n, "r").unwrap();
+    let s_ = compute([&n], |[i]| te::sum(c.at((i, &r)), &r), "S").unwrap();
+    let d = compute([n], |[i]| s_.at([i]) * 2.0, "D").unwrap();
     let (seen_c, seen_s) = (
         Arc::new(Mutex::new(Vec::new())),
         Arc::new(Mutex::new(Vec::new())),

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::cpu_default::apply_default_cpu;
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -66,100 +66,61 @@ fn program(op: Op, rows: i64, cols: i64, k: i64, dt: DType, symbolic: bool) -> P
     let c = dim(cols, "cols", symbolic, &mut sym);
     let (inputs, out) = match op {
         Op::Matmul => {
-            let kk = Expr::int(k);
-            let a = placeholder(&[r.clone(), kk.clone()], dt, "A").unwrap();
-            let b = placeholder(&[kk.clone(), c.clone()], dt, "B").unwrap();
-            let red = te::reduce_axis(Expr::int(0), kk, "k").unwrap();
-            let (a1, b1) = (a.clone(), b.clone());
-            let out = compute_dyn(
-                &[r, c],
-                |i| {
-                    ok(te::sum(
-                        a1.idx(&[i[0].clone(), ax(&red)]) * b1.idx(&[ax(&red), i[1].clone()]),
-                        &[red.clone()],
-                    ))
-                },
+            let a = placeholder((&r, k), dt, "A").unwrap();
+            let b = placeholder((k, &c), dt, "B").unwrap();
+            let red = te::reduce_axis(0, k, "k").unwrap();
+            let out = compute(
+                [r, c],
+                |[i, j]| te::sum(a.at((i, &red)) * b.at((&red, j)), &red),
                 "C",
             )
             .unwrap();
             (vec![a, b], out)
         }
         Op::Softmax => {
-            let x = placeholder(&[r.clone(), c.clone()], dt, "X").unwrap();
-            let r1 = te::reduce_axis(Expr::int(0), c.clone(), "r1").unwrap();
-            let x1 = x.clone();
-            let mx = compute_dyn(
-                std::slice::from_ref(&r),
-                |i| {
-                    ok(te::max_over(
-                        x1.idx(&[i[0].clone(), ax(&r1)]),
-                        &[r1.clone()],
-                    ))
-                },
-                "max",
-            )
-            .unwrap();
-            let (x2, mx2) = (x.clone(), mx.clone());
-            let e = compute_dyn(
-                &[r.clone(), c.clone()],
-                |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))),
+            let x = placeholder([&r, &c], dt, "X").unwrap();
+            let r1 = te::reduce_axis(0, &c, "r1").unwrap();
+            let mx = compute([&r], |[i]| te::max_over(x.at((i, &r1)), &r1), "max").unwrap();
+            let e = compute(
+                [&r, &c],
+                |[i, j]| te::exp(x.at([&i, &j]) - mx.at([i])),
                 "exp",
             )
             .unwrap();
-            let r2 = te::reduce_axis(Expr::int(0), c.clone(), "r2").unwrap();
-            let e1 = e.clone();
-            let s = compute_dyn(
-                std::slice::from_ref(&r),
-                |i| ok(te::sum(e1.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])),
-                "sum",
-            )
-            .unwrap();
-            let out = compute_dyn(
-                &[r, c],
-                |i| e.idx(i) * (te::number_like(1.0, &e.idx(i)) / s.idx(&[i[0].clone()])),
-                "Y",
-            )
-            .unwrap();
+            let r2 = te::reduce_axis(0, &c, "r2").unwrap();
+            let s = compute([&r], |[i]| te::sum(e.at((i, &r2)), &r2), "sum").unwrap();
+            let out = compute([r, c], |[i, j]| e.at([&i, &j]) * (1.0 / s.at([i])), "Y").unwrap();
             (vec![x], out)
         }
         Op::LayerNorm => {
-            let x = placeholder(&[r.clone(), c.clone()], dt, "X").unwrap();
-            let g = placeholder(std::slice::from_ref(&c), dt, "gamma").unwrap();
-            let b = placeholder(std::slice::from_ref(&c), dt, "beta").unwrap();
-            let nf = te::cast(dt, c.clone());
-            let r1 = te::reduce_axis(Expr::int(0), c.clone(), "r1").unwrap();
-            let x1 = x.clone();
-            let total = compute_dyn(
-                std::slice::from_ref(&r),
-                |i| ok(te::sum(x1.idx(&[i[0].clone(), ax(&r1)]), &[r1.clone()])),
-                "total",
-            )
-            .unwrap();
-            let (x2, t2, nf2) = (x.clone(), total.clone(), nf.clone());
-            let cen = compute_dyn(
-                &[r.clone(), c.clone()],
-                |i| x2.idx(i) - t2.idx(&[i[0].clone()]) / nf2.clone(),
+            let x = placeholder([&r, &c], dt, "X").unwrap();
+            let g = placeholder([&c], dt, "gamma").unwrap();
+            let b = placeholder([&c], dt, "beta").unwrap();
+            let nf = te::cast(dt, &c);
+            let r1 = te::reduce_axis(0, &c, "r1").unwrap();
+            let total = compute([&r], |[i]| te::sum(x.at((i, &r1)), &r1), "total").unwrap();
+            let cen = compute(
+                [&r, &c],
+                |[i, j]| x.at([&i, &j]) - total.at([i]) / &nf,
                 "centered",
             )
             .unwrap();
-            let r2 = te::reduce_axis(Expr::int(0), c.clone(), "r2").unwrap();
-            let c2 = cen.clone();
-            let sq = compute_dyn(
-                std::slice::from_ref(&r),
-                |i| {
-                    let v = c2.idx(&[i[0].clone(), ax(&r2)]);
-                    ok(te::sum(v.clone() * v, &[r2.clone()]))
+            let r2 = te::reduce_axis(0, &c, "r2").unwrap();
+            let sq = compute(
+                [&r],
+                |[i]| {
+                    let v = cen.at((i, &r2));
+                    te::sum(&v * &v, &r2)
                 },
                 "sqsum",
             )
             .unwrap();
-            let (g1, b1) = (g.clone(), b.clone());
-            let out = compute_dyn(
-                &[r, c],
-                |i| {
-                    let var = sq.idx(&[i[0].clone()]) / nf.clone();
-                    let inv = ok(te::rsqrt(var.clone() + te::number_like(1e-5, &var)));
-                    cen.idx(i) * inv * g1.idx(&[i[1].clone()]) + b1.idx(&[i[1].clone()])
+            let out = compute(
+                [r, c],
+                |[i, j]| {
+                    let var = sq.at([&i]) / &nf;
+                    let inv = te::rsqrt(var + 1e-5);
+                    cen.at([&i, &j]) * inv * g.at([&j]) + b.at([j])
                 },
                 "Y",
             )

@@ -6,8 +6,7 @@
 //! dropped on a thread with a 2 MiB stack (no walk recurses once per stage).
 
 use rivet_compiler::build::{build_with, Options};
-use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute_dyn, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{Error, Module, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 use rivet_tests::backends;
@@ -17,14 +16,13 @@ const LEN: usize = 8;
 
 /// `(X, [X_1, ..., X_n])` with `X_{k+1} = X_k * 1.0001 + 1`.
 fn chain(n: usize) -> (te::Tensor, Vec<te::Tensor>) {
-    let x = placeholder(&[Expr::int(LEN as i64)], DType::F32, "X").unwrap();
+    let x = placeholder([LEN as i64], DType::F32, "X").unwrap();
     let mut stages = Vec::with_capacity(n);
     let mut t = x.clone();
     for k in 0..n {
-        let prev = t.clone();
-        t = compute_dyn(
-            &[Expr::int(LEN as i64)],
-            |i| prev.idx(i) * 1.0001 + 1.0,
+        t = compute(
+            [LEN as i64],
+            |[i]| t.at([i]) * 1.0001 + 1.0,
             &format!("X{}", k + 1),
         )
         .unwrap();

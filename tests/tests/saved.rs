@@ -11,7 +11,6 @@
 //! NVRTC (sm_80, sm_90) when `RIVET_REQUIRE_NVRTC=1`, as `make test` sets.
 
 use rivet_compiler::backward::{backward, saved};
-use rivet_compiler::ir::Expr;
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, kernels, Schedule, Target};
 use rivet_runtime::{DType, Function, Tensor, Value};
@@ -174,11 +173,11 @@ fn a_backward_that_reads_no_forward_value_keeps_none() {
 #[test]
 fn stop_gradient_keeps_values_and_stops_the_gradient() {
     // y = x * stop_gradient(x): values x^2, gradient x (not 2x).
-    let n = Expr::int(4);
-    let x = placeholder([&n], DType::F64, "X").unwrap();
+    let n = 4;
+    let x = placeholder([n], DType::F64, "X").unwrap();
     let sx = te::stop_gradient(&x).unwrap();
     assert!(sx.stops_gradient() && !x.stops_gradient());
-    let y = compute([&n], |[i]| x.at([&i]) * sx.at([i]), "Y").unwrap();
+    let y = compute([n], |[i]| x.at([&i]) * sx.at([i]), "Y").unwrap();
     let g = te::gradient(&y, std::slice::from_ref(&x), None).unwrap();
     let m = build(
         &Schedule::new(&[y.clone(), g[0].clone()]).unwrap(),
@@ -200,7 +199,7 @@ fn stop_gradient_keeps_values_and_stops_the_gradient() {
         "gradient through one factor only",
     );
     // A gradient asked of the stop_gradient stage itself is its adjoint: d(x * s)/ds = x.
-    let z = compute([&n], |[i]| x.at([&i]) * sx.at([i]), "Z").unwrap();
+    let z = compute([n], |[i]| x.at([&i]) * sx.at([i]), "Z").unwrap();
     let gs = te::gradient(&z, std::slice::from_ref(&sx), None).unwrap();
     let m = build(
         &Schedule::new(std::slice::from_ref(&gs[0])).unwrap(),

@@ -20,7 +20,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rivet_compiler::ir::{CmpOp, Expr, IterVar};
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute, ok, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -144,12 +144,11 @@ fn check(what: &str, inputs: &[Te], out: &Te, data: &[Vec<f64>], seed: u64) {
 }
 
 fn ph(shape: &[i64], name: &str) -> Te {
-    let s: Vec<Expr> = shape.iter().map(|&d| Expr::int(d)).collect();
-    placeholder(&s, DType::F64, name).unwrap()
+    placeholder(shape, DType::F64, name).unwrap()
 }
 
 fn rk(n: i64, name: &str) -> IterVar {
-    te::reduce_axis(Expr::int(0), Expr::int(n), name).unwrap()
+    te::reduce_axis(0, n, name).unwrap()
 }
 
 fn data_for(inputs: &[Te], seed: u64) -> Vec<Vec<f64>> {
@@ -164,31 +163,18 @@ fn data_for(inputs: &[Te], seed: u64) -> Vec<Vec<f64>> {
 
 fn matmul(a: &Te, b: &Te, ta: bool, tb: bool) -> Te {
     let (m, k) = if ta {
-        (a.shape()[1].clone(), a.shape()[0].clone())
+        (&a.shape()[1], &a.shape()[0])
     } else {
-        (a.shape()[0].clone(), a.shape()[1].clone())
+        (&a.shape()[0], &a.shape()[1])
     };
-    let n = if tb {
-        b.shape()[0].clone()
-    } else {
-        b.shape()[1].clone()
-    };
-    let r = te::reduce_axis(Expr::int(0), k, "k").unwrap();
-    compute_dyn(
-        &[m, n],
-        |i| {
-            let kk = ax(&r);
-            let x = if ta {
-                a.idx(&[kk.clone(), i[0].clone()])
-            } else {
-                a.idx(&[i[0].clone(), kk.clone()])
-            };
-            let y = if tb {
-                b.idx(&[i[1].clone(), kk])
-            } else {
-                b.idx(&[kk, i[1].clone()])
-            };
-            ok(te::sum(x * y, &[r.clone()]))
+    let n = if tb { &b.shape()[0] } else { &b.shape()[1] };
+    let r = te::reduce_axis(0, k, "k").unwrap();
+    compute(
+        [m, n],
+        |[i, j]| {
+            let x = if ta { a.at((&r, i)) } else { a.at((i, &r)) };
+            let y = if tb { b.at((j, &r)) } else { b.at((&r, j)) };
+            te::sum(x * y, &r)
         },
         "C",
     )
@@ -217,14 +203,9 @@ fn batched_matmul_with_broadcast_operand() {
     let a = ph(&[2, 3, 4], "A");
     let b = ph(&[4, 2], "B"); // shared across the batch
     let k = rk(4, "k");
-    let out = compute_dyn(
-        &[Expr::int(2), Expr::int(3), Expr::int(2)],
-        |i| {
-            ok(te::sum(
-                a.idx(&[i[0].clone(), i[1].clone(), ax(&k)]) * b.idx(&[ax(&k), i[2].clone()]),
-                &[k.clone()],
-            ))
-        },
+    let out = compute(
+        [2, 3, 2],
+        |[p, i, j]| te::sum(a.at((p, i, &k)) * b.at((&k, j)), &k),
         "BMM",
     )
     .unwrap();
@@ -236,8 +217,8 @@ fn batched_matmul_with_broadcast_operand() {
 fn matmul_with_symbolic_shapes() {
     let n = te::var("n");
     let m = te::var("m");
-    let a = placeholder(&[n.clone(), m.clone()], DType::F64, "A").unwrap();
-    let b = placeholder(&[m.clone(), n.clone()], DType::F64, "B").unwrap();
+    let a = placeholder([&n, &m], DType::F64, "A").unwrap();
+    let b = placeholder([&m, &n], DType::F64, "B").unwrap();
     let out = matmul(&a, &b, false, false);
     let head = placeholder(out.shape(), DType::F64, "head").unwrap();
     let g = te::gradient(&out, &[a.clone(), b.clone()], Some(&head)).unwrap();
@@ -276,39 +257,27 @@ fn conv2d(x: &Te, w: &Te, pad: i64) -> Te {
     let rc = rk(ws[1], "rc");
     let ry = rk(ws[2], "ry");
     let rx = rk(ws[3], "rx");
-    compute_dyn(
-        &[
-            Expr::int(xs[0]),
-            Expr::int(ws[0]),
-            Expr::int(oh),
-            Expr::int(ow),
-        ],
-        |i| {
-            let yy = i[2].clone() + ax(&ry) - pad;
-            let xx = i[3].clone() + ax(&rx) - pad;
-            let inside = ok(te::all(
-                ok(te::all(
-                    ok(te::compare(CmpOp::Ge, yy.clone(), 0)),
-                    ok(te::compare(CmpOp::Lt, yy.clone(), h)),
-                )),
-                ok(te::all(
-                    ok(te::compare(CmpOp::Ge, xx.clone(), 0)),
-                    ok(te::compare(CmpOp::Lt, xx.clone(), wd)),
-                )),
-            ));
+    compute(
+        [xs[0], ws[0], oh, ow],
+        |[n, f, oy, ox]| {
+            let yy = oy + &ry - pad;
+            let xx = ox + &rx - pad;
+            let inside = te::all(
+                te::all(
+                    ok(te::compare(CmpOp::Ge, &yy, 0)),
+                    ok(te::compare(CmpOp::Lt, &yy, h)),
+                ),
+                te::all(
+                    ok(te::compare(CmpOp::Ge, &xx, 0)),
+                    ok(te::compare(CmpOp::Lt, &xx, wd)),
+                ),
+            );
             let v = if pad > 0 {
-                ok(te::if_then_else(
-                    inside,
-                    x.idx(&[i[0].clone(), ax(&rc), yy, xx]),
-                    0.0,
-                ))
+                te::if_then_else(inside, x.at((n, &rc, yy, xx)), 0.0)
             } else {
-                x.idx(&[i[0].clone(), ax(&rc), yy, xx])
+                x.at((n, &rc, yy, xx))
             };
-            ok(te::sum(
-                v * w.idx(&[i[1].clone(), ax(&rc), ax(&ry), ax(&rx)]),
-                &[rc.clone(), ry.clone(), rx.clone()],
-            ))
+            te::sum(v * w.at((f, &rc, &ry, &rx)), [&rc, &ry, &rx])
         },
         "conv",
     )
@@ -355,15 +324,15 @@ fn max_and_min_reductions_split_ties_evenly() {
     let x = ph(&[2, 4], "X");
     let k = rk(4, "k");
     for max in [true, false] {
-        let out = compute_dyn(
-            &[Expr::int(2)],
-            |i| {
-                let e = x.idx(&[i[0].clone(), ax(&k)]);
-                ok(if max {
-                    te::max_over(e, &[k.clone()])
+        let out = compute(
+            [2],
+            |[i]| {
+                let e = x.at((i, &k));
+                if max {
+                    te::max_over(e, &k)
                 } else {
-                    te::min_over(e, &[k.clone()])
-                })
+                    te::min_over(e, &k)
+                }
             },
             "R",
         )
@@ -385,12 +354,7 @@ fn max_and_min_reductions_split_ties_evenly() {
 fn elementwise_maximum_splits_ties_evenly() {
     let x = ph(&[3], "X");
     let y = ph(&[3], "Y");
-    let out = compute_dyn(
-        &[Expr::int(3)],
-        |i| ok(te::maximum(x.idx(i), y.idx(i))),
-        "M",
-    )
-    .unwrap();
+    let out = compute([3], |[i]| te::maximum(x.at([&i]), y.at([i])), "M").unwrap();
     let g = te::gradient(&out, &[x.clone(), y.clone()], None).unwrap();
     let got = run(&[x, y], &g, &[vec![1.0, 2.0, 3.0], vec![1.0, 3.0, 2.0]]);
     assert_eq!(got, vec![vec![0.5, 0.0, 1.0], vec![0.5, 1.0, 0.0]]);
@@ -405,45 +369,37 @@ fn every_unary_and_binary_rule() {
         ("add", |a, b| a + b),
         ("sub", |a, b| a - b),
         ("mul", |a, b| a * b),
-        ("div", |a, b| a / (b.clone() * b + 0.5)),
+        ("div", |a, b| a / (&b * &b + 0.5)),
         ("neg", |a, _| -a),
-        ("exp", |a, _| ok(te::exp(a))),
-        ("log", |a, _| ok(te::log(a.clone() * a + 0.5))),
-        ("sqrt", |a, _| ok(te::sqrt(a.clone() * a + 0.5))),
-        ("rsqrt", |a, _| ok(te::rsqrt(a.clone() * a + 0.5))),
-        ("tanh", |a, _| ok(te::tanh(a))),
-        ("sigmoid", |a, _| ok(te::sigmoid(a))),
-        ("erf", |a, _| ok(te::erf(a))),
-        ("abs", |a, b| ok(te::abs(a)) * b),
-        ("floor", |a, b| ok(te::floor(a.clone() * 3.0)) * b + a),
-        ("ceil", |a, b| ok(te::ceil(a.clone() * 3.0)) * b + a),
-        ("pow", |a, b| ok(te::pow(a.clone() * a + 0.5, b))),
-        ("pow_const", |a, _| ok(te::pow(a, 3.0))),
-        ("maximum", |a, b| ok(te::maximum(a, b))),
-        ("minimum", |a, b| ok(te::minimum(a, b))),
-        ("floormod", |a, b| {
-            ok(te::floormod(a * 3.0, b.clone() * b + 0.5))
-        }),
-        ("floordiv", |a, b| {
-            ok(te::floordiv(a.clone() * 3.0, 1.0)) * b + a
-        }),
+        ("exp", |a, _| te::exp(a)),
+        ("log", |a, _| te::log(&a * &a + 0.5)),
+        ("sqrt", |a, _| te::sqrt(&a * &a + 0.5)),
+        ("rsqrt", |a, _| te::rsqrt(&a * &a + 0.5)),
+        ("tanh", |a, _| te::tanh(a)),
+        ("sigmoid", |a, _| te::sigmoid(a)),
+        ("erf", |a, _| te::erf(a)),
+        ("abs", |a, b| te::abs(a) * b),
+        ("floor", |a, b| te::floor(&a * 3.0) * b + a),
+        ("ceil", |a, b| te::ceil(&a * 3.0) * b + a),
+        ("pow", |a, b| te::pow(&a * &a + 0.5, b)),
+        ("pow_const", |a, _| te::pow(a, 3.0)),
+        ("maximum", |a, b| te::maximum(a, b)),
+        ("minimum", |a, b| te::minimum(a, b)),
+        ("floormod", |a, b| te::floormod(a * 3.0, &b * &b + 0.5)),
+        ("floordiv", |a, b| te::floordiv(&a * 3.0, 1.0) * b + a),
         ("select", |a, b| {
-            ok(te::if_then_else(
-                ok(te::compare(CmpOp::Gt, a.clone(), 0.1)),
-                ok(te::exp(a)),
-                b.clone() * b,
-            ))
+            te::if_then_else(ok(te::compare(CmpOp::Gt, &a, 0.1)), te::exp(a), &b * &b)
         }),
         ("compare", |a, b| {
-            te::cast(DType::F64, ok(te::compare(CmpOp::Lt, a.clone(), b.clone()))) * a + b
+            te::cast(DType::F64, ok(te::compare(CmpOp::Lt, &a, &b))) * a + b
         }),
         ("cast_f32", |a, b| {
             te::cast(DType::F64, te::cast(DType::F32, a)) * 0.0 + b
         }),
-        ("fma_like", |a, b| a.clone() * b + a),
+        ("fma_like", |a, b| &a * b + a),
     ];
     for (name, f) in cases {
-        let out = compute_dyn(&[Expr::int(5)], |i| f(x.idx(i), y.idx(i)), name).unwrap();
+        let out = compute([5], |[i]| f(x.at([&i]), y.at([i])), name).unwrap();
         let ins = [x.clone(), y.clone()];
         check(name, &ins, &out, &data_for(&ins, 5), 5);
     }
@@ -453,9 +409,9 @@ fn every_unary_and_binary_rule() {
 fn float_casts_carry_the_adjoint() {
     // f32 intermediate: d/dx of cast_f64(cast_f32(x) * 2) = 2 (exactly, as an f32 cast).
     let x = ph(&[3], "X");
-    let out = compute_dyn(
-        &[Expr::int(3)],
-        |i| te::cast(DType::F64, te::cast(DType::F32, x.idx(i)) * 2.0),
+    let out = compute(
+        [3],
+        |[i]| te::cast(DType::F64, te::cast(DType::F32, x.at([i])) * 2.0),
         "Y",
     )
     .unwrap();
@@ -471,31 +427,21 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "diagonal",
             vec![x.clone()],
-            compute_dyn(
-                &[Expr::int(4)],
-                |i| x.idx(&[i[0].clone(), i[0].clone()]) * 2.0,
-                "D",
-            )
-            .unwrap(),
+            compute([4], |[i]| x.at([&i, &i]) * 2.0, "D").unwrap(),
         ),
         (
             "strided",
             vec![v.clone()],
-            compute_dyn(
-                &[Expr::int(3)],
-                |i| ok(te::exp(v.idx(&[i[0].clone() * 2]))),
-                "S",
-            )
-            .unwrap(),
+            compute([3], |[i]| te::exp(v.at([i * 2])), "S").unwrap(),
         ),
         (
             "floordiv",
             vec![v.clone()],
-            compute_dyn(
-                &[Expr::int(12)],
-                |i| {
-                    let e = v.idx(&[i[0].floordiv(&Expr::int(2))]);
-                    e.clone() * e
+            compute(
+                [12],
+                |[i]| {
+                    let e = v.at([te::floordiv(i, 2)]);
+                    &e * &e
                 },
                 "U",
             )
@@ -504,19 +450,14 @@ fn index_maps_that_need_the_masked_fallback() {
         (
             "constant index and reversal",
             vec![v.clone()],
-            compute_dyn(
-                &[Expr::int(6)],
-                |i| v.idx(&[Expr::int(0)]) * v.idx(&[Expr::int(5) - i[0].clone()]),
-                "K",
-            )
-            .unwrap(),
+            compute([6], |[i]| v.at([0]) * v.at([5 - i]), "K").unwrap(),
         ),
         (
             "transpose",
             vec![x.clone()],
-            compute_dyn(
-                &[Expr::int(4), Expr::int(4)],
-                |i| ok(te::tanh(x.idx(&[i[1].clone(), i[0].clone()]))) * x.idx(i),
+            compute(
+                [4, 4],
+                |[i, j]| te::tanh(x.at([&j, &i])) * x.at([i, j]),
                 "T",
             )
             .unwrap(),
@@ -532,31 +473,11 @@ fn index_maps_that_need_the_masked_fallback() {
 fn softmax_and_layer_norm() {
     let x = ph(&[3, 5], "X");
     let k = rk(5, "k");
-    let mx = compute_dyn(
-        &[Expr::int(3)],
-        |i| ok(te::max_over(x.idx(&[i[0].clone(), ax(&k)]), &[k.clone()])),
-        "mx",
-    )
-    .unwrap();
-    let e = compute_dyn(
-        &[Expr::int(3), Expr::int(5)],
-        |i| ok(te::exp(x.idx(i) - mx.idx(&[i[0].clone()]))),
-        "e",
-    )
-    .unwrap();
+    let mx = compute([3], |[i]| te::max_over(x.at((i, &k)), &k), "mx").unwrap();
+    let e = compute([3, 5], |[i, j]| te::exp(x.at([&i, &j]) - mx.at([i])), "e").unwrap();
     let k2 = rk(5, "k2");
-    let s = compute_dyn(
-        &[Expr::int(3)],
-        |i| ok(te::sum(e.idx(&[i[0].clone(), ax(&k2)]), &[k2.clone()])),
-        "s",
-    )
-    .unwrap();
-    let sm = compute_dyn(
-        &[Expr::int(3), Expr::int(5)],
-        |i| e.idx(i) / s.idx(&[i[0].clone()]),
-        "sm",
-    )
-    .unwrap();
+    let s = compute([3], |[i]| te::sum(e.at((i, &k2)), &k2), "s").unwrap();
+    let sm = compute([3, 5], |[i, j]| e.at([&i, &j]) / s.at([i]), "sm").unwrap();
     let ins = [x.clone()];
     check("softmax", &ins, &sm, &data_for(&ins, 7), 7);
 
@@ -564,34 +485,22 @@ fn softmax_and_layer_norm() {
     let g = ph(&[5], "G");
     let b = ph(&[5], "Bb");
     let k4 = rk(5, "k4");
-    let mean = compute_dyn(
-        &[Expr::int(3)],
-        |i| {
-            ok(te::sum(
-                x.idx(&[i[0].clone(), ax(&k4)]) / 5.0,
-                &[k4.clone()],
-            ))
-        },
-        "mean",
-    )
-    .unwrap();
+    let mean = compute([3], |[i]| te::sum(x.at((i, &k4)) / 5.0, &k4), "mean").unwrap();
     let k5 = rk(5, "k5");
-    let var = compute_dyn(
-        &[Expr::int(3)],
-        |i| {
-            let d = x.idx(&[i[0].clone(), ax(&k5)]) - mean.idx(&[i[0].clone()]);
-            ok(te::sum(d.clone() * d / 5.0, &[k5.clone()]))
+    let var = compute(
+        [3],
+        |[i]| {
+            let d = x.at((&i, &k5)) - mean.at([i]);
+            te::sum(&d * &d / 5.0, &k5)
         },
         "var",
     )
     .unwrap();
-    let y = compute_dyn(
-        &[Expr::int(3), Expr::int(5)],
-        |i| {
-            (x.idx(i) - mean.idx(&[i[0].clone()]))
-                * ok(te::rsqrt(var.idx(&[i[0].clone()]) + 1e-5))
-                * g.idx(&[i[1].clone()])
-                + b.idx(&[i[1].clone()])
+    let y = compute(
+        [3, 5],
+        |[i, j]| {
+            (x.at([&i, &j]) - mean.at([&i])) * te::rsqrt(var.at([i]) + 1e-5) * g.at([&j])
+                + b.at([j])
         },
         "ln",
     )
@@ -603,8 +512,8 @@ fn softmax_and_layer_norm() {
 #[test]
 fn an_intermediate_stage_can_be_an_input() {
     let x = ph(&[4], "X");
-    let h = compute_dyn(&[Expr::int(4)], |i| ok(te::tanh(x.idx(i))), "h").unwrap();
-    let out = compute_dyn(&[Expr::int(4)], |i| h.idx(i) * h.idx(i) + x.idx(i), "y").unwrap();
+    let h = compute([4], |[i]| te::tanh(x.at([i])), "h").unwrap();
+    let out = compute([4], |[i]| h.at([&i]) * h.at([&i]) + x.at([i]), "y").unwrap();
     let g = te::gradient(&out, &[h.clone(), x.clone()], None).unwrap();
     let xv = vec![0.1, -0.4, 0.7, 0.2];
     let got = run(&[x], &g, &[xv.clone()]);
@@ -643,7 +552,7 @@ fn err_of(r: rivet_compiler::Result<Vec<Te>>) -> String {
 #[test]
 fn wrong_heads_are_refused_naming_head() {
     let x = ph(&[2, 3], "X");
-    let out = compute_dyn(&[Expr::int(2), Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
+    let out = compute([2, 3], |[i, j]| x.at([i, j]) * 2.0, "Y").unwrap();
     let bad_shape = ph(&[3, 2], "H");
     let m = err_of(te::gradient(&out, &[x.clone()], Some(&bad_shape)));
     assert!(
@@ -663,10 +572,10 @@ fn wrong_heads_are_refused_naming_head() {
 #[test]
 fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
     let x = ph(&[3], "X");
-    let ix = placeholder(&[Expr::int(3)], DType::I32, "I").unwrap();
-    let out = compute_dyn(
-        &[Expr::int(3)],
-        |i| x.idx(i) * te::cast(DType::F64, ix.idx(i)),
+    let ix = placeholder([3], DType::I32, "I").unwrap();
+    let out = compute(
+        [3],
+        |[i]| x.at([&i]) * te::cast(DType::F64, ix.at([i])),
         "Y",
     )
     .unwrap();
@@ -675,7 +584,7 @@ fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
         m.contains("inputs[0]") && m.contains("'I'") && m.contains("int32"),
         "{m}"
     );
-    let iout = compute_dyn(&[Expr::int(3)], |i| ix.idx(i) + 1, "Z").unwrap();
+    let iout = compute([3], |[i]| ix.at([i]) + 1, "Z").unwrap();
     let m = err_of(te::gradient(&iout, &[x.clone()], None));
     assert!(m.contains("output") && m.contains("int32"), "{m}");
     // The int factor is a constant for the float input.
@@ -696,7 +605,7 @@ fn int_tensors_are_refused_and_int_reads_contribute_nothing() {
 fn an_input_the_output_does_not_depend_on_gets_zeros() {
     let x = ph(&[3], "X");
     let other = ph(&[2, 2], "Other");
-    let out = compute_dyn(&[Expr::int(3)], |i| x.idx(i) * 2.0, "Y").unwrap();
+    let out = compute([3], |[i]| x.at([i]) * 2.0, "Y").unwrap();
     let g = te::gradient(&out, &[other.clone(), x.clone()], None).unwrap();
     assert_eq!(g[0].shape(), other.shape());
     let got = run(&[x, other], &g, &[vec![1.0; 3], vec![7.0; 4]]);
@@ -708,19 +617,9 @@ fn product_reductions_are_exact_with_zeros() {
     // Over two reduction axes, one starting at 1 (so the excluded element is found by its
     // offset from the axis's start).
     let x = ph(&[2, 3, 3], "X");
-    let r1 = te::reduce_axis(Expr::int(1), Expr::int(3), "r1").unwrap();
+    let r1 = te::reduce_axis(1, 3, "r1").unwrap();
     let r2 = rk(3, "r2");
-    let out = compute_dyn(
-        &[Expr::int(2)],
-        |i| {
-            ok(te::prod(
-                x.idx(&[i[0].clone(), ax(&r1), ax(&r2)]),
-                &[r1.clone(), r2.clone()],
-            ))
-        },
-        "P",
-    )
-    .unwrap();
+    let out = compute([2], |[i]| te::prod(x.at((i, &r1, &r2)), [&r1, &r2]), "P").unwrap();
     let ins = [x.clone()];
     check("prod", &ins, &out, &data_for(&ins, 13), 13);
     // Row 0: one zero (only it gets a gradient: the product of the others); row 1: two zeros
@@ -760,9 +659,7 @@ fn a_chain_of_3000_stages_needs_no_deep_stack() {
             let x = ph(&[2], "X");
             let mut t = x.clone();
             for s in 0..3000 {
-                let prev = t.clone();
-                t = compute_dyn(&[Expr::int(2)], |i| prev.idx(i) * 1.0001, &format!("s{s}"))
-                    .unwrap();
+                t = compute([2], |[i]| t.at([i]) * 1.0001, &format!("s{s}")).unwrap();
             }
             let g = te::gradient(&t, &[x], None).unwrap();
             assert_eq!(g.len(), 1);
@@ -777,10 +674,9 @@ fn a_chain_of_200_stages_is_numerically_right() {
     let x = ph(&[2], "X");
     let mut t = x.clone();
     for s in 0..200 {
-        let prev = t.clone();
-        t = compute_dyn(
-            &[Expr::int(2)],
-            |i| ok(te::tanh(prev.idx(i))) * 0.5 + prev.idx(i) * 0.75,
+        t = compute(
+            [2],
+            |[i]| te::tanh(t.at([&i])) * 0.5 + t.at([i]) * 0.75,
             &format!("s{s}"),
         )
         .unwrap();
@@ -829,15 +725,15 @@ enum Step {
 
 fn unary(op: u8, e: Expr) -> Expr {
     match op % 9 {
-        0 => ok(te::tanh(e)),
-        1 => ok(te::sigmoid(e)),
-        2 => ok(te::exp(e * 0.5)),
-        3 => ok(te::log(e.clone() * e + 1.0)),
-        4 => ok(te::erf(e)),
-        5 => ok(te::sqrt(e.clone() * e + 0.25)),
-        6 => ok(te::rsqrt(e.clone() * e + 1.0)),
-        7 => -e.clone() * e.clone() * 0.5 + e,
-        _ => ok(te::pow(e.clone() * e + 0.5, 0.75)),
+        0 => te::tanh(e),
+        1 => te::sigmoid(e),
+        2 => te::exp(e * 0.5),
+        3 => te::log(&e * &e + 1.0),
+        4 => te::erf(e),
+        5 => te::sqrt(&e * &e + 0.25),
+        6 => te::rsqrt(&e * &e + 1.0),
+        7 => -&e * &e * 0.5 + e,
+        _ => te::pow(&e * &e + 0.5, 0.75),
     }
 }
 
@@ -846,12 +742,8 @@ fn binary(op: u8, a: Expr, b: Expr) -> Expr {
         0 => a + b,
         1 => a - b,
         2 => a * b,
-        3 => a / (b.clone() * b + 1.0),
-        _ => ok(te::if_then_else(
-            ok(te::compare(CmpOp::Gt, b.clone(), 0.0)),
-            a.clone() * b,
-            ok(te::tanh(a)),
-        )),
+        3 => a / (&b * &b + 1.0),
+        _ => te::if_then_else(ok(te::compare(CmpOp::Gt, &b, 0.0)), &a * b, te::tanh(a)),
     }
 }
 
@@ -868,105 +760,89 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
         let t = stages.last().unwrap().clone();
         let sh = dims(&t, &[]);
         let (a, b) = (sh[0], sh[1]);
-        let shape = [Expr::int(a), Expr::int(b)];
+        let shape = [a, b];
         let name = format!("s{s}");
         let next = match step {
-            Step::Unary(op) => compute_dyn(&shape, |i| unary(*op, t.idx(i)), &name).unwrap(),
+            Step::Unary(op) => compute(shape, |[i, j]| unary(*op, t.at([i, j])), &name).unwrap(),
             Step::BroadcastIn(op) => {
                 let y = ph(&[b], &format!("Y{s}"));
                 inputs.push(y.clone());
-                compute_dyn(
-                    &shape,
-                    |i| binary(*op, t.idx(i), y.idx(&[i[1].clone()])),
+                compute(
+                    shape,
+                    |[i, j]| binary(*op, t.at([&i, &j]), y.at([j])),
                     &name,
                 )
                 .unwrap()
             }
             Step::WithEarlier(k, op) => {
                 let same: Vec<&Te> = stages.iter().filter(|e| dims(e, &[]) == sh).collect();
-                let e = same[k % same.len()].clone();
-                compute_dyn(&shape, |i| binary(*op, t.idx(i), e.idx(i)), &name).unwrap()
+                let e = same[k % same.len()];
+                compute(
+                    shape,
+                    |[i, j]| binary(*op, t.at([&i, &j]), e.at([i, j])),
+                    &name,
+                )
+                .unwrap()
             }
-            Step::Transpose => compute_dyn(
-                &[Expr::int(b), Expr::int(a)],
-                |i| t.idx(&[i[1].clone(), i[0].clone()]),
-                &name,
-            )
-            .unwrap(),
+            Step::Transpose => compute([b, a], |[i, j]| t.at([j, i]), &name).unwrap(),
             Step::Reduce(op) => {
                 let k = rk(b, &format!("r{s}"));
-                let red = compute_dyn(
-                    &[Expr::int(a)],
-                    |i| {
-                        let e = t.idx(&[i[0].clone(), ax(&k)]);
-                        ok(match op % 4 {
-                            0 => te::sum(e, &[k.clone()]),
-                            1 => te::max_over(e, &[k.clone()]),
-                            2 => te::min_over(e, &[k.clone()]),
-                            _ => te::prod(e, &[k.clone()]),
-                        })
+                let red = compute(
+                    [a],
+                    |[i]| {
+                        let e = t.at((i, &k));
+                        match op % 4 {
+                            0 => te::sum(e, &k),
+                            1 => te::max_over(e, &k),
+                            2 => te::min_over(e, &k),
+                            _ => te::prod(e, &k),
+                        }
                     },
                     &format!("red{s}"),
                 )
                 .unwrap();
-                compute_dyn(&shape, |i| t.idx(i) * 0.5 - red.idx(&[i[0].clone()]), &name).unwrap()
+                compute(shape, |[i, j]| t.at([&i, &j]) * 0.5 - red.at([i]), &name).unwrap()
             }
             Step::Matmul(n) => {
                 let w = ph(&[b, *n], &format!("W{s}"));
                 inputs.push(w.clone());
                 let k = rk(b, &format!("k{s}"));
-                compute_dyn(
-                    &[Expr::int(a), Expr::int(*n)],
-                    |i| {
-                        ok(te::sum(
-                            t.idx(&[i[0].clone(), ax(&k)]) * w.idx(&[ax(&k), i[1].clone()]),
-                            &[k.clone()],
-                        ))
-                    },
+                compute(
+                    [a, *n],
+                    |[i, j]| te::sum(t.at((i, &k)) * w.at((&k, j)), &k),
                     &name,
                 )
                 .unwrap()
             }
-            Step::Shift(drop) if *drop && b > 1 => compute_dyn(
-                &[Expr::int(a), Expr::int(b - 1)],
-                |i| t.idx(&[i[0].clone(), i[1].clone() + 1]) * 1.5,
-                &name,
-            )
-            .unwrap(),
+            Step::Shift(drop) if *drop && b > 1 => {
+                compute([a, b - 1], |[i, j]| t.at([i, j + 1]) * 1.5, &name).unwrap()
+            }
             Step::Window(w) if *w <= b => {
                 let kern = ph(&[*w], &format!("K{s}"));
                 inputs.push(kern.clone());
                 let r = rk(*w, &format!("w{s}"));
-                compute_dyn(
-                    &[Expr::int(a), Expr::int(b - w + 1)],
-                    |i| {
-                        ok(te::sum(
-                            t.idx(&[i[0].clone(), i[1].clone() + ax(&r)]) * kern.idx(&[ax(&r)]),
-                            &[r.clone()],
-                        ))
-                    },
+                compute(
+                    [a, b - w + 1],
+                    |[i, j]| te::sum(t.at((i, j + &r)) * kern.at([&r]), &r),
                     &name,
                 )
                 .unwrap()
             }
-            Step::Window(_) | Step::Scrambled => compute_dyn(
-                &shape,
-                |i| {
-                    let j = ok(te::floormod(i[1].clone() * 2 + 1, b));
-                    t.idx(&[i[0].clone(), j]) * t.idx(i)
+            Step::Window(_) | Step::Scrambled => compute(
+                shape,
+                |[i, j]| {
+                    let jj = te::floormod(&j * 2 + 1, b);
+                    t.at([&i, &jj]) * t.at([i, j])
                 },
                 &name,
             )
             .unwrap(),
-            Step::Shift(_) => compute_dyn(
-                &shape,
-                |i| {
-                    let j = i[1].clone() - 1;
-                    ok(te::if_then_else(
-                        ok(te::compare(CmpOp::Ge, j.clone(), 0)),
-                        t.idx(&[i[0].clone(), j]),
-                        0.0,
-                    )) + t.idx(i)
+            Step::Shift(_) => compute(
+                shape,
+                |[i, j]| {
+                    let jm = &j - 1;
+                    te::if_then_else(ok(te::compare(CmpOp::Ge, &jm, 0)), t.at([&i, &jm]), 0.0)
+                        + t.at([i, j])
                 },
                 &name,
             )

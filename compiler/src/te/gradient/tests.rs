@@ -3,11 +3,10 @@
 //! Numerical correctness is checked end to end in tests/tests/te_gradient.rs.
 
 use super::*;
-use crate::te::{ax, compute_dyn, ok, placeholder, reduce_axis, sum};
+use crate::te::{compute, placeholder, reduce_axis, sum};
 
 fn ph(shape: &[i64], name: &str) -> Tensor {
-    let s: Vec<Expr> = shape.iter().map(|&d| Expr::int(d)).collect();
-    placeholder(&s, DType::F64, name).unwrap()
+    placeholder(shape, DType::F64, name).unwrap()
 }
 
 fn body_text(t: &Tensor) -> String {
@@ -18,18 +17,8 @@ fn body_text(t: &Tensor) -> String {
 fn matmul_operand_gradients_are_plain_contractions_without_guards() {
     let a = ph(&[3, 4], "A");
     let b = ph(&[4, 5], "B");
-    let k = reduce_axis(Expr::int(0), Expr::int(4), "k").unwrap();
-    let c = compute_dyn(
-        &[Expr::int(3), Expr::int(5)],
-        |i| {
-            ok(sum(
-                a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
-                &[k.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let k = reduce_axis(0, 4, "k").unwrap();
+    let c = compute([3, 5], |[i, j]| sum(a.at((i, &k)) * b.at((&k, j)), &k), "C").unwrap();
     let g = gradient(&c, &[a.clone(), b.clone()], None).unwrap();
     for t in &g {
         // One reduction over C's other axis, no select: i and k were solved exactly.
@@ -45,18 +34,8 @@ fn a_shifted_read_solves_the_data_parallel_variable_with_a_range_guard() {
     // Y[y] = sum_r X[y + r] W[r]: dX solves y = j - r and sums over r (3 terms), guarded.
     let x = ph(&[8], "X");
     let w = ph(&[3], "W");
-    let r = reduce_axis(Expr::int(0), Expr::int(3), "r").unwrap();
-    let y = compute_dyn(
-        &[Expr::int(6)],
-        |i| {
-            ok(sum(
-                x.idx(&[i[0].clone() + ax(&r)]) * w.idx(&[ax(&r)]),
-                &[r.clone()],
-            ))
-        },
-        "Y",
-    )
-    .unwrap();
+    let r = reduce_axis(0, 3, "r").unwrap();
+    let y = compute([6], |[i]| sum(x.at([i + &r]) * w.at([&r]), &r), "Y").unwrap();
     let g = gradient(&y, &[x], None).unwrap();
     let raxes = g[0].reduce_axis();
     assert_eq!(raxes.len(), 1);
@@ -67,7 +46,7 @@ fn a_shifted_read_solves_the_data_parallel_variable_with_a_range_guard() {
 #[test]
 fn an_unsolvable_index_becomes_an_equality_guard() {
     let x = ph(&[4], "X");
-    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(&[i[0].clone() * 2]), "Y").unwrap();
+    let y = compute([2], |[i]| x.at([i * 2]), "Y").unwrap();
     let g = gradient(&y, &[x], None).unwrap();
     assert!(body_text(&g[0]).contains("=="), "{}", body_text(&g[0]));
     assert_eq!(g[0].reduce_axis()[0].extent.as_int(), Some(2));
@@ -76,9 +55,9 @@ fn an_unsolvable_index_becomes_an_equality_guard() {
 #[test]
 fn a_stage_read_twice_gets_the_sum_of_both_contributions() {
     let x = ph(&[4], "X");
-    let h = compute_dyn(&[Expr::int(4)], |i| ok(crate::te::exp(x.idx(i))), "h").unwrap();
-    let y = compute_dyn(&[Expr::int(4)], |i| h.idx(i) * 2.0, "y").unwrap();
-    let z = compute_dyn(&[Expr::int(4)], |i| h.idx(i) + y.idx(i), "z").unwrap();
+    let h = compute([4], |[i]| crate::te::exp(x.at([i])), "h").unwrap();
+    let y = compute([4], |[i]| h.at([i]) * 2.0, "y").unwrap();
+    let z = compute([4], |[i]| h.at([&i]) + y.at([i]), "z").unwrap();
     let g = gradient(&z, &[h], None).unwrap();
     // Two inline terms (1 from z, 2 from y) in one stage.
     let text = body_text(&g[0]);
@@ -89,8 +68,8 @@ fn a_stage_read_twice_gets_the_sum_of_both_contributions() {
 #[test]
 fn errors_name_the_argument_and_what_came() {
     let x = ph(&[2], "X");
-    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
-    let h = placeholder(&[Expr::int(2)], DType::F32, "Hd").unwrap();
+    let y = compute([2], |[i]| x.at([i]) * 3.0, "Y").unwrap();
+    let h = placeholder([2], DType::F32, "Hd").unwrap();
     let e = gradient(&y, &[x.clone()], Some(&h))
         .unwrap_err()
         .to_string();
@@ -102,7 +81,7 @@ fn errors_name_the_argument_and_what_came() {
         gradient(&y, &[x.clone()], Some(&h)),
         Err(Error::Runtime(rivet_runtime::Error::Argument(_)))
     ));
-    let i = placeholder(&[Expr::int(2)], DType::I64, "Idx").unwrap();
+    let i = placeholder([2], DType::I64, "Idx").unwrap();
     let e = gradient(&y, &[x, i], None).unwrap_err().to_string();
     assert!(e.contains("inputs[1]") && e.contains("int64"), "{e}");
 }
@@ -110,7 +89,7 @@ fn errors_name_the_argument_and_what_came() {
 #[test]
 fn gradients_of_the_output_itself_and_of_the_head_are_copies() {
     let x = ph(&[2], "X");
-    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let y = compute([2], |[i]| x.at([i]) * 3.0, "Y").unwrap();
     let h = ph(&[2], "H");
     let g = gradient(&y, &[y.clone()], Some(&h)).unwrap();
     assert!(!g[0].is_placeholder());
@@ -135,7 +114,7 @@ fn derivative_constants_fold_ones_and_zeros() {
 #[test]
 fn an_input_listed_twice_gets_two_distinct_stages() {
     let x = ph(&[2], "X");
-    let y = compute_dyn(&[Expr::int(2)], |i| x.idx(i) * 3.0, "Y").unwrap();
+    let y = compute([2], |[i]| x.at([i]) * 3.0, "Y").unwrap();
     let g = gradient(&y, &[x.clone(), x], None).unwrap();
     assert_ne!(g[0], g[1]);
 }
@@ -143,12 +122,12 @@ fn an_input_listed_twice_gets_two_distinct_stages() {
 #[test]
 fn a_derivative_past_the_depth_limit_is_an_error_naming_the_stage() {
     let x = ph(&[2], "X");
-    let y = compute_dyn(
-        &[Expr::int(2)],
-        |i| {
-            let mut e = x.idx(i);
+    let y = compute(
+        [2],
+        |[i]| {
+            let mut e = x.at([i]);
             for _ in 0..900 {
-                e = ok(crate::te::tanh(e));
+                e = crate::te::tanh(e);
             }
             e
         },
@@ -170,9 +149,9 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     // Y[i, j] = X[i, j] * W[i]: dW[i] = sum_j head[i, j] * X[i, j]; with a factor 1/D[i]
     // free of j in the body, it is applied after the sum.
     let d = ph(&[3], "D");
-    let y = compute_dyn(
-        &[Expr::int(3), Expr::int(5)],
-        |i| -(x.idx(i) * w.idx(&[i[0].clone()])) / d.idx(&[i[0].clone()]),
+    let y = compute(
+        [3, 5],
+        |[i, j]| -(x.at([&i, &j]) * w.at([&i])) / d.at([i]),
         "Y",
     )
     .unwrap();
@@ -196,10 +175,10 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     // A symbolic extent may be empty (where `c * 0` would be NaN for an infinite `c`):
     // nothing is taken out.
     let n = crate::te::var("n");
-    let xs = placeholder(&[Expr::int(3), n.clone()], DType::F64, "Xs").unwrap();
-    let ys = compute_dyn(
-        &[Expr::int(3), n],
-        |i| xs.idx(i) * w.idx(&[i[0].clone()]) / d.idx(&[i[0].clone()]),
+    let xs = placeholder((3, &n), DType::F64, "Xs").unwrap();
+    let ys = compute(
+        (3, n),
+        |[i, j]| xs.at([&i, &j]) * w.at([&i]) / d.at([i]),
         "Ys",
     )
     .unwrap();
