@@ -193,6 +193,33 @@ pub fn compare(op: CmpOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Resul
     Expr::cmp(op, x, y)
 }
 
+// Comparisons as expressions, for stage bodies (Rust's `<` cannot return an `Expr`): the
+// checked `compare` with its error carried in the expression, as `maximum` does.
+macro_rules! compare_fns {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
+                or_invalid(compare(CmpOp::$op, a, b), DType::Bool)
+            }
+        )*
+    };
+}
+compare_fns!(
+    /// `a < b`, a bool expression (`te::if_then_else(te::lt(&i, 0), 0.0, x.at([i]))`).
+    lt => Lt,
+    /// `a <= b`.
+    le => Le,
+    /// `a > b`.
+    gt => Gt,
+    /// `a >= b`.
+    ge => Ge,
+    /// `a == b`.
+    eq => Eq,
+    /// `a != b`.
+    ne => Ne
+);
+
 /// The first error carried in `e` (an operator or body function that failed), as a
 /// `CompileError`; else `e`. Lets `?` report a body's error where it is written.
 pub fn check(e: Expr) -> Result<Expr> {

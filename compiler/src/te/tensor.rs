@@ -389,12 +389,13 @@ pub enum CallbackFn {
 /// and returns None, or returns a tensor of that shape and dtype (copied into `out`).
 /// `shape` must be int64 expressions over the arguments' dims.
 pub fn extern_(
-    shape: &[Expr],
+    shape: impl Indices,
     inputs: &[Tensor],
     func: CallbackFn,
     dtype: DType,
     name: &str,
 ) -> Result<Tensor> {
+    let shape = &shape.into_exprs()[..];
     check_shape(shape, &format!("extern '{name}'"))?;
     for (k, t) in inputs.iter().enumerate() {
         if inputs[..k].contains(t) {
