@@ -408,16 +408,9 @@ fn compute_at_and_padding_every_backend() {
             [&n],
             |[i]| {
                 let last = &n - 1;
-                let left = te::if_then_else(
-                    ok(te::compare(CmpOp::Gt, &i, 0)),
-                    p.at([&i - 1]),
-                    te::constant(0.0, DType::F32),
-                );
-                let right = te::if_then_else(
-                    ok(te::compare(CmpOp::Lt, &i, last)),
-                    p.at([&i + 1]),
-                    te::constant(0.0, DType::F32),
-                );
+                let left = te::if_then_else(ok(te::compare(CmpOp::Gt, &i, 0)), p.at([&i - 1]), 0.0);
+                let right =
+                    te::if_then_else(ok(te::compare(CmpOp::Lt, &i, last)), p.at([&i + 1]), 0.0);
                 left + p.at([i]) + right
             },
             "C",

@@ -161,7 +161,7 @@ fn lower_e(e: &E, i: &Expr, j: &Expr, dt: DType, l: &Leaves) -> Expr {
             if dt.is_float() {
                 Expr::fma(x, y, z).unwrap()
             } else {
-                Expr::binary(BinOp::Add, Expr::binary(BinOp::Mul, x, y).unwrap(), z).unwrap()
+                x * y + z
             }
         }
     }
