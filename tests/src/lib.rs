@@ -1,7 +1,7 @@
 //! Shared helpers for rivet's cross-crate integration tests (`tests/tests/*.rs`).
 
-use rivet_compiler::ir::{Expr, IterVar};
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor};
+use rivet_compiler::ir::IterVar;
+use rivet_compiler::te::{self, compute, placeholder, Tensor};
 use rivet_runtime::DType;
 
 pub mod backends;
@@ -18,17 +18,12 @@ pub struct SeedGemm {
 impl SeedGemm {
     pub fn new() -> SeedGemm {
         let n = te::var("n");
-        let a = placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-        let b = placeholder(&[n.clone(), n.clone()], DType::F32, "B").unwrap();
-        let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-        let c = compute_dyn(
-            &[n.clone(), n],
-            |i| {
-                ok(te::sum(
-                    a.idx(&[i[0].clone(), ax(&k)]) * b.idx(&[ax(&k), i[1].clone()]),
-                    &[k.clone()],
-                ))
-            },
+        let a = placeholder([&n, &n], DType::F32, "A").unwrap();
+        let b = placeholder([&n, &n], DType::F32, "B").unwrap();
+        let k = te::reduce_axis(0, &n, "k").unwrap();
+        let c = compute(
+            [&n, &n],
+            |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
             "C",
         )
         .unwrap();

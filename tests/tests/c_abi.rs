@@ -5,7 +5,7 @@
 //! or an XLA error with a clear message, never a crash.
 
 use dlpack_rs::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
-use rivet_compiler::te::{self, compute_dyn, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::capi::*;
 use rivet_runtime::xla_ffi::*;
@@ -27,14 +27,9 @@ fn last_error() -> (String, String) {
 /// Registers C[i] = A[i] + B[i] (symbolic n, float32) under `name`.
 fn register_add(name: &str) {
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
-    let c = compute_dyn(
-        &[n],
-        |i| a.idx(&[i[0].clone()]) + b.idx(&[i[0].clone()]),
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let b = placeholder([&n], DType::F32, "B").unwrap();
+    let c = compute([&n], |[i]| a.at([&i]) + b.at([i]), "C").unwrap();
     let s = Schedule::new(std::slice::from_ref(&c)).unwrap();
     let m = build(&s, &[a, b, c], "cpu", "add").unwrap();
     registry::register(name, m.get_function("add").unwrap(), true).unwrap();

@@ -7,8 +7,7 @@
 
 use rivet_compiler::build::{make_function, make_function_full_path};
 use rivet_compiler::call_plan::CallPlan;
-use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute_dyn, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::{DType, Function, Tensor, Value};
 use std::sync::Arc;
@@ -21,34 +20,24 @@ fn module(outs: &[te::Tensor], args: &[te::Tensor], target: &str) -> Module {
 /// Symbolic elementwise add: C[i] = A[i] + B[i], i < n.
 fn add(target: &str) -> Module {
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[n.clone()], DType::F32, "B").unwrap();
-    let c = compute_dyn(
-        &[n],
-        |i| a.idx(&[i[0].clone()]) + b.idx(&[i[0].clone()]),
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let b = placeholder([&n], DType::F32, "B").unwrap();
+    let c = compute([&n], |[i]| a.at([&i]) + b.at([i]), "C").unwrap();
     module(&[c.clone()], &[a, b, c], target)
 }
 
 /// C[i] = A[2 i], A of its own size m: the bounds proof leaves a per-call check (2n - 1 <= m).
 fn strided_gather(target: &str) -> Module {
     let (n, m) = (te::var("n"), te::var("m"));
-    let a = placeholder(&[m], DType::F32, "A").unwrap();
-    let c = compute_dyn(&[n], |i| a.idx(&[i[0].clone() * Expr::int(2)]), "C").unwrap();
+    let a = placeholder([m], DType::F32, "A").unwrap();
+    let c = compute([n], |[i]| a.at([i * 2]), "C").unwrap();
     module(&[c.clone()], &[a, c], target)
 }
 
 /// A fixed-shape 2-d copy with a 3-element output dim.
 fn fixed(target: &str) -> Module {
-    let a = placeholder(&[Expr::int(2), Expr::int(3)], DType::F64, "A").unwrap();
-    let c = compute_dyn(
-        &[Expr::int(2), Expr::int(3)],
-        |i| a.idx(&[i[0].clone(), i[1].clone()]) * 2.0,
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([2, 3], DType::F64, "A").unwrap();
+    let c = compute([2, 3], |[i, j]| a.at([i, j]) * 2.0, "C").unwrap();
     module(&[c.clone()], &[a, c], target)
 }
 
@@ -315,13 +304,8 @@ fn fast_path_fixed_shapes() {
 fn plan_declines_what_it_does_not_cover() {
     // Dims given by an expression (n - 2) are the full path's.
     let n = te::var("n");
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let c = compute_dyn(
-        &[n - Expr::int(2)],
-        |i| a.idx(&[i[0].clone() + Expr::int(2)]),
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let c = compute([&n - 2], |[i]| a.at([i + 2]), "C").unwrap();
     let m = module(&[c.clone()], &[a, c], "cpu");
     let comp: &Arc<_> = &m.funcs[0];
     assert!(CallPlan::new(comp).is_none());

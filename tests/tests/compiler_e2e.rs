@@ -2,9 +2,9 @@
 //! schedule -> build -> call on runtime tensors, against naive Rust references; saved modules,
 //! including corrupt and crafted files.
 
-use rivet_compiler::ir::Expr;
+use rivet_compiler::ir::{CmpOp, Expr};
 use rivet_compiler::kernels::{self, DimSpec};
-use rivet_compiler::te::{self, compute_dyn, ok, placeholder};
+use rivet_compiler::te::{self, compute, ok, placeholder};
 use rivet_compiler::{build, Module, Schedule, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use rivet_tests::{backends, SeedGemm};
@@ -148,9 +148,8 @@ fn bad_calls_have_runtime_errors() {
 fn symbolic_out_of_bounds_is_checked_per_call() {
     // C[i] = A[i + 1], A of size m, C of size n: in bounds iff n + 1 <= m, known per call.
     let (m, n) = (te::var("m"), te::var("n"));
-    let a = placeholder(&[m], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = compute_dyn(&[n.clone()], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let a = placeholder([m], DType::F32, "A").unwrap();
+    let c = compute([&n], |[i]| a.at([i + 1]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let module = build(&s, &[a.clone(), c.clone()], "interp", "shift").unwrap();
     assert!(module.get_source("ir").unwrap().contains("check"));
@@ -169,15 +168,13 @@ fn symbolic_out_of_bounds_is_checked_per_call() {
         .unwrap();
     assert_eq!(c4.to_vec::<f32>().unwrap(), vec![2., 3., 4., 5.]);
     // Same sizes on both sides: out of bounds for every non-empty n, refuted at build time.
-    let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = compute_dyn(&[n], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let c = compute([&n], |[i]| a.at([i + 1]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     assert!(build(&s, &[a, c], "interp", "shift2").is_err());
     // Static version: a build error naming tensor, index and extent.
-    let a = placeholder(&[Expr::int(10)], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = compute_dyn(&[Expr::int(10)], |i| a2.idx(&[i[0].clone() + 1i64]), "C").unwrap();
+    let a = placeholder([10], DType::F32, "A").unwrap();
+    let c = compute([10], |[i]| a.at([i + 1]), "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let e = build(&s, &[a, c], "interp", "f").err().unwrap().to_string();
     assert!(
@@ -405,29 +402,16 @@ fn compute_at_and_padding_every_backend() {
     for target in backends() {
         // P computed inside loop i of C, over the rows C's iteration needs (a 3-row stencil).
         let n = te::var("n");
-        let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-        let a2 = a.clone();
-        let p = compute_dyn(&[n.clone()], |i| a2.idx(i) * 3.0 + 1.0, "P").unwrap();
-        let p2 = p.clone();
-        let c = compute_dyn(
-            &[n.clone()],
-            |i| {
-                let (i0, last) = (i[0].clone(), n.clone() - 1i64);
-                let left = ok(te::if_then_else(
-                    ok(te::compare(
-                        rivet_compiler::ir::CmpOp::Gt,
-                        i0.clone(),
-                        Expr::int(0),
-                    )),
-                    p2.idx(&[i0.clone() - 1i64]),
-                    te::constant(0.0, DType::F32),
-                ));
-                let right = ok(te::if_then_else(
-                    ok(te::compare(rivet_compiler::ir::CmpOp::Lt, i0.clone(), last)),
-                    p2.idx(&[i0.clone() + 1i64]),
-                    te::constant(0.0, DType::F32),
-                ));
-                left + p2.idx(&[i0]) + right
+        let a = placeholder([&n], DType::F32, "A").unwrap();
+        let p = compute([&n], |[i]| a.at([i]) * 3.0 + 1.0, "P").unwrap();
+        let c = compute(
+            [&n],
+            |[i]| {
+                let last = &n - 1;
+                let left = te::if_then_else(ok(te::compare(CmpOp::Gt, &i, 0)), p.at([&i - 1]), 0.0);
+                let right =
+                    te::if_then_else(ok(te::compare(CmpOp::Lt, &i, last)), p.at([&i + 1]), 0.0);
+                left + p.at([i]) + right
             },
             "C",
         )
@@ -579,16 +563,11 @@ fn register_accumulated_reductions_round_like_the_tensor() {
     use half::{bf16, f16};
     let (m, kk) = (5usize, 300usize);
     for dt in [DType::F16, DType::BF16, DType::F32] {
-        let a = placeholder(&[Expr::int(m as i64), Expr::int(kk as i64)], dt, "A").unwrap();
-        let k = te::reduce_axis(Expr::int(0), Expr::int(kk as i64), "k").unwrap();
-        let c = compute_dyn(
-            &[Expr::int(m as i64), Expr::int(3)],
-            |i| {
-                ok(te::sum(
-                    a.idx(&[i[0].clone(), te::ax(&k)]) * a.idx(&[i[0].clone(), te::ax(&k)]),
-                    &[k.clone()],
-                ))
-            },
+        let a = placeholder([m as i64, kk as i64], dt, "A").unwrap();
+        let k = te::reduce_axis(0, kk as i64, "k").unwrap();
+        let c = compute(
+            [m as i64, 3],
+            |[i, _]| te::sum(a.at((&i, &k)) * a.at((i, &k)), &k),
             "C",
         )
         .unwrap();

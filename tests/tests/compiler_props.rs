@@ -372,23 +372,23 @@ impl E {
         let t = |e: &E| e.te(rd, idx);
         match self {
             E::In(s, o, _) => rd(*s, *o),
-            E::Idx(d, ty) => te::cast(ty.dtype(), idx[*d as usize].clone()),
+            E::Idx(d, ty) => te::cast(ty.dtype(), &idx[*d as usize]),
             E::C(ty, v) => te::constant(*v, ty.dtype()),
             E::Un(op, a) => {
                 let a = t(a);
                 match op {
                     UnOp::Neg => -a,
-                    UnOp::Not => ok(te::not(a)),
-                    UnOp::Exp => ok(te::exp(a)),
-                    UnOp::Log => ok(te::log(a)),
-                    UnOp::Sqrt => ok(te::sqrt(a)),
-                    UnOp::Rsqrt => ok(te::rsqrt(a)),
-                    UnOp::Tanh => ok(te::tanh(a)),
-                    UnOp::Sigmoid => ok(te::sigmoid(a)),
-                    UnOp::Abs => ok(te::abs(a)),
-                    UnOp::Floor => ok(te::floor(a)),
-                    UnOp::Ceil => ok(te::ceil(a)),
-                    UnOp::Erf => ok(te::erf(a)),
+                    UnOp::Not => te::not(a),
+                    UnOp::Exp => te::exp(a),
+                    UnOp::Log => te::log(a),
+                    UnOp::Sqrt => te::sqrt(a),
+                    UnOp::Rsqrt => te::rsqrt(a),
+                    UnOp::Tanh => te::tanh(a),
+                    UnOp::Sigmoid => te::sigmoid(a),
+                    UnOp::Abs => te::abs(a),
+                    UnOp::Floor => te::floor(a),
+                    UnOp::Ceil => te::ceil(a),
+                    UnOp::Erf => te::erf(a),
                 }
             }
             E::Bin(op, a, b) => {
@@ -398,17 +398,17 @@ impl E {
                     BinOp::Sub => a - b,
                     BinOp::Mul => a * b,
                     BinOp::Div => a / b,
-                    BinOp::FloorDiv => ok(te::floordiv(a, b)),
+                    BinOp::FloorDiv => te::floordiv(a, b),
                     BinOp::FloorMod => a % b,
-                    BinOp::Min => ok(te::minimum(a, b)),
-                    BinOp::Max => ok(te::maximum(a, b)),
-                    BinOp::Pow => ok(te::pow(a, b)),
+                    BinOp::Min => te::minimum(a, b),
+                    BinOp::Max => te::maximum(a, b),
+                    BinOp::Pow => te::pow(a, b),
                 }
             }
             E::Cmp(op, a, b) => ok(te::compare(*op, t(a), t(b))),
-            E::Logic(LogicOp::And, a, b) => ok(te::all(t(a), t(b))),
-            E::Logic(LogicOp::Or, a, b) => ok(te::any(t(a), t(b))),
-            E::Sel(c, a, b) => ok(te::if_then_else(t(c), t(a), t(b))),
+            E::Logic(LogicOp::And, a, b) => te::all(t(a), t(b)),
+            E::Logic(LogicOp::Or, a, b) => te::any(t(a), t(b)),
+            E::Sel(c, a, b) => te::if_then_else(t(c), t(a), t(b)),
             E::Cast(ty, a) => te::cast(ty.dtype(), t(a)),
         }
     }
@@ -1201,7 +1201,7 @@ fn input_index(i: &[Expr], ext: &[Expr], rs: &ReadS) -> Vec<Expr> {
             if rs.bcast[d] {
                 Expr::int(0)
             } else if rs.flip[d] {
-                ext[d].sub(&Expr::int(1)).sub(&i[d])
+                &ext[d] - 1 - &i[d]
             } else {
                 i[d].clone()
             }
@@ -1295,7 +1295,7 @@ fn build_ew(c: &EwCase) -> Prog {
             if halo[d] == 0 {
                 out_ext[d].clone()
             } else {
-                out_ext[d].add(&Expr::int(halo[d]))
+                &out_ext[d] + halo[d]
             }
         })
         .collect();
@@ -1352,7 +1352,7 @@ fn build_ew(c: &EwCase) -> Prog {
     let read_input = {
         let in_te = in_te.clone();
         let reads = reads.clone();
-        move |k: usize, i: &[Expr]| in_te[k].idx(&input_index(i, in_te[k].shape(), &reads[k]))
+        move |k: usize, i: &[Expr]| in_te[k].at(input_index(i, in_te[k].shape(), &reads[k]))
     };
     let (out, producer) = match &ptree {
         None => {
@@ -1371,18 +1371,15 @@ fn build_ew(c: &EwCase) -> Prog {
                 "P",
             )
             .unwrap();
-            let p2 = p.clone();
-            let offs2 = offs.clone();
             let c_te = te::compute_dyn(
                 &out_ext,
                 |i| {
                     tree.te(
                         &|s, o| {
                             if s == 0 {
-                                let at: Vec<Expr> = (0..rank)
-                                    .map(|d| i[d].add(&Expr::int(offs2[o as usize][d])))
-                                    .collect();
-                                p2.idx(&at)
+                                let at: Vec<Expr> =
+                                    (0..rank).map(|d| &i[d] + offs[o as usize][d]).collect();
+                                p.at(at)
                             } else {
                                 read_input(s as usize - 1, i)
                             }
@@ -1602,13 +1599,13 @@ fn build_red(c: &RedCase) -> Prog {
     let read_input = {
         let in_te = in_te.clone();
         let reads = reads.clone();
-        move |k: usize, i: &[Expr]| in_te[k].idx(&input_index(i, in_te[k].shape(), &reads[k]))
+        move |k: usize, i: &[Expr]| in_te[k].at(input_index(i, in_te[k].shape(), &reads[k]))
     };
     let lo: Vec<i64> = (0..red.len()).map(|k| c.lo[k] as i64).collect();
     let raxes: Vec<IterVar> = red
         .iter()
         .zip(&lo)
-        .map(|(&d, &l)| te::reduce_axis(Expr::int(l), ext[d].clone(), &format!("r{d}")).unwrap())
+        .map(|(&d, &l)| te::reduce_axis(l, &ext[d], &format!("r{d}")).unwrap())
         .collect();
     let producer = ptree.as_ref().map(|pt| {
         te::compute_dyn(&ext, |j| pt.te(&|s, _| read_input(s as usize, j), j), "P").unwrap()
@@ -1616,7 +1613,7 @@ fn build_red(c: &RedCase) -> Prog {
     let full = |i: &[Expr]| -> Vec<Expr> {
         (0..rank)
             .map(|d| match red.iter().position(|&r| r == d) {
-                Some(k) => te::ax(&raxes[k]),
+                Some(k) => Expr::from(&raxes[k]),
                 None => i[kept.iter().position(|&x| x == d).unwrap()].clone(),
             })
             .collect()
@@ -1627,13 +1624,18 @@ fn build_red(c: &RedCase) -> Prog {
             let j = full(i);
             let body = tree.te(
                 &|s, _| match &producer {
-                    Some(p) if s == 0 => p.idx(&j),
+                    Some(p) if s == 0 => p.at(&j),
                     Some(_) => read_input(s as usize - 1, &j),
                     None => read_input(s as usize, &j),
                 },
                 &j,
             );
-            ok(te::reduce(c.op, body, &raxes))
+            match c.op {
+                ReduceOp::Sum => te::sum(body, &raxes),
+                ReduceOp::Prod => te::prod(body, &raxes),
+                ReduceOp::Max => te::max_over(body, &raxes),
+                ReduceOp::Min => te::min_over(body, &raxes),
+            }
         },
         "C",
     )
@@ -2484,12 +2486,12 @@ fn check_all_pairs(ty: Ty, tree: &E) {
         (0..n * n).map(|i| vals[i % n].bits_raw()).collect(),
     ];
     let a: Vec<Te> = (0..2)
-        .map(|k| te::placeholder(&[Expr::int(shape[0])], ty.dtype(), &format!("A{k}")).unwrap())
+        .map(|k| te::placeholder(shape, ty.dtype(), &format!("A{k}")).unwrap())
         .collect();
     let used: Vec<bool> = (0..2).map(|k| tree.reads(k)).collect();
-    let c = te::compute_dyn(
-        &[Expr::int(shape[0])],
-        |i| tree.te(&|s, _| a[s as usize].idx(i), i),
+    let c = te::compute(
+        shape,
+        |i: [Expr; 1]| tree.te(&|s, _| a[s as usize].at(&i), &i),
         "C",
     )
     .unwrap();
@@ -2626,15 +2628,11 @@ fn assert_schedule_computes_the_same(out: &Te, args: &[Te], sched: &Schedule, sh
     }
 }
 
-fn dims_of(shape: &[Expr]) -> Vec<Expr> {
-    shape.to_vec()
-}
-
 /// `A` and `C = A + 1` of shape `shape`.
-fn add_one(shape: &[Expr]) -> (Te, Te) {
-    let a = te::placeholder(dims_of(shape), DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = te::compute_dyn(shape, |i| a2.idx(i) + 1.0, "C").unwrap();
+fn add_one<T: Into<Expr>, const N: usize>(shape: [T; N]) -> (Te, Te) {
+    let shape = shape.map(Into::into);
+    let a = te::placeholder(&shape, DType::F32, "A").unwrap();
+    let c = te::compute(&shape, |i: [Expr; N]| a.at(i) + 1.0, "C").unwrap();
     (a, c)
 }
 
@@ -2649,7 +2647,7 @@ fn axes(t: &Te) -> Vec<Var> {
 #[test]
 fn bug_unrolled_or_vectorized_fused_loop_is_an_internal_error() {
     for vectorize in [false, true] {
-        let (a, c) = add_one(&[Expr::int(1), Expr::int(2)]);
+        let (a, c) = add_one([1, 2]);
         let mut s = Schedule::new(&[c.clone()]).unwrap();
         let ax = axes(&c);
         let st = s.stage(&c).unwrap();
@@ -2669,7 +2667,7 @@ fn bug_unrolled_or_vectorized_fused_loop_is_an_internal_error() {
 /// for these shapes (m=2, n=3)" although every access is in bounds.
 #[test]
 fn bug_split_of_fused_symbolic_loops_fails_a_false_runtime_check() {
-    let (a, c) = add_one(&[te::var("m"), te::var("n")]);
+    let (a, c) = add_one([te::var("m"), te::var("n")]);
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2684,7 +2682,7 @@ fn bug_split_of_fused_symbolic_loops_fails_a_false_runtime_check() {
 /// `(n + 1) // 2`, not known non-negative).
 #[test]
 fn bug_nparts_split_of_a_symbolic_dim_is_refused() {
-    let (a, c) = add_one(&[te::var("n")]);
+    let (a, c) = add_one([te::var("n")]);
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     s.stage(&c)
@@ -2700,11 +2698,9 @@ fn bug_nparts_split_of_a_symbolic_dim_is_refused() {
 #[test]
 fn bug_compute_at_inside_a_fused_symbolic_loop_is_refused() {
     let n = te::var("n");
-    let a = te::placeholder(&[n.clone()], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(&[n.clone()], |i| a2.idx(i) * 2.0, "P").unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(&[n], |i| p2.idx(i) + 1.0, "C").unwrap();
+    let a = te::placeholder([&n], DType::F32, "A").unwrap();
+    let p = te::compute([&n], |[i]| a.at([i]) * 2.0, "P").unwrap();
+    let c = te::compute([&n], |[i]| p.at([i]) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let st = s.stage(&c).unwrap();
     let (o, i) = st.split(&axes(&c)[0], Some(Expr::int(2)), None).unwrap();
@@ -2721,17 +2717,10 @@ fn bug_compute_at_inside_a_fused_symbolic_loop_is_refused() {
 /// - 1))), 1)))": the simplifier cannot cancel `x // 3 - x // 3`.
 #[test]
 fn bug_compute_at_with_reversed_read_and_split_producer_is_refused() {
-    let sh = [Expr::int(2), Expr::int(3)];
-    let a = te::placeholder(&sh, DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(
-        &sh,
-        |i| a2.idx(&[Expr::int(1).sub(&i[0]), i[1].clone()]) * 2.0,
-        "P",
-    )
-    .unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let sh = [2, 3];
+    let a = te::placeholder(sh, DType::F32, "A").unwrap();
+    let p = te::compute(sh, |[i, j]| a.at((1 - i, j)) * 2.0, "P").unwrap();
+    let c = te::compute(sh, |[i, j]| p.at([i, j]) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     let f = s.stage(&c).unwrap().fuse(&ax[0], &ax[1]).unwrap();
@@ -2750,7 +2739,7 @@ fn bug_compute_at_with_reversed_read_and_split_producer_is_refused() {
 /// that loose bound is then reported as a proof of an out-of-bounds access.
 #[test]
 fn bug_split_of_a_doubly_fused_loop_is_refuted_as_out_of_bounds() {
-    let (a, c) = add_one(&[Expr::int(1), Expr::int(1), Expr::int(2)]);
+    let (a, c) = add_one([1, 1, 2]);
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2767,7 +2756,7 @@ fn bug_split_of_a_doubly_fused_loop_is_refuted_as_out_of_bounds() {
 /// `(0 + (((f.outer * 4 + f.inner) % (n * 1)) % 1))`).
 #[test]
 fn bug_split_of_loops_fused_over_a_symbolic_dim_is_refused() {
-    let (a, c) = add_one(&[Expr::int(1), Expr::int(1), te::var("n")]);
+    let (a, c) = add_one([Expr::int(1), Expr::int(1), te::var("n")]);
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2786,13 +2775,12 @@ fn fused_split_reduction(order: [(usize, i64); 2]) -> (Te, Te, Schedule) {
     let a = te::placeholder(&dims, DType::F32, "A").unwrap();
     let r: Vec<IterVar> = order
         .iter()
-        .map(|&(d, lo)| te::reduce_axis(Expr::int(lo), dims[d].clone(), &format!("r{d}")).unwrap())
+        .map(|&(d, lo)| te::reduce_axis(lo, &dims[d], &format!("r{d}")).unwrap())
         .collect();
-    let by_dim = |d: usize| te::ax(&r[order.iter().position(|o| o.0 == d).unwrap()]);
-    let (a2, r2) = (a.clone(), r.clone());
-    let c = te::compute_dyn(
-        &[] as &[Expr],
-        |_| ok(te::sum(a2.idx(&[by_dim(0), by_dim(1)]), &r2)),
+    let by_dim = |d: usize| &r[order.iter().position(|o| o.0 == d).unwrap()];
+    let c = te::compute(
+        [] as [Expr; 0],
+        |[]| te::sum(a.at([by_dim(0), by_dim(1)]), &r),
         "C",
     )
     .unwrap();
@@ -2833,22 +2821,10 @@ fn bug_fused_reduction_over_a_shifted_symbolic_range_fails_a_false_runtime_check
 /// `max(j, j + 1) - min(j, j + 1)` is not simplified to 1.
 #[test]
 fn bug_compute_at_of_a_fused_stencil_producer_is_refused() {
-    let (sp, sc) = ([Expr::int(1), Expr::int(2)], [Expr::int(1), Expr::int(1)]);
-    let a = te::placeholder(&sp, DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(
-        &sp,
-        |i| a2.idx(&[i[0].clone(), Expr::int(1).sub(&i[1])]) * 2.0,
-        "P",
-    )
-    .unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(
-        &sc,
-        |i| p2.idx(i) + p2.idx(&[i[0].clone(), i[1].add(&Expr::int(1))]),
-        "C",
-    )
-    .unwrap();
+    let (sp, sc) = ([1, 2], [1, 1]);
+    let a = te::placeholder(sp, DType::F32, "A").unwrap();
+    let p = te::compute(sp, |[i, j]| a.at((i, 1 - j)) * 2.0, "P").unwrap();
+    let c = te::compute(sc, |[i, j]| p.at([&i, &j]) + p.at((i, j + 1)), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     s.compute_at(&p, &c, &axes(&c)[1]).unwrap();
     let pax = axes(&p);
@@ -2863,28 +2839,11 @@ fn bug_compute_at_of_a_fused_stencil_producer_is_refused() {
 /// and rivet cannot prove it" (the region extent `((2o + 1) // 2 - (2o) // 2) + 1` is 1).
 #[test]
 fn bug_compute_at_of_a_fused_producer_under_a_split_fused_consumer_is_refused() {
-    let sp = [Expr::int(2), Expr::int(1), Expr::int(2)];
-    let a = te::placeholder(&sp, DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(
-        &sp,
-        |i| a2.idx(&[Expr::int(1).sub(&i[0]), i[1].clone(), i[2].clone()]) * 2.0,
-        "P",
-    )
-    .unwrap();
-    let r = te::reduce_axis(Expr::int(0), Expr::int(2), "r").unwrap();
-    let (p2, r2) = (p.clone(), r.clone());
-    let c = te::compute_dyn(
-        &[Expr::int(1), Expr::int(2)],
-        |i| {
-            ok(te::sum(
-                p2.idx(&[te::ax(&r2), i[0].clone(), i[1].clone()]),
-                &[r2.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let sp = [2, 1, 2];
+    let a = te::placeholder(sp, DType::F32, "A").unwrap();
+    let p = te::compute(sp, |[i, j, k]| a.at((1 - i, j, k)) * 2.0, "P").unwrap();
+    let r = te::reduce_axis(0, 2, "r").unwrap();
+    let c = te::compute([1, 2], |[i, j]| te::sum(p.at((&r, i, j)), &r), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let cax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2906,17 +2865,10 @@ fn bug_compute_at_of_a_fused_producer_under_a_split_fused_consumer_is_refused() 
 /// // 4` is always 0.
 #[test]
 fn bug_compute_at_of_a_fused_producer_under_a_twice_split_fused_consumer_is_refused() {
-    let sh = [Expr::int(1), Expr::int(4)];
-    let a = te::placeholder(&sh, DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(
-        &sh,
-        |i| a2.idx(&[Expr::int(0).sub(&i[0]), i[1].clone()]) * 2.0,
-        "P",
-    )
-    .unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let sh = [1, 4];
+    let a = te::placeholder(sh, DType::F32, "A").unwrap();
+    let p = te::compute(sh, |[i, j]| a.at((0 - i, j)) * 2.0, "P").unwrap();
+    let c = te::compute(sh, |[i, j]| p.at([i, j]) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let cax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -2937,12 +2889,10 @@ fn bug_compute_at_of_a_fused_producer_under_a_twice_split_fused_consumer_is_refu
 /// index expression".
 #[test]
 fn bug_split_of_a_reordered_fused_producer_computed_at_a_split_fused_loop_is_refused() {
-    let sh = [Expr::int(1), Expr::int(3)];
-    let a = te::placeholder(&sh, DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(&sh, |i| a2.idx(i) * 2.0, "P").unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(&sh, |i| p2.idx(i) + 1.0, "C").unwrap();
+    let sh = [1, 3];
+    let a = te::placeholder(sh, DType::F32, "A").unwrap();
+    let p = te::compute(sh, |[i, j]| a.at([i, j]) * 2.0, "P").unwrap();
+    let c = te::compute(sh, |[i, j]| p.at([i, j]) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let cax = axes(&c);
     let st = s.stage(&c).unwrap();
@@ -3011,19 +2961,13 @@ fn cache_s() -> impl Strategy<Value = CacheS> {
 
 fn cached_matmul_schedule(g: &CacheS) -> (Schedule, Vec<Te>) {
     use rivet_compiler::ir::ThreadTag;
-    let (m, k, n) = (te::var("m"), te::var("k"), te::var("n"));
-    let a = te::placeholder(&[m.clone(), k.clone()], DType::F32, "A").unwrap();
-    let b = te::placeholder(&[k.clone(), n.clone()], DType::F32, "B").unwrap();
-    let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
-    let (a2, b2, r2) = (a.clone(), b.clone(), r.clone());
-    let c = te::compute_dyn(
-        &[m, n],
-        move |i| {
-            ok(te::sum(
-                a2.idx(&[i[0].clone(), te::ax(&r2)]) * b2.idx(&[te::ax(&r2), i[1].clone()]),
-                std::slice::from_ref(&r2),
-            ))
-        },
+    let [m, k, n] = ["m", "k", "n"].map(te::var);
+    let a = te::placeholder([&m, &k], DType::F32, "A").unwrap();
+    let b = te::placeholder([&k, &n], DType::F32, "B").unwrap();
+    let r = te::reduce_axis(0, &k, "r").unwrap();
+    let c = te::compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
         "C",
     )
     .unwrap();

@@ -11,7 +11,7 @@
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::cpu_default::apply_default_cpu;
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder, Tensor as TeTensor};
+use rivet_compiler::te::{self, compute, compute_dyn, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -107,7 +107,7 @@ impl Gemm {
         let dt = self.dtype();
         let a = placeholder(&a_shape, dt, "A").unwrap();
         let b = placeholder(&b_shape, dt, "B").unwrap();
-        let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
+        let r = te::reduce_axis(0, k, "r").unwrap();
         let mut c_shape = vec![m, n];
         if self.batch > 0 {
             c_shape.insert(0, bt);
@@ -120,15 +120,20 @@ impl Gemm {
                 } else {
                     (vec![], x[0].clone(), x[1].clone())
                 };
+                let rk = Expr::from(&r);
                 let mut ai = pre.clone();
-                ai.extend(if self.a_t { [ax(&r), i] } else { [i, ax(&r)] });
+                ai.extend(if self.a_t {
+                    [rk.clone(), i]
+                } else {
+                    [i, rk.clone()]
+                });
                 let mut bi = if self.b_batched { pre } else { vec![] };
-                bi.extend(if self.b_t { [j, ax(&r)] } else { [ax(&r), j] });
-                let mut fa = a.idx(&ai);
+                bi.extend(if self.b_t { [j, rk] } else { [rk, j] });
+                let mut fa = a.at(ai);
                 if self.prologue {
-                    fa = fa * te::constant(0.5, dt) + te::constant(1.0, dt);
+                    fa = fa * 0.5 + 1.0;
                 }
-                ok(te::sum(fa * b.idx(&bi), std::slice::from_ref(&r)))
+                te::sum(fa * b.at(bi), &r)
             },
             "C",
         )
@@ -562,25 +567,14 @@ fn default_injective_and_reductions_equal_the_interpreter() {
 fn row_fusion_only_where_each_row_is_its_own() {
     for reversed in [false, true] {
         let (n, m) = (te::var("n"), te::var("m"));
-        let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
-        let r = te::reduce_axis(Expr::int(0), m.clone(), "r").unwrap();
-        let a1 = a.clone();
-        let s = compute_dyn(
-            std::slice::from_ref(&n),
-            |i| ok(te::sum(a1.idx(&[i[0].clone(), ax(&r)]), &[r.clone()])),
-            "S",
-        )
-        .unwrap();
-        let (a2, s2, n2) = (a.clone(), s.clone(), n.clone());
-        let c = compute_dyn(
-            &[n.clone(), m.clone()],
-            |i| {
-                let row = if reversed {
-                    n2.sub(&Expr::int(1)).sub(&i[0])
-                } else {
-                    i[0].clone()
-                };
-                a2.idx(i) - s2.idx(&[row])
+        let a = placeholder([&n, &m], DType::F32, "A").unwrap();
+        let r = te::reduce_axis(0, &m, "r").unwrap();
+        let s = compute([&n], |[i]| te::sum(a.at((i, &r)), &r), "S").unwrap();
+        let c = compute(
+            [&n, &m],
+            |[i, j]| {
+                let row = if reversed { &n - 1 - &i } else { i.clone() };
+                a.at([i, j]) - s.at([row])
             },
             "C",
         )

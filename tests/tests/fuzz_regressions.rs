@@ -38,20 +38,14 @@ fn replay(gen: &str, seed: u64) {
 fn guarded_constant_read_over_a_symbolic_dim_builds() {
     checked_mode();
     let n = te::var("n0");
-    let a0 = te::placeholder(&[n.clone()], DType::I32, "A0").unwrap();
-    let a1 = te::placeholder(&[n.clone()], DType::I32, "A1").unwrap();
-    let (a0c, a1c, nc) = (a0.clone(), a1.clone(), n.clone());
-    let c = te::compute_dyn(
-        &[n],
-        |i| {
+    let a0 = te::placeholder([&n], DType::I32, "A0").unwrap();
+    let a1 = te::placeholder([&n], DType::I32, "A1").unwrap();
+    let c = te::compute(
+        [&n],
+        |[i]| {
             let one = Expr::int(1);
-            let cond = te::all(
-                te::compare(CmpOp::Ge, one.clone(), Expr::int(0)).unwrap(),
-                one.lt(&nc),
-            );
-            let r = te::try_if_then_else(cond, a0c.idx(&[one]), Expr::const_int(0, DType::I32))
-                .unwrap();
-            Expr::binary(rivet_compiler::ir::BinOp::Sub, r, a1c.idx(i)).unwrap()
+            let cond = te::all(te::compare(CmpOp::Ge, &one, 0).unwrap(), one.lt(&n));
+            te::if_then_else(cond, a0.at([one]), 0) - a1.at([i])
         },
         "C",
     )
@@ -108,9 +102,8 @@ fn find_mut<'a>(v: &'a mut serde_json::Value, key: &str) -> Option<&'a mut serde
 #[test]
 fn module_with_an_unknown_store_buffer_is_refused() {
     checked_mode();
-    let a = te::placeholder(&[te::var("n")], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let c = te::compute_dyn(&[te::var("n")], |i| a2.idx(i) * 2.0, "C").unwrap();
+    let a = te::placeholder([te::var("n")], DType::F32, "A").unwrap();
+    let c = te::compute([te::var("n")], |[i]| a.at([i]) * 2.0, "C").unwrap();
     let s = Schedule::new(&[c.clone()]).unwrap();
     let m = build(&s, &[a, c], "cpu", "f").unwrap();
     let bytes = m.to_bytes().unwrap();

@@ -3,7 +3,7 @@
 //! `tests/golden/`; review the diff before committing it.
 
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::DType;
 use rivet_tests::SeedGemm;
@@ -44,37 +44,13 @@ fn gemm(split: bool) -> Module {
 
 fn softmax_inlined() -> Module {
     let (m, n) = (te::var("m"), te::var("n"));
-    let x = placeholder(&[m.clone(), n.clone()], DType::F32, "X").unwrap();
-    let r1 = te::reduce_axis(Expr::int(0), n.clone(), "r1").unwrap();
-    let r2 = te::reduce_axis(Expr::int(0), n.clone(), "r2").unwrap();
-    let x1 = x.clone();
-    let mx = compute_dyn(
-        &[m.clone()],
-        |i| {
-            ok(te::max_over(
-                x1.idx(&[i[0].clone(), ax(&r1)]),
-                &[r1.clone()],
-            ))
-        },
-        "mx",
-    )
-    .unwrap();
-    let (x2, mx2) = (x.clone(), mx.clone());
-    let e = compute_dyn(
-        &[m.clone(), n.clone()],
-        |i| ok(te::exp(x2.idx(i) - mx2.idx(&[i[0].clone()]))),
-        "e",
-    )
-    .unwrap();
-    let e2 = e.clone();
-    let sm = compute_dyn(
-        &[m.clone()],
-        |i| ok(te::sum(e2.idx(&[i[0].clone(), ax(&r2)]), &[r2.clone()])),
-        "sm",
-    )
-    .unwrap();
-    let (e3, sm3) = (e.clone(), sm.clone());
-    let y = compute_dyn(&[m, n], |i| e3.idx(i) / sm3.idx(&[i[0].clone()]), "Y").unwrap();
+    let x = placeholder([&m, &n], DType::F32, "X").unwrap();
+    let r1 = te::reduce_axis(0, &n, "r1").unwrap();
+    let r2 = te::reduce_axis(0, &n, "r2").unwrap();
+    let mx = compute([&m], |[i]| te::max_over(x.at((i, &r1)), &r1), "mx").unwrap();
+    let e = compute([&m, &n], |[i, j]| te::exp(x.at([&i, &j]) - mx.at([i])), "e").unwrap();
+    let sm = compute([&m], |[i]| te::sum(e.at((i, &r2)), &r2), "sm").unwrap();
+    let y = compute([&m, &n], |[i, j]| e.at([&i, &j]) / sm.at([i]), "Y").unwrap();
     let mut s = Schedule::new(&[y.clone()]).unwrap();
     s.compute_inline(&e).unwrap();
     build(&s, &[x, y], "cpu", "softmax").unwrap()

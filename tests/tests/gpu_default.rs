@@ -3,10 +3,10 @@
 //! the rest, and that the result computes what the unscheduled program computes, run by the
 //! interpreter with GPU semantics (every block and thread, races reported).
 
-use rivet_compiler::ir::{Expr, ForKind, ThreadTag};
+use rivet_compiler::ir::{ForKind, ThreadTag};
 use rivet_compiler::kernels::strategy::{apply_default_gpu, default_gpu_schedule, is_contraction};
 use rivet_compiler::schedule::Attach;
-use rivet_compiler::te::{self, compute_dyn, ok, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -50,29 +50,14 @@ fn bound_tags(s: &Schedule, t: &Te) -> Vec<ThreadTag> {
 /// y = relu(x * 2 + 1) as three stages, and a row sum of it.
 fn chain() -> (Te, Te, Te, Te, Te) {
     let (m, n) = (te::var("m"), te::var("n"));
-    let x = placeholder(&[m.clone(), n.clone()], DType::F32, "X").unwrap();
-    let a = compute_dyn(
-        &[m.clone(), n.clone()],
-        |i| x.idx(i) * Expr::constant(2.0, DType::F32),
-        "A",
-    )
-    .unwrap();
-    let b = compute_dyn(
-        &[m.clone(), n.clone()],
-        |i| a.idx(i) + Expr::constant(1.0, DType::F32),
-        "B",
-    )
-    .unwrap();
-    let k = te::reduce_axis(Expr::int(0), n.clone(), "k").unwrap();
-    let r = compute_dyn(
-        &[m.clone()],
-        |i| ok(te::sum(b.idx(&[i[0].clone(), te::ax(&k)]), &[k.clone()])),
-        "R",
-    )
-    .unwrap();
-    let y = compute_dyn(
-        &[m, n],
-        |i| ok(te::maximum(b.idx(i), Expr::constant(0.0, DType::F32))) + r.idx(&[i[0].clone()]),
+    let x = placeholder([&m, &n], DType::F32, "X").unwrap();
+    let a = compute([&m, &n], |[i, j]| x.at([i, j]) * 2.0, "A").unwrap();
+    let b = compute([&m, &n], |[i, j]| a.at([i, j]) + 1.0, "B").unwrap();
+    let k = te::reduce_axis(0, &n, "k").unwrap();
+    let r = compute([&m], |[i]| te::sum(b.at((i, &k)), &k), "R").unwrap();
+    let y = compute(
+        [&m, &n],
+        |[i, j]| te::maximum(b.at([&i, &j]), 0.0) + r.at([i]),
         "Y",
     )
     .unwrap();
@@ -113,28 +98,18 @@ fn injective_intermediates_are_inlined_and_the_rest_bound() {
 #[test]
 fn contractions_are_tiled_and_their_producers_kept() {
     let (m, n, kk) = (te::var("m"), te::var("n"), te::var("k"));
-    let a0 = placeholder(&[m.clone(), kk.clone()], DType::F32, "A0").unwrap();
-    let b = placeholder(&[kk.clone(), n.clone()], DType::F32, "B").unwrap();
+    let a0 = placeholder([&m, &kk], DType::F32, "A0").unwrap();
+    let b = placeholder([&kk, &n], DType::F32, "B").unwrap();
     // A producer of the contraction (kept as its own kernel), the contraction, an epilogue.
-    let a = compute_dyn(
-        &[m.clone(), kk.clone()],
-        |i| a0.idx(i) - Expr::constant(0.5, DType::F32),
-        "A",
-    )
-    .unwrap();
-    let k = te::reduce_axis(Expr::int(0), kk.clone(), "r").unwrap();
-    let c = compute_dyn(
-        &[m.clone(), n.clone()],
-        |i| {
-            ok(te::sum(
-                a.idx(&[i[0].clone(), te::ax(&k)]) * b.idx(&[te::ax(&k), i[1].clone()]),
-                &[k.clone()],
-            ))
-        },
+    let a = compute([&m, &kk], |[i, j]| a0.at([i, j]) - 0.5, "A").unwrap();
+    let k = te::reduce_axis(0, &kk, "r").unwrap();
+    let c = compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
         "C",
     )
     .unwrap();
-    let d = compute_dyn(&[m, n], |i| c.idx(i) * Expr::constant(3.0, DType::F32), "D").unwrap();
+    let d = compute([&m, &n], |[i, j]| c.at([i, j]) * 3.0, "D").unwrap();
     assert!(is_contraction(&c));
     assert!(!is_contraction(&a) && !is_contraction(&d));
     let s = default_gpu_schedule(&[d.clone()]).unwrap();
@@ -214,20 +189,10 @@ fn build_for_cuda_applies_the_default_to_a_schedule_that_binds_nothing() {
 #[test]
 fn a_reduction_with_an_empty_constant_axis_stays_serial() {
     let n = te::var("n");
-    let a = placeholder(&[n.clone(), Expr::int(1)], DType::F32, "A").unwrap();
-    let r0 = te::reduce_axis(Expr::int(0), n.clone(), "r0").unwrap();
-    let r1 = te::reduce_axis(Expr::int(1), Expr::int(1), "r1").unwrap();
-    let c = compute_dyn(
-        &[Expr::int(1)],
-        |_| {
-            ok(te::sum(
-                a.idx(&[te::ax(&r0), te::ax(&r1)]),
-                &[r0.clone(), r1.clone()],
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let a = placeholder((&n, 1), DType::F32, "A").unwrap();
+    let r0 = te::reduce_axis(0, &n, "r0").unwrap();
+    let r1 = te::reduce_axis(1, 1, "r1").unwrap();
+    let c = compute([1], |[_]| te::sum(a.at([&r0, &r1]), [&r0, &r1]), "C").unwrap();
     let s = default_gpu_schedule(&[c.clone()]).unwrap();
     for rows in [1usize, 5] {
         let got = run(

@@ -113,10 +113,7 @@ fn rust_dsl_follows_the_shared_table() {
     assert!(cases.len() > 40, "the table was read");
     let mut failures = Vec::new();
     for c in &cases {
-        let x = te::placeholder(&[Expr::int(4)], c.dtype, "X")
-            .unwrap()
-            .try_at(&[Expr::int(0)])
-            .unwrap();
+        let x = te::placeholder([4], c.dtype, "X").unwrap().at([0]);
         let got = if c.lhs {
             outcome(func(&c.op, c.number.into(), x.into()))
         } else {
@@ -155,7 +152,7 @@ fn rust_dsl_follows_the_shared_table() {
 #[test]
 fn refusals_name_the_operation_the_operand_and_both_dtypes() {
     let i = te::var("i");
-    let Err(m) = outcome(Ok(i.clone() * 0.5)) else {
+    let Err(m) = outcome(Ok(&i * 0.5)) else {
         panic!("i * 0.5 was accepted")
     };
     for part in [
@@ -166,8 +163,8 @@ fn refusals_name_the_operation_the_operand_and_both_dtypes() {
     ] {
         assert!(m.contains(part), "{part:?} not in {m}");
     }
-    let x = te::placeholder(&[Expr::int(4)], DType::I8, "X").unwrap();
-    let Err(m) = outcome(Ok(x.idx(&[Expr::int(0)]) + 300)) else {
+    let x = te::placeholder([4], DType::I8, "X").unwrap();
+    let Err(m) = outcome(Ok(x.at([0]) + 300)) else {
         panic!("X[0] + 300 was accepted on int8")
     };
     for part in ["Add", "int 300", "does not fit in int8", "X[0]"] {
@@ -177,8 +174,8 @@ fn refusals_name_the_operation_the_operand_and_both_dtypes() {
 
 #[test]
 fn compute_reports_a_float_number_in_an_index() {
-    let a = te::placeholder(&[Expr::int(8)], DType::F32, "A").unwrap();
-    let r = te::compute_dyn(&[Expr::int(4)], |i| a.idx(&[i[0].clone() * 0.5]), "B");
+    let a = te::placeholder([8], DType::F32, "A").unwrap();
+    let r = te::compute([4], |[i]| a.at([i * 0.5]), "B");
     match r {
         Err(Error::Compile(m)) => {
             assert!(
@@ -189,6 +186,6 @@ fn compute_reports_a_float_number_in_an_index() {
         other => panic!("expected a CompileError, got {other:?}"),
     }
     // An integral float is the int: `i * 2.0` indexes like `i * 2`.
-    let b = te::compute_dyn(&[Expr::int(4)], |i| a.idx(&[i[0].clone() * 2.0]), "B").unwrap();
+    let b = te::compute([4], |[i]| a.at([i * 2.0]), "B").unwrap();
     assert_eq!(b.body().unwrap().to_string(), "A[(i * 2)]");
 }

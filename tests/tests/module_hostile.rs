@@ -14,7 +14,7 @@
 //! recomputed, so only the verifier and the passes stand between the edit and the kernel.
 
 use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute_dyn, ok, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -57,18 +57,12 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 
 /// `C[i, j] = sum_k A[i, k] * B[k, j]`, static 8x8, the i loop parallel.
 fn gemm_module(n: i64) -> Module {
-    let a = placeholder(&[Expr::int(n), Expr::int(n)], DType::F32, "A").unwrap();
-    let b = placeholder(&[Expr::int(n), Expr::int(n)], DType::F32, "B").unwrap();
-    let k = te::reduce_axis(Expr::int(0), Expr::int(n), "k").unwrap();
-    let (a2, b2, k2) = (a.clone(), b.clone(), k.clone());
-    let c = compute_dyn(
-        &[Expr::int(n), Expr::int(n)],
-        |i| {
-            ok(te::sum(
-                a2.idx(&[i[0].clone(), te::ax(&k2)]) * b2.idx(&[te::ax(&k2), i[1].clone()]),
-                &[k2.clone()],
-            ))
-        },
+    let a = placeholder([n, n], DType::F32, "A").unwrap();
+    let b = placeholder([n, n], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(0, n, "k").unwrap();
+    let c = compute(
+        [n, n],
+        |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
         "C",
     )
     .unwrap();
@@ -426,17 +420,11 @@ fn oversized_files_are_refused_before_reading() {
 /// A function of `n` sequential stages `T_k = T_{k-1} + 1`, each its own loop nest over its
 /// own output parameter (no locals, so the nests sit side by side in one sequence).
 pub fn chain_module(n: usize, len: i64) -> Module {
-    let a = placeholder(&[Expr::int(len)], DType::F32, "A").unwrap();
+    let a = placeholder([len], DType::F32, "A").unwrap();
     let mut args = vec![a.clone()];
     let mut t = a;
     for k in 0..n {
-        let p = t.clone();
-        t = compute_dyn(
-            &[Expr::int(len)],
-            |i| p.idx(&[i[0].clone()]) + 1.0f64,
-            &format!("T{k}"),
-        )
-        .unwrap();
+        t = compute([len], |[i]| t.at([i]) + 1.0, &format!("T{k}")).unwrap();
         args.push(t.clone());
     }
     let s = Schedule::new(&[t]).unwrap();
@@ -521,15 +509,9 @@ fn profile_loading_sequential_nests() {
 /// `R[i] = sum_k A[i, k]` over a static [5, 300] `A`, a cross-thread reduction: the
 /// reduction split by 64, the inner loop on threadIdx.x, rows on blockIdx.x; for `interp`.
 fn rowsum_module() -> Module {
-    let a = placeholder(&[Expr::int(5), Expr::int(300)], DType::F32, "A").unwrap();
-    let k = te::reduce_axis(Expr::int(0), Expr::int(300), "k").unwrap();
-    let a2 = a.clone();
-    let r = compute_dyn(
-        &[Expr::int(5)],
-        |i| ok(te::sum(a2.idx(&[i[0].clone(), te::ax(&k)]), &[k.clone()])),
-        "R",
-    )
-    .unwrap();
+    let a = placeholder([5, 300], DType::F32, "A").unwrap();
+    let k = te::reduce_axis(0, 300, "k").unwrap();
+    let r = compute([5], |[i]| te::sum(a.at((i, &k)), &k), "R").unwrap();
     let mut s = Schedule::new(&[r.clone()]).unwrap();
     let st = s.stage(&r).unwrap();
     let i = r.axis()[0].var.clone();
@@ -637,13 +619,10 @@ fn cross_thread_reductions_round_trip_and_hostile_edits_are_refused() {
 /// `chain(A) = ((A + 1) * 2) - 3` through two local stages, built for the CPU as written (so
 /// the locals stay materialised); its file's payload.
 fn locals_module() -> (Vec<u8>, String) {
-    let a = placeholder(&[Expr::int(8)], DType::F32, "A").unwrap();
-    let a2 = a.clone();
-    let t1 = compute_dyn(&[Expr::int(8)], |i| a2.idx(i) + 1.0f64, "T1").unwrap();
-    let t1c = t1.clone();
-    let t2 = compute_dyn(&[Expr::int(8)], |i| t1c.idx(i) * 2.0f64, "T2").unwrap();
-    let t2c = t2.clone();
-    let t3 = compute_dyn(&[Expr::int(8)], |i| t2c.idx(i) - 3.0f64, "T3").unwrap();
+    let a = placeholder([8], DType::F32, "A").unwrap();
+    let t1 = compute([8], |[i]| a.at([i]) + 1.0, "T1").unwrap();
+    let t2 = compute([8], |[i]| t1.at([i]) * 2.0, "T2").unwrap();
+    let t3 = compute([8], |[i]| t2.at([i]) - 3.0, "T3").unwrap();
     let s = Schedule::new(&[t3.clone()]).unwrap();
     let opts = rivet_compiler::build::Options {
         as_written: true,

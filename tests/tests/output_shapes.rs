@@ -4,8 +4,7 @@
 //! (near i64::MAX, negative, inconsistent symbolic dims) included.
 
 use proptest::prelude::*;
-use rivet_compiler::ir::Expr;
-use rivet_compiler::te::{self, compute_dyn, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Function, Tensor, Value};
 
@@ -20,29 +19,14 @@ fn built(outs: &[te::Tensor], args: &[te::Tensor]) -> Function {
 /// A[n, m], B[m] -> C[n, m] = A + B, D[n + 1] = 1 (an expression dim), E[n] = sum_j A (f64).
 fn program() -> Function {
     let (n, m) = (te::var("n"), te::var("m"));
-    let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
-    let b = placeholder(&[m.clone()], DType::F32, "B").unwrap();
-    let c = compute_dyn(
-        &[n.clone(), m.clone()],
-        |i| a.idx(&[i[0].clone(), i[1].clone()]) + b.idx(&[i[1].clone()]),
-        "C",
-    )
-    .unwrap();
-    let d = compute_dyn(
-        &[n.clone() + Expr::int(1)],
-        |_| te::constant(1.0, DType::F32),
-        "D",
-    )
-    .unwrap();
-    let k = te::reduce_axis(Expr::int(0), m.clone(), "k").unwrap();
-    let e = compute_dyn(
-        &[n],
-        |i| {
-            te::sum(
-                te::cast(DType::F64, a.idx(&[i[0].clone(), te::ax(&k)])),
-                &[k.clone()],
-            )
-        },
+    let a = placeholder([&n, &m], DType::F32, "A").unwrap();
+    let b = placeholder([&m], DType::F32, "B").unwrap();
+    let c = compute([&n, &m], |[i, j]| a.at([&i, &j]) + b.at([j]), "C").unwrap();
+    let d = compute([&n + 1], |[_]| te::constant(1.0, DType::F32), "D").unwrap();
+    let k = te::reduce_axis(0, &m, "k").unwrap();
+    let e = compute(
+        [&n],
+        |[i]| te::sum(te::cast(DType::F64, a.at((i, &k))), &k),
         "E",
     )
     .unwrap();
@@ -119,7 +103,7 @@ fn hostile_shapes_are_refused_like_the_call_refuses_them() {
         .is_ok());
     // A dim known only from an output: the rule cannot answer.
     let n = te::var("n");
-    let c = compute_dyn(&[n], |_| te::constant(0.0, DType::F32), "C").unwrap();
+    let c = compute([n], |[_]| te::constant(0.0, DType::F32), "C").unwrap();
     let g = built(&[c.clone()], &[c]);
     let e = g.output_shapes(&[], None).unwrap_err();
     assert!(e.to_string().contains("only known from an output"), "{e}");

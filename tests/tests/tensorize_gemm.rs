@@ -7,7 +7,7 @@
 
 use rivet_compiler::ir::{Expr, Intrin};
 use rivet_compiler::kernels::tensorized::gemm;
-use rivet_compiler::te::{self, ax, compute_dyn, ok, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Function, Tensor, Value};
 
@@ -221,20 +221,12 @@ fn tiled(
     at: usize,
 ) -> rivet_compiler::Result<rivet_compiler::Module> {
     let int = Expr::int;
-    let a = placeholder(&[int(m), int(16)], dtype, "A").unwrap();
-    let b = placeholder(&[int(16), int(n)], dtype, "B").unwrap();
-    let k = te::reduce_axis(int(0), int(16), "k").unwrap();
-    let c = compute_dyn(
-        &[int(m), int(n)],
-        |x| {
-            ok(te::sum(
-                body(
-                    a.idx(&[x[0].clone(), ax(&k)]),
-                    b.idx(&[ax(&k), x[1].clone()]),
-                ),
-                std::slice::from_ref(&k),
-            ))
-        },
+    let a = placeholder([m, 16], dtype, "A").unwrap();
+    let b = placeholder([16, n], dtype, "B").unwrap();
+    let k = te::reduce_axis(0, 16, "k").unwrap();
+    let c = compute(
+        [m, n],
+        |[i, j]| te::sum(body(a.at((i, &k)), b.at((&k, j))), &k),
         "C",
     )
     .unwrap();
@@ -291,7 +283,7 @@ fn tensorize_refuses_what_is_not_the_intrinsic() {
         e.contains("tensorize of 'C'") && e.contains("not a product"),
         "{e}"
     );
-    let e = msg(tiled(&|x, y| x * y.clone() * y, DType::F32, (24, 64), 0));
+    let e = msg(tiled(&|x, y| x * &y * y, DType::F32, (24, 64), 0));
     assert!(e.contains("tensorize of 'C'"), "{e}");
     // Another dtype.
     let e = msg(tiled(&|x, y| x * y, DType::I32, (24, 64), 0));

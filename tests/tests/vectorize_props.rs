@@ -20,7 +20,7 @@ use proptest::test_runner::Config;
 use rivet_compiler::build::build_with;
 use rivet_compiler::ir::{BinOp, CmpOp, Expr, UnOp};
 use rivet_compiler::lower::Options;
-use rivet_compiler::te::{compute_dyn, placeholder, Tensor as Te};
+use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::Schedule;
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -96,10 +96,10 @@ struct Leaves<'a> {
 
 fn lower_e(e: &E, i: &Expr, j: &Expr, dt: DType, l: &Leaves) -> Expr {
     match e {
-        E::Contig => l.a.idx(&[i.clone(), j.clone()]),
-        E::Reversed => l.a.idx(&[i.clone(), Expr::int(l.n - 1).sub(j)]),
-        E::Row => l.b.idx(&[i.clone()]),
-        E::Index => Expr::cast(dt, j.clone()),
+        E::Contig => l.a.at([i, j]),
+        E::Reversed => l.a.at((i, (l.n - 1) - j)),
+        E::Row => l.b.at([i]),
+        E::Index => te::cast(dt, j),
         E::Const(c) => Expr::constant(f64::from(*c) / if dt.is_float() { 4.0 } else { 1.0 }, dt),
         E::Un(o, a) => {
             let x = lower_e(a, i, j, dt, l);
@@ -161,7 +161,7 @@ fn lower_e(e: &E, i: &Expr, j: &Expr, dt: DType, l: &Leaves) -> Expr {
             if dt.is_float() {
                 Expr::fma(x, y, z).unwrap()
             } else {
-                Expr::binary(BinOp::Add, Expr::binary(BinOp::Mul, x, y).unwrap(), z).unwrap()
+                x * y + z
             }
         }
     }
@@ -311,14 +311,13 @@ fn values(dt: DType, count: usize, rng: &mut Rng) -> Vec<f64> {
 /// bits after one call on the case's layouts.
 fn run(c: &Case, target: &str, opts: Options) -> Result<Vec<u64>, String> {
     let (rows, n, dt) = (c.rows, c.n, c.dt);
-    let a = placeholder(&[Expr::int(rows), Expr::int(n)], dt, "A").unwrap();
-    let b = placeholder(&[Expr::int(rows)], dt, "B").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
-    let out = compute_dyn(
-        &[Expr::int(rows), Expr::int(n)],
-        |i| {
-            let l = Leaves { a: &a2, b: &b2, n };
-            lower_e(&c.e, &i[0], &i[1], dt, &l)
+    let a = placeholder([rows, n], dt, "A").unwrap();
+    let b = placeholder([rows], dt, "B").unwrap();
+    let out = compute(
+        [rows, n],
+        |[i, j]| {
+            let l = Leaves { a: &a, b: &b, n };
+            lower_e(&c.e, &i, &j, dt, &l)
         },
         "C",
     )
@@ -440,12 +439,11 @@ fn vectorized_1d(
     body: impl Fn(Vec<Expr>) -> Expr,
 ) -> (Vec<Te>, Schedule) {
     let mut args: Vec<Te> = (0..inputs)
-        .map(|k| placeholder(&[Expr::int(n)], dt, &format!("X{k}")).unwrap())
+        .map(|k| placeholder([n], dt, &format!("X{k}")).unwrap())
         .collect();
-    let ins = args.clone();
-    let c = compute_dyn(
-        &[Expr::int(n)],
-        |i| body(ins.iter().map(|x| x.idx(i)).collect()),
+    let c = compute(
+        [n],
+        |[i]| body(args.iter().map(|x| x.at([&i])).collect()),
         "C",
     )
     .unwrap();
@@ -460,9 +458,7 @@ fn vectorized_1d(
 /// of `f32x4` and a 16-byte store.
 #[test]
 fn elementwise_add_is_packed_simd() {
-    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
-        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
-    });
+    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| &x[0] + &x[1]);
     let m = build_with(&s, &args, "cpu", "add", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
     for want in ["load.f32x4", "fadd", "store notrap"] {
@@ -512,9 +508,7 @@ fn assert_same_bits(x: &[f32], got: &[f32], want: impl Fn(usize) -> f32, what: &
 /// `exp_inline_path_in_a_child` runs this again with `RIVET_EXP_RUN=inline`.
 #[test]
 fn float32_exp_is_exact_in_every_path() {
-    let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| {
-        Expr::unary(UnOp::Exp, x[0].clone()).unwrap()
-    });
+    let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| te::exp(&x[0]));
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
     if rivet_compiler::codegen::exp32::run_wide() {
@@ -591,28 +585,17 @@ fn exp_inline_path_in_a_child() {
 /// lanes of a chunk (masked tails) and 4 of a vector; bits against the interpreter.
 #[test]
 fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
-    use rivet_compiler::te::{compute_dyn, placeholder};
     for n in [1i64, 3, 4, 15, 16, 17, 33, 97, 1023] {
         let rows = 3i64;
-        let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
-        let sh = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
-        let (x1, s1) = (x.clone(), sh.clone());
-        let y = compute_dyn(
-            &[Expr::int(rows), Expr::int(n)],
-            |i| {
-                let d = Expr::binary(BinOp::Sub, x1.idx(i), s1.idx(&i[..1])).unwrap();
-                Expr::unary(UnOp::Exp, d).unwrap()
-            },
+        let x = placeholder([rows, n], DType::F32, "X").unwrap();
+        let sh = placeholder([rows], DType::F32, "S").unwrap();
+        let y = compute(
+            [rows, n],
+            |[i, j]| te::exp(x.at([&i, &j]) - sh.at([i])),
             "Y",
         )
         .unwrap();
-        let x2 = x.clone();
-        let z = compute_dyn(
-            &[Expr::int(rows), Expr::int(n)],
-            |i| Expr::unary(UnOp::Exp, x2.idx(i)).unwrap(),
-            "Z",
-        )
-        .unwrap();
+        let z = compute([rows, n], |[i, j]| te::exp(x.at([i, j])), "Z").unwrap();
         let mut rng = Rng(n as u64 | 1);
         let xs: Vec<f32> = (0..rows * n)
             .map(|k| match k % 29 {
@@ -688,9 +671,7 @@ fn float32_exp_is_exact_on_every_fast_range_float() {
 /// tail, and a sweep of every 127th float32 from 2^-28 up.
 #[test]
 fn float32_erf_is_sixteen_lanes_per_call_and_exact() {
-    let (args, s) = vectorized_1d(64, DType::F32, 1, |x| {
-        Expr::unary(UnOp::Erf, x[0].clone()).unwrap()
-    });
+    let (args, s) = vectorized_1d(64, DType::F32, 1, |x| te::erf(&x[0]));
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let ir = m.get_source("ir").unwrap();
     // Sixteen lanes where the CPU has AVX-512 (and RIVET_ERF16 is not `portable`), else four.
@@ -767,8 +748,9 @@ fn packed_float_min_max_keep_the_scalar_rules() {
         .unzip();
     for dt in [DType::F32, DType::F64] {
         for op in [BinOp::Max, BinOp::Min] {
-            let (args, s) = vectorized_1d(n, dt, 2, |x| {
-                Expr::binary(op, x[0].clone(), x[1].clone()).unwrap()
+            let (args, s) = vectorized_1d(n, dt, 2, |x| match op {
+                BinOp::Max => te::maximum(&x[0], &x[1]),
+                _ => te::minimum(&x[0], &x[1]),
             });
             let tensor = |v: &[f64]| match dt {
                 DType::F32 => {
@@ -858,9 +840,7 @@ fn cpu_disassembly(s: &Schedule, args: &[Te], name: &str) -> String {
 
 #[test]
 fn elementwise_add_disassembles_to_packed_adds() {
-    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| {
-        Expr::binary(BinOp::Add, x[0].clone(), x[1].clone()).unwrap()
-    });
+    let (args, s) = vectorized_1d(1000, DType::F32, 2, |x| &x[0] + &x[1]);
     let asm = cpu_disassembly(&s, &args, "add");
     assert!(asm.contains("addps"), "{asm}");
     assert!(asm.contains("movups") || asm.contains("vmovups"), "{asm}");
@@ -873,13 +853,8 @@ fn elementwise_add_disassembles_to_packed_adds() {
 #[test]
 fn split_guard_extent_cannot_wrap() {
     let n = rivet_compiler::te::var("n");
-    let a = placeholder(std::slice::from_ref(&n), DType::F32, "A").unwrap();
-    let c = compute_dyn(
-        std::slice::from_ref(&n),
-        |i| a.idx(&[i[0].clone()]) + Expr::constant(1.0, DType::F32),
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let c = compute([&n], |[i]| a.at([i]) + 1.0, "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let i = c.axis()[0].var.clone();
     let st = s.stage(&c).unwrap();
@@ -917,26 +892,15 @@ fn split_guard_extent_cannot_wrap() {
 #[test]
 fn loop_invariant_row_scalars_match_the_interpreter() {
     let (r, c) = (rivet_compiler::te::var("r"), rivet_compiler::te::var("c"));
-    let x = placeholder(&[r.clone(), c.clone()], DType::F32, "X").unwrap();
-    let s = placeholder(&[r.clone()], DType::F32, "S").unwrap();
-    let (x1, s1) = (x.clone(), s.clone());
-    let y = compute_dyn(
-        &[r, c],
-        |i| {
-            let row = s1.idx(&[i[0].clone()]);
-            let mean =
-                Expr::binary(BinOp::Div, row.clone(), Expr::constant(3.0, DType::F32)).unwrap();
-            let inv = Expr::unary(
-                UnOp::Rsqrt,
-                Expr::binary(BinOp::Add, row, Expr::constant(1.0, DType::F32)).unwrap(),
-            )
-            .unwrap();
-            Expr::binary(
-                BinOp::Mul,
-                Expr::binary(BinOp::Sub, x1.idx(i), mean).unwrap(),
-                inv,
-            )
-            .unwrap()
+    let x = placeholder([&r, &c], DType::F32, "X").unwrap();
+    let s = placeholder([&r], DType::F32, "S").unwrap();
+    let y = compute(
+        [&r, &c],
+        |[i, j]| {
+            let row = s.at([&i]);
+            let mean = &row / 3.0;
+            let inv = te::rsqrt(row + 1.0);
+            (x.at([i, j]) - mean) * inv
         },
         "Y",
     )
@@ -990,32 +954,17 @@ fn loop_invariant_row_scalars_match_the_interpreter() {
 #[test]
 fn sixteen_lane_float32_loops_match_the_interpreter() {
     let n = te_var("n");
-    let x = placeholder(&[n.clone()], DType::F32, "X").unwrap();
-    let s = placeholder(&[] as &[Expr], DType::F32, "S").unwrap();
-    let (x1, s1) = (x.clone(), s.clone());
-    let c = |v: f64| Expr::constant(v, DType::F32);
-    let y = compute_dyn(
-        &[n],
-        |i| {
-            let v = x1.idx(i);
-            let un = |op, e| Expr::unary(op, e).unwrap();
-            let bin = |op, a, b| Expr::binary(op, a, b).unwrap();
-            let erf = un(UnOp::Erf, bin(BinOp::Mul, v.clone(), c(0.7)));
-            let ex = un(UnOp::Exp, bin(BinOp::Mul, v.clone(), c(0.5)));
-            let mm = bin(BinOp::Min, bin(BinOp::Max, v.clone(), c(0.1)), s1.idx(&[]));
-            let root = un(
-                UnOp::Sqrt,
-                bin(BinOp::Add, un(UnOp::Abs, v.clone()), c(1.0)),
-            );
-            bin(
-                BinOp::Sub,
-                bin(
-                    BinOp::Add,
-                    bin(BinOp::Mul, erf, ex),
-                    bin(BinOp::Div, mm, root),
-                ),
-                un(UnOp::Neg, v),
-            )
+    let x = placeholder([&n], DType::F32, "X").unwrap();
+    let s = placeholder([] as [Expr; 0], DType::F32, "S").unwrap();
+    let y = compute(
+        [&n],
+        |[i]| {
+            let v = x.at([i]);
+            let erf = te::erf(&v * 0.7);
+            let ex = te::exp(&v * 0.5);
+            let mm = te::minimum(te::maximum(&v, 0.1), s.at([] as [Expr; 0]));
+            let root = te::sqrt(te::abs(&v) + 1.0);
+            erf * ex + mm / root - (-v)
         },
         "Y",
     )
@@ -1103,19 +1052,12 @@ fn loop_carried_vectors_match_the_interpreter() {
         (6, 24, 33, 3),
         (5, 17, 5, 2),
     ] {
-        let a = placeholder(&[Expr::int(m), Expr::int(kk)], DType::F32, "A").unwrap();
-        let b = placeholder(&[Expr::int(kk), Expr::int(n)], DType::F32, "B").unwrap();
-        let k = rivet_compiler::te::reduce_axis(Expr::int(0), Expr::int(kk), "k").unwrap();
-        let (a1, b1) = (a.clone(), b.clone());
-        let c = compute_dyn(
-            &[Expr::int(m), Expr::int(n)],
-            |i| {
-                rivet_compiler::te::ok(rivet_compiler::te::sum(
-                    a1.idx(&[i[0].clone(), rivet_compiler::te::ax(&k)])
-                        * b1.idx(&[rivet_compiler::te::ax(&k), i[1].clone()]),
-                    std::slice::from_ref(&k),
-                ))
-            },
+        let a = placeholder([m, kk], DType::F32, "A").unwrap();
+        let b = placeholder([kk, n], DType::F32, "B").unwrap();
+        let k = te::reduce_axis(0, kk, "k").unwrap();
+        let c = compute(
+            [m, n],
+            |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
             "C",
         )
         .unwrap();
@@ -1179,15 +1121,14 @@ fn loop_carried_vectors_match_the_interpreter() {
 #[test]
 fn invariant_row_scalars_stay_out_of_the_vector_loop() {
     let (rows, n) = (3i64, 37i64);
-    let x = placeholder(&[Expr::int(rows), Expr::int(n)], DType::F32, "X").unwrap();
-    let sv = placeholder(&[Expr::int(rows)], DType::F32, "S").unwrap();
-    let (x1, s1) = (x.clone(), sv.clone());
-    let y = compute_dyn(
-        &[Expr::int(rows), Expr::int(n)],
-        move |i| {
-            let mean = s1.idx(&[i[0].clone()]) / Expr::constant(n as f64, DType::F32);
-            let r = Expr::unary(UnOp::Rsqrt, mean + Expr::constant(1e-5, DType::F32)).unwrap();
-            x1.idx(i) * r
+    let x = placeholder([rows, n], DType::F32, "X").unwrap();
+    let sv = placeholder([rows], DType::F32, "S").unwrap();
+    let y = compute(
+        [rows, n],
+        |[i, j]| {
+            let mean = sv.at([&i]) / n as f64;
+            let r = te::rsqrt(mean + 1e-5);
+            x.at([i, j]) * r
         },
         "Y",
     )

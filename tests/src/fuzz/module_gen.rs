@@ -36,24 +36,17 @@ fn fixed_modules() -> Vec<Module> {
     let mut out = Vec::new();
     // Elementwise over symbolic dims, parallel and vectorised.
     let (n, m) = (te::var("n"), te::var("m"));
-    let a = te::placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
-    let b = te::placeholder(&[n.clone(), m.clone()], DType::F32, "B").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
-    let c = te::compute_dyn(&[n, m], |i| a2.idx(i) * 2.0 + b2.idx(i), "C").unwrap();
+    let a = te::placeholder([&n, &m], DType::F32, "A").unwrap();
+    let b = te::placeholder([&n, &m], DType::F32, "B").unwrap();
+    let c = te::compute([&n, &m], |[i, j]| a.at([&i, &j]) * 2.0 + b.at([i, j]), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax: Vec<_> = c.axis().iter().map(|x| x.var.clone()).collect();
     s.stage(&c).unwrap().parallel(&ax[0]).unwrap();
     out.push(build(&s, &[a, b, c], "cpu", "ew").unwrap());
     // A static reduction with a split reduction loop.
-    let a = te::placeholder(&[Expr::int(4), Expr::int(8)], DType::F64, "A").unwrap();
-    let k = te::reduce_axis(Expr::int(0), Expr::int(8), "k").unwrap();
-    let (a2, k2) = (a.clone(), k.clone());
-    let c = te::compute_dyn(
-        &[Expr::int(4)],
-        |i| te::ok(te::sum(a2.idx(&[i[0].clone(), te::ax(&k2)]), &[k2.clone()])),
-        "C",
-    )
-    .unwrap();
+    let a = te::placeholder([4, 8], DType::F64, "A").unwrap();
+    let k = te::reduce_axis(0, 8, "k").unwrap();
+    let c = te::compute([4], |[i]| te::sum(a.at((i, &k)), &k), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     s.stage(&c)
         .unwrap()
@@ -62,16 +55,9 @@ fn fixed_modules() -> Vec<Module> {
     out.push(build(&s, &[a, c], "cpu", "red").unwrap());
     // A stencil with its producer computed at the consumer's loop (a local buffer).
     let n = te::var("n");
-    let a = te::placeholder(&[n.clone().add(&Expr::int(1))], DType::I32, "A").unwrap();
-    let a2 = a.clone();
-    let p = te::compute_dyn(&[n.clone().add(&Expr::int(1))], |i| a2.idx(i) * 3i64, "P").unwrap();
-    let p2 = p.clone();
-    let c = te::compute_dyn(
-        &[n],
-        |i| p2.idx(i) + p2.idx(&[i[0].add(&Expr::int(1))]),
-        "C",
-    )
-    .unwrap();
+    let a = te::placeholder([&n + 1], DType::I32, "A").unwrap();
+    let p = te::compute([&n + 1], |[i]| a.at([i]) * 3, "P").unwrap();
+    let c = te::compute([&n], |[i]| p.at([&i]) + p.at([i + 1]), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let ax = c.axis()[0].var.clone();
     let (o, _) = s

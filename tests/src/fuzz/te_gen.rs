@@ -182,18 +182,18 @@ fn read(inp: &Input, vars: &[Expr], r: &mut Rng, guard_ok: bool) -> Expr {
         };
         if guard_ok && r.chance(0.3) {
             guards.push(te::all(
-                te::compare(rivet_compiler::ir::CmpOp::Ge, e.clone(), Expr::int(0)).unwrap(),
+                te::compare(rivet_compiler::ir::CmpOp::Ge, &e, 0).unwrap(),
                 e.lt(&dim.expr),
             ));
         }
         idx.push(e);
     }
-    let v = inp.te.idx(&idx);
+    let v = inp.te.at(&idx);
     match guards.into_iter().reduce(te::all) {
         None => v,
         Some(g) => {
             let z = Expr::constant(0.0, inp.te.dtype());
-            te::try_if_then_else(g, v, z).unwrap_or_else(|_| inp.te.idx(&idx))
+            te::try_if_then_else(g, v, z).unwrap_or_else(|_| inp.te.at(&idx))
         }
     }
 }
@@ -302,22 +302,22 @@ fn gen_program(r: &mut Rng, log: &mut String) -> Program {
         } else {
             out_dims[0].expr.clone()
         };
-        let k: IterVar = te::reduce_axis(Expr::int(0), ext, "k").expect("int64 bounds");
+        let k: IterVar = te::reduce_axis(0, ext, "k").expect("int64 bounds");
         let mut cr = r.clone();
         let op = r.below(3);
         let c = te::compute_dyn(
             &out_shape,
             |i| {
                 let mut vars = i.to_vec();
-                vars.push(te::ax(&k));
+                vars.push(Expr::from(&k));
                 let rot = cr.below(vars.len() as u64) as usize;
                 vars.rotate_right(rot);
                 let b = body(&inputs, &vars, dtype, &mut cr);
-                te::ok(match op {
-                    0 => te::sum(b, &[k.clone()]),
-                    1 => te::max_over(b, &[k.clone()]),
-                    _ => te::min_over(b, &[k.clone()]),
-                })
+                match op {
+                    0 => te::sum(b, &k),
+                    1 => te::max_over(b, &k),
+                    _ => te::min_over(b, &k),
+                }
             },
             "C",
         );
@@ -360,7 +360,7 @@ fn gen_fallback(dtype: DType, out_dims: Vec<Dim>, inputs: Vec<Input>) -> Program
             let idx: Vec<Expr> = (0..rank)
                 .map(|d| i.get(d).cloned().unwrap_or(Expr::int(0)))
                 .collect();
-            a.idx(&idx)
+            a.at(idx)
         },
         "C",
     )

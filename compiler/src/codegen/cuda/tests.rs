@@ -2073,21 +2073,10 @@ int main(int argc, char** argv) {
 /// calling it with CPU tensors, or allocating its outputs, is a `DeviceError`, never a panic.
 #[test]
 fn cuda_build_and_call_through_the_public_api() {
-    use crate::te::{compute_dyn, placeholder};
+    use crate::te::{compute, placeholder};
     let n = crate::te::var("n");
-    let a = placeholder(&[n.clone()], F, "A").unwrap();
-    let c = compute_dyn(
-        &[n.clone()],
-        |i| {
-            crate::te::ok(Expr::binary(
-                BinOp::Mul,
-                a.try_at(&[i[0].clone()]).unwrap(),
-                Expr::constant(2.0, F),
-            ))
-        },
-        "C",
-    )
-    .unwrap();
+    let a = placeholder([&n], F, "A").unwrap();
+    let c = compute([&n], |[i]| a.at([i]) * 2.0, "C").unwrap();
     let mut s = crate::Schedule::new(&[c.clone()]).unwrap();
     let i = c.axis()[0].var.clone();
     let st = s.stage(&c).unwrap();
@@ -2155,19 +2144,21 @@ fn allreduce_rows(
     threads: i64,
     rows_per_block: Option<i64>,
 ) -> PrimFunc {
-    use crate::te::{self, ax};
+    use crate::ir::ReduceOp;
+    use crate::te;
     let (n, k) = (te::var("n"), te::var("k"));
-    let a = te::placeholder(&[n.clone(), k.clone()], dt, "A").unwrap();
-    let r = te::reduce_axis(int(0), k, "r").unwrap();
-    let a1 = a.clone();
-    let out = te::compute_dyn(
-        &[n],
-        |i| {
-            te::ok(te::reduce(
-                op,
-                a1.idx(&[i[0].clone(), ax(&r)]),
-                std::slice::from_ref(&r),
-            ))
+    let a = te::placeholder([&n, &k], dt, "A").unwrap();
+    let r = te::reduce_axis(0, &k, "r").unwrap();
+    let out = te::compute(
+        [&n],
+        |[i]| {
+            let v = a.at((i, &r));
+            match op {
+                ReduceOp::Sum => te::sum(v, &r),
+                ReduceOp::Prod => te::prod(v, &r),
+                ReduceOp::Max => te::max_over(v, &r),
+                ReduceOp::Min => te::min_over(v, &r),
+            }
         },
         "R",
     )
@@ -2299,16 +2290,14 @@ fn cuda_allreduce_agrees_with_the_interpreter_under_host_emulation() {
 /// `C[i, j] = A[i, j] * B[i] + A[i, j]` over `m x n` (`i` on blocks, `j` split by `4` (or 2)
 /// with the outer part on threads and the inner part vectorized), lowered for CUDA.
 fn vectorized_elementwise(dt: DType, m: i64, n: i64, factor: i64) -> PrimFunc {
-    use crate::te::{compute_dyn, placeholder};
-    let a = placeholder(&[int(m), int(n)], dt, "A").unwrap();
-    let b = placeholder(&[int(m)], dt, "B").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
-    let c = compute_dyn(
-        &[int(m), int(n)],
-        |i| {
-            let x = a2.idx(i);
-            let p = Expr::binary(BinOp::Mul, x.clone(), b2.idx(&[i[0].clone()])).unwrap();
-            Expr::binary(BinOp::Add, p, x).unwrap()
+    use crate::te::{compute, placeholder};
+    let a = placeholder([m, n], dt, "A").unwrap();
+    let b = placeholder([m], dt, "B").unwrap();
+    let c = compute(
+        [m, n],
+        |[i, j]| {
+            let x = a.at([&i, &j]);
+            &x * b.at([i]) + x
         },
         "C",
     )

@@ -14,7 +14,7 @@ use crate::ir::stmt::{ForKind, PrimFunc, Stmt, ThreadTag};
 use crate::lower::{lower, Options, Source};
 use crate::schedule::Schedule;
 use crate::target::Target;
-use crate::te::{self, ax};
+use crate::te;
 use rivet_runtime::DType;
 
 /// `R[i] = op over k of A[i, k]` for `A: [n, k]` (symbolic), its reduction split by `threads`
@@ -27,17 +27,18 @@ fn row_reduce(
     rows_per_block: Option<i64>,
 ) -> Result<PrimFunc> {
     let (n, k) = (te::var("n"), te::var("k"));
-    let a = te::placeholder(&[n.clone(), k.clone()], dt, "A")?;
-    let r = te::reduce_axis(Expr::int(0), k, "r")?;
-    let a1 = a.clone();
-    let out = te::compute_dyn(
-        &[n],
-        |i| {
-            te::ok(te::reduce(
-                op,
-                a1.idx(&[i[0].clone(), ax(&r)]),
-                std::slice::from_ref(&r),
-            ))
+    let a = te::placeholder([&n, &k], dt, "A")?;
+    let r = te::reduce_axis(0, &k, "r")?;
+    let out = te::compute(
+        [&n],
+        |[i]| {
+            let v = a.at((i, &r));
+            match op {
+                ReduceOp::Sum => te::sum(v, &r),
+                ReduceOp::Prod => te::prod(v, &r),
+                ReduceOp::Max => te::max_over(v, &r),
+                ReduceOp::Min => te::min_over(v, &r),
+            }
         },
         "R",
     )?;
@@ -330,19 +331,9 @@ fn refused(err: crate::error::Error, want: &str) {
 #[test]
 fn bad_bindings_of_reduction_loops_are_compile_errors() {
     let (n, k) = (te::var("n"), te::var("k"));
-    let a = te::placeholder(&[n.clone(), k.clone()], DType::F32, "A").unwrap();
-    let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
-    let out = te::compute_dyn(
-        &[n],
-        |i| {
-            te::ok(te::sum(
-                a.idx(&[i[0].clone(), ax(&r)]),
-                std::slice::from_ref(&r),
-            ))
-        },
-        "R",
-    )
-    .unwrap();
+    let a = te::placeholder([&n, &k], DType::F32, "A").unwrap();
+    let r = te::reduce_axis(0, &k, "r").unwrap();
+    let out = te::compute([&n], |[i]| te::sum(a.at((i, &r)), &r), "R").unwrap();
     let mut s = Schedule::new(std::slice::from_ref(&out)).unwrap();
     let st = s.stage(&out).unwrap();
     let (ko, ki) = st.split(&r.var, Some(Expr::int(64)), None).unwrap();
@@ -359,19 +350,9 @@ fn bad_bindings_of_reduction_loops_are_compile_errors() {
     refused(f.unwrap_err(), "needs a power-of-two threadIdx.x extent");
     // A serial data-parallel loop inside a serial reduction loop: one partial per thread.
     let (m, k2) = (te::var("m"), te::var("k"));
-    let b = te::placeholder(&[m.clone(), k2.clone(), Expr::int(3)], DType::F32, "B").unwrap();
-    let r2 = te::reduce_axis(Expr::int(0), k2, "r").unwrap();
-    let out2 = te::compute_dyn(
-        &[m, Expr::int(3)],
-        |i| {
-            te::ok(te::sum(
-                b.idx(&[i[0].clone(), ax(&r2), i[1].clone()]),
-                std::slice::from_ref(&r2),
-            ))
-        },
-        "S",
-    )
-    .unwrap();
+    let b = te::placeholder((&m, &k2, 3), DType::F32, "B").unwrap();
+    let r2 = te::reduce_axis(0, &k2, "r").unwrap();
+    let out2 = te::compute((&m, 3), |[i, j]| te::sum(b.at((i, &r2, j)), &r2), "S").unwrap();
     let mut s2 = Schedule::new(std::slice::from_ref(&out2)).unwrap();
     let st2 = s2.stage(&out2).unwrap();
     let (i, j) = (out2.axis()[0].var.clone(), out2.axis()[1].var.clone());

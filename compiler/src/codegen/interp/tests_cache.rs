@@ -13,7 +13,7 @@ use crate::kernels::strategy::{schedule, Strategy};
 use crate::lower::{lower, Options, Source};
 use crate::schedule::Schedule;
 use crate::target::Target;
-use crate::te::{self, ax, Tensor};
+use crate::te::{self, Tensor};
 use rivet_runtime::DType;
 
 /// xorshift64*: reproducible data without a dependency.
@@ -211,19 +211,18 @@ fn without_its_barriers_the_gemm_is_a_race() {
     );
 }
 
-fn mm_program(m: Expr, k: Expr, n: Expr) -> (Tensor, Tensor, Tensor) {
-    let a = te::placeholder(&[m.clone(), k.clone()], DType::F32, "A").unwrap();
-    let b = te::placeholder(&[k.clone(), n.clone()], DType::F32, "B").unwrap();
-    let r = te::reduce_axis(Expr::int(0), k, "r").unwrap();
-    let (a2, b2) = (a.clone(), b.clone());
-    let c = te::compute_dyn(
-        &[m, n],
-        move |i| {
-            te::ok(te::sum(
-                a2.idx(&[i[0].clone(), ax(&r)]) * b2.idx(&[ax(&r), i[1].clone()]),
-                std::slice::from_ref(&r),
-            ))
-        },
+fn mm_program(
+    m: impl Into<Expr>,
+    k: impl Into<Expr>,
+    n: impl Into<Expr>,
+) -> (Tensor, Tensor, Tensor) {
+    let (m, k, n): (Expr, Expr, Expr) = (m.into(), k.into(), n.into());
+    let a = te::placeholder([&m, &k], DType::F32, "A").unwrap();
+    let b = te::placeholder([&k, &n], DType::F32, "B").unwrap();
+    let r = te::reduce_axis(0, &k, "r").unwrap();
+    let c = te::compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
         "C",
     )
     .unwrap();
@@ -288,7 +287,7 @@ fn hand_written_cache_read_schedule_one_output_per_thread() {
 /// dimension it does not bind (only threadIdx.y == 0 loads), and a loop of the cache smaller
 /// than the block (guarded).
 pub(crate) fn partial_binding_schedule() -> (Schedule, Vec<Tensor>) {
-    let (a, b, c) = mm_program(Expr::int(12), Expr::int(10), Expr::int(12));
+    let (a, b, c) = mm_program(12, 10, 12);
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
     let aa = s
         .cache_read(&a, "shared", std::slice::from_ref(&c))
@@ -363,7 +362,7 @@ fn refused(s: &Schedule, args: &[Tensor]) -> String {
 #[test]
 fn cache_misuse_is_a_compile_error() {
     let (m, k, n) = dims();
-    let (a, b, c) = mm_program(m.clone(), k.clone(), n.clone());
+    let (a, b, c) = mm_program(&m, &k, &n);
     let args = [a.clone(), b.clone(), c.clone()];
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
     let e = s
@@ -386,12 +385,7 @@ fn cache_misuse_is_a_compile_error() {
         .to_string();
     assert!(e.contains("reader 'A' is not a stage"), "{e}");
     // A reader that does not read the tensor.
-    let d = te::compute_dyn(
-        std::slice::from_ref(&m),
-        |i| a.idx(&[i[0].clone(), Expr::int(0)]),
-        "D",
-    )
-    .unwrap();
+    let d = te::compute([&m], |[i]| a.at((i, 0)), "D").unwrap();
     let mut s2 = Schedule::new(&[c.clone(), d.clone()]).unwrap();
     let e = s2
         .cache_read(&b, "shared", std::slice::from_ref(&d))
@@ -455,7 +449,7 @@ fn cache_misuse_is_a_compile_error() {
             "must be a constant from 1 to the block's 4 threads",
         ),
     ] {
-        let (a, b, c) = mm_program(Expr::int(12), Expr::int(10), Expr::int(12));
+        let (a, b, c) = mm_program(12, 10, 12);
         let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
         let aa = s
             .cache_read(&a, "shared", std::slice::from_ref(&c))
@@ -484,17 +478,11 @@ fn cache_misuse_is_a_compile_error() {
         assert!(e.contains(want), "{e}");
     }
     // A global (non-cache) stage computed inside a kernel stays refused.
-    let p = te::compute_dyn(&[m.clone(), k.clone()], |i| a.idx(i) * a.idx(i), "P").unwrap();
-    let r2 = te::reduce_axis(Expr::int(0), k.clone(), "r2").unwrap();
-    let (p2, b2) = (p.clone(), b.clone());
-    let q = te::compute_dyn(
-        &[m.clone(), n.clone()],
-        move |i| {
-            te::ok(te::sum(
-                p2.idx(&[i[0].clone(), ax(&r2)]) * b2.idx(&[ax(&r2), i[1].clone()]),
-                std::slice::from_ref(&r2),
-            ))
-        },
+    let p = te::compute([&m, &k], |[i, j]| a.at([&i, &j]) * a.at([i, j]), "P").unwrap();
+    let r2 = te::reduce_axis(0, &k, "r2").unwrap();
+    let q = te::compute(
+        [&m, &n],
+        |[i, j]| te::sum(p.at((i, &r2)) * b.at((&r2, j)), &r2),
         "Q",
     )
     .unwrap();
@@ -517,17 +505,11 @@ fn cache_misuse_is_a_compile_error() {
 #[test]
 fn gpu_gemm_recipe_on_a_square_of_one_tensor() {
     let n = te::var("n");
-    let a = te::placeholder(&[n.clone(), n.clone()], DType::F32, "A").unwrap();
-    let r = te::reduce_axis(Expr::int(0), n.clone(), "r").unwrap();
-    let a2 = a.clone();
-    let c = te::compute_dyn(
-        &[n.clone(), n],
-        move |i| {
-            te::ok(te::sum(
-                a2.idx(&[i[0].clone(), ax(&r)]) * a2.idx(&[ax(&r), i[1].clone()]),
-                std::slice::from_ref(&r),
-            ))
-        },
+    let a = te::placeholder([&n, &n], DType::F32, "A").unwrap();
+    let r = te::reduce_axis(0, &n, "r").unwrap();
+    let c = te::compute(
+        [&n, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * a.at((&r, j)), &r),
         "C",
     )
     .unwrap();
