@@ -457,24 +457,14 @@ mod tests {
     use super::*;
     use crate::ir::stmt::ThreadTag;
     use crate::ir::Expr;
-    use crate::te::{compute_dyn, placeholder};
+    use crate::te::{compute, placeholder};
     use rivet_runtime::DType;
 
     /// `C[i] = A[i] * 2` split by 128 and bound to blocks and threads, built for `target`.
     fn bound_double(target: &str) -> Module {
         let n = crate::te::var("n");
-        let a = placeholder(&[n.clone()], DType::F32, "A").unwrap();
-        let c = compute_dyn(
-            &[n.clone()],
-            |i| {
-                crate::te::ok(
-                    a.try_at(&[i[0].clone()])
-                        .map(|x| x * Expr::constant(2.0, DType::F32)),
-                )
-            },
-            "C",
-        )
-        .unwrap();
+        let a = placeholder([&n], DType::F32, "A").unwrap();
+        let c = compute([&n], |[i]| a.at([i]) * 2.0, "C").unwrap();
         let mut s = crate::Schedule::new(&[c.clone()]).unwrap();
         let i = c.axis()[0].var.clone();
         let st = s.stage(&c).unwrap();

@@ -818,7 +818,7 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::te::{self, ax};
+    use crate::te;
     use rivet_runtime::DType;
 
     /// `var -> extent` of every loop `build_nest` emits, read from its printed form.
@@ -861,17 +861,12 @@ mod tests {
             let symbolic = seed % 3 == 0;
             let dim = |c: i64| if symbolic { n.clone() } else { Expr::int(c) };
             let (m, k, p) = (dim(20), dim(13), dim(18));
-            let a = te::placeholder(&[m.clone(), k.clone()], DType::F32, "A").unwrap();
-            let b = te::placeholder(&[k.clone(), p.clone()], DType::F32, "B").unwrap();
-            let r = te::reduce_axis(Expr::int(0), k, "k").unwrap();
-            let c = te::compute_dyn(
-                &[m, p],
-                |i| {
-                    te::ok(te::sum(
-                        a.idx(&[i[0].clone(), ax(&r)]) * b.idx(&[ax(&r), i[1].clone()]),
-                        std::slice::from_ref(&r),
-                    ))
-                },
+            let a = te::placeholder([&m, &k], DType::F32, "A").unwrap();
+            let b = te::placeholder([&k, &p], DType::F32, "B").unwrap();
+            let r = te::reduce_axis(0, k, "k").unwrap();
+            let c = te::compute(
+                [m, p],
+                |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
                 "C",
             )
             .unwrap();

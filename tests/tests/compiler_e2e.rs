@@ -2,9 +2,9 @@
 //! schedule -> build -> call on runtime tensors, against naive Rust references; saved modules,
 //! including corrupt and crafted files.
 
-use rivet_compiler::ir::{CmpOp, Expr};
+use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::{self, DimSpec};
-use rivet_compiler::te::{self, compute, ok, placeholder};
+use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use rivet_tests::{backends, SeedGemm};
@@ -408,9 +408,8 @@ fn compute_at_and_padding_every_backend() {
             [&n],
             |[i]| {
                 let last = &n - 1;
-                let left = te::if_then_else(ok(te::compare(CmpOp::Gt, &i, 0)), p.at([&i - 1]), 0.0);
-                let right =
-                    te::if_then_else(ok(te::compare(CmpOp::Lt, &i, last)), p.at([&i + 1]), 0.0);
+                let left = te::if_then_else(te::gt(&i, 0), p.at([&i - 1]), 0.0);
+                let right = te::if_then_else(te::lt(&i, last), p.at([&i + 1]), 0.0);
                 left + p.at([i]) + right
             },
             "C",

@@ -1630,12 +1630,7 @@ fn build_red(c: &RedCase) -> Prog {
                 },
                 &j,
             );
-            match c.op {
-                ReduceOp::Sum => te::sum(body, &raxes),
-                ReduceOp::Prod => te::prod(body, &raxes),
-                ReduceOp::Max => te::max_over(body, &raxes),
-                ReduceOp::Min => te::min_over(body, &raxes),
-            }
+            te::reduction(c.op, body, &raxes)
         },
         "C",
     )
@@ -2778,12 +2773,7 @@ fn fused_split_reduction(order: [(usize, i64); 2]) -> (Te, Te, Schedule) {
         .map(|&(d, lo)| te::reduce_axis(lo, &dims[d], &format!("r{d}")).unwrap())
         .collect();
     let by_dim = |d: usize| &r[order.iter().position(|o| o.0 == d).unwrap()];
-    let c = te::compute(
-        [] as [Expr; 0],
-        |[]| te::sum(a.at([by_dim(0), by_dim(1)]), &r),
-        "C",
-    )
-    .unwrap();
+    let c = te::compute((), |[]| te::sum(a.at([by_dim(0), by_dim(1)]), &r), "C").unwrap();
     let mut s = Schedule::new(&[c.clone()]).unwrap();
     let st = s.stage(&c).unwrap();
     let f = st.fuse(&r[0].var, &r[1].var).unwrap();

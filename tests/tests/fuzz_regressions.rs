@@ -10,7 +10,7 @@
 mod fuzz;
 
 use fuzz::Outcome;
-use rivet_compiler::ir::{CmpOp, Expr};
+use rivet_compiler::ir::Expr;
 use rivet_compiler::{build, te, Schedule};
 use rivet_runtime::DType;
 
@@ -44,7 +44,7 @@ fn guarded_constant_read_over_a_symbolic_dim_builds() {
         [&n],
         |[i]| {
             let one = Expr::int(1);
-            let cond = te::all(te::compare(CmpOp::Ge, &one, 0).unwrap(), one.lt(&n));
+            let cond = te::all(te::ge(&one, 0), one.lt(&n));
             te::if_then_else(cond, a0.at([one]), 0) - a1.at([i])
         },
         "C",

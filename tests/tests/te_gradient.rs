@@ -19,8 +19,8 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use rivet_compiler::ir::{CmpOp, Expr, IterVar};
-use rivet_compiler::te::{self, compute, ok, placeholder, Tensor as Te};
+use rivet_compiler::ir::{Expr, IterVar};
+use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
@@ -263,14 +263,8 @@ fn conv2d(x: &Te, w: &Te, pad: i64) -> Te {
             let yy = oy + &ry - pad;
             let xx = ox + &rx - pad;
             let inside = te::all(
-                te::all(
-                    ok(te::compare(CmpOp::Ge, &yy, 0)),
-                    ok(te::compare(CmpOp::Lt, &yy, h)),
-                ),
-                te::all(
-                    ok(te::compare(CmpOp::Ge, &xx, 0)),
-                    ok(te::compare(CmpOp::Lt, &xx, wd)),
-                ),
+                te::all(te::ge(&yy, 0), te::lt(&yy, h)),
+                te::all(te::ge(&xx, 0), te::lt(&xx, wd)),
             );
             let v = if pad > 0 {
                 te::if_then_else(inside, x.at((n, &rc, yy, xx)), 0.0)
@@ -388,10 +382,10 @@ fn every_unary_and_binary_rule() {
         ("floormod", |a, b| te::floormod(a * 3.0, &b * &b + 0.5)),
         ("floordiv", |a, b| te::floordiv(&a * 3.0, 1.0) * b + a),
         ("select", |a, b| {
-            te::if_then_else(ok(te::compare(CmpOp::Gt, &a, 0.1)), te::exp(a), &b * &b)
+            te::if_then_else(te::gt(&a, 0.1), te::exp(a), &b * &b)
         }),
         ("compare", |a, b| {
-            te::cast(DType::F64, ok(te::compare(CmpOp::Lt, &a, &b))) * a + b
+            te::cast(DType::F64, te::lt(&a, &b)) * a + b
         }),
         ("cast_f32", |a, b| {
             te::cast(DType::F64, te::cast(DType::F32, a)) * 0.0 + b
@@ -743,7 +737,7 @@ fn binary(op: u8, a: Expr, b: Expr) -> Expr {
         1 => a - b,
         2 => a * b,
         3 => a / (&b * &b + 1.0),
-        _ => te::if_then_else(ok(te::compare(CmpOp::Gt, &b, 0.0)), &a * b, te::tanh(a)),
+        _ => te::if_then_else(te::gt(&b, 0.0), &a * b, te::tanh(a)),
     }
 }
 
@@ -841,8 +835,7 @@ fn build_program(rows: i64, cols: i64, steps: &[Step]) -> Built {
                 shape,
                 |[i, j]| {
                     let jm = &j - 1;
-                    te::if_then_else(ok(te::compare(CmpOp::Ge, &jm, 0)), t.at([&i, &jm]), 0.0)
-                        + t.at([i, j])
+                    te::if_then_else(te::ge(&jm, 0), t.at([&i, &jm]), 0.0) + t.at([i, j])
                 },
                 &name,
             )

@@ -955,14 +955,14 @@ fn loop_invariant_row_scalars_match_the_interpreter() {
 fn sixteen_lane_float32_loops_match_the_interpreter() {
     let n = te_var("n");
     let x = placeholder([&n], DType::F32, "X").unwrap();
-    let s = placeholder([] as [Expr; 0], DType::F32, "S").unwrap();
+    let s = placeholder((), DType::F32, "S").unwrap();
     let y = compute(
         [&n],
         |[i]| {
             let v = x.at([i]);
             let erf = te::erf(&v * 0.7);
             let ex = te::exp(&v * 0.5);
-            let mm = te::minimum(te::maximum(&v, 0.1), s.at([] as [Expr; 0]));
+            let mm = te::minimum(te::maximum(&v, 0.1), s.at(()));
             let root = te::sqrt(te::abs(&v) + 1.0);
             erf * ex + mm / root - (-v)
         },

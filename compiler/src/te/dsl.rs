@@ -75,6 +75,13 @@ impl<T: Clone + Into<Expr>> Indices for &Vec<T> {
     }
 }
 
+/// No indices: a rank-0 shape or element (`te::compute((), |[]| ..)`, `s.at(())`).
+impl Indices for () {
+    fn into_exprs(self) -> Vec<Expr> {
+        Vec::new()
+    }
+}
+
 macro_rules! tuple_indices {
     ($($t:ident $v:ident),+) => {
         impl<$($t: Into<Expr>),+> Indices for ($($t,)+) {

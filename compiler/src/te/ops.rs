@@ -62,7 +62,9 @@ pub fn reduce(op: ReduceOp, body: Expr, axes: &[IterVar]) -> Result<Expr> {
 /// A reduction for a stage body: `body` reduced over `axes` (`&k`, `[&k1, &k2]`, a slice).
 /// An error (a bool body, no axis, a data axis) is carried in the expression and reported by
 /// `compute`, naming the stage; `reduce` is the checked form.
-fn reduction(op: ReduceOp, body: impl Into<Expr>, axes: impl Axes) -> Expr {
+/// The reduction `op` over `axes` as an expression (the error carried, as `sum` does): for a
+/// reduction chosen at run time (`te::reduction(op, x.at((i, &r)), &r)`).
+pub fn reduction(op: ReduceOp, body: impl Into<Expr>, axes: impl Axes) -> Expr {
     let body: Expr = body.into();
     let dt = body.dtype();
     reduce(op, body, &axes.into_axes())

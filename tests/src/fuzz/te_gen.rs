@@ -181,10 +181,7 @@ fn read(inp: &Input, vars: &[Expr], r: &mut Rng, guard_ok: bool) -> Expr {
             index_form(&x, &dim.expr, r)
         };
         if guard_ok && r.chance(0.3) {
-            guards.push(te::all(
-                te::compare(rivet_compiler::ir::CmpOp::Ge, &e, 0).unwrap(),
-                e.lt(&dim.expr),
-            ));
+            guards.push(te::all(te::ge(&e, 0), e.lt(&dim.expr)));
         }
         idx.push(e);
     }

@@ -2144,7 +2144,6 @@ fn allreduce_rows(
     threads: i64,
     rows_per_block: Option<i64>,
 ) -> PrimFunc {
-    use crate::ir::ReduceOp;
     use crate::te;
     let (n, k) = (te::var("n"), te::var("k"));
     let a = te::placeholder([&n, &k], dt, "A").unwrap();
@@ -2153,12 +2152,7 @@ fn allreduce_rows(
         [&n],
         |[i]| {
             let v = a.at((i, &r));
-            match op {
-                ReduceOp::Sum => te::sum(v, &r),
-                ReduceOp::Prod => te::prod(v, &r),
-                ReduceOp::Max => te::max_over(v, &r),
-                ReduceOp::Min => te::min_over(v, &r),
-            }
+            te::reduction(op, v, &r)
         },
         "R",
     )

@@ -33,12 +33,7 @@ fn row_reduce(
         [&n],
         |[i]| {
             let v = a.at((i, &r));
-            match op {
-                ReduceOp::Sum => te::sum(v, &r),
-                ReduceOp::Prod => te::prod(v, &r),
-                ReduceOp::Max => te::max_over(v, &r),
-                ReduceOp::Min => te::min_over(v, &r),
-            }
+            te::reduction(op, v, &r)
         },
         "R",
     )?;
