@@ -70,6 +70,27 @@ fn on_compile_stack<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> 
 }
 
 /// A set of compiled functions (one per `build` call, or as many as a loaded file holds).
+/// Saved to a file and loaded back (here or from Python's `rivet.load_module`), it is compiled
+/// again for the loading machine's CPU.
+///
+/// ```
+/// use rivet_compiler::{build, te, Module, Schedule};
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let n = te::var("n");
+/// let x = te::placeholder([&n], DType::F64, "X")?;
+/// let y = te::compute([&n], |[i]| x.at([i]) + 1.0, "Y")?;
+/// let module = build(&Schedule::new(&[&y])?, &[&x, &y], "cpu", "add_one")?;
+/// let path = std::env::temp_dir().join(format!("add_one_{}.rivet", std::process::id()));
+/// module.save(&path)?;
+/// let loaded = Module::load(&path)?;
+/// assert_eq!(loaded.function_names(), ["add_one"]);
+/// assert!(loaded.get_function("missing").is_err());
+/// # std::fs::remove_file(&path).ok();
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Module {
     pub funcs: Vec<Arc<Compiled>>,
@@ -108,6 +129,27 @@ fn dims_text(f: &PrimFunc, env: &HashMap<Var, i64>) -> String {
 
 /// Lowers and compiles a schedule: `args` lists inputs and outputs in call order.
 /// `target` is a `Target` or its spelling (`"cpu"`, `"interp"`, `"cuda -arch=sm_90"`).
+///
+/// ```
+/// use rivet_compiler::{build, te, Schedule};
+/// use rivet_runtime::{DType, Tensor, Value};
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let n = te::var("n");
+/// let x = te::placeholder([&n], DType::F32, "X")?;
+/// let y = te::compute([&n], |[i]| te::maximum(x.at([i]), 0.0), "Y")?;
+/// let module = build(&Schedule::new(&[&y])?, &[&x, &y], "cpu", "relu")?;
+/// let relu = module.get_function("relu")?;
+/// let a = Tensor::from_slice(&[-1.0f32, 2.0, -3.0], &[3])?;
+/// // Inputs only: the output is allocated (its shape from the inputs') and returned.
+/// let Value::Tensor(b) = relu.call(&[a.into()])? else { unreachable!() };
+/// assert_eq!(b.to_vec::<f32>()?, [0.0, 2.0, 0.0]);
+/// // An argument that is not a tensor the program can read is an error, not a build:
+/// let z = te::placeholder([&n], DType::F32, "Z")?;
+/// assert!(build(&Schedule::new(&[&y])?, &[&z, &y], "cpu", "bad").is_err());
+/// # Ok(())
+/// # }
+/// ```
 pub fn build<T: ToTarget + ?Sized, A: std::borrow::Borrow<TeTensor>>(
     sched: &Schedule,
     args: &[A],

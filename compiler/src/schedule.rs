@@ -162,6 +162,34 @@ pub struct Stage {
     pub taps: Vec<crate::ir::callback::Callback>,
 }
 
+/// How the stages of a program are computed: a loop nest per stage, transformed by the
+/// stage's primitives (`split`, `tile`, `reorder`, `fuse`, `parallel`, `vectorize`, `unroll`,
+/// `bind`, ...) and by moving stages (`compute_inline`, `compute_at`, `cache_read`). A
+/// schedule never changes what is computed: every primitive keeps the program's values.
+///
+/// ```
+/// use rivet_compiler::{build, te, Schedule};
+/// use rivet_runtime::{DType, Tensor};
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let (n, m) = (te::var("n"), te::var("m"));
+/// let a = te::placeholder([&n, &m], DType::F32, "A")?;
+/// let b = te::compute([&n, &m], |[i, j]| a.at([i, j]) * 2.0, "B")?;
+/// let mut s = Schedule::new(&[&b])?;
+/// let [i, j] = [b.axis()[0].var.clone(), b.axis()[1].var.clone()];
+/// let st = s.stage(&b)?;
+/// let (_io, _jo, ii, ji) = st.tile(&i, &j, 4, 8)?;
+/// st.vectorize(&ji)?;
+/// st.unroll(&ii)?;
+/// let f = build(&s, &[&a, &b], "cpu", "double")?.get_function("double")?;
+/// // Extents that do not divide the tiles are guarded.
+/// let x = Tensor::from_slice(&(0..30).map(|v| v as f32).collect::<Vec<_>>(), &[5, 6])?;
+/// let y = Tensor::zeros(&[5, 6], DType::F32)?;
+/// f.call(&[x.into(), y.clone().into()])?;
+/// assert_eq!(y.to_vec::<f32>()?[29], 58.0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Schedule {
     pub outputs: Vec<Tensor>,
@@ -261,6 +289,12 @@ impl Stage {
                 v.name
             ))
         }
+    }
+
+    /// `split(parent, Some(factor), None)`: the inner loop of extent `factor`, an int
+    /// expression or an integer (`split_by(&i, 8)`).
+    pub fn split_by(&mut self, parent: &Var, factor: impl Into<Expr>) -> Result<(Var, Var)> {
+        self.split(parent, Some(factor.into()), None)
     }
 
     /// Splits loop `parent` into `(outer, inner)` with `inner` of extent `factor`, or with
@@ -373,9 +407,16 @@ impl Stage {
     }
 
     /// Tiles two loops: returns `(x.outer, y.outer, x.inner, y.inner)` in that loop order.
-    pub fn tile(&mut self, x: &Var, y: &Var, xf: Expr, yf: Expr) -> Result<(Var, Var, Var, Var)> {
-        let (xo, xi) = self.split(x, Some(xf), None)?;
-        let (yo, yi) = self.split(y, Some(yf), None)?;
+    /// The factors are int expressions or integers (`tile(&i, &j, 4, 8)`).
+    pub fn tile(
+        &mut self,
+        x: &Var,
+        y: &Var,
+        xf: impl Into<Expr>,
+        yf: impl Into<Expr>,
+    ) -> Result<(Var, Var, Var, Var)> {
+        let (xo, xi) = self.split(x, Some(xf.into()), None)?;
+        let (yo, yi) = self.split(y, Some(yf.into()), None)?;
         self.reorder(&[xo.clone(), yo.clone(), xi.clone(), yi.clone()])?;
         Ok((xo, yo, xi, yi))
     }

@@ -135,7 +135,17 @@ pub struct Limits {
     pub warp_size: u32,
 }
 
-/// A compilation target.
+/// A compilation target, usually given by its spelling wherever a target is taken.
+///
+/// ```
+/// use rivet_compiler::{Target, TargetKind};
+///
+/// let cpu: Target = "cpu".parse().unwrap();
+/// assert_eq!(cpu.kind, TargetKind::Cpu);
+/// let gpu = Target::parse("cuda -arch=sm_90").unwrap();
+/// assert_eq!(gpu.kind, TargetKind::Cuda);
+/// assert!(Target::parse("tpu").is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {
     pub kind: TargetKind,

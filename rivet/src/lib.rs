@@ -106,6 +106,32 @@ pub mod te {
 /// `use rivet::prelude::*;` brings what a kernel author needs: the [`te`] DSL module, its
 /// conversion traits, [`build()`] and [`Schedule`], the runtime's [`Tensor`], [`Function`],
 /// [`DType`] and [`Value`], and [`Run`] to call a function on tensors.
+///
+/// ```
+/// use rivet::prelude::*;
+///
+/// # fn main() -> rivet::Result<()> {
+/// // A scheduled kernel: y = a x + y over row blocks of 4, in parallel, 8-wide vectors.
+/// let (n, m) = (te::var("n"), te::var("m"));
+/// let x = te::placeholder([&n, &m], DType::F32, "X")?;
+/// let y = te::placeholder([&n, &m], DType::F32, "Y")?;
+/// let z = te::compute([&n, &m], |[i, j]| 3.0 * x.at([&i, &j]) + y.at([i, j]), "Z")?;
+/// let mut s = Schedule::new(&[&z])?;
+/// let [i, j] = [z.axis()[0].var.clone(), z.axis()[1].var.clone()];
+/// let st = s.stage(&z)?;
+/// let (io, _ii) = st.split_by(&i, 4)?;
+/// st.parallel(&io)?;
+/// let (_jo, ji) = st.split_by(&j, 8)?;
+/// st.vectorize(&ji)?;
+/// let f = build(&s, &[&x, &y, &z], "cpu", "axpy")?.get_function("axpy")?;
+/// let a = Tensor::from_vec(vec![1.0f32; 30], &[3, 10])?;
+/// let b = Tensor::from_vec(vec![0.5f32; 30], &[3, 10])?;
+/// let c = Tensor::zeros(&[3, 10], DType::F32)?;
+/// f.run(&[&a, &b, &c])?;
+/// assert!(c.to_vec::<f32>()?.iter().all(|&v| v == 3.5));
+/// # Ok(())
+/// # }
+/// ```
 pub mod prelude {
     pub use crate::te;
     pub use crate::te::{Axes, Indices};
@@ -124,6 +150,30 @@ pub mod prelude {
 /// gradient crosses as a function of its own: hand over [`backward()`] of it too, and pass it
 /// as `backward=`). `examples/rust_library` is
 /// such a crate; `tests/python/test_rust_examples.py` loads it and checks it against torch.
+///
+/// ```
+/// use rivet::prelude::*;
+///
+/// fn functions() -> rivet::Result<Vec<(String, Function)>> {
+///     let n = te::var("n");
+///     let x = te::placeholder([&n], DType::F32, "X")?;
+///     let y = te::compute([&n], |[i]| te::exp(x.at([i])), "Y")?;
+///     let f = build(&Schedule::new(&[&y])?, &[&x, &y], "cpu", "exp")?.get_function("exp")?;
+///     Ok(vec![("mylib.exp".to_string(), f)])
+/// }
+///
+/// rivet::python_library!(functions);
+///
+/// # fn main() {
+/// // Python's rivet.load_library calls the entry point with its host API; without one it
+/// // refuses (here, with a NULL host) and says why in the error buffer.
+/// let mut err = [0 as std::ffi::c_char; 128];
+/// let rc = unsafe { rivet_library_init(std::ptr::null(), err.as_mut_ptr(), err.len()) };
+/// assert_ne!(rc, 0);
+/// let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
+/// assert!(msg.contains("host API is NULL"), "{msg}");
+/// # }
+/// ```
 #[macro_export]
 macro_rules! python_library {
     ($build:expr) => {

@@ -7,7 +7,17 @@ use dlpack_rs::ffi::{DLDataType, DLDataTypeCode};
 use std::fmt;
 use std::str::FromStr;
 
-/// Serialised by name ("float32"), the same spelling as the Python API.
+/// An element type. Parsed from and serialised by name ("float32"), the same spelling as the
+/// Python API.
+///
+/// ```
+/// use rivet_runtime::DType;
+///
+/// let d: DType = "bfloat16".parse().unwrap();
+/// assert_eq!(d, DType::BF16);
+/// assert_eq!(DType::F32.to_string(), "float32");
+/// assert!("float128".parse::<DType>().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum DType {

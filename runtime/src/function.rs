@@ -17,6 +17,28 @@ type Body = dyn Fn(&[Value]) -> Result<Value> + Send + Sync;
 /// shapes (in parameter order), without running it.
 pub type OutputRule = dyn Fn(&[&[i64]]) -> Result<Vec<(Vec<i64>, DType)>> + Send + Sync;
 
+/// A packed function: called with a slice of `Value`s, returns a `Value` (tvm-ffi's model).
+/// Compiled kernels, the native `testing.*` functions, Python callables and functions of
+/// another library are all `Function`s; typed ones check their arguments against a
+/// `Signature` first, so a wrong call is an error that names the argument.
+///
+/// ```
+/// use rivet_runtime::{registry, Error, Function, Value};
+///
+/// let twice = Function::new("my.twice", |args| match args {
+///     [Value::Int(v)] => v
+///         .checked_mul(2)
+///         .map(Value::Int)
+///         .ok_or_else(|| Error::Argument(format!("my.twice: {v} * 2 overflows"))),
+///     _ => Err(Error::Argument("my.twice: expected one int".into())),
+/// });
+/// assert!(matches!(twice.call(&[Value::Int(21)]), Ok(Value::Int(42))));
+/// assert!(twice.call(&[Value::Int(i64::MIN)]).is_err());
+/// registry::register("my.twice", twice, false).unwrap();
+/// assert!(registry::get("my.twice").is_ok());
+/// // A second registration under the same name is refused unless it overrides.
+/// assert!(registry::register("my.twice", Function::new("x", |_| Ok(Value::Null)), false).is_err());
+/// ```
 #[derive(Clone)]
 pub struct Function {
     inner: Arc<Inner>,

@@ -32,8 +32,27 @@ impl<T: Send + Sync + 'static> Keepalive for T {
     }
 }
 
+/// A view of memory with a shape, strides (in elements), a dtype and a device: rivet's own
+/// allocations, Rust `Vec`s, or another framework's memory through DLPack, never copied.
 /// A cheap handle (one `Arc`, one allocation per view with the owner stored inline): clones
 /// share the view, so passing tensors around in `Value`s copies a pointer, not a shape.
+///
+/// ```
+/// use rivet_runtime::{DType, Tensor};
+///
+/// # fn main() -> rivet_runtime::Result<()> {
+/// let t = Tensor::from_vec((0..6).map(|v| v as f32).collect(), &[2, 3])?;
+/// assert_eq!((t.shape(), t.strides(), t.dtype()), (&[2, 3][..], &[3, 1][..], DType::F32));
+/// // A transposed view of the same memory: strides, no copy.
+/// let tt = t.as_strided(&[3, 2], &[1, 3], 0)?;
+/// assert_eq!(tt.to_vec::<f32>()?, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+/// assert_eq!(tt.data_ptr(), t.data_ptr());
+/// // A view that would reach outside the memory is refused:
+/// assert!(t.as_strided(&[3, 3], &[3, 1], 0).is_err());
+/// assert!(t.as_strided(&[2], &[i64::MAX], 0).is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Tensor(Arc<View<dyn Keepalive>>);
 

@@ -7,6 +7,19 @@ use crate::function::Function;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
+/// One argument or result of a packed function (tvm-ffi's `Any`): scalars by value, strings,
+/// tensors and functions by reference.
+///
+/// ```
+/// use rivet_runtime::{DType, Tensor, Value};
+///
+/// let args: Vec<Value> = vec![2.5.into(), 7i64.into(), "mode".into(), DType::F16.into()];
+/// assert_eq!(args[0].as_f64(), Some(2.5));
+/// assert_eq!(args[1].as_f64(), Some(7.0)); // ints read as floats, as in Python
+/// assert_eq!(args[2].kind(), "str");
+/// let t: Value = Tensor::zeros(&[2], DType::F32).unwrap().into();
+/// assert_eq!(t.as_tensor().map(|t| t.numel()), Some(2));
+/// ```
 #[derive(Clone, Debug, Default)]
 pub enum Value {
     #[default]
