@@ -25,9 +25,13 @@ use std::sync::Arc;
 /// view over a whole `Vec` may give that `Vec` back).
 pub trait Keepalive: Send + Sync {
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn as_any(&self) -> &dyn Any;
 }
 impl<T: Send + Sync + 'static> Keepalive for T {
     fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn as_any(&self) -> &dyn Any {
         self
     }
 }
@@ -85,12 +89,28 @@ unsafe impl Send for Meta {}
 unsafe impl Sync for Meta {}
 
 impl Tensor {
+    /// A view kept alive by `owner`. A view of a view keeps the parent's own owner instead,
+    /// when that is a tensor: so a view's owner is never a view of a view, chains of views
+    /// (`t = t.as_strided(..)` in a loop, a million deep) are two levels, and dropping one
+    /// cannot recurse deeper than that. The memory is the same: the parent only kept that
+    /// owner alive.
     fn new<K: Keepalive + 'static>(m: Meta, ext: layout::Extent, owner: K) -> Tensor {
-        Tensor(Arc::new(View {
-            m,
-            ext,
-            _owner: owner,
-        }))
+        let grandparent = (&owner as &dyn Any)
+            .downcast_ref::<Tensor>()
+            .and_then(|parent| parent.0._owner.as_any().downcast_ref::<Tensor>())
+            .cloned();
+        match grandparent {
+            Some(root) => Tensor(Arc::new(View {
+                m,
+                ext,
+                _owner: root,
+            })),
+            None => Tensor(Arc::new(View {
+                m,
+                ext,
+                _owner: owner,
+            })),
+        }
     }
 }
 
@@ -576,6 +596,42 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_million_nested_views_drop_without_deep_recursion() {
+        // Each view made from the last (as_strided, read-only views, narrowing offsets): the
+        // owners stay two levels deep, so the drop below does not overflow the stack (it did
+        // at about 10,000 levels when each view kept its parent).
+        let base =
+            Tensor::from_slice(&(0..64).map(|v| v as f32).collect::<Vec<_>>(), &[64]).unwrap();
+        let mut t = base.clone();
+        for k in 0..1_000_000 {
+            t = match k % 3 {
+                0 => t.as_strided(&[8, 8], &[8, 1], 0).unwrap(),
+                1 => t.to_read_only(),
+                _ => t.as_strided(&[64], &[1], 0).unwrap(),
+            };
+        }
+        assert_eq!(t.to_vec::<f32>().unwrap()[63], 63.0);
+        assert!(t.is_read_only());
+        let depth = |t: &Tensor| {
+            let mut d = 0;
+            let mut cur = t.0._owner.as_any().downcast_ref::<Tensor>();
+            while let Some(p) = cur {
+                d += 1;
+                cur = p.0._owner.as_any().downcast_ref::<Tensor>();
+            }
+            d
+        };
+        assert!(depth(&t) <= 1, "depth {}", depth(&t));
+        // A narrowed view still cannot reach past its parent: the extent check is the parent's
+        // (the view's), not the root's.
+        let narrow = base.as_strided(&[4], &[1], 10).unwrap();
+        assert!(narrow.as_strided(&[5], &[1], 0).is_err());
+        drop(base);
+        drop(t);
+        assert_eq!(narrow.to_vec::<f32>().unwrap(), [10.0, 11.0, 12.0, 13.0]);
+    }
 
     #[test]
     fn to_vec_reads_foreign_bytes_unaligned_and_bools_normalised() {
