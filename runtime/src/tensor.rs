@@ -264,6 +264,12 @@ impl Tensor {
 
     /// A compact CPU tensor holding a copy of `values`.
     pub fn from_slice<T: Element>(values: &[T], shape: &[i64]) -> Result<Tensor> {
+        // Checked first: two negative dims multiply to a count that may match `values`.
+        if let Some(d) = shape.iter().find(|&&d| d < 0) {
+            return Err(Error::Shape(format!(
+                "shape {shape:?} has a negative dim ({d}); dims are >= 0"
+            )));
+        }
         let n = layout::numel(shape)
             .ok_or_else(|| Error::Shape(format!("shape {shape:?} overflows")))?;
         if n as usize != values.len() {
@@ -596,6 +602,17 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_slice_refuses_negative_dims_whose_product_matches() {
+        for shape in [&[-1i64, -3][..], &[i64::MIN, -1], &[-1]] {
+            let e = Tensor::from_slice(&[1f32, 2., 3.], shape).unwrap_err();
+            assert!(
+                matches!(&e, Error::Shape(m) if m.contains("negative dim")),
+                "{shape:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn a_million_nested_views_drop_without_deep_recursion() {
