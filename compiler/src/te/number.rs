@@ -40,8 +40,11 @@ use std::fmt;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Number {
+    /// `true` / `false`: a bool constant whatever the other operand.
     Bool(bool),
+    /// An integer literal.
     Int(i64),
+    /// A float literal.
     Float(f64),
 }
 
@@ -94,7 +97,9 @@ impl fmt::Display for Number {
 /// ```
 #[derive(Clone, Debug)]
 pub enum Operand {
+    /// An expression (an axis becomes its variable's expression).
     Expr(Expr),
+    /// A number, converted by the rule of this module when combined.
     Number(Number),
 }
 

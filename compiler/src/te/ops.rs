@@ -273,7 +273,8 @@ fn binary_body(op: BinOp, a: impl Into<Operand>, b: impl Into<Operand>) -> Expr 
 
 /// Elementwise maximum / minimum of two operands.
 ///
-/// `maximum` is also `max(a, b)` in the Python DSL; `minimum` below is its mirror.
+/// Python's `te.max(a, b)`; `minimum` is its mirror. A number takes the other operand's dtype
+/// (`te::number`).
 ///
 /// ```
 /// use rivet_compiler::te;

@@ -30,26 +30,37 @@ use std::sync::Arc;
 /// ```
 #[derive(Debug)]
 pub enum Op {
+    /// An input: its values are an argument of the built function.
     Placeholder,
     /// `body` over `axis` (one data-parallel `IterVar` per output dim, `[0, shape[d])`).
     Compute {
+        /// The data-parallel axes, one per dim.
         axis: Vec<IterVar>,
+        /// The value of one element (a reduction only at its top).
         body: Expr,
     },
     /// Computed by a host callback from whole, materialised `inputs` (TVM's `te.extern`):
     /// no axes, no body; `ir::callback` gives the calling convention.
     Extern {
+        /// The tensors handed to the callback, in call order.
         inputs: Vec<Tensor>,
+        /// The host function and how it is called.
         callback: crate::ir::callback::Callback,
     },
 }
 
+/// What a `Tensor` handle points to.
 #[derive(Debug)]
 pub struct TensorNode {
+    /// Identity (`Tensor::id`).
     pub id: u32,
+    /// `Tensor::name`.
     pub name: String,
+    /// `Tensor::shape`.
     pub shape: Vec<Expr>,
+    /// `Tensor::dtype`.
     pub dtype: DType,
+    /// `Tensor::op`.
     pub op: Op,
     /// This stage is an extern stage or reads one, directly or through other stages: a host
     /// callback (possibly a Python callable) is reachable from it. Lets the Python bindings'
@@ -158,24 +169,31 @@ pub fn top_reduce(body: &Expr) -> Option<(ReduceOp, &Expr, &[IterVar])> {
 }
 
 impl Tensor {
+    /// The tensor's identity (unique in the process; clones share it).
     pub fn id(&self) -> u32 {
         self.0.id
     }
+    /// The name given at creation (stage names in errors and printed IR).
     pub fn name(&self) -> &str {
         &self.0.name
     }
+    /// One int64 expression per dim (constants or expressions over `te::var`s).
     pub fn shape(&self) -> &[Expr] {
         &self.0.shape
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.0.dtype
     }
+    /// The number of dims (0 for a scalar).
     pub fn ndim(&self) -> usize {
         self.0.shape.len()
     }
+    /// What computes it: see `Op`.
     pub fn op(&self) -> &Op {
         &self.0.op
     }
+    /// Whether it is an input (`placeholder`).
     pub fn is_placeholder(&self) -> bool {
         matches!(self.0.op, Op::Placeholder)
     }
@@ -196,6 +214,7 @@ impl Tensor {
         }
     }
 
+    /// The body of a compute (a reduction at its top, if any); `None` otherwise.
     pub fn body(&self) -> Option<&Expr> {
         match &self.0.op {
             Op::Compute { body, .. } => Some(body),
@@ -215,6 +234,7 @@ impl Tensor {
     pub fn stops_gradient(&self) -> bool {
         self.0.stop_gradient
     }
+    /// Whether it is an extern stage (`extern_`).
     pub fn is_extern(&self) -> bool {
         matches!(self.0.op, Op::Extern { .. })
     }
@@ -571,7 +591,9 @@ pub fn stop_gradient(t: &Tensor) -> Result<Tensor> {
 /// # }
 /// ```
 pub enum CallbackFn {
+    /// A packed function, called as is.
     Function(rivet_runtime::Function),
+    /// The name of a function in `rivet_runtime::registry`.
     Registered(String),
 }
 
