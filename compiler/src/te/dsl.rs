@@ -45,7 +45,31 @@ impl From<u32> for Expr {
 
 /// The indices of one element (`Tensor::at`) or the dims of a shape (`placeholder`,
 /// `compute`): one int64 expression each.
+///
+/// ```
+/// use rivet_compiler::te::{self, Indices};
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let n = te::var("n");
+/// let k = te::reduce_axis(0, &n, "k")?;
+/// assert_eq!([&n, &n].into_exprs().len(), 2); // an array of one kind
+/// assert_eq!((&n, 4, &k).into_exprs()[2].to_string(), "k"); // a tuple of mixed kinds
+/// assert_eq!(vec![1i64, i64::MAX].into_exprs()[1].as_int(), Some(i64::MAX));
+/// assert!(().into_exprs().is_empty()); // rank 0
+/// let x = te::placeholder((&n, 3), DType::F32, "X")?;
+/// assert_eq!(x.at((&k, 2)).dtype(), DType::F32);
+/// # Ok(())
+/// # }
+/// ```
 pub trait Indices {
+    /// The index expressions, in order.
+    ///
+    /// ```
+    /// use rivet_compiler::te::Indices;
+    ///
+    /// assert_eq!([3, 4].into_exprs()[1].as_int(), Some(4));
+    /// ```
     fn into_exprs(self) -> Vec<Expr>;
 }
 
@@ -102,7 +126,35 @@ tuple_indices!(A a, B b, C c, D d, E e, F f, G g);
 tuple_indices!(A a, B b, C c, D d, E e, F f, G g, H h);
 
 /// The axes of a reduction (`te::sum(expr, &k)`, `te::sum(expr, [&k1, &k2])`).
+///
+/// ```
+/// use rivet_compiler::te::{self, Axes};
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let x = te::placeholder([4, 5], DType::F32, "X")?;
+/// let (r, c) = (te::reduce_axis(0, 4, "r")?, te::reduce_axis(0, 5, "c")?);
+/// assert_eq!([&r, &c].into_axes().len(), 2);
+/// let both = vec![r.clone(), c.clone()];
+/// let s = te::compute((), |[]| te::sum(x.at((&r, &c)), &both), "S")?;
+/// assert_eq!(s.reduce_axis().len(), 2);
+/// let m = te::compute([4], |[i]| te::max_over(x.at((i, &c)), &c), "M")?;
+/// assert_eq!(&*m.reduce_axis()[0].var.name, "c");
+/// # Ok(())
+/// # }
+/// ```
 pub trait Axes {
+    /// The axes, in order.
+    ///
+    /// ```
+    /// use rivet_compiler::te::{self, Axes};
+    ///
+    /// # fn main() -> rivet_compiler::Result<()> {
+    /// let k = te::reduce_axis(0, 4, "k")?;
+    /// assert_eq!(k.into_axes()[0].extent.as_int(), Some(4));
+    /// # Ok(())
+    /// # }
+    /// ```
     fn into_axes(self) -> Vec<IterVar>;
 }
 
@@ -144,7 +196,28 @@ impl Axes for &Vec<IterVar> {
 
 /// A stage body, as `te::ok` takes it: an expression (whose errors, if any, are carried
 /// inside it as `Invalid` and reported by `compute`) or a `Result` of one.
+///
+/// ```
+/// use rivet_compiler::te::{self, Body};
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let x = te::placeholder([4], DType::F32, "X")?;
+/// assert_eq!(x.try_at([1]).into_body().dtype(), DType::F32);
+/// // A failed `Result` becomes an expression carrying the error, which `check` gives back.
+/// let e = te::check(x.try_at([1, 2]).into_body()).unwrap_err();
+/// assert!(e.to_string().contains("has 1 dims but was indexed with 2"), "{e}");
+/// # Ok(())
+/// # }
+/// ```
 pub trait Body {
+    /// The expression (an error carried in it).
+    ///
+    /// ```
+    /// use rivet_compiler::te::{self, Body};
+    ///
+    /// assert_eq!(te::var("n").into_body().to_string(), "n");
+    /// ```
     fn into_body(self) -> Expr;
 }
 impl Body for Expr {

@@ -22,10 +22,29 @@ use rivet_runtime::DType;
 use std::fmt;
 
 /// A number written where an expression goes (a Rust or Python literal, a numpy scalar).
+///
+/// ```
+/// use rivet_compiler::te;
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// assert_eq!(te::Number::Int(3).default_dtype(), DType::I64);
+/// assert_eq!(te::Number::Float(0.5).default_dtype(), DType::F32);
+/// // A number beside an expression takes the expression's dtype, when that dtype holds it.
+/// let x8 = te::placeholder([4], DType::I8, "X")?.at([0]);
+/// assert_eq!(te::check(&x8 + 127)?.dtype(), DType::I8);
+/// let e = te::check(&x8 + 300).unwrap_err();
+/// assert!(e.to_string().contains("the int 300 does not fit in int8"), "{e}");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Number {
+    /// `true` / `false`: a bool constant whatever the other operand.
     Bool(bool),
+    /// An integer literal.
     Int(i64),
+    /// A float literal.
     Float(f64),
 }
 
@@ -60,9 +79,27 @@ impl fmt::Display for Number {
 }
 
 /// One operand of an operation: an expression or a number.
+///
+/// ```
+/// use rivet_compiler::te;
+/// use rivet_runtime::DType;
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let ops: [te::Operand; 3] = [te::var("i").into(), 2.into(), 0.5.into()];
+/// assert!(matches!(ops[1], te::Operand::Number(te::Number::Int(2))));
+/// // What `maximum`, `if_then_else`, `binary`, ... take: expressions and numbers alike.
+/// let x = te::placeholder([4], DType::F32, "X")?;
+/// assert_eq!(te::check(te::maximum(2, x.at([0])))?.dtype(), DType::F32);
+/// // Two numbers: the wider kind decides (float32 over int64).
+/// assert_eq!(te::check(te::maximum(1, 2.5))?.dtype(), DType::F32);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub enum Operand {
+    /// An expression (an axis becomes its variable's expression).
     Expr(Expr),
+    /// A number, converted by the rule of this module when combined.
     Number(Number),
 }
 

@@ -43,6 +43,27 @@ fn arg_err(msg: String) -> Error {
 }
 
 /// The gradients of `output` with respect to each of `inputs` (see the module doc).
+///
+/// ```
+/// use rivet_compiler::{build, te, Schedule};
+/// use rivet_runtime::{DType, Tensor, Value};
+///
+/// # fn main() -> rivet_compiler::Result<()> {
+/// let n = te::var("n");
+/// let x = te::placeholder([&n], DType::F32, "X")?;
+/// let y = te::compute([&n], |[i]| x.at([&i]) * x.at([&i]) * 0.5, "Y")?;
+/// let [dx]: [te::Tensor; 1] = te::gradient(&y, &[x.clone()], None)?.try_into().unwrap();
+/// assert_eq!((dx.dtype(), dx.ndim()), (DType::F32, 1));
+/// let f = build(&Schedule::new(&[&dx])?, &[&x, &dx], "cpu", "dx")?.get_function("dx")?;
+/// let Value::Tensor(g) = f.call(&[Tensor::from_slice(&[3.0f32, -2.0], &[2])?.into()])? else { unreachable!() };
+/// assert_eq!(g.to_vec::<f32>()?, [3.0, -2.0]); // d(x^2 / 2) = x
+/// // Int tensors have no gradient: an error, not a silent zero.
+/// let idx = te::placeholder([&n], DType::I64, "I")?;
+/// let e = te::gradient(&y, &[idx], None).unwrap_err();
+/// assert!(e.to_string().contains("only float tensors have gradients"), "{e}");
+/// # Ok(())
+/// # }
+/// ```
 pub fn gradient(output: &Tensor, inputs: &[Tensor], head: Option<&Tensor>) -> Result<Vec<Tensor>> {
     check_args(output, inputs, head)?;
     let order = topo_order(output);
