@@ -172,6 +172,14 @@ def test_compute_errors():
         te.compute((n,), lambda i: te.sum(A[k], axis=k) * 2, name="C")
     with pytest.raises(rivet.CompileError, match="multi-output"):
         te.compute((n,), lambda i: (A[i], A[i]), name="C")
+    # Reversed or overflowing constant ranges are refused where they are written (a reversed
+    # one was an internal error at build; [MAX, MIN) wrapped to an extent of 1).
+    with pytest.raises(rivet.CompileError, match=r"reduce_axis 'r': the range \[5, 2\) is reversed"):
+        te.reduce_axis((5, 2), name="r")
+    with pytest.raises(rivet.CompileError, match="reversed"):
+        te.reduce_axis((2**63 - 1, -(2**63)), name="r")
+    with pytest.raises(rivet.CompileError, match="more than an int64 extent"):
+        te.reduce_axis((-(2**63), 2**63 - 1), name="r")
     # An exception inside fcompute comes out unchanged.
     with pytest.raises(ZeroDivisionError):
         te.compute((n,), lambda i: A[i] * (1 / 0), name="C")

@@ -42,13 +42,19 @@ pub fn var(name: &str) -> Expr {
 /// assert_eq!((k.min.as_int(), k.extent.to_string(), k.reduce), (Some(1), "(n - 1)".to_string(), true));
 /// let e = te::reduce_axis(0, te::cast(DType::F32, &n), "k").unwrap_err();
 /// assert!(e.to_string().contains("reduce_axis 'k': bounds must be int64 expressions"), "{e}");
-/// // A range with lo > hi has a negative extent: no program built over it.
+/// // A reversed constant range is refused where it is written (hostile bounds too):
+/// let e = te::reduce_axis(5, 2, "r").unwrap_err();
+/// assert!(e.to_string().contains("reduce_axis 'r': the range [5, 2) is reversed"), "{e}");
+/// assert!(te::reduce_axis(i64::MAX, i64::MIN, "r").is_err()); // hi - lo wraps to 1 in i64
+/// assert!(te::reduce_axis(i64::MIN, i64::MAX, "r").is_err()); // 2^64 - 1 values
+/// // An empty range is an empty reduction: the sum is 0.
 /// let x = te::placeholder([8], DType::F32, "X")?;
-/// let backwards = te::reduce_axis(5, 2, "r").and_then(|r| {
-///     let s = te::compute((), |[]| te::sum(x.at([&r]), &r), "S")?;
-///     build(&Schedule::new(&[&s])?, &[&x, &s], "cpu", "s")
-/// });
-/// assert!(backwards.is_err());
+/// let r = te::reduce_axis(3, 3, "r")?;
+/// let s = te::compute((), |[]| te::sum(x.at([&r]), &r), "S")?;
+/// let f = build(&Schedule::new(&[&s])?, &[&x, &s], "cpu", "s")?.get_function("s")?;
+/// let (a, out) = (rivet_runtime::Tensor::from_slice(&[1f32; 8], &[8])?, rivet_runtime::Tensor::from_slice(&[f32::NAN], &[])?);
+/// f.call(&[a.into(), out.clone().into()])?;
+/// assert_eq!(out.to_vec::<f32>()?, [0.0]);
 /// # Ok(())
 /// # }
 /// ```
@@ -58,6 +64,23 @@ pub fn reduce_axis(lo: impl Into<Expr>, hi: impl Into<Expr>, name: &str) -> Resu
         return Err(Error::Compile(format!(
             "reduce_axis '{name}': bounds must be int64 expressions"
         )));
+    }
+    // Constant bounds are checked exactly (i128: `hi - lo` of int64s cannot wrap there): a
+    // reversed range is a mistake, not an empty reduction (it used to reach the IR verifier
+    // as a negative loop extent: an internal error), and an extent past i64 would wrap.
+    // Symbolic bounds are checked at call time, where a negative extent runs no iterations.
+    if let (Some(l), Some(h)) = (lo.as_int(), hi.as_int()) {
+        let n = h as i128 - l as i128;
+        if n < 0 {
+            return Err(Error::Compile(format!(
+                "reduce_axis '{name}': the range [{l}, {h}) is reversed (extent {n}); lo must be <= hi"
+            )));
+        }
+        if n > i64::MAX as i128 {
+            return Err(Error::Compile(format!(
+                "reduce_axis '{name}': the range [{l}, {h}) has {n} values, more than an int64 extent holds"
+            )));
+        }
     }
     let extent = crate::lower::simplify::simplify(&hi.sub(&lo));
     Ok(IterVar {
