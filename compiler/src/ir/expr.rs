@@ -399,13 +399,18 @@ impl Expr {
         Expr::new(ExprKind::Const(Const::Int(v)), DType::I64)
     }
     /// A constant of any dtype (floats rounded, ints truncated, bools 0/1).
+    /// `v` as a constant of `dtype`, with the float-to-int cast's rule for int dtypes:
+    /// truncated toward zero and saturated to the dtype's range (NaN is 0), so an int constant
+    /// always holds a value of its dtype (`constant(300.0, I8)` is 127, never an int8 300 that
+    /// the backends would each wrap their own way).
     pub fn constant(v: f64, dtype: DType) -> Expr {
         let c = if dtype.is_float() {
             Const::Float(v)
         } else if dtype == DType::Bool {
             Const::Int((v != 0.0) as i64)
         } else {
-            Const::Int(v as i64)
+            let (lo, hi) = crate::te::number::int_range(dtype);
+            Const::Int((v as i64 as i128).clamp(lo, hi) as i64)
         };
         Expr::new(ExprKind::Const(c), dtype)
     }

@@ -150,7 +150,7 @@ impl From<f32> for Operand {
 }
 
 /// The values an int dtype holds (bool: 0 and 1), as i128 so every bound is exact.
-fn int_range(dt: DType) -> (i128, i128) {
+pub(crate) fn int_range(dt: DType) -> (i128, i128) {
     match dt {
         DType::Bool => (0, 1),
         DType::I8 => (i8::MIN.into(), i8::MAX.into()),

@@ -336,7 +336,8 @@ pub fn minimum(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
 }
 
 /// A constant of `dtype` (floats rounded to it; for an int dtype the value is truncated
-/// toward zero, bool is `value != 0`): `Expr::constant`.
+/// toward zero and saturated to the dtype's range, as a cast is; bool is `value != 0`):
+/// `Expr::constant`.
 ///
 /// ```
 /// use rivet_compiler::te;
@@ -347,6 +348,9 @@ pub fn minimum(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
 /// assert_eq!(c.dtype(), DType::F16);
 /// // No checking here: an int dtype truncates (`number_like` refuses instead).
 /// assert_eq!(te::constant(2.9, DType::I64).as_int(), Some(2));
+/// assert_eq!(te::constant(300.0, DType::I8).as_int(), Some(127));
+/// assert_eq!(te::constant(-1.0, DType::U32).as_int(), Some(0));
+/// assert_eq!(te::constant(f64::NAN, DType::I32).as_int(), Some(0));
 /// assert!(te::check(te::number_like(2.9, &te::var("n"))).is_err());
 /// # Ok(())
 /// # }
