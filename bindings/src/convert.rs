@@ -347,7 +347,7 @@ pub fn try_tensor_in(
             if rc != 0 {
                 return Err(producer_error(obj, PyErr::take(obj.py())));
             }
-            let owner = obj.clone().unbind();
+            let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
             // SAFETY: the call succeeded, so `dl` is filled; its data lives as long as `obj`,
             // which `owner` keeps alive; shape/strides are copied before we return.
             let t = unsafe { dlpack::view_of(dl.assume_init_ref(), owner, info.read_only) }?;

@@ -188,7 +188,7 @@ pub fn import_cai(obj: &Bound<'_, PyAny>, sync: Option<&mut CallStreams>) -> Res
             None => unsafe { driver::order(ordinal, p, stream::LEGACY) }.map_err(Error::from)?,
         }
     }
-    let owner = obj.clone().unbind();
+    let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
     // SAFETY: the producer promises `data` addresses the described array on the device for
     // as long as the object lives; the view holds a reference to it. The layout is checked.
     unsafe {

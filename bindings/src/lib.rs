@@ -10,6 +10,7 @@ mod exchange;
 mod function;
 mod gc;
 mod ipc;
+mod keepalive;
 mod kernels;
 mod te;
 mod tensor;

@@ -228,6 +228,36 @@ def test_export_chain_keeps_memory(h, rng):
     np.testing.assert_array_equal(t.numpy(), expect)
 
 
+def test_round_trips_through_torch_drop_cleanly():
+    """rivet -> torch -> rivet -> torch ... then drop: torch releases the GIL while it destroys
+    a tensor, and rivet's views over torch tensors used to release their reference inside that
+    destructor without the GIL (a fatal error from the second round trip on). Run in a child
+    process, since the failure aborts the interpreter; values checked after each depth."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, numpy as np, torch, rivet
+        for depth in (1, 2, 3, 50, 5000):
+            base = np.arange(6.0).reshape(2, 3)
+            t = rivet.from_dlpack(base)
+            for _ in range(depth):
+                t = rivet.from_dlpack(torch.from_dlpack(t))
+            assert t.numpy().tolist() == base.tolist()
+            del t
+            # a view of the chain, a torch tensor at the end, and a garbage collection
+            t = rivet.from_dlpack(torch.from_dlpack(rivet.from_dlpack(base))[1:])
+            tt = torch.from_dlpack(t)
+            del t
+            assert tt.tolist() == [[3.0, 4.0, 5.0]]
+            del tt
+            import gc; gc.collect()
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stderr[-2000:])
+
+
 def test_export_dl_device_and_copy_keywords(h, rng):
     r = rivet.from_dlpack(h.random_array(rng, (3,)))
     cap = r.__dlpack__(stream=None, max_version=(1, 0), dl_device=(1, 0), copy=False)
