@@ -89,6 +89,17 @@ impl PyCallable {
     }
 }
 
+impl Drop for PyCallable {
+    /// The last function holding the callable may drop inside another library's destructor
+    /// that released the GIL (`keepalive`'s header): released through `keepalive::release`.
+    fn drop(&mut self) {
+        let slot = self.callable.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = slot.take() {
+            crate::keepalive::release(f);
+        }
+    }
+}
+
 /// What a rivet object holds, as the walk starts from it (one handle each).
 pub enum Root<'a> {
     Tensor(&'a Tensor),

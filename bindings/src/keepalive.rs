@@ -1,5 +1,6 @@
 //! `PyKeepalive`: a Python object that keeps a tensor view's memory alive (a torch tensor
-//! read through the DLPack exchange API, a `__cuda_array_interface__` producer).
+//! read through the DLPack exchange API, a `__cuda_array_interface__` producer), and
+//! `release`, how it and the other Python objects rivet's Rust values hold are let go.
 //!
 //! Invariant: the reference is released with the GIL really held. pyo3 decides whether it
 //! holds the GIL from its own per-thread count, and that count can be stale: torch releases
@@ -25,16 +26,22 @@ impl PyKeepalive {
 impl Drop for PyKeepalive {
     fn drop(&mut self) {
         // SAFETY: taken once, here; the field is never used again.
-        let p = unsafe { ManuallyDrop::take(&mut self.0) }.into_ptr();
-        // SAFETY: `p` is a strong reference we own. During interpreter finalization nothing
-        // may run Python code: the reference is leaked then (the process is ending).
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                return;
-            }
-            let state = ffi::PyGILState_Ensure();
-            ffi::Py_DECREF(p);
-            ffi::PyGILState_Release(state);
+        release(unsafe { ManuallyDrop::take(&mut self.0) });
+    }
+}
+
+/// Releases `obj` with the GIL really held (the module header says why `Py`'s own drop is
+/// not enough); also used for the Python callables packed functions hold (`gc::PyCallable`).
+pub fn release(obj: Py<PyAny>) {
+    let p = obj.into_ptr();
+    // SAFETY: `p` is a strong reference we own. During interpreter finalization nothing may
+    // run Python code: the reference is leaked then (the process is ending).
+    unsafe {
+        if ffi::Py_IsInitialized() == 0 {
+            return;
         }
+        let state = ffi::PyGILState_Ensure();
+        ffi::Py_DECREF(p);
+        ffi::PyGILState_Release(state);
     }
 }
