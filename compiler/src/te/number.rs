@@ -138,6 +138,11 @@ impl From<i32> for Operand {
         Operand::Number(Number::Int(v.into()))
     }
 }
+impl From<u32> for Operand {
+    fn from(v: u32) -> Operand {
+        Operand::Number(Number::Int(v.into()))
+    }
+}
 impl From<f64> for Operand {
     fn from(x: f64) -> Operand {
         Operand::Number(Number::Float(x))

@@ -502,11 +502,13 @@ pub fn any(a: impl Into<Operand>, b: impl Into<Operand>) -> Expr {
 /// assert_eq!(te::check(te::not(te::lt(&i, 0)))?.dtype(), DType::Bool);
 /// let e = te::check(te::not(te::cast(DType::F32, &i))).unwrap_err();
 /// assert!(e.to_string().contains("Not is not defined on float32"), "{e}");
+/// // Numbers too, as `all` and `any` take them:
+/// assert_eq!(te::not(true).dtype(), DType::Bool);
 /// # Ok(())
 /// # }
 /// ```
-pub fn not(a: impl Into<Expr>) -> Expr {
-    or_invalid(Expr::unary(UnOp::Not, a.into()), DType::Bool)
+pub fn not(a: impl Into<Operand>) -> Expr {
+    or_invalid(Expr::unary(UnOp::Not, operand(a.into())), DType::Bool)
 }
 
 macro_rules! unary_fns {
