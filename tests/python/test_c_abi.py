@@ -192,3 +192,116 @@ def test_c_code_compiled_against_the_header_runs_a_kernel(capi, scale_add, rng, 
                   ctypes.c_int64(n), ctypes.c_int64(m), err)
     assert rc == 0, err.value
     np.testing.assert_array_equal(c, a * b + 1)
+
+
+TYPED_LIBRARY = r"""
+#include <stdio.h>
+#include <string.h>
+#include "rivet/c_api.h"
+
+static const char* SIG =
+  "{\"params\": ["
+  "{\"name\": \"x\", \"kind\": {\"tensor\": {\"dtypes\": [\"float64\"], \"shape\": [{\"var\": \"n\"}],"
+  " \"device\": \"host\", \"output\": false}}},"
+  "{\"name\": \"y\", \"kind\": {\"tensor\": {\"dtypes\": [\"float64\"], \"shape\": [{\"var\": \"n\"}],"
+  " \"device\": \"host\", \"output\": true}}}]}";
+static char answer[256];
+
+static int32_t fail(RivetAny* result, const char* text) {
+  snprintf(answer, sizeof answer, "%s", text);
+  result->type_code = RIVET_STR; result->value.v_ptr = answer;
+  return RIVET_ERR_USER;
+}
+
+/* y = 2 x over float64 vectors of one length, any strides: the callee checks its arguments. */
+static int32_t twice(void* resource, const RivetAny* args, int32_t n, RivetAny* result) {
+  (void)resource;
+  if (n != 2 || args[0].type_code < RIVET_DLTENSOR || args[0].type_code > RIVET_DLTENSOR_READONLY
+      || args[1].type_code != RIVET_DLTENSOR)
+    return fail(result, "ArgumentError: c_lib.twice takes (x, y), y writable");
+  const DLTensor* x = args[0].value.v_ptr;
+  const DLTensor* y = args[1].value.v_ptr;
+  if (x->ndim != 1 || y->ndim != 1 || x->shape[0] != y->shape[0])
+    return fail(result, "ShapeError: c_lib.twice: x and y must be vectors of one length");
+  if (x->dtype.code != kDLFloat || x->dtype.bits != 64 || y->dtype.code != kDLFloat || y->dtype.bits != 64)
+    return fail(result, "DTypeError: c_lib.twice: float64 only");
+  int64_t sx = x->strides ? x->strides[0] : 1, sy = y->strides ? y->strides[0] : 1;
+  const double* px = (const double*)((const char*)x->data + x->byte_offset);
+  double* py = (double*)((char*)y->data + y->byte_offset);
+  for (int64_t i = 0; i < x->shape[0]; i++) py[i * sy] = 2.0 * px[i * sx];
+  result->type_code = RIVET_NULL;
+  return RIVET_OK;
+}
+
+static int32_t twice_shapes(void* resource, const int64_t* const* shapes, const int32_t* ndims,
+                            int32_t num_inputs, RivetAny* result) {
+  (void)resource;
+  if (num_inputs != 1 || ndims[0] != 1) return fail(result, "ShapeError: c_lib.twice: one vector");
+  snprintf(answer, sizeof answer, "[[[%lld], \"float64\"]]", (long long)shapes[0][0]);
+  result->type_code = RIVET_STR; result->value.v_ptr = answer;
+  return RIVET_OK;
+}
+
+int32_t rivet_library_init(const RivetHostApi* host, char* err, size_t err_len) {
+  if ((host->abi_version >> 16) != RIVET_ABI_MAJOR || (host->abi_version & 0xffff) < 1) {
+    snprintf(err, err_len, "ArgumentError: needs a host of C ABI 1.1"); return RIVET_ERR_USER;
+  }
+  RivetFunctionHandle h = NULL;
+  /* A malformed signature is refused and creates nothing. */
+  if (host->function_create_typed("c_lib.bad", twice, NULL, NULL, "{\"params\": 7}", NULL, &h)
+      != RIVET_ERR_USER || h != NULL) {
+    snprintf(err, err_len, "InternalError: a malformed signature was accepted"); return RIVET_ERR_USER;
+  }
+  const char* kind = NULL;
+  const char* msg = host->get_last_error(&kind);
+  if (strcmp(kind, "ArgumentError") != 0 || !strstr(msg, "'c_lib.bad'")) {
+    snprintf(err, err_len, "InternalError: unexpected error %s: %s", kind, msg); return RIVET_ERR_USER;
+  }
+  if (host->function_create_typed("c_lib.twice", twice, NULL, NULL, SIG, twice_shapes, &h) != RIVET_OK) {
+    snprintf(err, err_len, "%s", host->get_last_error(NULL)); return RIVET_ERR_USER;
+  }
+  int32_t rc = host->set_global("c_lib.twice", h, host->override_);
+  host->function_free(h);
+  if (rc != RIVET_OK) snprintf(err, err_len, "RegistryError: %s", host->get_last_error(NULL));
+  return rc;
+}
+"""
+
+
+def test_a_c_library_hands_over_a_typed_function(rng, tmp_path):
+    """A library written in C against the header (C ABI 1.1): rivet.load_library gives it the
+    host table, it registers a typed function with a signature and an output rule (after a
+    malformed signature is refused with an ArgumentError naming it), and Python sees the
+    signature, asks the output rule, calls it on strided numpy data (poisoned output) and
+    makes a torch op of it under torch.compile(fullgraph=True)."""
+    torch = pytest.importorskip("torch")
+    import rivet.torch
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
+    incs = [x for d in _dlpack_include(tmp_path) for x in ("-I", d)]
+    src = tmp_path / "typed.c"
+    src.write_text(TYPED_LIBRARY)
+    so = tmp_path / "libtyped.so"
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs,
+         str(src), "-o", str(so)],
+        check=True,
+    )
+    assert rivet.load_library(str(so), override=True) == ["c_lib.twice"]
+    f = rivet.get_global_func("c_lib.twice")
+    assert f.signature == "(x: Tensor[float64, (n)], y: Tensor[float64, (n)])", f.signature
+    assert [p["output"] for p in f._params] == [False, True]
+    assert f.output_shapes([[7]]) == [([7], "float64")]
+    with pytest.raises(rivet.ShapeError, match="c_lib.twice: one vector"):
+        f.output_shapes([[7, 2]])
+    x = rng.standard_normal(20)[::2]
+    y = np.full(10, np.nan)
+    f(x, y)
+    np.testing.assert_array_equal(y, 2 * x)
+    with pytest.raises(rivet.ShapeError, match="one length"):
+        f(x, np.zeros(3))
+    op = rivet.torch.custom_op(f, "c_lib::twice", backward=None, override=True)
+    g = torch.compile(lambda t: op(t) + 1, fullgraph=True)
+    t = torch.from_numpy(rng.standard_normal(9))
+    torch.testing.assert_close(g(t), 2 * t + 1)
