@@ -188,18 +188,14 @@ pub struct BackwardProgram {
     pub grads: Vec<Tensor>,
 }
 
+/// A build's argument list split into its inputs (placeholders) and outputs, in order.
+pub(crate) fn inputs_and_outputs(args: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>) {
+    args.iter().cloned().partition(|t| t.is_placeholder())
+}
+
 /// Derives the backward program of `args` (a build's argument list).
 pub fn backward_program(args: &[Tensor]) -> Result<BackwardProgram> {
-    let inputs: Vec<Tensor> = args
-        .iter()
-        .filter(|t| t.is_placeholder())
-        .cloned()
-        .collect();
-    let outputs: Vec<Tensor> = args
-        .iter()
-        .filter(|t| !t.is_placeholder())
-        .cloned()
-        .collect();
+    let (inputs, outputs) = inputs_and_outputs(args);
     let diff: Vec<Tensor> = inputs
         .iter()
         .filter(|t| t.dtype().is_float())

@@ -86,16 +86,7 @@ fn keep(t: &Tensor, outputs: &HashSet<u32>) -> Keep {
 /// Derives the saved-activation programs of the function whose build arguments are `args`.
 pub fn saved_program(args: &[Tensor]) -> Result<SavedProgram> {
     let plain = backward_program(args)?;
-    let inputs: Vec<Tensor> = args
-        .iter()
-        .filter(|t| t.is_placeholder())
-        .cloned()
-        .collect();
-    let outputs: Vec<Tensor> = args
-        .iter()
-        .filter(|t| !t.is_placeholder())
-        .cloned()
-        .collect();
+    let (inputs, outputs) = crate::backward::inputs_and_outputs(args);
     let heads = plain.args[inputs.len()..inputs.len() + outputs.len()].to_vec();
     let forward: HashSet<u32> = post_order(&outputs)
         .iter()

@@ -409,7 +409,7 @@ impl Expr {
         } else if dtype == DType::Bool {
             Const::Int((v != 0.0) as i64)
         } else {
-            let (lo, hi) = crate::te::number::int_range(dtype);
+            let (lo, hi) = int_range(dtype);
             Const::Int((v as i64 as i128).clamp(lo, hi) as i64)
         };
         Expr::new(ExprKind::Const(c), dtype)
@@ -816,5 +816,21 @@ impl fmt::Display for Expr {
         };
         PRINTING.with(|p| p.set(false));
         r
+    }
+}
+
+/// The values an int dtype holds (bool: 0 and 1), as i128 so every bound is exact.
+pub fn int_range(dt: DType) -> (i128, i128) {
+    match dt {
+        DType::Bool => (0, 1),
+        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        DType::I64 => (i64::MIN.into(), i64::MAX.into()),
+        DType::U8 => (0, u8::MAX.into()),
+        DType::U16 => (0, u16::MAX.into()),
+        DType::U32 => (0, u32::MAX.into()),
+        // uint64 constants are held as i64.
+        _ => (0, i64::MAX.into()),
     }
 }

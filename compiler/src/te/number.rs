@@ -17,7 +17,7 @@
 //! is a `CompileError` naming the operation, the number, the other operand and both dtypes.
 
 use crate::error::{Error, Result};
-use crate::ir::expr::Expr;
+use crate::ir::expr::{int_range, Expr};
 use rivet_runtime::DType;
 use std::fmt;
 
@@ -151,22 +151,6 @@ impl From<f64> for Operand {
 impl From<f32> for Operand {
     fn from(x: f32) -> Operand {
         Operand::Number(Number::Float(x.into()))
-    }
-}
-
-/// The values an int dtype holds (bool: 0 and 1), as i128 so every bound is exact.
-pub(crate) fn int_range(dt: DType) -> (i128, i128) {
-    match dt {
-        DType::Bool => (0, 1),
-        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::I16 => (i16::MIN.into(), i16::MAX.into()),
-        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
-        DType::I64 => (i64::MIN.into(), i64::MAX.into()),
-        DType::U8 => (0, u8::MAX.into()),
-        DType::U16 => (0, u16::MAX.into()),
-        DType::U32 => (0, u32::MAX.into()),
-        // uint64 constants are held as i64.
-        _ => (0, i64::MAX.into()),
     }
 }
 
