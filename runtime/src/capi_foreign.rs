@@ -517,7 +517,7 @@ unsafe extern "C" fn exported_output_shapes(
     num_inputs: i32,
     result: *mut RivetAny,
 ) -> i32 {
-    let run = || -> Result<String> {
+    let run = || -> Result<RivetAny> {
         // SAFETY: `export` made `resource` a boxed Function, alive until `exported_free`.
         let f = unsafe { &*(resource as *const Function) };
         let n = usize::try_from(num_inputs)
@@ -552,25 +552,37 @@ unsafe extern "C" fn exported_output_shapes(
             });
         }
         let outs = f.output_shapes(&refs, None)?;
-        serde_json::to_string(&outs)
-            .map_err(|e| Error::Internal(format!("{}: output shapes to JSON: {e}", f.name())))
+        let json = serde_json::to_string(&outs)
+            .map_err(|e| Error::Internal(format!("{}: output shapes to JSON: {e}", f.name())))?;
+        Ok(export_text(&json))
     };
+    // SAFETY: the host's promise that `result` is NULL or writable.
+    unsafe { answer(result, "output rule", run) }
+}
+
+/// The callee side's ending of every call: `run` under `catch_unwind`, its value written to
+/// `*result` with `RIVET_OK`, or its error as a `RIVET_STR` `"<Kind>: <message>"` with the
+/// error's code (`what` names a panic's origin).
+///
+/// # Safety
+/// `result` NULL (the call fails with `RIVET_ERR_USER`, nothing written) or writable.
+unsafe fn answer(result: *mut RivetAny, what: &str, run: impl FnOnce() -> Result<RivetAny>) -> i32 {
     let outcome = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
-        Err(Error::Internal(
-            "a panic in an exported rivet function's output rule".into(),
-        ))
+        Err(Error::Internal(format!(
+            "a panic in an exported rivet function's {what}"
+        )))
     });
     if result.is_null() {
         return RIVET_ERR_USER;
     }
     let (value, code) = match outcome {
-        Ok(json) => (export_text(&json), RIVET_OK),
+        Ok(v) => (v, RIVET_OK),
         Err(e) => (
             export_text(&format!("{}: {}", e.kind_name(), e)),
             error_code(&e),
         ),
     };
-    // SAFETY: checked non-null; the host's promise that it is writable.
+    // SAFETY: checked non-null; the caller's promise that it is writable.
     unsafe { *result = value };
     code
 }
@@ -596,26 +608,8 @@ unsafe extern "C" fn exported_call(
         let values = unsafe { values_of(args, num_args, f.name()) }?;
         any_of(f.call(&values)?)
     };
-    let outcome = catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|_| {
-        Err(Error::Internal(
-            "a panic in an exported rivet function".into(),
-        ))
-    });
-    if result.is_null() {
-        return RIVET_ERR_USER;
-    }
-    match outcome {
-        Ok(v) => {
-            // SAFETY: checked non-null; the host's promise that it is writable.
-            unsafe { *result = v };
-            RIVET_OK
-        }
-        Err(e) => {
-            // SAFETY: as above.
-            unsafe { *result = export_text(&format!("{}: {}", e.kind_name(), e)) };
-            error_code(&e)
-        }
-    }
+    // SAFETY: the host's promise that `result` is NULL or writable.
+    unsafe { answer(result, "call", run) }
 }
 
 unsafe extern "C" fn exported_free(resource: *mut c_void) {
@@ -1004,6 +998,11 @@ mod tests {
             ),
             (many_dims, "65 dims"),
             (deep, "not a signature's JSON"),
+            // Past the size cap: refused before parsing (16 MiB of spaces, then valid JSON).
+            (
+                format!("{}{{\"params\": []}}", " ".repeat(MAX_SIGNATURE_JSON)),
+                "bytes of JSON; at most",
+            ),
         ];
         for (json, want) in cases {
             let mut h: RivetFunctionHandle = std::ptr::null_mut();
@@ -1077,5 +1076,78 @@ mod tests {
             let e = f.output_shapes(&[], None).unwrap_err();
             assert!(e.to_string().contains(want), "{e}");
         }
+    }
+
+    static TYPED_CREATES: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn counting_create_typed(
+        name: *const c_char,
+        func: Option<RivetPackedCFunc>,
+        resource: *mut c_void,
+        deleter: Option<RivetDeleter>,
+        signature_json: *const c_char,
+        output_shapes: Option<RivetOutputShapesFunc>,
+        out: *mut RivetFunctionHandle,
+    ) -> i32 {
+        TYPED_CREATES.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the arguments `register_in_host` passes, handed on.
+        unsafe {
+            RivetFunctionCreateTyped(
+                name,
+                func,
+                resource,
+                deleter,
+                signature_json,
+                output_shapes,
+                out,
+            )
+        }
+    }
+
+    #[test]
+    fn a_library_registers_typed_only_in_a_host_that_has_the_typed_entry() {
+        let host = |minor: i32| RivetHostApi {
+            abi_version: crate::capi::ABI_MAJOR << 16 | minor,
+            override_: 1,
+            function_create: RivetFunctionCreate,
+            set_global: RivetFunctionSetGlobal,
+            function_free: crate::capi::RivetFunctionFree,
+            get_last_error: crate::capi::RivetGetLastError,
+            function_create_typed: counting_create_typed,
+        };
+        // A 1.0 host's table ends before `function_create_typed`: never read there, so the
+        // function arrives untyped (and still runs, checked by the callee).
+        let old = host(0);
+        // SAFETY: a live table of this runtime's entry points.
+        unsafe { register_in_host(&old, vec![("foreign_test.old_host".into(), doubler())]) }
+            .unwrap();
+        assert_eq!(TYPED_CREATES.load(Ordering::SeqCst), 0);
+        let f = registry::get("foreign_test.old_host").unwrap();
+        assert!(f.signature().is_none() && !f.has_output_rule());
+        let x = Tensor::from_slice(&[1f32, 2., 3.], &[1, 3]).unwrap();
+        let y = Tensor::zeros(&[1, 3], DType::F32).unwrap();
+        f.call(&[x.into(), y.clone().into()]).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [2., 4., 6.]);
+        // A 1.1 host: typed, through the typed entry.
+        let new = host(TYPED_SINCE_MINOR);
+        // SAFETY: as above.
+        unsafe { register_in_host(&new, vec![("foreign_test.new_host".into(), doubler())]) }
+            .unwrap();
+        assert_eq!(TYPED_CREATES.load(Ordering::SeqCst), 1);
+        let f = registry::get("foreign_test.new_host").unwrap();
+        assert_eq!(f.signature(), doubler().signature());
+        // Another major version is refused before anything is created.
+        let other = RivetHostApi {
+            abi_version: (crate::capi::ABI_MAJOR + 1) << 16,
+            ..host(0)
+        };
+        // SAFETY: as above.
+        let e = unsafe { register_in_host(&other, vec![("foreign_test.other".into(), doubler())]) }
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("rebuild it against the same rivet"),
+            "{e}"
+        );
+        assert!(registry::get("foreign_test.other").is_err());
     }
 }
