@@ -19,6 +19,15 @@ EXAMPLES = os.path.join(ROOT, "rivet", "examples")
 NAMES = ["gemm", "softmax", "conv2d", "gemm_bias_gelu"]
 
 
+def _build_example(name, out, target, env):
+    """`cargo run --example NAME -- OUT TARGET` of the rivet crate; fails with cargo's stderr."""
+    p = subprocess.run(
+        ["cargo", "run", "--release", "-q", "-p", "rivet", "--example", name, "--", str(out), target],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 def _check_module():
     spec = importlib.util.spec_from_file_location("rivet_examples_check", os.path.join(EXAMPLES, "check.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -65,12 +74,7 @@ def test_examples_build_for_cuda_with_nvrtc(tmp_path):
     for name, func in [("softmax", "softmax"), ("conv2d", "conv2d"), ("gemm_bias_gelu", "gemm_bias_gelu")]:
         for arch in ("sm_80", "sm_90"):
             out = tmp_path / f"{name}.{arch}.rivet"
-            p = subprocess.run(
-                ["cargo", "run", "--release", "-q", "-p", "rivet", "--example", name, "--", str(out),
-                 f"cuda -arch={arch}"],
-                cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
-            )
-            assert p.returncode == 0, p.stderr[-3000:]
+            _build_example(name, out, f"cuda -arch={arch}", env)
             m = rivet.load_module(str(out))
             assert m[func].name == func
             ptx = m.get_source("ptx")
@@ -91,13 +95,7 @@ def test_examples_run_on_the_gpu(tmp_path):
         env["RIVET_NVRTC_PATH"] = _nvrtc_dir()
     names = ["softmax", "conv2d", "gemm_bias_gelu"]
     for name in names:
-        out = tmp_path / f"{name}.{arch}.rivet"
-        p = subprocess.run(
-            ["cargo", "run", "--release", "-q", "-p", "rivet", "--example", name, "--", str(out),
-             f"cuda -arch={arch}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
+        _build_example(name, tmp_path / f"{name}.{arch}.rivet", f"cuda -arch={arch}", env)
     assert _check_module().main(str(tmp_path), "cuda", f".{arch}", only=names) == names
 
 

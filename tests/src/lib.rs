@@ -74,3 +74,17 @@ pub fn run_per_microkernel_variant(name: &str) {
         );
     }
 }
+
+/// `n` deterministic pseudo-random floats in `[lo, hi)` (xorshift64, 53-bit mantissas) from
+/// `seed`: test data that is fresh per seed and the same on every machine.
+pub fn uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + (hi - lo) * ((x >> 11) as f64 / (1u64 << 53) as f64)
+        })
+        .collect()
+}

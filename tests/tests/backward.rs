@@ -14,21 +14,10 @@ use rivet_compiler::backward::backward;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};
 use rivet_runtime::{DType, Error, Function, Tensor, Value};
+use rivet_tests::uniform;
 
 const N: i64 = 3;
 const M: i64 = 4;
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// Inputs X[n, m], W[m] (float64), I[n] (int64); outputs P = X * W, S[i] = sum_j P[i, j] *
 /// X[i, j] + I[i] (reads P), K = 2 * I (int64).
@@ -81,11 +70,11 @@ fn built(target: &str) -> Function {
 #[test]
 fn backward_matches_central_differences_with_two_outputs_and_int_arguments() {
     let oracle = built("interp");
-    let x = rand_vec((N * M) as usize, 1);
-    let w = rand_vec(M as usize, 2);
+    let x = uniform((N * M) as usize, 1, -1.0, 1.0);
+    let w = uniform(M as usize, 2, -1.0, 1.0);
     let idx: Vec<i64> = (0..N).map(|v| v * 7 - 5).collect();
-    let hp = rand_vec((N * M) as usize, 3);
-    let hs = rand_vec(N as usize, 4);
+    let hp = uniform((N * M) as usize, 3, -1.0, 1.0);
+    let hs = uniform(N as usize, 4, -1.0, 1.0);
     let loss = |x: &[f64], w: &[f64]| {
         let (p, s) = forward(&oracle, x, w, &idx);
         p.iter().zip(&hp).map(|(a, b)| a * b).sum::<f64>()

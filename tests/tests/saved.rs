@@ -14,18 +14,7 @@ use rivet_compiler::backward::{backward, saved};
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, kernels, Schedule, Target};
 use rivet_runtime::{DType, Function, Tensor, Value};
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
-        })
-        .collect()
-}
+use rivet_tests::uniform;
 
 fn t(d: &[f64], shape: &[i64]) -> Tensor {
     Tensor::from_slice(d, shape).unwrap()
@@ -72,11 +61,11 @@ fn check_pair(f: &Function, in_shapes: &[&[i64]], out_shape: &[i64], seed: u64) 
         .enumerate()
         .map(|(k, sh)| {
             let n = sh.iter().product::<i64>() as usize;
-            t(&rand_vec(n, seed + k as u64), sh)
+            t(&uniform(n, seed + k as u64, -2.0, 2.0), sh)
         })
         .collect();
     let n_out = out_shape.iter().product::<i64>() as usize;
-    let head = t(&rand_vec(n_out, seed + 100), out_shape);
+    let head = t(&uniform(n_out, seed + 100, -2.0, 2.0), out_shape);
     // The plain forward and backward.
     let y = nan(out_shape);
     call(f, &[ins.clone(), vec![y.clone()]].concat());
@@ -132,7 +121,7 @@ fn softmax_keeps_its_exponentials_and_sums_and_matches_the_plain_backward() {
         let (rows, cols) = (5, 7);
         let res = check_pair(&f, &[&[rows, cols]], &[rows, cols], 11);
         // The residuals are the stages' values: row sums of exp(x - max).
-        let x = rand_vec((rows * cols) as usize, 11);
+        let x = uniform((rows * cols) as usize, 11, -2.0, 2.0);
         for r in 0..rows as usize {
             let row = &x[r * cols as usize..(r + 1) * cols as usize];
             let m = row.iter().cloned().fold(f64::MIN, f64::max);

@@ -23,6 +23,7 @@ use rivet_compiler::ir::{Expr, IterVar};
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
+use rivet_tests::uniform;
 
 // ---- running programs ------------------------------------------------------------------------
 
@@ -71,18 +72,6 @@ fn run(inputs: &[Te], outputs: &[Te], data: &[Vec<f64>]) -> Vec<Vec<f64>> {
     run_on(&Target::interp(), inputs, outputs, data, &[])
 }
 
-fn rand_vec(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            lo + (hi - lo) * ((x >> 11) as f64 / (1u64 << 53) as f64)
-        })
-        .collect()
-}
-
 fn numel(t: &Te) -> usize {
     dims(t, &[]).iter().product::<i64>() as usize
 }
@@ -91,7 +80,7 @@ fn numel(t: &Te) -> usize {
 /// central differences; panics (with `what`) where they differ.
 fn check(what: &str, inputs: &[Te], out: &Te, data: &[Vec<f64>], seed: u64) {
     let head = placeholder(out.shape(), DType::F64, "head").unwrap();
-    let hv = rand_vec(numel(out), seed ^ 0x5eed, -1.0, 1.0);
+    let hv = uniform(numel(out), seed ^ 0x5eed, -1.0, 1.0);
     let grads = te::gradient(out, inputs, Some(&head)).unwrap_or_else(|e| panic!("{what}: {e}"));
     for (g, x) in grads.iter().zip(inputs) {
         assert_eq!(g.dtype(), x.dtype());
@@ -155,7 +144,7 @@ fn data_for(inputs: &[Te], seed: u64) -> Vec<Vec<f64>> {
     inputs
         .iter()
         .enumerate()
-        .map(|(k, t)| rand_vec(numel(t), seed + k as u64 * 7919, -1.0, 1.0))
+        .map(|(k, t)| uniform(numel(t), seed + k as u64 * 7919, -1.0, 1.0))
         .collect()
 }
 
@@ -223,9 +212,9 @@ fn matmul_with_symbolic_shapes() {
     let head = placeholder(out.shape(), DType::F64, "head").unwrap();
     let g = te::gradient(&out, &[a.clone(), b.clone()], Some(&head)).unwrap();
     let sym = [(&n, 3i64), (&m, 2i64)];
-    let av = rand_vec(6, 1, -1.0, 1.0);
-    let bv = rand_vec(6, 2, -1.0, 1.0);
-    let hv = rand_vec(9, 3, -1.0, 1.0);
+    let av = uniform(6, 1, -1.0, 1.0);
+    let bv = uniform(6, 2, -1.0, 1.0);
+    let hv = uniform(9, 3, -1.0, 1.0);
     let got = run_on(
         &Target::interp(),
         &[a, b, head],
@@ -524,8 +513,8 @@ fn head_none_is_the_gradient_of_the_sum() {
     let b = ph(&[3, 2], "B");
     let out = matmul(&a, &b, false, false);
     let g = te::gradient(&out, &[a.clone()], None).unwrap();
-    let bv = rand_vec(6, 11, -1.0, 1.0);
-    let got = run(&[a, b], &g, &[rand_vec(6, 10, -1.0, 1.0), bv.clone()]);
+    let bv = uniform(6, 11, -1.0, 1.0);
+    let got = run(&[a, b], &g, &[uniform(6, 10, -1.0, 1.0), bv.clone()]);
     for i in 0..2 {
         for k in 0..3 {
             let want = bv[k * 2] + bv[k * 2 + 1];
