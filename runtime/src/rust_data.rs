@@ -111,7 +111,7 @@ fn check_element<T: Element>(func: &str) -> Result<()> {
 
 /// The element count of a user-given shape, checked before any size arithmetic: rank, sign,
 /// and the product (zero dims counted as one, as numpy and `layout::validate` do) in `i64`.
-fn checked_numel(func: &str, shape: &[i64]) -> Result<i64> {
+pub(crate) fn checked_numel(func: &str, shape: &[i64]) -> Result<i64> {
     if shape.len() > layout::MAX_NDIM {
         return Err(Error::Shape(format!(
             "{func}: argument 'shape' has {} dims, over rivet's limit of {}",

@@ -264,15 +264,10 @@ impl Tensor {
 
     /// A compact CPU tensor holding a copy of `values`.
     pub fn from_slice<T: Element>(values: &[T], shape: &[i64]) -> Result<Tensor> {
-        // Checked first: two negative dims multiply to a count that may match `values`.
-        if let Some(d) = shape.iter().find(|&&d| d < 0) {
-            return Err(Error::Shape(format!(
-                "shape {shape:?} has a negative dim ({d}); dims are >= 0"
-            )));
-        }
-        let n = layout::numel(shape)
-            .ok_or_else(|| Error::Shape(format!("shape {shape:?} overflows")))?;
-        if n as usize != values.len() {
+        // The checks `from_vec` makes (rank, negative sizes before the product: two negative
+        // dims multiply to a count that may match `values`, overflow).
+        let n = crate::rust_data::checked_numel("Tensor::from_slice", shape)?;
+        if n as u64 != values.len() as u64 {
             return Err(Error::Shape(format!(
                 "shape {shape:?} holds {n} elements but {} values were given",
                 values.len()
@@ -608,7 +603,7 @@ mod tests {
         for shape in [&[-1i64, -3][..], &[i64::MIN, -1], &[-1]] {
             let e = Tensor::from_slice(&[1f32, 2., 3.], shape).unwrap_err();
             assert!(
-                matches!(&e, Error::Shape(m) if m.contains("negative dim")),
+                matches!(&e, Error::Shape(m) if m.contains("negative size")),
                 "{shape:?}: {e}"
             );
         }
