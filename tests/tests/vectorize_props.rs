@@ -1175,3 +1175,152 @@ fn invariant_row_scalars_stay_out_of_the_vector_loop() {
     };
     assert_eq!(run("cpu"), run("interp"));
 }
+
+/// The disassembly of `outs` under the default CPU schedule with row fusion, as `build` makes
+/// it.
+fn default_cpu_disassembly(outs: &[Te], args: &[Te], name: &str) -> String {
+    use rivet_compiler::codegen::cranelift::CraneliftBackend;
+    use rivet_compiler::lower::{lower, Source};
+    let mut s = Schedule::new(outs).unwrap();
+    rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut s).unwrap();
+    let opts = Options {
+        fuse_rows: true,
+        ..Options::default()
+    };
+    let func = lower(
+        Source::Schedule {
+            sched: &s,
+            args,
+            name,
+        },
+        &rivet_compiler::Target::cpu(),
+        opts,
+    )
+    .unwrap()
+    .func;
+    let mut be = CraneliftBackend::new().unwrap();
+    be.set_disassembly(true);
+    be.compile_kernel(&func).unwrap().disassembly().to_string()
+}
+
+/// The machine-code blocks of `asm` that contain `op` (a loop body, for a packed op).
+fn blocks_with<'a>(asm: &'a str, op: &str) -> Vec<&'a str> {
+    asm.split("\nblock")
+        .skip(1)
+        .filter(|b| b.contains(op))
+        .collect()
+}
+
+/// `build` of `outs` on `target` under the default CPU schedule (given explicitly, so the
+/// interpreter runs the same order of operations), called on `inputs` (float32, by the
+/// arguments' shapes), with the outputs' bits.
+fn run_bits(outs: &[Te], args: &[Te], inputs: &[Vec<f32>], target: &str) -> Vec<Vec<u32>> {
+    let mut s = Schedule::new(outs).unwrap();
+    rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut s).unwrap();
+    let f = rivet_compiler::build(&s, &args.iter().collect::<Vec<_>>(), target, "f")
+        .unwrap()
+        .get_function("f")
+        .unwrap();
+    let dims = |t: &Te| -> Vec<i64> { t.shape().iter().map(|d| d.as_int().unwrap()).collect() };
+    let mut vals: Vec<Value> = Vec::new();
+    for (t, v) in args.iter().zip(inputs) {
+        vals.push(Value::Tensor(Tensor::from_slice(v, &dims(t)).unwrap()));
+    }
+    let outs_t: Vec<Tensor> = outs
+        .iter()
+        .map(|o| {
+            let d = dims(o);
+            Tensor::from_slice(&vec![f32::NAN; d.iter().product::<i64>() as usize], &d).unwrap()
+        })
+        .collect();
+    vals.extend(outs_t.iter().cloned().map(Value::Tensor));
+    f.call(&vals).unwrap();
+    outs_t
+        .iter()
+        .map(|t| {
+            t.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+// A row reduction of a three-input product under the default schedule (16-lane partial sums,
+// four f32x4 accumulators): its loads of inputs are movable (`FnGen::load_flags`), so
+// Cranelift places each next to its arithmetic and the four accumulators and their operands
+// fit the sixteen xmm registers. Before, the twelve loads of a step came first and one
+// accumulator lived on the stack: a store and a reload per step.
+#[test]
+fn row_reduction_steps_keep_every_accumulator_in_registers() {
+    let (rows, n) = (8i64, 256i64);
+    let x = placeholder([rows, n], DType::F32, "X").unwrap();
+    let g = placeholder([n], DType::F32, "G").unwrap();
+    let dy = placeholder([rows, n], DType::F32, "dY").unwrap();
+    let t = placeholder([rows], DType::F32, "T").unwrap();
+    let k = te::reduce_axis(0, n, "k").unwrap();
+    let s1 = compute(
+        [rows],
+        |[i]| {
+            te::sum(
+                dy.at((&i, &k)) * g.at([&k]) * (x.at((&i, &k)) - t.at([&i]) / n as f64),
+                &k,
+            )
+        },
+        "S",
+    )
+    .unwrap();
+    let args = [x.clone(), g.clone(), t.clone(), dy.clone(), s1.clone()];
+    let asm = default_cpu_disassembly(&[s1.clone()], &args, "s1");
+    let steps = blocks_with(&asm, "mulps");
+    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
+    for b in steps {
+        // No stack slot is read or written in the step (a spill shows as `(%rsp)` or a
+        // `<offset:..>` slot).
+        assert!(
+            !b.contains("rsp") && !b.contains("<offset"),
+            "stack traffic in the reduction's step:\nblock{b}\n\nall:\n{asm}"
+        );
+    }
+    let data = |len: i64, s: f32| {
+        (0..len)
+            .map(|q| ((q as f32) * s).sin())
+            .collect::<Vec<f32>>()
+    };
+    let inputs = [
+        data(rows * n, 0.37),
+        data(n, 0.11),
+        data(rows, 0.7),
+        data(rows * n, 0.23),
+    ];
+    assert_eq!(
+        run_bits(&[s1.clone()], &args, &inputs, "cpu"),
+        run_bits(&[s1], &args, &inputs, "interp")
+    );
+}
+
+// An elementwise loop under the default schedule: the row's offsets (`i * X.s0`) are
+// computed once per row, not once per four elements (the loop is rotated behind a `lo < hi`
+// test so that Cranelift's egraph knows it is in it, `stmt.rs::counted_loop`).
+#[test]
+fn elementwise_rows_compute_their_offsets_once_per_row() {
+    let (rows, n) = (5i64, 64i64);
+    let x = placeholder([rows, n], DType::F32, "X").unwrap();
+    let y = compute([rows, n], |[i, j]| x.at([i, j]) * 2.0, "Y").unwrap();
+    let args = [x.clone(), y.clone()];
+    let asm = default_cpu_disassembly(&[y.clone()], &args, "scale");
+    let steps = blocks_with(&asm, "mulps");
+    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
+    for b in steps {
+        assert!(
+            !b.contains("imul"),
+            "a multiplication in the vector step:\nblock{b}\n\nall:\n{asm}"
+        );
+    }
+    let xs: Vec<f32> = (0..rows * n).map(|q| (q as f32 * 0.31).cos()).collect();
+    assert_eq!(
+        run_bits(&[y.clone()], &args, std::slice::from_ref(&xs), "cpu"),
+        run_bits(&[y], &args, &[xs], "interp")
+    );
+}

@@ -575,6 +575,10 @@ struct FnGen<'a, 'f> {
     /// Loop-carried vectors held in registers while their loop runs (`hoist::loop_carried`):
     /// buffer, index (a contiguous ramp), the variable.
     promoted: Vec<(BufId, crate::ir::Expr, Variable)>,
+    /// The variables of the counted loops being generated, innermost last (`load_flags`).
+    loop_vars: Vec<crate::ir::Var>,
+    /// Input parameters nothing in the function writes (`load_flags`).
+    readonly: std::collections::HashSet<BufId>,
 }
 
 impl<'a, 'f> FnGen<'a, 'f> {
@@ -598,6 +602,8 @@ impl<'a, 'f> FnGen<'a, 'f> {
             vmemo: HashMap::new(),
             hoisted: HashMap::new(),
             promoted: Vec::new(),
+            loop_vars: Vec::new(),
+            readonly: expr::readonly_inputs(func),
         }
     }
 

@@ -147,8 +147,10 @@ impl<'f> FnGen<'_, 'f> {
         }
     }
 
-    /// `for var in lo..hi { body }`; the loop-invariant scalars of its vector statements
-    /// computed once before it (`hoist.rs`), the loop then rotated (`plain_counted_loop`).
+    /// `for var in lo..hi { body }`, behind a preheader that runs only when `lo < hi`: there
+    /// the loop-invariant scalars of its vector statements are computed once (`hoist.rs`) and
+    /// its loop-carried vectors loaded; the loop itself is rotated (`plain_counted_loop`)
+    /// unless it carries vectors and hoists nothing.
     pub(super) fn counted_loop(
         &mut self,
         var: &Var,
@@ -158,11 +160,6 @@ impl<'f> FnGen<'_, 'f> {
     ) -> Result<()> {
         let invariant = super::hoist::invariant_broadcasts(var, body);
         let carried = super::hoist::loop_carried(var, body, &super::vector::packed, self.func);
-        if invariant.is_empty() && carried.is_empty() {
-            return self.plain_counted_loop(var, lo, hi, body, LoopShape::Top);
-        }
-        // The invariant scalars of its vector statements and the loop-carried vectors first,
-        // only when the loop runs.
         let pre = self.b.create_block();
         let after = self.b.create_block();
         let go = self.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
@@ -185,9 +182,12 @@ impl<'f> FnGen<'_, 'f> {
             regs.push((addr, reg, ty));
             self.promoted.push((*buf, index.clone(), reg));
         }
-        // Rotated only to keep hoisted arithmetic out (`plain_counted_loop`): loops whose only
-        // gain is loop-carried registers keep the shape that lets loads fuse into broadcasts.
-        let shape = if invariant.is_empty() {
+        // Rotated so that Cranelift keeps invariant arithmetic out of the loop (the address
+        // arithmetic of a row, `i * X.s0`, as much as hoisted scalars: `plain_counted_loop`);
+        // a loop whose only gain is loop-carried registers keeps the test at the top, the
+        // shape that lets loads fuse into broadcasts (rotation passes the carried values on
+        // both edges of the bottom branch, docs/vector.md).
+        let shape = if invariant.is_empty() && !carried.is_empty() {
             LoopShape::Top
         } else {
             LoopShape::Rotated
@@ -232,6 +232,7 @@ impl<'f> FnGen<'_, 'f> {
         shape: LoopShape,
     ) -> Result<()> {
         let old = self.bind_var(var.id, lo);
+        self.loop_vars.push(var.clone());
         let counter = self.vars[&var.id].0;
         match shape {
             LoopShape::Top => {
@@ -271,6 +272,7 @@ impl<'f> FnGen<'_, 'f> {
                 self.b.switch_to_block(exit);
             }
         }
+        self.loop_vars.pop();
         self.restore_var(var.id, old);
         Ok(())
     }

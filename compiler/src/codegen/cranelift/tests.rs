@@ -1786,3 +1786,28 @@ fn locals_on_the_stack_or_the_arena_start_zeroed() {
         }
     }
 }
+
+// `split_constant` finds the constant terms of an index anywhere in its tree of additions (a
+// vector of a row at `(i * s0) + ((ko * 16) + 4)` gets the displacement 4), and declines when
+// there is none, when they cancel, or when their sum overflows.
+#[test]
+fn split_constant_gathers_nested_constant_terms() {
+    use super::expr::split_constant;
+    let (i, s0, ko) = (Var::new("i"), Var::new("s0"), Var::new("ko"));
+    let row = Expr::var(&i).mul(&Expr::var(&s0));
+    let step = Expr::var(&ko).mul(&Expr::int(16));
+    let (rest, k) = split_constant(&row.add(&step.add(&Expr::int(4)))).unwrap();
+    assert_eq!((rest.to_string(), k), (row.add(&step).to_string(), 4));
+    let (rest, k) = split_constant(&Expr::var(&i).sub(&Expr::int(3)).add(&Expr::int(7))).unwrap();
+    assert_eq!((rest.to_string(), k), (Expr::var(&i).to_string(), 4));
+    assert!(split_constant(&row.add(&step)).is_none(), "no constant");
+    let cancel = Expr::var(&i).add(&Expr::int(5)).sub(&Expr::int(5));
+    assert!(split_constant(&cancel).is_none(), "constants that cancel");
+    let over = Expr::var(&i).add(&Expr::int(i64::MAX)).add(&Expr::int(1));
+    assert!(
+        split_constant(&over).is_none(),
+        "a constant sum past i64::MAX"
+    );
+    let min = Expr::var(&i).sub(&Expr::int(i64::MIN));
+    assert!(split_constant(&min).is_none(), "0 - i64::MIN overflows");
+}

@@ -229,10 +229,11 @@ impl FnGen<'_, '_> {
             ExprKind::Load { buf, indices } => {
                 let base = contiguous_base(&indices[0])
                     .ok_or_else(|| internal(format!("packed load of a gather: {e}")))?;
-                let b = self.scalar(base)?;
-                let b = self.index_to_i64(b, base.dtype());
-                let (addr, _) = self.address_of(*buf, b)?;
-                self.b.ins().load(ty, flags(), addr, 0)
+                // Through `offset_address`: a constant term of the index becomes the
+                // addressing mode's displacement, so a row's vectors share one index register.
+                let (addr, _) = self.offset_address(*buf, base)?;
+                let fl = self.load_flags(*buf, base);
+                self.b.ins().load(ty, fl, addr, 0)
             }
             ExprKind::Binary(op @ (BinOp::Min | BinOp::Max), a, b) if dt.is_float() => {
                 let x = self.packed_value(a)?;
@@ -453,7 +454,8 @@ impl FnGen<'_, '_> {
                 if bdt != dt {
                     return Err(internal(format!("load typed {dt} of a {bdt} buffer")));
                 }
-                self.load_at(addr, dt)?
+                let fl = self.load_flags(*buf, &indices[0]);
+                self.load_at(addr, dt, fl)?
             }
             _ => return Err(internal(format!("vector expression not supported: {e}"))),
         };
