@@ -17,13 +17,22 @@
 //! race-free by `verify_parallel`'s disjointness rule (a slot holding `v` in every access), and
 //! the bounds proof runs after this pass, on the fused loop.
 //!
+//! A loop that is not next in line may still join a group: a later parallel loop over the same
+//! range (at most `WINDOW` statements on) is brought up when it commutes with every statement
+//! it passes — it reads no buffer they write and writes none they read or write (a statement
+//! with a call, launch, barrier or cross-thread reduction is passed by nothing) — so each of
+//! them and the loop see the same values in either order. Two column sums of one input
+//! (layer_norm's weight and bias gradients) are separated by the first one's zeroing and
+//! combination; brought together, one thread sums its chunk of rows into both while the chunk
+//! is in cache.
+//!
 //! Runs only on programs under the default CPU schedule (`Options::fuse_rows`); a schedule
 //! the user wrote keeps its loop structure.
 
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use crate::lower::simplify::simplify;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 /// Fuses the groups of `f`'s root-level parallel loops that the rule (module doc) allows.
 pub fn fuse(f: &mut PrimFunc) {
@@ -82,45 +91,106 @@ fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
     }
 }
 
+/// How far ahead (in statements) a loop may be brought up to join a group, past statements it
+/// commutes with (`Effects::commutes`).
+const WINDOW: usize = 8;
+
 fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
     let mut out = Vec::new();
-    let mut k = 0;
-    while k < items.len() {
-        let Some(first) = as_parallel(&items[k]) else {
-            out.push(fuse_stmt(&items[k]));
-            k += 1;
+    // Statements not yet placed, in order; a loop brought up into a group leaves its place.
+    let mut rest: VecDeque<&Stmt> = items.iter().collect();
+    while let Some(head) = rest.pop_front() {
+        let Some(first) = as_parallel(head) else {
+            out.push(fuse_stmt(head));
             continue;
         };
         // Each loop's accesses are summarised once; a group's legality is then a check of the
         // summaries' unions, so joining a loop costs its own size, not the group's.
         let mut acc = Accesses::of(&first);
         let mut group = vec![first];
-        let mut next = k + 1;
         // A loop that strays into a buffer it writes itself starts no group (`can_join` checks
         // only what a newcomer adds to a group that passes the rule).
-        while next < items.len() && acc.row_local() {
-            let Some(l) = as_parallel(&items[next]) else {
+        while acc.row_local() {
+            // The next statement, or a later loop (within `WINDOW`) that every statement
+            // before it commutes with: bringing it up does not change what any of them sees.
+            let mut found = None;
+            let mut skipped = Effects::default();
+            for (p, s) in rest.iter().enumerate().take(WINDOW) {
+                if let Some(l) = as_parallel(s) {
+                    if l.min == group[0].min && l.extent == group[0].extent {
+                        let a = Accesses::of(&l);
+                        let e = Effects::of(s);
+                        if acc.can_join(&a) && (p == 0 || skipped.commutes(&e)) {
+                            found = Some((p, l, a));
+                            break;
+                        }
+                    }
+                }
+                skipped.extend(Effects::of(s));
+            }
+            let Some((p, l, a)) = found else {
                 break;
             };
-            if l.min != group[0].min || l.extent != group[0].extent {
-                break;
-            }
-            let a = Accesses::of(&l);
-            if !acc.can_join(&a) {
-                break;
-            }
             acc.extend(a);
             group.push(l);
-            next += 1;
+            rest.remove(p);
         }
         if group.len() == 1 {
-            out.push(items[k].clone());
+            out.push(head.clone());
         } else {
             out.push(fused(&group));
         }
-        k = next;
     }
     out
+}
+
+/// The buffers a statement reads and writes, for moving a loop past it.
+#[derive(Default)]
+struct Effects {
+    reads: HashSet<BufId>,
+    writes: HashSet<BufId>,
+    /// A call, launch, barrier or cross-thread reduction: nothing moves past it.
+    opaque: bool,
+}
+
+impl Effects {
+    fn of(s: &Stmt) -> Effects {
+        let mut e = Effects::default();
+        s.visit(&mut |x| match x {
+            Stmt::Store { buf, .. } => {
+                e.writes.insert(*buf);
+            }
+            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
+                e.opaque = true
+            }
+            _ => {}
+        });
+        s.visit_exprs(&mut |x| {
+            x.visit(&mut |n| {
+                if let ExprKind::Load { buf, .. } = n.kind() {
+                    e.reads.insert(*buf);
+                }
+            })
+        });
+        e
+    }
+
+    /// Whether `o` can run before the statements summarised by `self`: it reads nothing they
+    /// write and writes nothing they read or write (so every value either side sees is the
+    /// same in both orders).
+    fn commutes(&self, o: &Effects) -> bool {
+        !self.opaque
+            && !o.opaque
+            && o.reads.is_disjoint(&self.writes)
+            && o.writes.is_disjoint(&self.writes)
+            && o.writes.is_disjoint(&self.reads)
+    }
+
+    fn extend(&mut self, o: Effects) {
+        self.reads.extend(o.reads);
+        self.writes.extend(o.writes);
+        self.opaque |= o.opaque;
+    }
 }
 
 /// The group's loops as one loop over the first one's variable.
