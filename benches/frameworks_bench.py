@@ -8,6 +8,17 @@ Every case runs in its own subprocess (``--worker CASE``) with one thread for ev
 up, then ``timeit.repeat`` (median, min, max in microseconds per call).
 
     .venv/bin/python benches/frameworks_bench.py            # all cases, about a minute
+    .venv/bin/python benches/frameworks_bench.py --interleaved   # the torch target, side by side
+
+`--interleaved` runs the five cases of the torch target (torch_eager_alloc, torch_compiled,
+torch_native_compiled, torch_compiled_alloc, torch_compiled_empty) in one process, one
+thread, timing each in turn
+for `--rounds` rounds (`--number` calls per timing), and reports per-round differences: the
+op's share of the compiled call (compiled with the op minus each floor: inductor's own op,
+a compiled function returning a fresh tensor, the empty compiled function) less the eager
+call of the same round. One process and alternation
+keep the machine's drift (frequency, other tenants) out of the differences, which separate
+processes measured minutes apart do not.
 
 Cases (float32, 4 x 4 inputs; the kernel is C = A * B + 1, elementwise):
   jax_empty     jax.jit(lambda a, b: a) called on two arrays (the dispatch floor)
@@ -21,6 +32,8 @@ Cases (float32, 4 x 4 inputs; the kernel is C = A * B + 1, elementwise):
   torch_compiled    torch.compile(fullgraph=True) of a function calling that op (native path)
   torch_compiled_python  the same on the Python path
   torch_compiled_empty   torch.compile of lambda a, b: a (the per-call floor of a compiled function)
+  torch_compiled_alloc   torch.compile of lambda a, b: torch.empty_like(a) (the floor of a
+                compiled function that returns a fresh tensor, as the op's does)
   torch_native_compiled torch.compile of a * b + 1 (what inductor makes of the same maths)
 """
 
@@ -40,7 +53,7 @@ CHILD_ENV = {
 }
 CASES = ["jax_empty", "jax_rivet", "jax_native", "torch_eager", "torch_eager_alloc", "torch_op",
          "torch_op_python", "torch_compiled", "torch_compiled_python", "torch_compiled_empty",
-         "torch_native_compiled"]
+         "torch_compiled_alloc", "torch_native_compiled"]
 
 
 def kernel():
@@ -90,8 +103,11 @@ def build_case(key):
         return lambda: f(ta, tb)
     if key == "torch_native_compiled":
         g = torch.compile(lambda x, y: x * y + 1, fullgraph=True)
-    elif key == "torch_compiled_empty":
-        g = torch.compile(lambda x, y: x, fullgraph=True)
+    elif key in ("torch_compiled_empty", "torch_compiled_alloc"):
+        if key == "torch_compiled_empty":
+            g = torch.compile(lambda x, y: x, fullgraph=True)
+        else:
+            g = torch.compile(lambda x, y: torch.empty_like(x), fullgraph=True)
         g(ta, tb)
         return lambda: g(ta, tb)
     else:
@@ -116,8 +132,44 @@ def worker(key, number, repeat):
                       "max_us": max(times), "number": number, "repeat": repeat}))
 
 
+TORCH_TARGET = ["torch_eager_alloc", "torch_compiled", "torch_native_compiled",
+                "torch_compiled_alloc", "torch_compiled_empty"]
+
+
+def interleaved(number, rounds):
+    """The torch target's cases alternately in this process (module doc)."""
+    import torch
+
+    torch.set_num_threads(1)
+    stmts = {k: build_case(k) for k in TORCH_TARGET}
+    for s in stmts.values():
+        for _ in range(2000):
+            s()
+    per = {k: [] for k in TORCH_TARGET}
+    for r in range(rounds):
+        # Rotate the order so that no case always runs first (or after the same one).
+        k0 = r % len(TORCH_TARGET)
+        order = TORCH_TARGET[k0:] + TORCH_TARGET[:k0]
+        for k in order:
+            per[k].append(timeit.timeit(stmts[k], number=number) / number * 1e6)
+    med = {k: statistics.median(v) for k, v in per.items()}
+    for k in TORCH_TARGET:
+        print(f"{k:24s} {med[k]:9.3f} us (min {min(per[k]):.3f}, max {max(per[k]):.3f})")
+    out = {"cases": per, "number": number, "rounds": rounds}
+    for floor in ("torch_native_compiled", "torch_compiled_alloc", "torch_compiled_empty"):
+        extra = [c - f - e for c, f, e in zip(per["torch_compiled"], per[floor],
+                                              per["torch_eager_alloc"])]
+        out[f"extra_over_{floor}"] = extra
+        print(f"torch: op inside torch.compile (against {floor}) minus the eager call: median "
+              f"{statistics.median(extra):+.3f} us per round (min {min(extra):+.3f}, max "
+              f"{max(extra):+.3f}; target <= +1 us)")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--interleaved", action="store_true")
+    ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--worker")
     ap.add_argument("--number", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=7)
@@ -125,6 +177,15 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.number, args.repeat)
+    if args.interleaved:
+        for k, v in CHILD_ENV.items():
+            os.environ.setdefault(k, v)
+        out = interleaved(args.number, args.rounds)
+        path = os.path.join(os.path.dirname(args.json), "frameworks_interleaved.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+        return
     results = {}
     for key in CASES:
         env = dict(os.environ, **CHILD_ENV)
