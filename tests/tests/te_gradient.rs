@@ -492,6 +492,74 @@ fn softmax_and_layer_norm() {
     check("layer norm", &ins, &y, &data_for(&ins, 8), 8);
 }
 
+/// Every stage `t` depends on, itself included.
+fn graph(t: &Te) -> Vec<Te> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![t.clone()];
+    let mut out = Vec::new();
+    while let Some(x) = stack.pop() {
+        if seen.insert(x.id()) {
+            stack.extend(rivet_compiler::te::tensor::inputs(&x));
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// layer_norm written with a centred stage (as `rivet.kernels` and benches/grad_bench.py write
+/// it): the row total's adjoint is the sum over the row of the centred stage's adjoint, whose
+/// element is a sum of two terms (one per consumer). `te::gradient` sums each term over the
+/// row on its own (`distribute`), so the partial sums read the inputs and never the centred
+/// stage's adjoint; the gradients still match central differences.
+#[test]
+fn a_sum_over_an_adjoint_of_several_terms_is_split_by_term() {
+    let (r, c) = (3i64, 6i64);
+    let x = ph(&[r, c], "X");
+    let g = ph(&[c], "G");
+    let b = ph(&[c], "Bb");
+    let k1 = rk(c, "k1");
+    let total = compute([r], |[i]| te::sum(x.at((i, &k1)), &k1), "total").unwrap();
+    let cen = compute(
+        [r, c],
+        |[i, j]| x.at([&i, &j]) - total.at([i]) / c as f64,
+        "centered",
+    )
+    .unwrap();
+    let k2 = rk(c, "k2");
+    let sq = compute(
+        [r],
+        |[i]| te::sum(cen.at((&i, &k2)) * cen.at((&i, &k2)), &k2),
+        "sqsum",
+    )
+    .unwrap();
+    let y = compute(
+        [r, c],
+        |[i, j]| {
+            cen.at([&i, &j]) * te::rsqrt(sq.at([&i]) / c as f64 + 1e-5) * g.at([&j]) + b.at([j])
+        },
+        "Y",
+    )
+    .unwrap();
+    let grads = te::gradient(&y, &[x.clone()], None).unwrap();
+    let stages = graph(&grads[0]);
+    let names: Vec<String> = stages.iter().map(|t| t.name().to_string()).collect();
+    let parts: Vec<&Te> = stages
+        .iter()
+        .filter(|t| t.name().starts_with("total_grad_centered_sum"))
+        .collect();
+    assert_eq!(parts.len(), 2, "one partial sum per term: {names:?}");
+    for p in parts {
+        let reads: Vec<String> = graph(p).iter().map(|t| t.name().to_string()).collect();
+        assert!(
+            !reads.iter().any(|n| n == "centered_grad"),
+            "{} reads the adjoint it was split from: {reads:?}",
+            p.name()
+        );
+    }
+    let ins = [x, g, b];
+    check("layer norm, centred stage", &ins, &y, &data_for(&ins, 9), 9);
+}
+
 #[test]
 fn an_intermediate_stage_can_be_an_input() {
     let x = ph(&[4], "X");

@@ -26,6 +26,9 @@
 //! combination; brought together, one thread sums its chunk of rows into both while the chunk
 //! is in cache.
 //!
+//! Inside each parallel loop, sibling serial or vectorized loops over one range whose bodies
+//! share no state are fused too (`fuse_siblings`, its doc has the rule).
+//!
 //! Runs only on programs under the default CPU schedule (`Options::fuse_rows`); a schedule
 //! the user wrote keeps its loop structure.
 
@@ -135,10 +138,108 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
             group.push(l);
             rest.remove(p);
         }
-        if group.len() == 1 {
-            out.push(head.clone());
+        let fused = if group.len() == 1 {
+            head.clone()
         } else {
-            out.push(fused(&group));
+            fused(&group, ForKind::Parallel)
+        };
+        out.push(fuse_siblings(&fused));
+    }
+    out
+}
+
+/// Inside a parallel loop: consecutive serial (or vectorized) loops over one range whose
+/// bodies touch disjoint state — neither writes a buffer the other reads or writes
+/// (`Effects::commutes`) — become one loop, with the same window as above for a later one
+/// brought up past statements it commutes with; then the same inside the fused bodies.
+/// Legal for any index pattern: the two bodies share no state, so interleaving their
+/// iterations keeps each one's own order and every value it sees. The chunk loops of two
+/// column sums of one input then read each row once for both sums.
+fn fuse_siblings(s: &Stmt) -> Stmt {
+    match s {
+        Stmt::Seq(items) => {
+            let mut flat = Vec::new();
+            splice(items, &mut flat);
+            Stmt::seq(sibling_seq(&flat))
+        }
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            kind,
+        } => Stmt::For {
+            var: var.clone(),
+            min: min.clone(),
+            extent: extent.clone(),
+            body: Box::new(fuse_siblings(body)),
+            kind: *kind,
+        },
+        Stmt::Allocate { bufs, body } => Stmt::Allocate {
+            bufs: bufs.clone(),
+            body: Box::new(fuse_siblings(body)),
+        },
+        other => other.clone(),
+    }
+}
+
+fn as_sibling(s: &Stmt) -> Option<(Loop<'_>, ForKind)> {
+    match s {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            kind: kind @ (ForKind::Serial | ForKind::Vectorized),
+        } => Some((
+            Loop {
+                var,
+                min: simplify(min),
+                extent: simplify(extent),
+                body,
+            },
+            *kind,
+        )),
+        _ => None,
+    }
+}
+
+fn sibling_seq(items: &[Stmt]) -> Vec<Stmt> {
+    let mut out = Vec::new();
+    let mut rest: VecDeque<&Stmt> = items.iter().collect();
+    while let Some(head) = rest.pop_front() {
+        let Some((first, kind)) = as_sibling(head) else {
+            out.push(fuse_siblings(head));
+            continue;
+        };
+        let mut effects = Effects::of(head);
+        let mut group = vec![first];
+        loop {
+            let mut found = None;
+            let mut skipped = Effects::default();
+            for (p, s) in rest.iter().enumerate().take(WINDOW) {
+                if let Some((l, k)) = as_sibling(s) {
+                    if k == kind && l.min == group[0].min && l.extent == group[0].extent {
+                        let e = Effects::of(s);
+                        if effects.commutes(&e) && (p == 0 || skipped.commutes(&e)) {
+                            found = Some((p, l, e));
+                            break;
+                        }
+                    }
+                }
+                skipped.extend(Effects::of(s));
+            }
+            let Some((p, l, e)) = found else {
+                break;
+            };
+            effects.extend(e);
+            group.push(l);
+            rest.remove(p);
+        }
+        if group.len() == 1 {
+            out.push(fuse_siblings(head));
+        } else {
+            out.push(fuse_siblings(&fused(&group, kind)));
         }
     }
     out
@@ -193,8 +294,8 @@ impl Effects {
     }
 }
 
-/// The group's loops as one loop over the first one's variable.
-fn fused(group: &[Loop<'_>]) -> Stmt {
+/// The group's loops as one loop of `kind` over the first one's variable.
+fn fused(group: &[Loop<'_>], kind: ForKind) -> Stmt {
     let v = group[0].var.clone();
     let ve = Expr::var(&v);
     let bodies: Vec<Stmt> = group
@@ -215,7 +316,7 @@ fn fused(group: &[Loop<'_>]) -> Stmt {
         min: group[0].min.clone(),
         extent: group[0].extent.clone(),
         body: Box::new(Stmt::seq(bodies)),
-        kind: ForKind::Parallel,
+        kind,
     }
 }
 

@@ -33,7 +33,7 @@ use crate::ir::expr::{CmpOp, Expr, IterVar, ReduceOp, Var};
 use crate::lower::simplify::simplify;
 use crate::te::ops::reduce;
 use crate::te::tensor::{compute_from, inputs as reads_of, top_reduce, Op, Tensor};
-use algebra::{and_all, cmp, constant, div, mul, select, substitute, sum_balanced};
+use algebra::{and_all, cmp, constant, div, is_float, mul, select, substitute, sum_balanced};
 use body::{read_adjoints, Term};
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -361,19 +361,54 @@ fn propagate(
             Contribution::Inline(jv, s.body)
         } else if let Some((variant, outside)) = factor_out(&s.body, &s.raxes)? {
             // `sum_r (f(r) * c)` as `(sum_r f(r)) * c`: the factors that do not depend on the
-            // summed variables are applied once per element, not once per term.
-            // The partial sum over axes of its own; the factors stay over `target`'s.
-            let own = fresh_axes(&x);
-            let map: HashMap<Var, Expr> = jv
-                .iter()
-                .cloned()
-                .zip(own.iter().map(|a| Expr::var(&a.var)))
-                .collect();
-            let variant = substitute(&variant, &|v| map.get(v).cloned());
-            let body = reduce(ReduceOp::Sum, variant, &s.raxes)?;
-            let partial = compute_from(x.shape(), own, body, &format!("{name}_sum"))?;
+            // summed variables are applied once per element, not once per term. When `f(r)`
+            // reads a stage whose element is a sum of terms, one partial sum per term
+            // (`distribute`). Each partial sum over axes of its own; the factors stay over
+            // `target`'s.
+            let pieces = match distribute(&variant, &s.raxes)? {
+                Some(p) => p,
+                None => vec![(variant, None)],
+            };
+            let many = pieces.len() > 1;
             let idx: Vec<Expr> = jv.iter().map(Expr::var).collect();
-            let body = outside(partial.idx(&idx))?;
+            let mut sums = Vec::with_capacity(pieces.len());
+            for (k, (piece, factors)) in pieces.into_iter().enumerate() {
+                let own = fresh_axes(&x);
+                let mut map: HashMap<Var, Expr> = jv
+                    .iter()
+                    .cloned()
+                    .zip(own.iter().map(|a| Expr::var(&a.var)))
+                    .collect();
+                // Reduction axes of its own too: each partial is a stage of its own.
+                let raxes: Vec<IterVar> = s
+                    .raxes
+                    .iter()
+                    .map(|r| {
+                        let v = Var::new(&r.var.name);
+                        map.insert(r.var.clone(), Expr::var(&v));
+                        IterVar {
+                            var: v,
+                            min: r.min.clone(),
+                            extent: r.extent.clone(),
+                            reduce: true,
+                        }
+                    })
+                    .collect();
+                let piece = substitute(&piece, &|v| map.get(v).cloned());
+                let body = reduce(ReduceOp::Sum, piece, &raxes)?;
+                let label = if many {
+                    format!("{name}_sum{k}")
+                } else {
+                    format!("{name}_sum")
+                };
+                let partial = compute_from(x.shape(), own, body, &label)?;
+                let read = partial.idx(&idx);
+                sums.push(match factors {
+                    Some(f) => f(read)?,
+                    None => read,
+                });
+            }
+            let body = outside(sum_balanced(sums)?)?;
             Contribution::Stage(compute_from(x.shape(), target, body, &name)?)
         } else {
             let body = reduce(ReduceOp::Sum, s.body, &s.raxes)?;
@@ -449,6 +484,117 @@ fn factor_out(
         Ok(r)
     };
     Ok(Some((v, Box::new(outside))))
+}
+
+/// The factors a summand's sum is multiplied by (`factor_out`'s second result).
+type Factors = Box<dyn Fn(Expr) -> Result<Expr>>;
+
+/// Most terms a stage's element may have for `distribute` to split a sum over it.
+const MAX_TERMS: usize = 4;
+
+/// `sum_r P[.., r, ..]` where `P`'s element is a sum of terms `t_1 + t_2 - t_3 ..` (an
+/// elementwise stage; a tensor's adjoint is the sum of its consumers' contributions) as
+/// `sum_r t_1 + sum_r t_2 - sum_r t_3 ..`, each term's factors free of `r` taken out of its sum
+/// (`factor_out`). Returns each term's summand with the function applying its factors and
+/// sign, or `None` when `variant` is not such a read or a term is not cheap to recompute.
+///
+/// Why: layer_norm's backward summed the adjoint of its centred input over each row, which
+/// needed that adjoint written out in full first (a row buffer, then a pass to sum it, then
+/// one to read it back). Split, the sums read only the inputs (`sum_j h_j g_j` and `sum_j
+/// (x_j - mean)`), run in the same pass as the row's other sums, and the adjoint is used once,
+/// where the default schedule inlines it. Exact in real arithmetic; in floats the sum is
+/// reassociated, as `factor_out` already does. Only terms whose part under the sum is reads,
+/// additions, subtractions, multiplications and negations are split (recomputing them per
+/// term costs loads, never a transcendental), and at most `MAX_TERMS` of them.
+fn distribute(variant: &Expr, raxes: &[IterVar]) -> Result<Option<Vec<(Expr, Option<Factors>)>>> {
+    use crate::ir::expr::{BinOp, ExprKind, UnOp};
+    let ExprKind::Read { tensor, indices } = variant.kind() else {
+        return Ok(None);
+    };
+    let p = crate::te::tensor::Tensor::of(tensor);
+    let Op::Compute { axis, body } = p.op() else {
+        return Ok(None);
+    };
+    if top_reduce(body).is_some() || axis.len() != indices.len() {
+        return Ok(None);
+    }
+    let map: HashMap<Var, Expr> = axis
+        .iter()
+        .map(|a| a.var.clone())
+        .zip(indices.iter().cloned())
+        .collect();
+    let element = substitute(body, &|v| map.get(v).cloned());
+    // The terms of the top-level sum, each with its sign.
+    fn terms(e: &Expr, negated: bool, out: &mut Vec<(Expr, bool)>) {
+        match e.kind() {
+            ExprKind::Binary(BinOp::Add, a, b) => {
+                terms(a, negated, out);
+                terms(b, negated, out)
+            }
+            ExprKind::Binary(BinOp::Sub, a, b) => {
+                terms(a, negated, out);
+                terms(b, !negated, out)
+            }
+            _ => out.push((e.clone(), negated)),
+        }
+    }
+    let mut split = Vec::new();
+    terms(&element, false, &mut split);
+    if split.len() < 2 || split.len() > MAX_TERMS || !is_float(&element) {
+        return Ok(None);
+    }
+    let free = |x: &Expr| !raxes.iter().any(|r| x.uses(&r.var));
+    // Under the sum, only what is cheap to compute again (loads and ring arithmetic); parts
+    // free of the summed variables are left alone, whatever they are (`factor_out` takes the
+    // factors among them out of the sum). A read of a stage that may be inlined (elementwise)
+    // counts as its element, at most `depth` stages deep; other reads are loads of something
+    // always materialised (an input, a reduction, a callback's result).
+    fn cheap(e: &Expr, free: &dyn Fn(&Expr) -> bool, depth: u32) -> bool {
+        if free(e) {
+            return true;
+        }
+        match e.kind() {
+            ExprKind::Read { tensor, indices } => {
+                match crate::te::tensor::Tensor::of(tensor).op() {
+                    Op::Compute { axis, body } if top_reduce(body).is_none() => {
+                        if depth == 0 || axis.len() != indices.len() {
+                            return false;
+                        }
+                        let map: HashMap<Var, Expr> = axis
+                            .iter()
+                            .map(|a| a.var.clone())
+                            .zip(indices.iter().cloned())
+                            .collect();
+                        cheap(&substitute(body, &|v| map.get(v).cloned()), free, depth - 1)
+                    }
+                    _ => true,
+                }
+            }
+            ExprKind::Var(_) | ExprKind::Const(_) => true,
+            ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => {
+                cheap(a, free, depth) && cheap(b, free, depth)
+            }
+            ExprKind::Unary(UnOp::Neg, a) => cheap(a, free, depth),
+            _ => false,
+        }
+    }
+    let mut out: Vec<(Expr, Option<Factors>)> = Vec::with_capacity(split.len());
+    for (t, negated) in split {
+        let (summand, factors) = match factor_out(&t, raxes)? {
+            Some((v, f)) => (v, Some(f)),
+            None => (t, None),
+        };
+        if !cheap(&summand, &free, 4) {
+            return Ok(None);
+        }
+        let signed: Option<Factors> = match (factors, negated) {
+            (f, false) => f,
+            (None, true) => Some(Box::new(|s: Expr| algebra::neg(&s))),
+            (Some(f), true) => Some(Box::new(move |s: Expr| algebra::neg(&f(s)?))),
+        };
+        out.push((summand, signed));
+    }
+    Ok(Some(out))
 }
 
 /// For a max/min reduction `c`, the stage counting, per output element, the elements equal
