@@ -621,7 +621,8 @@ fn row_fusion_only_where_each_row_is_its_own() {
 /// Row fusion brings a later loop up past statements it commutes with (`fuse_rows::WINDOW`):
 /// two column sums of one input (layer_norm's weight and bias gradients) have their chunk
 /// loops fused, the second past the first's init and combination, so a chunk of rows is read
-/// once while in cache. When the second sum reads the first's result (`T[j] = sum_i of
+/// once while in cache, and inside that loop the two updates share their loops over the
+/// chunk's rows and the columns (`fuse_siblings`). When the second sum reads the first's result (`T[j] = sum_i of
 /// A[i, j] - S[j]`), its chunk update must stay after the combination that writes `S` (its
 /// zeroing may still join: it touches nothing else). Both equal the interpreter bit for bit,
 /// at sizes with and without tails, and with no rows.
@@ -667,6 +668,16 @@ fn row_fusion_brings_up_only_loops_that_commute() {
             "column chunks\n{ir}"
         );
         assert_eq!(together, !dependent, "dependent={dependent}\n{ir}");
+        // And inside the fused loop, the two chunk updates share their loops over the rows
+        // of the chunk and the columns (`fuse_siblings`): an update of S.chunks directly
+        // followed by one of T.chunks, in one loop body.
+        let lines: Vec<&str> = ir.lines().collect();
+        let adjacent = lines.windows(2).any(|w| {
+            w[0].contains("= (S.chunks[")
+                && w[1].contains("= (T.chunks[")
+                && w[0].find('S') == w[1].find('T')
+        });
+        assert_eq!(adjacent, !dependent, "dependent={dependent}\n{ir}");
         let interp = build_on(Target::interp(), true);
         for (rows, cols) in [(0i64, 5i64), (1, 1), (3, 17), (70, 9), (130, 64)] {
             let va = data((rows * cols) as usize, (rows + cols) as u64);
