@@ -67,12 +67,21 @@ def thread_env(threads):
 # --------------------------------------------------------------------------------------------
 
 
-def timed(fn, budget=5.0, min_reps=5, max_reps=40):
-    """Median / min / max seconds of `fn()`: two warm-up runs, then as many as fit `budget`."""
+def timed(fn, budget=3.0, min_reps=5, max_reps=200, warmup=0.25):
+    """Median / min / max seconds of `fn()`: warm-up calls for `warmup` seconds (at least two),
+    then as many as fit `budget` (between `min_reps` and `max_reps`).
+
+    The warm-up is that long because of this VM: a two-thread run of a 0.1-0.2 ms kernel
+    (either library) starts in a slow phase, often at its one-thread speed, for tens of
+    milliseconds after the process was idle or single-threaded (the second vCPU's wake-up);
+    40 timed calls after two warm-ups fell entirely inside it in some runs (2026-11-25)."""
     fn()
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
+    end = time.perf_counter() + warmup
+    while time.perf_counter() < end:
+        fn()
     reps = int(max(min_reps, min(max_reps, budget / max(first, 1e-9))))
     ts = []
     for _ in range(reps):
