@@ -427,11 +427,7 @@ fn propagate(
 /// factor, or a reduction that may be empty: `c * 0` is NaN where `c` is not finite, where the
 /// empty sum was 0). The sum is then reassociated: it differs from the unfactored one by
 /// rounding, as any reordered float sum does.
-#[allow(clippy::type_complexity)]
-fn factor_out(
-    e: &Expr,
-    raxes: &[IterVar],
-) -> Result<Option<(Expr, Box<dyn Fn(Expr) -> Result<Expr>>)>> {
+fn factor_out(e: &Expr, raxes: &[IterVar]) -> Result<Option<(Expr, Factors)>> {
     use crate::ir::expr::{BinOp, ExprKind, UnOp};
     if !raxes
         .iter()
@@ -489,6 +485,9 @@ fn factor_out(
 /// The factors a summand's sum is multiplied by (`factor_out`'s second result).
 type Factors = Box<dyn Fn(Expr) -> Result<Expr>>;
 
+/// A summand of a split sum and what is applied to its sum (`distribute`).
+type Piece = (Expr, Option<Factors>);
+
 /// Most terms a stage's element may have for `distribute` to split a sum over it.
 const MAX_TERMS: usize = 4;
 
@@ -506,7 +505,7 @@ const MAX_TERMS: usize = 4;
 /// reassociated, as `factor_out` already does. Only terms whose part under the sum is reads,
 /// additions, subtractions, multiplications and negations are split (recomputing them per
 /// term costs loads, never a transcendental), and at most `MAX_TERMS` of them.
-fn distribute(variant: &Expr, raxes: &[IterVar]) -> Result<Option<Vec<(Expr, Option<Factors>)>>> {
+fn distribute(variant: &Expr, raxes: &[IterVar]) -> Result<Option<Vec<Piece>>> {
     use crate::ir::expr::{BinOp, ExprKind, UnOp};
     let ExprKind::Read { tensor, indices } = variant.kind() else {
         return Ok(None);
@@ -578,7 +577,7 @@ fn distribute(variant: &Expr, raxes: &[IterVar]) -> Result<Option<Vec<(Expr, Opt
             _ => false,
         }
     }
-    let mut out: Vec<(Expr, Option<Factors>)> = Vec::with_capacity(split.len());
+    let mut out: Vec<Piece> = Vec::with_capacity(split.len());
     for (t, negated) in split {
         let (summand, factors) = match factor_out(&t, raxes)? {
             Some((v, f)) => (v, Some(f)),
