@@ -4,7 +4,9 @@
 //! array of 8-byte slots, in a stack slot of the caller, holding every buffer pointer and
 //! variable the body uses from outside (sorted by buffer id, then variable id). The caller
 //! then calls `rivet_parallel_for(body, ctx, min, extent)`, which splits the range over
-//! rivet's rayon pool. Parallel loops nested in a parallel body run serially.
+//! rivet's rayon pool. Parallel loops nested in a parallel body run serially, and so does a
+//! loop of constant extents that does too little work for the pool (`too_small_for_the_pool`:
+//! generated inline, not outlined).
 
 use super::{Compiler, FnGen, FuncText, PTR};
 use crate::error::{Error, Result};
@@ -134,6 +136,50 @@ impl Compiler<'_> {
         self.bodies.push(FuncText { clif, disasm });
         Ok(id)
     }
+}
+
+/// Whether a parallel loop (`launch`, its `For`) does so little work that the pool would cost
+/// more than it saves, whatever the rest of the call does: every loop in it has a constant
+/// extent, the stores it executes number fewer than `2 * MIN_CHUNK_WORK` (the chunk rule of
+/// `rivet_parallel_for` would give it one chunk on its own), and it holds nothing but serial
+/// (or vectorized, unrolled) loops, sequences, `let`s, `if`s and stores (no allocation, call,
+/// nested parallel loop or cross-thread statement, which an outlined body handles
+/// differently). The caller then runs it inline. Without this, the
+/// rule sized each loop's chunks by the whole call's work: a layer_norm backward's two
+/// combinations of 16 x 1024 partials woke both threads of the pool for a few microseconds of
+/// work each (two threads, 0.366 -> 0.343 ms with them inline).
+pub(super) fn too_small_for_the_pool(s: &Stmt) -> bool {
+    /// Stores executed by `s`, or `None` past the limit or for anything not counted exactly.
+    fn stores(s: &Stmt, limit: i64) -> Option<i64> {
+        match s {
+            Stmt::Store { .. } => Some(1),
+            Stmt::Seq(v) => v.iter().try_fold(0i64, |acc, x| {
+                let n = acc.checked_add(stores(x, limit)?)?;
+                (n < limit).then_some(n)
+            }),
+            Stmt::Let { body, .. } => stores(body, limit),
+            // Both arms (an upper bound).
+            Stmt::If {
+                then, otherwise, ..
+            } => {
+                let a = stores(then, limit)?;
+                let b = otherwise.as_ref().map_or(Some(0), |o| stores(o, limit))?;
+                a.checked_add(b).filter(|n| *n < limit)
+            }
+            // A parallel loop nested in it runs serially in an outlined body; the host code
+            // generator refuses one (it expects every host-level parallel loop outlined).
+            Stmt::For {
+                kind: crate::ir::ForKind::Parallel | crate::ir::ForKind::Thread(_),
+                ..
+            } => None,
+            Stmt::For { extent, body, .. } => {
+                let e = crate::lower::simplify::simplify(extent).as_int()?.max(0);
+                e.checked_mul(stores(body, limit)?).filter(|n| *n < limit)
+            }
+            _ => None,
+        }
+    }
+    stores(s, 2 * rivet_runtime::parallel::MIN_CHUNK_WORK).is_some()
 }
 
 /// The signature of an outlined parallel body.

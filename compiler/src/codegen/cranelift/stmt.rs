@@ -34,6 +34,11 @@ impl<'f> FnGen<'_, 'f> {
                         let lo = self.index_i64(lo, min.dtype());
                         let ext = self.expr(extent)?;
                         let ext = self.index_i64(ext, extent.dtype());
+                        if super::parallel::too_small_for_the_pool(&k.body) {
+                            // No overflow: the bounds proof obliges a loop's end to fit.
+                            let hi = self.b.ins().iadd(lo, ext);
+                            return self.counted_loop(var, lo, hi, body);
+                        }
                         self.parallel_for(k, var, lo, ext, body)
                     }
                     _ => Err(Error::Internal(format!(

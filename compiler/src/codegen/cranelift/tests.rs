@@ -1811,3 +1811,72 @@ fn split_constant_gathers_nested_constant_terms() {
     let min = Expr::var(&i).sub(&Expr::int(i64::MIN));
     assert!(split_constant(&min).is_none(), "0 - i64::MIN overflows");
 }
+
+// `too_small_for_the_pool`: a parallel loop runs inline only when every extent in it is a
+// constant and its stores are counted exactly below twice the pool's chunk minimum; symbolic
+// extents, allocations, overflowing products and big nests go to the pool.
+#[test]
+fn only_small_constant_parallel_loops_run_inline() {
+    use super::parallel::too_small_for_the_pool;
+    use crate::ir::BufId;
+    let store = |v: &Var| Stmt::Store {
+        buf: BufId(0),
+        indices: vec![Expr::var(v)],
+        value: Expr::constant(1.0, DType::F32),
+    };
+    let looped = |v: &Var, extent: Expr, body: Stmt| Stmt::For {
+        var: v.clone(),
+        min: Expr::int(0),
+        extent,
+        body: Box::new(body),
+        kind: ForKind::Serial,
+    };
+    let (i, j) = (Var::new("i"), Var::new("j"));
+    let nest = |a: i64, b: i64| looped(&i, Expr::int(a), looped(&j, Expr::int(b), store(&j)));
+    assert!(too_small_for_the_pool(&nest(32, 16)), "512 stores");
+    assert!(too_small_for_the_pool(&nest(0, 16)), "an empty loop");
+    assert!(
+        !too_small_for_the_pool(&nest(1024, 1024)),
+        "a million stores"
+    );
+    assert!(
+        !too_small_for_the_pool(&nest(1 << 40, 1 << 40)),
+        "an overflowing product"
+    );
+    assert!(!too_small_for_the_pool(&nest(i64::MAX, 1)));
+    let n = Var::new("n");
+    assert!(
+        !too_small_for_the_pool(&looped(&i, Expr::var(&n), store(&i))),
+        "a symbolic extent"
+    );
+    let alloc = Stmt::Allocate {
+        bufs: vec![BufId(1)],
+        body: Box::new(store(&i)),
+    };
+    assert!(
+        !too_small_for_the_pool(&looped(&i, Expr::int(4), alloc)),
+        "an allocation"
+    );
+    let inner_parallel = Stmt::For {
+        var: j.clone(),
+        min: Expr::int(0),
+        extent: Expr::int(4),
+        body: Box::new(store(&j)),
+        kind: ForKind::Parallel,
+    };
+    assert!(
+        !too_small_for_the_pool(&looped(&i, Expr::int(4), inner_parallel)),
+        "a nested parallel loop"
+    );
+    // Both arms of an `if` count.
+    let two = Stmt::If {
+        cond: Expr::var(&i).lt(&Expr::int(3)),
+        then: Box::new(nest(100, 100)),
+        otherwise: Some(Box::new(nest(100, 100))),
+    };
+    assert!(too_small_for_the_pool(&nest(100, 100)));
+    assert!(
+        !too_small_for_the_pool(&looped(&j, Expr::int(2), two)),
+        "40,000 stores"
+    );
+}
