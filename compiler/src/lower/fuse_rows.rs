@@ -71,21 +71,31 @@ fn splice(items: &[Stmt], out: &mut Vec<Stmt>) {
 
 struct Loop<'a> {
     var: &'a Var,
+    kind: ForKind,
     min: Expr,
     extent: Expr,
     body: &'a Stmt,
 }
 
-fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
+impl Loop<'_> {
+    /// Same kind and same range (both simplified): the two can become one loop.
+    fn matches(&self, o: &Loop<'_>) -> bool {
+        self.kind == o.kind && self.min == o.min && self.extent == o.extent
+    }
+}
+
+/// `s` as a loop, when it is one of a kind `accept` takes.
+fn as_loop(s: &Stmt, accept: fn(ForKind) -> bool) -> Option<Loop<'_>> {
     match s {
         Stmt::For {
             var,
             min,
             extent,
             body,
-            kind: ForKind::Parallel,
-        } => Some(Loop {
+            kind,
+        } if accept(*kind) => Some(Loop {
             var,
+            kind: *kind,
             min: simplify(min),
             extent: simplify(extent),
             body,
@@ -94,9 +104,40 @@ fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
     }
 }
 
+fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
+    as_loop(s, |k| k == ForKind::Parallel)
+}
+
+fn as_sibling(s: &Stmt) -> Option<Loop<'_>> {
+    as_loop(s, |k| matches!(k, ForKind::Serial | ForKind::Vectorized))
+}
+
 /// How far ahead (in statements) a loop may be brought up to join a group, past statements it
 /// commutes with (`Effects::commutes`).
 const WINDOW: usize = 8;
+
+/// The first of the next `WINDOW` statements of `rest` that `join` takes (given its effects)
+/// and that every statement before it commutes with, removed from `rest`, with its effects:
+/// bringing it up to the group does not change what any statement it passes sees. Each
+/// statement's effects are summarised once.
+fn bring_up<'a, T>(
+    rest: &mut VecDeque<&'a Stmt>,
+    mut join: impl FnMut(&'a Stmt, &Effects) -> Option<T>,
+) -> Option<(T, Effects)> {
+    let mut skipped = Effects::default();
+    for p in 0..rest.len().min(WINDOW) {
+        let s = rest[p];
+        let e = Effects::of(s);
+        if p == 0 || skipped.commutes(&e) {
+            if let Some(t) = join(s, &e) {
+                rest.remove(p);
+                return Some((t, e));
+            }
+        }
+        skipped.extend(e);
+    }
+    None
+}
 
 fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
     let mut out = Vec::new();
@@ -114,36 +155,21 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
         // A loop that strays into a buffer it writes itself starts no group (`can_join` checks
         // only what a newcomer adds to a group that passes the rule).
         while acc.row_local() {
-            // The next statement, or a later loop (within `WINDOW`) that every statement
-            // before it commutes with: bringing it up does not change what any of them sees.
-            let mut found = None;
-            let mut skipped = Effects::default();
-            for (p, s) in rest.iter().enumerate().take(WINDOW) {
-                if let Some(l) = as_parallel(s) {
-                    if l.min == group[0].min && l.extent == group[0].extent {
-                        let a = Accesses::of(&l);
-                        let e = Effects::of(s);
-                        if acc.can_join(&a) && (p == 0 || skipped.commutes(&e)) {
-                            found = Some((p, l, a));
-                            break;
-                        }
-                    }
-                }
-                skipped.extend(Effects::of(s));
-            }
-            let Some((p, l, a)) = found else {
+            let Some(((l, a), _)) = bring_up(&mut rest, |s, _| {
+                let l = as_parallel(s).filter(|l| l.matches(&group[0]))?;
+                let a = Accesses::of(&l);
+                acc.can_join(&a).then_some((l, a))
+            }) else {
                 break;
             };
             acc.extend(a);
             group.push(l);
-            rest.remove(p);
         }
-        let fused = if group.len() == 1 {
-            head.clone()
+        if group.len() == 1 {
+            out.push(fuse_siblings(head));
         } else {
-            fused(&group, ForKind::Parallel)
-        };
-        out.push(fuse_siblings(&fused));
+            out.push(fuse_siblings(&fused(&group)));
+        }
     }
     out
 }
@@ -156,90 +182,39 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
 /// iterations keeps each one's own order and every value it sees. The chunk loops of two
 /// column sums of one input then read each row once for both sums.
 fn fuse_siblings(s: &Stmt) -> Stmt {
-    match s {
+    // Bottom-up: the sequences inside a loop body are done before the body's own.
+    s.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::Seq(items) => {
             let mut flat = Vec::new();
-            splice(items, &mut flat);
+            splice(&items, &mut flat);
             Stmt::seq(sibling_seq(&flat))
         }
-        Stmt::For {
-            var,
-            min,
-            extent,
-            body,
-            kind,
-        } => Stmt::For {
-            var: var.clone(),
-            min: min.clone(),
-            extent: extent.clone(),
-            body: Box::new(fuse_siblings(body)),
-            kind: *kind,
-        },
-        Stmt::Allocate { bufs, body } => Stmt::Allocate {
-            bufs: bufs.clone(),
-            body: Box::new(fuse_siblings(body)),
-        },
-        other => other.clone(),
-    }
+        other => other,
+    })
 }
 
-fn as_sibling(s: &Stmt) -> Option<(Loop<'_>, ForKind)> {
-    match s {
-        Stmt::For {
-            var,
-            min,
-            extent,
-            body,
-            kind: kind @ (ForKind::Serial | ForKind::Vectorized),
-        } => Some((
-            Loop {
-                var,
-                min: simplify(min),
-                extent: simplify(extent),
-                body,
-            },
-            *kind,
-        )),
-        _ => None,
-    }
-}
-
+/// One sequence's sibling groups (its statements were already done: `fuse_siblings`).
 fn sibling_seq(items: &[Stmt]) -> Vec<Stmt> {
     let mut out = Vec::new();
     let mut rest: VecDeque<&Stmt> = items.iter().collect();
     while let Some(head) = rest.pop_front() {
-        let Some((first, kind)) = as_sibling(head) else {
-            out.push(fuse_siblings(head));
+        let Some(first) = as_sibling(head) else {
+            out.push(head.clone());
             continue;
         };
         let mut effects = Effects::of(head);
         let mut group = vec![first];
-        loop {
-            let mut found = None;
-            let mut skipped = Effects::default();
-            for (p, s) in rest.iter().enumerate().take(WINDOW) {
-                if let Some((l, k)) = as_sibling(s) {
-                    if k == kind && l.min == group[0].min && l.extent == group[0].extent {
-                        let e = Effects::of(s);
-                        if effects.commutes(&e) && (p == 0 || skipped.commutes(&e)) {
-                            found = Some((p, l, e));
-                            break;
-                        }
-                    }
-                }
-                skipped.extend(Effects::of(s));
-            }
-            let Some((p, l, e)) = found else {
-                break;
-            };
+        while let Some((l, e)) = bring_up(&mut rest, |s, e| {
+            as_sibling(s).filter(|l| l.matches(&group[0]) && effects.commutes(e))
+        }) {
             effects.extend(e);
             group.push(l);
-            rest.remove(p);
         }
         if group.len() == 1 {
-            out.push(fuse_siblings(head));
+            out.push(head.clone());
         } else {
-            out.push(fuse_siblings(&fused(&group, kind)));
+            // The bodies now side by side may hold siblings of their own.
+            out.push(fuse_siblings(&fused(&group)));
         }
     }
     out
@@ -294,8 +269,8 @@ impl Effects {
     }
 }
 
-/// The group's loops as one loop of `kind` over the first one's variable.
-fn fused(group: &[Loop<'_>], kind: ForKind) -> Stmt {
+/// The group's loops (of one kind) as one loop over the first one's variable.
+fn fused(group: &[Loop<'_>]) -> Stmt {
     let v = group[0].var.clone();
     let ve = Expr::var(&v);
     let bodies: Vec<Stmt> = group
@@ -316,7 +291,7 @@ fn fused(group: &[Loop<'_>], kind: ForKind) -> Stmt {
         min: group[0].min.clone(),
         extent: group[0].extent.clone(),
         body: Box::new(Stmt::seq(bodies)),
-        kind,
+        kind: group[0].kind,
     }
 }
 

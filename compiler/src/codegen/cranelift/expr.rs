@@ -18,21 +18,13 @@ pub(super) fn flags() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
-/// The input parameters that no statement of `func` writes: memory that stays as it is for
-/// the whole call (outputs never share memory with other arguments, the runtime's rule).
+/// The input parameters: memory nothing changes during a call. The verifier refuses any store
+/// or intrinsic region writing one (`ir::verify`: inputs may be read-only memory), and outputs
+/// never share memory with other arguments (the runtime's rule).
 pub(super) fn readonly_inputs(func: &crate::ir::PrimFunc) -> std::collections::HashSet<BufId> {
-    use crate::ir::{BufKind, Stmt};
-    let mut written = std::collections::HashSet::new();
-    func.body.visit(&mut |s| match s {
-        Stmt::Store { buf, .. } => {
-            written.insert(*buf);
-        }
-        Stmt::Call { regions, .. } => written.extend(regions.iter().map(|r| r.buf)),
-        _ => {}
-    });
     func.buffers
         .iter()
-        .filter(|b| matches!(b.kind, BufKind::Param { output: false }) && !written.contains(&b.id))
+        .filter(|b| b.kind == crate::ir::BufKind::Param { output: false })
         .map(|b| b.id)
         .collect()
 }
@@ -295,8 +287,8 @@ impl FnGen<'_, '_> {
         self.load_at(addr, dt, fl)
     }
 
-    /// The flags of a load of `buf` at `index` (flattened). A load of an input nothing in the
-    /// function writes, at an index that mentions the innermost loop's variable, is marked
+    /// The flags of a load of `buf` at `index` (flattened). A load of an input (nothing in the
+    /// function writes one), at an index that mentions the innermost loop's variable, is marked
     /// `readonly` and `can_move`: pure to Cranelift's egraph, which then places it where its
     /// value is first used instead of where it was written. Without that, a reduction's twelve
     /// loads per step all came first and their arithmetic last (pure instructions are placed

@@ -577,7 +577,7 @@ struct FnGen<'a, 'f> {
     promoted: Vec<(BufId, crate::ir::Expr, Variable)>,
     /// The variables of the counted loops being generated, innermost last (`load_flags`).
     loop_vars: Vec<crate::ir::Var>,
-    /// Input parameters nothing in the function writes (`load_flags`).
+    /// The input parameters (`load_flags`).
     readonly: std::collections::HashSet<BufId>,
 }
 

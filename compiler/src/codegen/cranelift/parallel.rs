@@ -174,6 +174,9 @@ pub(super) fn too_small_for_the_pool(s: &Stmt) -> bool {
             } => None,
             Stmt::For { extent, body, .. } => {
                 let e = crate::lower::simplify::simplify(extent).as_int()?.max(0);
+                if e == 0 {
+                    return Some(0);
+                }
                 e.checked_mul(stores(body, limit)?).filter(|n| *n < limit)
             }
             _ => None,

@@ -1844,6 +1844,11 @@ fn only_small_constant_parallel_loops_run_inline() {
         "an overflowing product"
     );
     assert!(!too_small_for_the_pool(&nest(i64::MAX, 1)));
+    assert!(
+        too_small_for_the_pool(&nest(i64::MIN, 1 << 40)),
+        "a negative extent runs nothing"
+    );
+    assert!(!too_small_for_the_pool(&nest(1 << 62, 1 << 62)));
     let n = Var::new("n");
     assert!(
         !too_small_for_the_pool(&looped(&i, Expr::var(&n), store(&i))),

@@ -239,6 +239,24 @@ fn fill(like: &Tensor, name: &str, f: impl FnOnce(&[Expr]) -> Expr) -> Result<Te
     compute_from(like.shape(), axes, body, name)
 }
 
+/// Copies of reduction axes with variables of their own (a reduction axis belongs to one
+/// stage), each old variable mapped to its copy in `map`.
+fn fresh_raxes(raxes: &[IterVar], map: &mut HashMap<Var, Expr>) -> Vec<IterVar> {
+    raxes
+        .iter()
+        .map(|r| {
+            let v = Var::new(&r.var.name);
+            map.insert(r.var.clone(), Expr::var(&v));
+            IterVar {
+                var: v,
+                min: r.min.clone(),
+                extent: r.extent.clone(),
+                reduce: true,
+            }
+        })
+        .collect()
+}
+
 fn fresh_axes(like: &Tensor) -> Vec<IterVar> {
     like.shape()
         .iter()
@@ -380,20 +398,7 @@ fn propagate(
                     .zip(own.iter().map(|a| Expr::var(&a.var)))
                     .collect();
                 // Reduction axes of its own too: each partial is a stage of its own.
-                let raxes: Vec<IterVar> = s
-                    .raxes
-                    .iter()
-                    .map(|r| {
-                        let v = Var::new(&r.var.name);
-                        map.insert(r.var.clone(), Expr::var(&v));
-                        IterVar {
-                            var: v,
-                            min: r.min.clone(),
-                            extent: r.extent.clone(),
-                            reduce: true,
-                        }
-                    })
-                    .collect();
+                let raxes = fresh_raxes(&s.raxes, &mut map);
                 let piece = substitute(&piece, &|v| map.get(v).cloned());
                 let body = reduce(ReduceOp::Sum, piece, &raxes)?;
                 let label = if many {
@@ -604,19 +609,7 @@ fn tie_count(c: &Tensor, axis: &[IterVar], inner: &Expr, raxes: &[IterVar]) -> R
     for (a, b) in axis.iter().zip(&out_axes) {
         map.insert(a.var.clone(), Expr::var(&b.var));
     }
-    let new_raxes: Vec<IterVar> = raxes
-        .iter()
-        .map(|r| {
-            let v = Var::new(&r.var.name);
-            map.insert(r.var.clone(), Expr::var(&v));
-            IterVar {
-                var: v,
-                min: r.min.clone(),
-                extent: r.extent.clone(),
-                reduce: true,
-            }
-        })
-        .collect();
+    let new_raxes = fresh_raxes(raxes, &mut map);
     let f = substitute(inner, &|v| map.get(v).cloned());
     let idx: Vec<Expr> = out_axes.iter().map(|a| Expr::var(&a.var)).collect();
     let dt = c.dtype();
