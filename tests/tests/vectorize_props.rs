@@ -1324,3 +1324,33 @@ fn elementwise_rows_compute_their_offsets_once_per_row() {
         run_bits(&[y], &args, &[xs], "interp")
     );
 }
+
+// A movable load (`FnGen::load_flags`: an input, indexed by the loop's variable) behind a
+// guard stays behind it: `A[i * 2^40]` is in bounds only where `i < 1`, and read anywhere else
+// it is 4 TiB past a one-element tensor (a fault, not a wrong value). Run on the default
+// schedule (the select keeps it scalar: its arm may fault) and with the rows parallel.
+#[test]
+fn a_guarded_movable_load_is_never_made_outside_its_guard() {
+    let n = 64i64;
+    for rows in [1i64, 4] {
+        let a = placeholder([1i64], DType::F32, "A").unwrap();
+        let o = compute(
+            [rows, n],
+            |[_r, i]| {
+                te::if_then_else(
+                    te::lt(&i, 1),
+                    a.at([&i * (1i64 << 40)]),
+                    te::constant(0.0, DType::F32),
+                )
+            },
+            "O",
+        )
+        .unwrap();
+        let args = [a.clone(), o.clone()];
+        let bits = run_bits(&[o.clone()], &args, &[vec![3.5f32]], "cpu");
+        let want: Vec<u32> = (0..rows * n)
+            .map(|k| if k % n == 0 { 3.5f32 } else { 0.0 }.to_bits())
+            .collect();
+        assert_eq!(bits, vec![want], "rows={rows}");
+    }
+}
