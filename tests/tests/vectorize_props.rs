@@ -1325,6 +1325,71 @@ fn elementwise_rows_compute_their_offsets_once_per_row() {
     );
 }
 
+// layer_norm's backward shape under the default schedule: a row update reading five arrays
+// (`Y = dy g a[i] + (x - b[i]) a[i]`) fused with the chunk update of a column sum over the
+// same rows (`T[j] = sum_i dy x`, `lower::fuse_chunks`), one step writing `Y` and two partial
+// rows. Each array's row pointer is computed before the loop (`expr.rs::offset_address`): with
+// a base and a row offset per array, three base pointers lived on the stack and were reloaded
+// on every step.
+#[test]
+fn a_fused_row_and_chunk_step_keeps_its_pointers_in_registers() {
+    let (rows, n) = (128i64, 256i64);
+    let x = placeholder([rows, n], DType::F32, "X").unwrap();
+    let dy = placeholder([rows, n], DType::F32, "dY").unwrap();
+    let g = placeholder([n], DType::F32, "G").unwrap();
+    let a = placeholder([rows], DType::F32, "Ra").unwrap();
+    let b = placeholder([rows], DType::F32, "Rb").unwrap();
+    let y = compute(
+        [rows, n],
+        |[i, j]| {
+            dy.at([&i, &j]) * g.at([&j]) * a.at([&i]) + (x.at([&i, &j]) - b.at([&i])) * a.at([&i])
+        },
+        "Y",
+    )
+    .unwrap();
+    let r = te::reduce_axis(0, rows, "r").unwrap();
+    let t = compute(
+        [n],
+        |[j]| te::sum(dy.at((&r, &j)) * x.at((&r, &j)), &r),
+        "T",
+    )
+    .unwrap();
+    let args = [
+        x.clone(),
+        dy.clone(),
+        g.clone(),
+        a.clone(),
+        b.clone(),
+        y.clone(),
+        t.clone(),
+    ];
+    let asm = default_cpu_disassembly(&[y.clone(), t.clone()], &args, "step");
+    let steps = blocks_with(&asm, "mulps");
+    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
+    for blk in steps {
+        assert!(
+            !blk.contains("rsp") && !blk.contains("<offset"),
+            "stack traffic in the fused step:\nblock{blk}\n\nall:\n{asm}"
+        );
+    }
+    let data = |len: i64, s: f32| {
+        (0..len)
+            .map(|q| ((q as f32) * s).sin())
+            .collect::<Vec<f32>>()
+    };
+    let inputs = [
+        data(rows * n, 0.37),
+        data(rows * n, 0.23),
+        data(n, 0.11),
+        data(rows, 0.7),
+        data(rows, 0.3),
+    ];
+    assert_eq!(
+        run_bits(&[y.clone(), t.clone()], &args, &inputs, "cpu"),
+        run_bits(&[y, t], &args, &inputs, "interp")
+    );
+}
+
 // A movable load (`FnGen::load_flags`: an input, indexed by the loop's variable) behind a
 // guard stays behind it: `A[i * 2^40]` is in bounds only where `i < 1`, and read anywhere else
 // it is 4 TiB past a one-element tensor (a fault, not a wrong value). Run on the default

@@ -184,15 +184,60 @@ impl FnGen<'_, '_> {
         if let Some((rest, k)) = split_constant(offset) {
             let size = self.buf_dtype(buf)?.size() as i64;
             if let Some(disp) = k.checked_mul(size).filter(|d| i32::try_from(*d).is_ok()) {
-                let v = self.expr(&rest)?;
-                let v = self.index_to_i64(v, rest.dtype());
-                let (addr, dt) = self.address_of(buf, v)?;
+                let (addr, dt) = self.row_address(buf, &rest)?;
                 return Ok((self.b.ins().iadd_imm_s(addr, disp), dt));
             }
+        }
+        self.row_address(buf, offset)
+    }
+
+    /// The address of element `offset` of `buf`, as `(base + inv * size) + var * size` when the
+    /// int64 sum `offset` has terms that do not mention the innermost loop's variable (`inv`: a
+    /// row's offset) and terms that do (`var`): the first part is the same on every iteration,
+    /// so the code generator computes it once before the loop (one register per array instead
+    /// of a base and a row offset), and `var * size` is one value shared by every array walked
+    /// with the same index. Same value as `base + offset * size` in wrapping arithmetic.
+    fn row_address(&mut self, buf: BufId, offset: &Expr) -> Result<(Value, DType)> {
+        if let Some((inv, var)) = self.split_invariant(offset) {
+            let iv = self.expr(&inv)?;
+            let iv = self.index_to_i64(iv, inv.dtype());
+            let (row, dt) = self.address_of(buf, iv)?;
+            let vv = self.expr(&var)?;
+            let vv = self.index_to_i64(vv, var.dtype());
+            let size = dt.size() as i64;
+            let off = if size == 1 {
+                vv
+            } else {
+                self.b.ins().imul_imm_s(vv, size)
+            };
+            return Ok((self.b.ins().iadd(row, off), dt));
         }
         let idx = self.expr(offset)?;
         let idx = self.index_to_i64(idx, offset.dtype());
         self.address_of(buf, idx)
+    }
+
+    /// `(inv, var)` when the int64 sum `e` has both terms that do not use the innermost loop's
+    /// variable and terms that do (`None` outside loops, or when either part is empty).
+    fn split_invariant(&self, e: &Expr) -> Option<(Expr, Expr)> {
+        let v = self.loop_vars.last()?;
+        if e.dtype() != DType::I64 {
+            return None;
+        }
+        fn terms<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+            match e.kind() {
+                ExprKind::Binary(BinOp::Add, a, b) => {
+                    terms(a, out);
+                    terms(b, out);
+                }
+                _ => out.push(e),
+            }
+        }
+        let mut all = Vec::new();
+        terms(e, &mut all);
+        let (var, inv): (Vec<&Expr>, Vec<&Expr>) = all.into_iter().partition(|t| t.uses(v));
+        let sum = |ts: Vec<&Expr>| ts.into_iter().cloned().reduce(|a, b| a.add(&b));
+        Some((sum(inv)?, sum(var)?))
     }
 
     /// The dtype of `buf`'s elements.

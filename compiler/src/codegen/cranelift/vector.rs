@@ -153,9 +153,9 @@ impl FnGen<'_, '_> {
         }
         if let (Some(base), true) = (contiguous_base(index), packed(value)) {
             let v = self.packed_value(value)?;
-            let b = self.scalar(base)?;
-            let b = self.index_to_i64(b, base.dtype());
-            let (addr, _) = self.address_of(buf, b)?;
+            // As packed loads: a constant term of the index becomes a displacement, a row's
+            // offset part of a pointer computed before the loop (`offset_address`).
+            let (addr, _) = self.offset_address(buf, base)?;
             self.b.ins().store(flags(), v, addr, 0);
             return Ok(());
         }

@@ -46,9 +46,7 @@ impl FnGen<'_, '_> {
     /// `buf[ramp(base, 1, 16)] = value` for a quad `value`: four 16-byte stores.
     pub(super) fn quad_store(&mut self, buf: BufId, base: &Expr, value: &Expr) -> Result<()> {
         let parts = self.quad_value(value)?;
-        let b = self.scalar(base)?;
-        let b = self.index_to_i64(b, base.dtype());
-        let (addr, _) = self.address_of(buf, b)?;
+        let (addr, _) = self.offset_address(buf, base)?;
         for (k, p) in parts.iter().enumerate() {
             self.b.ins().store(flags(), *p, addr, (16 * k) as i32);
         }
@@ -77,9 +75,7 @@ impl FnGen<'_, '_> {
                 let ExprKind::Ramp { base, .. } = indices[0].kind() else {
                     return Err(Error::Internal(format!("quad load of a gather: {e}")));
                 };
-                let b = self.scalar(base)?;
-                let b = self.index_to_i64(b, base.dtype());
-                let (addr, _) = self.address_of(*buf, b)?;
+                let (addr, _) = self.offset_address(*buf, base)?;
                 std::array::from_fn(|k| self.b.ins().load(F32X4, flags(), addr, (16 * k) as i32))
             }
             ExprKind::Binary(op, a, b) => {
