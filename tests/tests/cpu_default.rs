@@ -706,3 +706,115 @@ fn row_fusion_brings_up_only_loops_that_commute() {
         }
     }
 }
+
+/// Chunk fusion (`lower::fuse_chunks`): a row loop and a later column sum over the same rows
+/// (`C[i, j] = (A B - H[i]) H[i]` with `H = rsqrt(S^2 + 1)` of a row sum `S`, and `T[j] = sum_i
+/// A B`, as layer_norm's backward writes `dx` and sums the weight gradient) become one parallel
+/// loop over the chunks of rows: row `c*64 + q`'s stages, then the chunk's update from the same
+/// row, the two loops over the columns fused. With 130 rows (constant) the 1-d stage `H` (an
+/// output) is one vectorized loop over the rows and joins the row loop (`fuse_rows`), so the
+/// whole program is one pass; with symbolic rows `H` is cut into chunks of 16,384 (its own
+/// parallel loop), so only the row sum `S` joins the column chunks. The rows past the last
+/// whole chunk run in a loop of their own. When the column sum reads the row loop's output
+/// (`T[j] = sum_i C[i, j]`) it is not moved past the loops that write `C`. All equal the
+/// interpreter on the defaulted schedule bit for bit, at sizes with no rows, fewer than a
+/// chunk, whole chunks and leftover rows.
+#[test]
+fn row_loops_join_the_chunks_of_a_column_sum_over_their_rows() {
+    for (dependent, symbolic) in [(false, true), (false, false), (true, true)] {
+        let (n, m) = if symbolic {
+            (te::var("n"), te::var("m"))
+        } else {
+            (Expr::int(130), Expr::int(33))
+        };
+        let a = placeholder([&n, &m], DType::F32, "A").unwrap();
+        let b = placeholder([&n, &m], DType::F32, "B").unwrap();
+        let r = te::reduce_axis(0, &m, "r").unwrap();
+        let s = compute([&n], |[i]| te::sum(a.at((&i, &r)), &r), "S").unwrap();
+        let h = compute([&n], |[i]| te::rsqrt(s.at([&i]) * s.at([&i]) + 1.0), "H").unwrap();
+        let c = compute(
+            [&n, &m],
+            |[i, j]| (a.at([&i, &j]) * b.at([&i, &j]) - h.at([&i])) * h.at([&i]),
+            "C",
+        )
+        .unwrap();
+        let r2 = te::reduce_axis(0, &n, "r2").unwrap();
+        let t = compute(
+            [&m],
+            |[j]| {
+                let x = if dependent {
+                    c.at((&r2, &j))
+                } else {
+                    a.at((&r2, &j)) * b.at((&r2, &j))
+                };
+                te::sum(x, &r2)
+            },
+            "T",
+        )
+        .unwrap();
+        let args = vec![a, b, c.clone(), t.clone(), h.clone()];
+        let outs = [c.clone(), t.clone(), h.clone()];
+        let build_on = |target: Target, default: bool| {
+            let mut sch = Schedule::new(&outs).unwrap();
+            if default {
+                apply_default_cpu(&mut sch).unwrap();
+            }
+            build(&sch, &args, &target, "k").unwrap()
+        };
+        let cpu = build_on(Target::cpu(), false);
+        let ir = cpu.get_source("ir").unwrap();
+        let what = format!("dependent={dependent} symbolic={symbolic}\n{ir}");
+        assert!(ir.contains("T.chunks"), "column chunks: {what}");
+        // The row's store of C and the chunk update of T in one loop body, next to each other.
+        // The launch updating the chunks of T.
+        let chunks = ir
+            .split("launch ")
+            .find(|l| l.contains("= (T.chunks["))
+            .unwrap_or_else(|| panic!("no chunk update: {what}"));
+        // The row sum S's partials accumulate in it, unless T reads C (then T's chunks stay
+        // after the loops writing C, and S is not next to them).
+        assert_eq!(chunks.contains("= (S.lanes["), !dependent, "{what}");
+        // With constant rows: C's row and the chunk update in one loop body, next to each
+        // other, and H written in the same loop.
+        let lines: Vec<&str> = chunks.lines().collect();
+        let together = lines.windows(2).any(|w| {
+            w[0].trim_start().starts_with("C[")
+                && w[1].trim_start().starts_with("T.chunks[")
+                && w[0].find('C') == w[1].find('T')
+        });
+        let joined = lines.iter().any(|l| l.trim_start().starts_with("H["));
+        assert_eq!(together, !dependent && !symbolic, "{what}");
+        assert_eq!(joined, !dependent && !symbolic, "{what}");
+        let interp = build_on(Target::interp(), true);
+        let sizes: &[(i64, i64)] = if symbolic {
+            &[(0, 5), (1, 1), (63, 17), (64, 9), (130, 33), (200, 64)]
+        } else {
+            &[(130, 33)]
+        };
+        for &(rows, cols) in sizes {
+            let va = data((rows * cols) as usize, (rows + cols) as u64);
+            let vb = data((rows * cols) as usize, (rows * 7 + cols) as u64);
+            let run = |mdl: &rivet_compiler::Module| {
+                let f = mdl.get_function("k").unwrap();
+                let out = f
+                    .call(&[
+                        Value::Tensor(operand(&va, &[rows, cols], DType::F32, false)),
+                        Value::Tensor(operand(&vb, &[rows, cols], DType::F32, false)),
+                    ])
+                    .unwrap();
+                let Value::List(v) = out else {
+                    panic!("three outputs")
+                };
+                v.iter()
+                    .flat_map(|o| to_f64(o.as_tensor().unwrap(), DType::F32))
+                    .collect::<Vec<f64>>()
+            };
+            let (x, y) = (run(&cpu), run(&interp));
+            assert_eq!(x.len() as i64, rows * cols + cols + rows);
+            assert!(
+                x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "dependent={dependent} {rows}x{cols}: cpu {x:?} != interp {y:?}"
+            );
+        }
+    }
+}

@@ -17,6 +17,12 @@
 //! race-free by `verify_parallel`'s disjointness rule (a slot holding `v` in every access), and
 //! the bounds proof runs after this pass, on the fused loop.
 //!
+//! A serial or vectorized loop over the same range joins a group of parallel loops on the same
+//! terms (a 1-d stage between two row loops, as layer_norm's backward has one: `sqsum_grad_Y`
+//! from the row's sum of squares): under the rule its iterations are independent too, and in
+//! the group it runs for each row between the loops it sat between. A group starts only at a
+//! parallel loop, so a serial program stays serial.
+//!
 //! A loop that is not next in line may still join a group: a later parallel loop over the same
 //! range (at most `WINDOW` statements on) is brought up when it commutes with every statement
 //! it passes — it reads no buffer they write and writes none they read or write (a statement
@@ -60,7 +66,7 @@ fn fuse_stmt(s: &Stmt) -> Stmt {
     }
 }
 
-fn splice(items: &[Stmt], out: &mut Vec<Stmt>) {
+pub(crate) fn splice(items: &[Stmt], out: &mut Vec<Stmt>) {
     for s in items {
         match s {
             Stmt::Seq(inner) => splice(inner, out),
@@ -69,12 +75,13 @@ fn splice(items: &[Stmt], out: &mut Vec<Stmt>) {
     }
 }
 
-struct Loop<'a> {
-    var: &'a Var,
-    kind: ForKind,
-    min: Expr,
-    extent: Expr,
-    body: &'a Stmt,
+/// A loop of the sequence being fused, its range simplified.
+pub(crate) struct Loop<'a> {
+    pub var: &'a Var,
+    pub kind: ForKind,
+    pub min: Expr,
+    pub extent: Expr,
+    pub body: &'a Stmt,
 }
 
 impl Loop<'_> {
@@ -104,7 +111,7 @@ fn as_loop(s: &Stmt, accept: fn(ForKind) -> bool) -> Option<Loop<'_>> {
     }
 }
 
-fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
+pub(crate) fn as_parallel(s: &Stmt) -> Option<Loop<'_>> {
     as_loop(s, |k| k == ForKind::Parallel)
 }
 
@@ -120,7 +127,7 @@ const WINDOW: usize = 8;
 /// and that every statement before it commutes with, removed from `rest`, with its effects:
 /// bringing it up to the group does not change what any statement it passes sees. Each
 /// statement's effects are summarised once.
-fn bring_up<'a, T>(
+pub(crate) fn bring_up<'a, T>(
     rest: &mut VecDeque<&'a Stmt>,
     mut join: impl FnMut(&'a Stmt, &Effects) -> Option<T>,
 ) -> Option<(T, Effects)> {
@@ -156,7 +163,12 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
         // only what a newcomer adds to a group that passes the rule).
         while acc.row_local() {
             let Some(((l, a), _)) = bring_up(&mut rest, |s, _| {
-                let l = as_parallel(s).filter(|l| l.matches(&group[0]))?;
+                // A serial or vectorized loop over the same rows joins too: under the rule its
+                // iterations touch only their own rows, so they may run in any order.
+                let l = as_loop(s, |k| {
+                    matches!(k, ForKind::Parallel | ForKind::Serial | ForKind::Vectorized)
+                })
+                .filter(|l| l.min == group[0].min && l.extent == group[0].extent)?;
                 let a = Accesses::of(&l);
                 acc.can_join(&a).then_some((l, a))
             }) else {
@@ -181,7 +193,7 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
 /// Legal for any index pattern: the two bodies share no state, so interleaving their
 /// iterations keeps each one's own order and every value it sees. The chunk loops of two
 /// column sums of one input then read each row once for both sums.
-fn fuse_siblings(s: &Stmt) -> Stmt {
+pub(crate) fn fuse_siblings(s: &Stmt) -> Stmt {
     // Bottom-up: the sequences inside a loop body are done before the body's own.
     s.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::Seq(items) => {
@@ -222,7 +234,7 @@ fn sibling_seq(items: &[Stmt]) -> Vec<Stmt> {
 
 /// The buffers a statement reads and writes, for moving a loop past it.
 #[derive(Default)]
-struct Effects {
+pub(crate) struct Effects {
     reads: HashSet<BufId>,
     writes: HashSet<BufId>,
     /// A call, launch, barrier or cross-thread reduction: nothing moves past it.
@@ -230,7 +242,7 @@ struct Effects {
 }
 
 impl Effects {
-    fn of(s: &Stmt) -> Effects {
+    pub(crate) fn of(s: &Stmt) -> Effects {
         let mut e = Effects::default();
         s.visit(&mut |x| match x {
             Stmt::Store { buf, .. } => {
@@ -254,7 +266,7 @@ impl Effects {
     /// Whether `o` can run before the statements summarised by `self`: it reads nothing they
     /// write and writes nothing they read or write (so every value either side sees is the
     /// same in both orders).
-    fn commutes(&self, o: &Effects) -> bool {
+    pub(crate) fn commutes(&self, o: &Effects) -> bool {
         !self.opaque
             && !o.opaque
             && o.reads.is_disjoint(&self.writes)

@@ -5,6 +5,7 @@
 pub mod bounds;
 pub mod flatten;
 pub mod fma;
+pub mod fuse_chunks;
 pub mod fuse_rows;
 pub mod interval;
 pub mod nest;
@@ -139,6 +140,9 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
                 //     allocated per iteration (they stay in the cache; small ones go on the
                 //     stack).
                 row_locals::shrink(&mut nest);
+                // 1f. A row loop taken into a later column reduction's chunk loop: each chunk
+                //     of rows read once for both (after 1e: a row's locals come with it).
+                fuse_chunks::fuse(&mut nest);
                 dump(name, 0, "fused.ir", || nest.to_string());
             }
             nest
