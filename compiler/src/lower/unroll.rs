@@ -18,8 +18,9 @@
 //! `BY` vectors, and the copies' constant offsets become addressing displacements: a row update
 //! ran 0.145 -> 0.125 ms, a column sum 0.096 -> 0.073 (`benches/codegen_pieces.py`), softmax's
 //! saved backward (its row sum's steps of sixteen lane partials too) 0.186 -> 0.166 ms. Not
-//! unrolled: a loop known through `let`s to run at most `MAX` times, and a body with a
-//! transcendental function (long vector code; `exp_run` wants the one-store loop).
+//! unrolled: a loop known through `let`s to run at most `MAX` times, a body with a
+//! transcendental function (long vector code; `exp_run` wants the one-store loop), and one
+//! carrying more than `MAX_CARRIED` vectors from step to step.
 //!
 //! Invariant: the copies run the iterations in order, each once, with the same statements, so
 //! the result is the loop's; only loops the backends would run serially are touched. The
@@ -36,6 +37,12 @@ pub const MAX_MARKED: i64 = 64;
 
 /// The copies of a longer loop of vector stores per step of its unrolled loop.
 pub const BY: i64 = 4;
+
+/// The most carried vectors (`carried`) a loop unrolled by steps may have: one 16-lane sum's
+/// four partials. With more (layer_norm's backward sums three rows at once: twelve), the
+/// copies' loads come first and the partials no longer fit the sixteen xmm registers (spilled
+/// on every step); one step per loop iteration keeps them in registers.
+pub const MAX_CARRIED: usize = 4;
 
 /// The most IR nodes (statements and expression nodes) a loop may have once unrolled: nested
 /// `unroll` marks multiply (three nested loops of 64 would be 262,144 copies of the body), so
@@ -87,7 +94,8 @@ pub fn unroll(f: &mut PrimFunc) {
                     && fits(BY)
                     && steps_apply(&min, &extent)
                     && upper_bound(&extent, &lets, 8).is_none_or(|hi| hi > MAX)
-                    && light(&body) =>
+                    && light(&body)
+                    && carried(&body, &var) <= MAX_CARRIED =>
                 {
                     by_steps(var, min, extent, &body)
                 }
@@ -141,6 +149,19 @@ fn upper_bound(e: &Expr, lets: &HashMap<u32, Expr>, depth: u32) -> Option<i64> {
         }
         _ => None,
     }
+}
+
+/// The vector stores of `body` at an index that does not use `var`: values carried from step
+/// to step (a row sum's lane partials), which the code generator keeps in registers
+/// (`codegen/cranelift/hoist.rs`).
+fn carried(body: &Stmt, var: &Var) -> usize {
+    let mut n = 0;
+    body.visit(&mut |s| {
+        if let Stmt::Store { indices, .. } = s {
+            n += usize::from(!indices.iter().any(|i| i.uses(var)));
+        }
+    });
+    n
 }
 
 /// True when `body` computes no transcendental function: their vector code is long (an inline
