@@ -1,7 +1,7 @@
 //! The tensorized blocked GEMM (`kernels::tensorized`) at 1024: checked against the
 //! interpreter-verified path in the tests; here only timed, informally (GFLOP/s, median of
 //! repeated calls). `cargo run --release -p rivet-compiler --example gemm_tensorized [n]`;
-//! `RIVET_MICROKERNEL=avx2|portable` forces a micro-kernel variant, `RAYON_NUM_THREADS` the
+//! `RIVET_MICROKERNEL=avx2|portable` forces a micro-kernel variant, `RIVET_NUM_THREADS` the
 //! thread count.
 
 use rivet_compiler::kernels::tensorized::gemm;

@@ -1,32 +1,129 @@
-//! rivet's thread pool for native and generated CPU code. Its size is `RIVET_NUM_THREADS`
-//! when set (>= 1), else rayon's default (one thread per core). A private pool keeps rivet's
-//! workers apart from the global rayon pool a host application may configure differently.
+//! rivet's thread pool for native and generated CPU code. `RIVET_NUM_THREADS` (>= 1) threads
+//! when set, else one per core (`available_parallelism`): the calling thread and
+//! `num_threads() - 1` pool workers. A private pool keeps rivet's workers apart from the global
+//! rayon pool a host application may configure differently.
+//!
+//! Parallel loops run through `for_each_chunk`: the caller takes chunks too and waits only for
+//! the chunks the workers have taken. A blocking `broadcast` from outside the pool put the
+//! caller to sleep until every worker had run: on the shared VMs this project measures on, a
+//! `Y = 2 X` of 256 x 256 took 3.6 us on one thread and 13.5 us on two (512 x 512: 19.5 and
+//! 22.3 us, slower than one), while torch's two threads halve it.
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock};
 
-static POOL: LazyLock<rayon::ThreadPool> = LazyLock::new(|| {
-    let n = std::env::var("RIVET_NUM_THREADS")
+/// The threads a parallel loop runs on: the caller and the pool's workers.
+static THREADS: LazyLock<usize> = LazyLock::new(|| {
+    std::env::var("RIVET_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n >= 1);
-    let mut b = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("rivet-{i}"));
-    if let Some(n) = n {
-        b = b.num_threads(n);
-    }
-    b.build().unwrap_or_else(|_| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("1-thread pool")
-    })
+        .filter(|&n| n >= 1)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+});
+
+/// `num_threads() - 1` workers (at least one: rayon has no empty pool; with one thread in all
+/// no parallel loop uses it).
+static POOL: LazyLock<rayon::ThreadPool> = LazyLock::new(|| {
+    rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("rivet-{i}"))
+        .num_threads(num_threads().saturating_sub(1).max(1))
+        .build()
+        .unwrap_or_else(|_| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .expect("1-thread pool")
+        })
 });
 
 pub fn pool() -> &'static rayon::ThreadPool {
     &POOL
 }
 
+/// The threads a parallel loop runs on (`RIVET_NUM_THREADS`, or one per core).
 pub fn num_threads() -> usize {
-    POOL.current_num_threads()
+    *THREADS
+}
+
+/// What `for_each_chunk` shares with the workers. `f` is the caller's closure with its
+/// lifetime erased: it is called only for a chunk claimed from `next` below `chunks`, and the
+/// caller returns only once `done` counts every chunk, so no call of `f` outlives the borrow;
+/// a worker that wakes late claims nothing and touches only this `Arc`'d state.
+struct Shared {
+    next: AtomicI64,
+    done: AtomicI64,
+    chunks: i64,
+    f: *const (dyn Fn(i64) + Sync + 'static),
+}
+
+// SAFETY: `f` is `Sync` (called from several threads at once) and only called while the
+// caller of `for_each_chunk` waits (the comment on `Shared`).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// Claims and runs chunks until none is left.
+    fn work(&self) {
+        struct Count<'a>(&'a AtomicI64);
+        impl Drop for Count<'_> {
+            // Counted even if `f` unwinds, so the caller never waits forever.
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Release);
+            }
+        }
+        loop {
+            let c = self.next.fetch_add(1, Ordering::Relaxed);
+            if c >= self.chunks {
+                return;
+            }
+            let _count = Count(&self.done);
+            // SAFETY: `c < chunks` was claimed by this thread alone, so the caller is still
+            // waiting for it and the closure is alive (`Shared`).
+            unsafe { (*self.f)(c) };
+        }
+    }
+}
+
+/// Runs `f(c)` once for every `c` in `[0, chunks)` on the calling thread and the pool's
+/// workers, each taking the next chunk from a shared counter (a dynamic schedule), and returns
+/// once all have run. The workers are woken without waiting for them: when they are slow to
+/// wake, the caller runs every chunk itself, never slower than one thread. Inline (in order)
+/// with fewer than two threads, one chunk, or inside another parallel region (`in_pool`).
+pub fn for_each_chunk(chunks: i64, f: &(dyn Fn(i64) + Sync)) {
+    if chunks <= 1 || num_threads() < 2 || in_pool() {
+        (0..chunks.max(0)).for_each(f);
+        return;
+    }
+    // SAFETY: only the lifetime is erased; `Shared` says why no call outlives `f`.
+    let f: &'static (dyn Fn(i64) + Sync + 'static) = unsafe { std::mem::transmute(f) };
+    let shared = Arc::new(Shared {
+        next: AtomicI64::new(0),
+        done: AtomicI64::new(0),
+        chunks,
+        f,
+    });
+    let theirs = Arc::clone(&shared);
+    POOL.spawn_broadcast(move |_| theirs.work());
+    {
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_REGION.with(|s| s.set(self.0));
+            }
+        }
+        let _restore = Restore(IN_REGION.with(|s| s.replace(true)));
+        shared.work();
+    }
+    // Only chunks a worker has claimed are left: each is at most one chunk's time away.
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < chunks {
+        if spins < 1 << 12 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// Work below this many iterations (elements for native functions, innermost loop
@@ -45,6 +142,8 @@ pub const CHUNKS_PER_THREAD: i64 = 4;
 
 thread_local! {
     static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// True while this thread runs chunks of a parallel loop it started (`for_each_chunk`).
+    static IN_REGION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static CALL_WORK: std::cell::Cell<i64> = const { std::cell::Cell::new(i64::MAX) };
 }
 
@@ -81,10 +180,11 @@ pub fn call_work() -> i64 {
     CALL_WORK.with(|s| s.get())
 }
 
-/// True on one of rivet's pool threads: a parallel loop started there (inside another
-/// parallel region) runs inline, so the pool is never oversubscribed by nesting.
+/// True on one of rivet's pool threads, or on a thread running chunks of a parallel loop it
+/// started: a parallel loop started there (inside another parallel region) runs inline, so
+/// the pool is never oversubscribed by nesting.
 pub fn in_pool() -> bool {
-    POOL.current_thread_index().is_some()
+    IN_REGION.with(|s| s.get()) || POOL.current_thread_index().is_some()
 }
 
 /// Runs `f` with rivet's parallel loops started on this thread executed inline: for calls
@@ -139,6 +239,51 @@ mod tests {
         assert_eq!(call_work(), i64::MAX);
         assert!(!in_pool());
         assert!(pool().install(in_pool));
+    }
+
+    // Every chunk runs exactly once, whoever runs it; nested calls run inline on the thread
+    // that makes them; calls from several threads at once do not mix their chunks; hostile
+    // counts (0, negative) run nothing.
+    #[test]
+    fn for_each_chunk_runs_each_chunk_once() {
+        use std::sync::atomic::AtomicU32;
+        for chunks in [0i64, -5, i64::MIN, 1, 2, 7, 64, 1000] {
+            let hits: Vec<AtomicU32> = (0..chunks.clamp(0, 1000))
+                .map(|_| AtomicU32::new(0))
+                .collect();
+            for_each_chunk(chunks, &|c| {
+                hits[c as usize].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{chunks}"
+            );
+        }
+        // Nested: the inner loop of each chunk runs inline on the chunk's thread.
+        let inner = AtomicU32::new(0);
+        for_each_chunk(8, &|_| {
+            let me = std::thread::current().id();
+            for_each_chunk(4, &|_| {
+                assert_eq!(std::thread::current().id(), me);
+                inner.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(inner.load(Ordering::Relaxed), 32);
+        assert!(!in_pool());
+        // Several callers at once, each with its own chunks.
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        let sum = AtomicI64::new(0);
+                        for_each_chunk(16, &|c| {
+                            sum.fetch_add(c + i64::from(t), Ordering::Relaxed);
+                        });
+                        assert_eq!(sum.load(Ordering::Relaxed), 120 + 16 * i64::from(t));
+                    }
+                });
+            }
+        });
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::error::{ArgName, Error, Result};
 use crate::function::{Function, Param, ParamKind, Signature, TensorSpec};
 use crate::host::{without_host_lock, RELEASE_GRAIN};
 use crate::layout::LoopNest;
-use crate::parallel::{pool, PARALLEL_GRAIN};
+use crate::parallel::PARALLEL_GRAIN;
 use crate::tensor::Tensor;
 use crate::value::Value;
 
@@ -178,29 +178,23 @@ fn strided_axpy<T: Float>(alpha: T, x: &Tensor, y: &Tensor) {
     })
 }
 
-/// Runs `run(row, lo, hi)` over all rows on rivet's pool, in tasks of about BLOCK elements:
-/// a slice of one long row, or several short rows.
+/// Runs `run(row, lo, hi)` over all rows on rivet's threads (`parallel::for_each_chunk`), in
+/// tasks of about BLOCK elements: a slice of one long row, or several short rows.
 fn parallel_rows(run: &(dyn Fn(i64, i64, i64) + Sync), rows: i64, n: i64) {
     const BLOCK: i64 = 1 << 14;
-    use rayon::prelude::*;
+    use crate::parallel::for_each_chunk;
     if n >= BLOCK {
         let per_row = ceil_div(n, BLOCK);
-        pool().install(|| {
-            (0..rows * per_row).into_par_iter().for_each(|t| {
-                let (row, b) = (t / per_row, t % per_row);
-                run(row, b * BLOCK, ((b + 1) * BLOCK).min(n));
-            })
+        for_each_chunk(rows * per_row, &|t| {
+            let (row, b) = (t / per_row, t % per_row);
+            run(row, b * BLOCK, ((b + 1) * BLOCK).min(n));
         });
     } else {
         let rows_per_task = ceil_div(BLOCK, n);
-        pool().install(|| {
-            (0..ceil_div(rows, rows_per_task))
-                .into_par_iter()
-                .for_each(|t| {
-                    for row in t * rows_per_task..((t + 1) * rows_per_task).min(rows) {
-                        run(row, 0, n);
-                    }
-                })
+        for_each_chunk(ceil_div(rows, rows_per_task), &|t| {
+            for row in t * rows_per_task..((t + 1) * rows_per_task).min(rows) {
+                run(row, 0, n);
+            }
         });
     }
 }

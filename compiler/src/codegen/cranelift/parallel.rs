@@ -212,8 +212,7 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
         return 0;
     }
     use rivet_runtime::parallel as par;
-    let pool = par::pool();
-    let threads = pool.current_num_threads().max(1) as i64;
+    let threads = par::num_threads().max(1) as i64;
     // Inline: when the call's work is small (`serially`), when this is already one of the
     // pool's threads (a parallel region inside another: no nested oversubscription), or when
     // the rule gives one chunk.
@@ -230,16 +229,15 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
     let ctx_addr = ctx as usize;
     let failed = AtomicBool::new(false);
     let fault = Mutex::new(None);
-    // Every pool thread takes the next chunk from a shared counter until none is left (a
-    // dynamic schedule). `broadcast` wakes every thread; a parallel iterator woke one and left
-    // the others to steal, and after the pool had slept (a few milliseconds of other work
-    // between calls) the second of two threads often never joined: softmax's backward at
-    // 1024 x 1024 then ran at its one-thread speed, call after call (0.23 ms instead of 0.13).
-    let next = std::sync::atomic::AtomicI64::new(0);
+    // The caller and the pool's workers take chunks from a shared counter until none is left
+    // (a dynamic schedule, `par::for_each_chunk`); the caller waits only for chunks a worker
+    // took. A blocking `broadcast` put the caller to sleep until every worker had run: ~10 us
+    // a loop on this project's VMs. Before that, a parallel iterator woke one worker and left
+    // the others to steal: after the pool had slept, the second of two threads often never
+    // joined (softmax's backward at 1024 x 1024 ran at its one-thread speed, call after call).
     rivet_runtime::host::without_host_lock(|| {
-        pool.broadcast(|_| loop {
-            let c = next.fetch_add(1, Ordering::Relaxed);
-            if c >= chunks || failed.load(Ordering::Relaxed) {
+        par::for_each_chunk(chunks, &|c| {
+            if failed.load(Ordering::Relaxed) {
                 return;
             }
             let lo = min + ((extent as i128 * c as i128) / chunks as i128) as i64;
