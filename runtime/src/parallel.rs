@@ -57,8 +57,9 @@ struct Shared {
 }
 
 // SAFETY: `f` is `Sync` (called from several threads at once) and only called while the
-// caller of `for_each_chunk` waits (the comment on `Shared`).
+// caller of `for_each_chunk` waits (the comment on `Shared`); the counters are atomics.
 unsafe impl Send for Shared {}
+// SAFETY: as for `Send`: shared use is calls of a `Sync` closure and atomic operations.
 unsafe impl Sync for Shared {}
 
 impl Shared {
