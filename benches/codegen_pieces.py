@@ -27,8 +27,8 @@ from rivet import te
 N = 1024
 
 
-def median_ms(fn, reps=300):
-    for _ in range(20):
+def median_ms(fn, reps=300, warmup=20):
+    for _ in range(warmup):
         fn()
     ts = []
     for _ in range(reps):

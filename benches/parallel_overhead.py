@@ -10,24 +10,12 @@ thread costs or saves (benches/RESULTS.md, "Parallel loops").
 """
 
 import os
-import statistics
-import time
 
 import torch
 
 import rivet
+from codegen_pieces import median_ms
 from rivet import te
-
-
-def median_us(fn, reps=2000, warmup=200):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
 
 
 def main():
@@ -43,8 +31,8 @@ def main():
         y = torch.full((n, n), float("nan"))
         f(x, y)
         torch.testing.assert_close(y, x * 2.0, rtol=0, atol=0)
-        r = median_us(lambda: f(x, y))
-        t = median_us(lambda: torch.mul(x, 2.0, out=y))
+        r = median_ms(lambda: f(x, y), reps=2000, warmup=200) * 1e3
+        t = median_ms(lambda: torch.mul(x, 2.0, out=y), reps=2000, warmup=200) * 1e3
         print(f"{n:>5} x {n:<5} {r:9.1f} {t:9.1f}")
 
 

@@ -558,6 +558,43 @@ fn default_injective_and_reductions_equal_the_interpreter() {
     }
 }
 
+/// `outs` built as function `k` of `args` for `target`, with the default CPU schedule applied
+/// explicitly when `default` (the interpreter then runs the CPU build's order of operations;
+/// `build` applies it by itself for the CPU).
+fn build_k(
+    outs: &[TeTensor],
+    args: &[TeTensor],
+    target: Target,
+    default: bool,
+) -> rivet_compiler::Module {
+    let mut sch = Schedule::new(outs).unwrap();
+    if default {
+        apply_default_cpu(&mut sch).unwrap();
+    }
+    build(&sch, args, &target, "k").unwrap()
+}
+
+/// Function `k` of `mdl` called on two float32 `rows x cols` inputs of seeded data, its
+/// outputs (a list) flattened in order.
+fn two_inputs(mdl: &rivet_compiler::Module, rows: i64, cols: i64) -> Vec<f64> {
+    let va = data((rows * cols) as usize, (rows + cols) as u64);
+    let vb = data((rows * cols) as usize, (rows * 7 + cols) as u64);
+    let out = mdl
+        .get_function("k")
+        .unwrap()
+        .call(&[
+            Value::Tensor(operand(&va, &[rows, cols], DType::F32, false)),
+            Value::Tensor(operand(&vb, &[rows, cols], DType::F32, false)),
+        ])
+        .unwrap();
+    let Value::List(v) = out else {
+        panic!("several outputs")
+    };
+    v.iter()
+        .flat_map(|o| to_f64(o.as_tensor().unwrap(), DType::F32))
+        .collect()
+}
+
 /// Row fusion (`lower::fuse_rows`): the default schedule's parallel loops over the rows of a
 /// row-wise program become one loop when each touches only its own row of what they write
 /// (a row sum then `A - S[i]`), and stay apart when a later loop reads another row (`S[n-1-i]`);
@@ -581,11 +618,7 @@ fn row_fusion_only_where_each_row_is_its_own() {
         .unwrap();
         let args = vec![a, c.clone()];
         let build_on = |target: Target, default: bool| {
-            let mut sch = Schedule::new(std::slice::from_ref(&c)).unwrap();
-            if default {
-                apply_default_cpu(&mut sch).unwrap();
-            }
-            build(&sch, &args, &target, "k").unwrap()
+            build_k(std::slice::from_ref(&c), &args, target, default)
         };
         let cpu = build_on(Target::cpu(), false);
         let ir = cpu.get_source("ir").unwrap();
@@ -651,13 +684,7 @@ fn row_fusion_brings_up_only_loops_that_commute() {
         .unwrap();
         let args = vec![a, b, s.clone(), t.clone()];
         let outs = [s.clone(), t.clone()];
-        let build_on = |target: Target, default: bool| {
-            let mut sch = Schedule::new(&outs).unwrap();
-            if default {
-                apply_default_cpu(&mut sch).unwrap();
-            }
-            build(&sch, &args, &target, "k").unwrap()
-        };
+        let build_on = |target: Target, default: bool| build_k(&outs, &args, target, default);
         let cpu = build_on(Target::cpu(), false);
         let ir = cpu.get_source("ir").unwrap();
         let together = ir
@@ -680,24 +707,10 @@ fn row_fusion_brings_up_only_loops_that_commute() {
         assert_eq!(adjacent, !dependent, "dependent={dependent}\n{ir}");
         let interp = build_on(Target::interp(), true);
         for (rows, cols) in [(0i64, 5i64), (1, 1), (3, 17), (70, 9), (130, 64)] {
-            let va = data((rows * cols) as usize, (rows + cols) as u64);
-            let vb = data((rows * cols) as usize, (rows * 7 + cols) as u64);
-            let run = |mdl: &rivet_compiler::Module| {
-                let f = mdl.get_function("k").unwrap();
-                let out = f
-                    .call(&[
-                        Value::Tensor(operand(&va, &[rows, cols], DType::F32, false)),
-                        Value::Tensor(operand(&vb, &[rows, cols], DType::F32, false)),
-                    ])
-                    .unwrap();
-                let Value::List(v) = out else {
-                    panic!("two outputs")
-                };
-                v.iter()
-                    .flat_map(|o| to_f64(o.as_tensor().unwrap(), DType::F32))
-                    .collect::<Vec<f64>>()
-            };
-            let (x, y) = (run(&cpu), run(&interp));
+            let (x, y) = (
+                two_inputs(&cpu, rows, cols),
+                two_inputs(&interp, rows, cols),
+            );
             assert_eq!(x.len() as i64, 2 * cols);
             assert!(
                 x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
@@ -754,13 +767,7 @@ fn row_loops_join_the_chunks_of_a_column_sum_over_their_rows() {
         .unwrap();
         let args = vec![a, b, c.clone(), t.clone(), h.clone()];
         let outs = [c.clone(), t.clone(), h.clone()];
-        let build_on = |target: Target, default: bool| {
-            let mut sch = Schedule::new(&outs).unwrap();
-            if default {
-                apply_default_cpu(&mut sch).unwrap();
-            }
-            build(&sch, &args, &target, "k").unwrap()
-        };
+        let build_on = |target: Target, default: bool| build_k(&outs, &args, target, default);
         let cpu = build_on(Target::cpu(), false);
         let ir = cpu.get_source("ir").unwrap();
         let what = format!("dependent={dependent} symbolic={symbolic}\n{ir}");
@@ -792,24 +799,10 @@ fn row_loops_join_the_chunks_of_a_column_sum_over_their_rows() {
             &[(130, 33)]
         };
         for &(rows, cols) in sizes {
-            let va = data((rows * cols) as usize, (rows + cols) as u64);
-            let vb = data((rows * cols) as usize, (rows * 7 + cols) as u64);
-            let run = |mdl: &rivet_compiler::Module| {
-                let f = mdl.get_function("k").unwrap();
-                let out = f
-                    .call(&[
-                        Value::Tensor(operand(&va, &[rows, cols], DType::F32, false)),
-                        Value::Tensor(operand(&vb, &[rows, cols], DType::F32, false)),
-                    ])
-                    .unwrap();
-                let Value::List(v) = out else {
-                    panic!("three outputs")
-                };
-                v.iter()
-                    .flat_map(|o| to_f64(o.as_tensor().unwrap(), DType::F32))
-                    .collect::<Vec<f64>>()
-            };
-            let (x, y) = (run(&cpu), run(&interp));
+            let (x, y) = (
+                two_inputs(&cpu, rows, cols),
+                two_inputs(&interp, rows, cols),
+            );
             assert_eq!(x.len() as i64, rows * cols + cols + rows);
             assert!(
                 x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),

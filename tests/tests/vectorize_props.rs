@@ -1211,6 +1211,24 @@ fn blocks_with<'a>(asm: &'a str, op: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// No stack slot is read or written in a machine-code block with a packed multiply (a loop's
+/// step; a spill shows as `(%rsp)` or an `<offset:..>` slot), and there is such a block.
+fn assert_no_stack_in_packed_steps(asm: &str, what: &str) {
+    let steps = blocks_with(asm, "mulps");
+    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
+    for b in steps {
+        assert!(
+            !b.contains("rsp") && !b.contains("<offset"),
+            "stack traffic in {what}:\nblock{b}\n\nall:\n{asm}"
+        );
+    }
+}
+
+/// `sin(q * s)` for `q < len`: smooth, signed test data.
+fn sin_data(len: i64, s: f32) -> Vec<f32> {
+    (0..len).map(|q| ((q as f32) * s).sin()).collect()
+}
+
 /// `build` of `outs` on `target` under the default CPU schedule (given explicitly, so the
 /// interpreter runs the same order of operations), called on `inputs` (float32, by the
 /// arguments' shapes), with the outputs' bits.
@@ -1273,21 +1291,8 @@ fn row_reduction_steps_keep_every_accumulator_in_registers() {
     .unwrap();
     let args = [x.clone(), g.clone(), t.clone(), dy.clone(), s1.clone()];
     let asm = default_cpu_disassembly(&[s1.clone()], &args, "s1");
-    let steps = blocks_with(&asm, "mulps");
-    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
-    for b in steps {
-        // No stack slot is read or written in the step (a spill shows as `(%rsp)` or a
-        // `<offset:..>` slot).
-        assert!(
-            !b.contains("rsp") && !b.contains("<offset"),
-            "stack traffic in the reduction's step:\nblock{b}\n\nall:\n{asm}"
-        );
-    }
-    let data = |len: i64, s: f32| {
-        (0..len)
-            .map(|q| ((q as f32) * s).sin())
-            .collect::<Vec<f32>>()
-    };
+    assert_no_stack_in_packed_steps(&asm, "the reduction's step");
+    let data = sin_data;
     let inputs = [
         data(rows * n, 0.37),
         data(n, 0.11),
@@ -1364,19 +1369,8 @@ fn a_fused_row_and_chunk_step_keeps_its_pointers_in_registers() {
         t.clone(),
     ];
     let asm = default_cpu_disassembly(&[y.clone(), t.clone()], &args, "step");
-    let steps = blocks_with(&asm, "mulps");
-    assert!(!steps.is_empty(), "no packed multiply:\n{asm}");
-    for blk in steps {
-        assert!(
-            !blk.contains("rsp") && !blk.contains("<offset"),
-            "stack traffic in the fused step:\nblock{blk}\n\nall:\n{asm}"
-        );
-    }
-    let data = |len: i64, s: f32| {
-        (0..len)
-            .map(|q| ((q as f32) * s).sin())
-            .collect::<Vec<f32>>()
-    };
+    assert_no_stack_in_packed_steps(&asm, "the fused step");
+    let data = sin_data;
     let inputs = [
         data(rows * n, 0.37),
         data(rows * n, 0.23),

@@ -28,29 +28,16 @@
 
 use crate::ir::expr::{Expr, ExprKind};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
-use crate::lower::fuse_rows::{as_parallel, bring_up, fuse_siblings, splice, Effects, Loop};
+use crate::lower::fuse_rows::{
+    as_parallel, at_root, bring_up, fuse_siblings, splice, Effects, Loop,
+};
 use crate::lower::simplify::simplify;
 use std::collections::VecDeque;
 
 /// Fuses each root-level parallel row loop of `f` with the first later chunk loop the rule
 /// (module doc) allows.
 pub fn fuse(f: &mut PrimFunc) {
-    f.body = fuse_stmt(&f.body);
-}
-
-fn fuse_stmt(s: &Stmt) -> Stmt {
-    match s {
-        Stmt::Allocate { bufs, body } => Stmt::Allocate {
-            bufs: bufs.clone(),
-            body: Box::new(fuse_stmt(body)),
-        },
-        Stmt::Seq(items) => {
-            let mut flat = Vec::new();
-            splice(items, &mut flat);
-            Stmt::seq(fuse_seq(&flat))
-        }
-        other => other.clone(),
-    }
+    f.body = at_root(&f.body, &fuse_seq);
 }
 
 fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {

@@ -50,17 +50,23 @@ pub fn fuse(f: &mut PrimFunc) {
 
 /// Root level: through the `Allocate`s of the function's locals, to the sequence of nests.
 fn fuse_stmt(s: &Stmt) -> Stmt {
+    at_root(s, &fuse_seq)
+}
+
+/// `s` with each sequence reached through `Allocate`s from it (the root level of a function:
+/// its locals' allocations, then the sequence of nests) replaced by `seq` of its statements.
+/// A stage's nests (a reduction's init and update) come as a sequence of their own: spliced
+/// first, so loops of different stages can meet.
+pub(crate) fn at_root(s: &Stmt, seq: &dyn Fn(&[Stmt]) -> Vec<Stmt>) -> Stmt {
     match s {
         Stmt::Allocate { bufs, body } => Stmt::Allocate {
             bufs: bufs.clone(),
-            body: Box::new(fuse_stmt(body)),
+            body: Box::new(at_root(body, seq)),
         },
-        // A stage's nests (a reduction's init and update) come as a sequence of their own:
-        // spliced, so loops of different stages can meet.
         Stmt::Seq(items) => {
             let mut flat = Vec::new();
             splice(items, &mut flat);
-            Stmt::seq(fuse_seq(&flat))
+            Stmt::seq(seq(&flat))
         }
         other => other.clone(),
     }
