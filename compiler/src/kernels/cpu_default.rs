@@ -31,7 +31,9 @@
 //!    work pays, `lower::work`); an injective stage's innermost data axis is vectorized (the
 //!    shared `vectorize` pass strip-mines it, tails and strided layouts stay correct). A 1-d
 //!    injective stage is split into chunks of `CHUNK` elements: chunks parallel, each
-//!    vectorized (one of at most `CHUNK` constant elements is only vectorized). A contraction that is not packed runs rows, the reduction, then its last
+//!    vectorized (one of at most `CHUNK` constant elements is only vectorized); one holding a
+//!    value per row of a later stage (`per_row`) is one parallel loop over the rows, so row
+//!    fusion can join it to the loop over those rows. A contraction that is not packed runs rows, the reduction, then its last
 //!    data axis, vectorized. Other reductions accumulate in registers (the loop nest's register accumulation,
 //!    in the definition's order, so results are those of the plain nest bit for bit).
 
@@ -39,6 +41,7 @@ use super::strategy::unscheduled;
 use super::{column_reduce, lane_reduce, packed_gemm};
 use crate::error::Result;
 use crate::ir::expr::{Expr, ExprKind, UnOp, Var};
+use crate::lower::simplify::simplify;
 use crate::schedule::Schedule;
 use crate::te::tensor::{inputs, Tensor};
 
@@ -224,16 +227,45 @@ pub(super) fn columns(s: &mut Schedule, t: &Tensor) -> Result<()> {
     st.vectorize(&inner)
 }
 
+/// Whether the 1-d stage `t` holds a value per row of a stage of `stages` with two or more axes:
+/// one reads it, every read of it there is at that stage's first axis, and that axis has `t`'s
+/// extent.
+fn per_row(stages: &[Tensor], t: &Tensor) -> bool {
+    let [n] = t.shape() else { return false };
+    let n = simplify(n);
+    stages.iter().any(|c| {
+        let (Some(body), [row, _, ..]) = (c.body(), c.axis()) else {
+            return false;
+        };
+        let mut reads = 0usize;
+        let mut per_row = true;
+        body.visit(&mut |e| {
+            if let ExprKind::Read { tensor, indices } = e.kind() {
+                if tensor.id() == t.id() {
+                    reads += 1;
+                    per_row &= matches!(indices.as_slice(), [i] if i.as_var() == Some(&row.var));
+                }
+            }
+        });
+        reads > 0 && per_row && simplify(&row.extent) == n && simplify(&row.min).as_int() == Some(0)
+    })
+}
+
 /// Rule 5: parallel outer data loop, vectorized inner data axis of injective stages.
 pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
     let injective = t.reduce_axis().is_empty();
+    let stages: Vec<Tensor> = s.stages.iter().map(|st| st.tensor.clone()).collect();
     let st = s.stage(t)?;
     match (axes.as_slice(), injective) {
         ([], _) => {}
         // Small enough for one chunk (a constant): vectorized only, not split (its indices
         // stay as written, in errors too).
         ([x], true) if t.shape()[0].as_int().is_some_and(|n| n <= CHUNK) => st.vectorize(x)?,
+        // A row's value read by a stage over those rows (layer_norm backward's
+        // `sqsum_grad_Y`): one parallel loop over the rows, which row fusion can put in the
+        // loop over the same rows (`lower::fuse_rows`); cut into chunks it could not.
+        ([x], true) if per_row(&stages, t) => st.parallel(x)?,
         ([x], true) => {
             let (o, i) = st.split(x, Some(crate::ir::Expr::int(CHUNK)), None)?;
             st.parallel(&o)?;
