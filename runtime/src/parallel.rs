@@ -9,7 +9,7 @@
 //! `Y = 2 X` of 256 x 256 took 3.6 us on one thread and 13.5 us on two (512 x 512: 19.5 and
 //! 22.3 us, slower than one), while torch's two threads halve it.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 
 /// The threads a parallel loop runs on: the caller and the pool's workers.
@@ -47,17 +47,20 @@ pub fn num_threads() -> usize {
 
 /// What `for_each_chunk` shares with the workers. `f` is the caller's closure with its
 /// lifetime erased: it is called only for a chunk claimed from `next` below `chunks`, and the
-/// caller returns only once `done` counts every chunk, so no call of `f` outlives the borrow;
-/// a worker that wakes late claims nothing and touches only this `Arc`'d state.
+/// caller leaves `for_each_chunk` (returning or unwinding) only once no more chunks can be
+/// claimed and `done` counts every claimed one (`Finish`), so no call of `f` outlives the
+/// borrow; a worker that wakes late claims nothing and touches only this `Arc`'d state.
 struct Shared {
     next: AtomicI64,
     done: AtomicI64,
     chunks: i64,
+    /// A chunk run by a worker panicked (the caller then panics too, as `rayon::join` does).
+    panicked: AtomicBool,
     f: *const (dyn Fn(i64) + Sync + 'static),
 }
 
 // SAFETY: `f` is `Sync` (called from several threads at once) and only called while the
-// caller of `for_each_chunk` waits (the comment on `Shared`); the counters are atomics.
+// caller of `for_each_chunk` waits (the comment on `Shared`); the rest is atomics.
 unsafe impl Send for Shared {}
 // SAFETY: as for `Send`: shared use is calls of a `Sync` closure and atomic operations.
 unsafe impl Sync for Shared {}
@@ -85,11 +88,34 @@ impl Shared {
     }
 }
 
+/// The caller's exit from `for_each_chunk`, on return or unwind (its own chunk panicked): no
+/// chunk can be claimed any more, then wait until every claimed one has run. On the normal
+/// path every chunk was claimed; each one a worker still runs is at most a chunk's time away.
+struct Finish<'a>(&'a Shared);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        let s = self.0;
+        let claimed = s.next.fetch_max(s.chunks, Ordering::Relaxed).min(s.chunks);
+        let mut spins = 0u32;
+        while s.done.load(Ordering::Acquire) < claimed {
+            if spins < 1 << 12 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
 /// Runs `f(c)` once for every `c` in `[0, chunks)` on the calling thread and the pool's
 /// workers, each taking the next chunk from a shared counter (a dynamic schedule), and returns
 /// once all have run. The workers are woken without waiting for them: when they are slow to
 /// wake, the caller runs every chunk itself, never slower than one thread. Inline (in order)
-/// with fewer than two threads, one chunk, or inside another parallel region (`in_pool`).
+/// with fewer than two threads, one chunk, or inside another parallel region (`in_pool`). A
+/// panic in `f` reaches the caller (after the chunks already started have finished; chunks not
+/// yet claimed may be skipped).
 pub fn for_each_chunk(chunks: i64, f: &(dyn Fn(i64) + Sync)) {
     if chunks <= 1 || num_threads() < 2 || in_pool() {
         (0..chunks.max(0)).for_each(f);
@@ -101,10 +127,16 @@ pub fn for_each_chunk(chunks: i64, f: &(dyn Fn(i64) + Sync)) {
         next: AtomicI64::new(0),
         done: AtomicI64::new(0),
         chunks,
+        panicked: AtomicBool::new(false),
         f,
     });
     let theirs = Arc::clone(&shared);
-    POOL.spawn_broadcast(move |_| theirs.work());
+    POOL.spawn_broadcast(move |_| {
+        // Caught here: a panic escaping a spawned job aborts the process (rayon's default).
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| theirs.work())).is_err() {
+            theirs.panicked.store(true, Ordering::Release);
+        }
+    });
     {
         struct Restore(bool);
         impl Drop for Restore {
@@ -113,17 +145,11 @@ pub fn for_each_chunk(chunks: i64, f: &(dyn Fn(i64) + Sync)) {
             }
         }
         let _restore = Restore(IN_REGION.with(|s| s.replace(true)));
+        let _finish = Finish(&shared);
         shared.work();
     }
-    // Only chunks a worker has claimed are left: each is at most one chunk's time away.
-    let mut spins = 0u32;
-    while shared.done.load(Ordering::Acquire) < chunks {
-        if spins < 1 << 12 {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
-            std::thread::yield_now();
-        }
+    if shared.panicked.load(Ordering::Acquire) {
+        panic!("a chunk of a parallel loop panicked on one of rivet's pool threads");
     }
 }
 
@@ -271,6 +297,28 @@ mod tests {
         });
         assert_eq!(inner.load(Ordering::Relaxed), 32);
         assert!(!in_pool());
+        // A panicking chunk, on whichever thread runs it, reaches the caller; the chunks
+        // running then have finished (the closure's borrow ends with the call), and the pool
+        // still works afterwards.
+        for bad in [0i64, 5, 63] {
+            let ran = AtomicU32::new(0);
+            let caught = std::panic::catch_unwind(|| {
+                for_each_chunk(64, &|c| {
+                    if c == bad {
+                        panic!("chunk {c}");
+                    }
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+            });
+            assert!(caught.is_err(), "chunk {bad}");
+            assert!(ran.load(Ordering::Relaxed) <= 63);
+            assert!(!in_pool());
+        }
+        let after = AtomicU32::new(0);
+        for_each_chunk(64, &|_| {
+            after.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(after.load(Ordering::Relaxed), 64);
         // Several callers at once, each with its own chunks.
         std::thread::scope(|s| {
             for t in 0..4u32 {

@@ -811,3 +811,40 @@ fn row_loops_join_the_chunks_of_a_column_sum_over_their_rows() {
         }
     }
 }
+
+/// Chunk fusion at hostile constant row counts: 2^31 + 1 rows build into 2^25 chunks and a
+/// loop over the one row left over; 2^62 + 5 and i64::MAX rows are a typed error (the
+/// temporaries would exceed `MAX_ALLOC_BYTES`), never a panic or a wrapped range.
+#[test]
+fn chunk_fusion_at_hostile_row_counts() {
+    for rows in [(1i64 << 31) + 1, (1i64 << 62) + 5, i64::MAX] {
+        let (n, m) = (Expr::int(rows), Expr::int(3));
+        let a = placeholder([&n, &m], DType::F32, "A").unwrap();
+        let r = te::reduce_axis(0, &m, "r").unwrap();
+        let s = compute([&n], |[i]| te::sum(a.at((&i, &r)), &r), "S").unwrap();
+        let c = compute([&n, &m], |[i, j]| a.at([&i, &j]) - s.at([&i]), "C").unwrap();
+        let r2 = te::reduce_axis(0, &n, "r2").unwrap();
+        let t = compute([&m], |[j]| te::sum(a.at((&r2, &j)), &r2), "T").unwrap();
+        let outs = [c.clone(), t.clone()];
+        let built = build(
+            &Schedule::new(&outs).unwrap(),
+            &[a, c, t],
+            &Target::cpu(),
+            "k",
+        );
+        if rows < 1 << 32 {
+            let ir = built.unwrap().get_source("ir").unwrap();
+            assert!(ir.contains("parallel for c.init in [0, 33554432)"), "{ir}");
+            assert!(
+                ir.contains("parallel for i in [2147483648, 2147483648 + 1)"),
+                "{ir}"
+            );
+        } else {
+            let e = built
+                .err()
+                .unwrap_or_else(|| panic!("{rows} rows built"))
+                .to_string();
+            assert!(e.contains("MAX_ALLOC_BYTES"), "{rows}: {e}");
+        }
+    }
+}

@@ -230,10 +230,10 @@ pub(super) fn columns(s: &mut Schedule, t: &Tensor) -> Result<()> {
 /// Whether the 1-d stage `t` holds a value per row of a stage of `stages` with two or more axes:
 /// one reads it, every read of it there is at that stage's first axis, and that axis has `t`'s
 /// extent.
-fn per_row(stages: &[Tensor], t: &Tensor) -> bool {
+fn per_row(stages: &[crate::schedule::Stage], t: &Tensor) -> bool {
     let [n] = t.shape() else { return false };
     let n = simplify(n);
-    stages.iter().any(|c| {
+    stages.iter().map(|st| &st.tensor).any(|c| {
         let (Some(body), [row, _, ..]) = (c.body(), c.axis()) else {
             return false;
         };
@@ -255,7 +255,7 @@ fn per_row(stages: &[Tensor], t: &Tensor) -> bool {
 pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
     let injective = t.reduce_axis().is_empty();
-    let stages: Vec<Tensor> = s.stages.iter().map(|st| st.tensor.clone()).collect();
+    let row_value = axes.len() == 1 && injective && per_row(&s.stages, t);
     let st = s.stage(t)?;
     match (axes.as_slice(), injective) {
         ([], _) => {}
@@ -265,7 +265,7 @@ pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
         // A row's value read by a stage over those rows (layer_norm backward's
         // `sqsum_grad_Y`): one parallel loop over the rows, which row fusion can put in the
         // loop over the same rows (`lower::fuse_rows`); cut into chunks it could not.
-        ([x], true) if per_row(&stages, t) => st.parallel(x)?,
+        ([x], true) if row_value => st.parallel(x)?,
         ([x], true) => {
             let (o, i) = st.split(x, Some(crate::ir::Expr::int(CHUNK)), None)?;
             st.parallel(&o)?;

@@ -82,7 +82,7 @@ fn into_chunks(a: &Loop<'_>, s: &Stmt) -> Option<Vec<Stmt>> {
     let mut items = Vec::new();
     splice(std::slice::from_ref(cbody.as_ref()), &mut items);
     // The first serial loop over `[0, R)` whose body loads a row `lo + c*R + q`.
-    let (at, q, r, qbody) = items.iter().enumerate().find_map(|(at, x)| match x {
+    let (at, q, r, qbody, row) = items.iter().enumerate().find_map(|(at, x)| match x {
         Stmt::For {
             var: q,
             min,
@@ -96,7 +96,7 @@ fn into_chunks(a: &Loop<'_>, s: &Stmt) -> Option<Vec<Stmt>> {
                     .add(&Expr::var(c).mul(&Expr::int(r)))
                     .add(&Expr::var(q)),
             );
-            reads_row(body, &row).then_some((at, q.clone(), r, body))
+            reads_row(body, &row).then(|| (at, q.clone(), r, body, row))
         }
         _ => None,
     })?;
@@ -105,10 +105,6 @@ fn into_chunks(a: &Loop<'_>, s: &Stmt) -> Option<Vec<Stmt>> {
     if simplify(cext) != chunks {
         return None;
     }
-    let row = a
-        .min
-        .add(&Expr::var(c).mul(&Expr::int(r)))
-        .add(&Expr::var(&q));
     let av = a.var.clone();
     let a_row = a.body.rewrite(
         &mut |e| e.substitute(&|x| (*x == av).then(|| row.clone())),
