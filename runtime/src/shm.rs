@@ -376,7 +376,6 @@ mod tests {
 
     #[test]
     fn create_find_and_release() {
-        let before = live_segments();
         let s = Segment::create(10_000).unwrap();
         assert_eq!(s.len(), 10_000);
         assert_eq!(s.base() as usize % 4096, 0);
@@ -395,7 +394,9 @@ mod tests {
             &s
         ));
         assert!(find_identity(s.identity(), 9_999).is_none());
-        assert_eq!(live_segments(), before + 1);
+        // `live_segments` counts the whole process, where other tests create and drop
+        // segments on other threads at the same time: not compared here (test_ipc.py checks
+        // it in a process of its own).
         let id = s.identity();
         drop(s);
         assert!(find_range(base + 8, base + 100).is_none());
