@@ -1413,3 +1413,47 @@ fn a_guarded_movable_load_is_never_made_outside_its_guard() {
         assert_eq!(bits, vec![want], "rows={rows}");
     }
 }
+
+/// The per-call bounds check of a read under a guard over the dims alone holds vacuously when
+/// the guard is false (`lower/bounds.rs`): `if_then_else(k >= 1, Z[0], ..)` runs with an empty
+/// `Z`. The same read outside the guard still gets its own check: `k = 0` is a `ShapeError`
+/// naming `Z`, never a read past an empty tensor.
+#[test]
+fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
+    let (n, k) = (te_var("n"), te_var("k"));
+    let x = placeholder([&n], DType::F32, "X").unwrap();
+    let z = placeholder([&k], DType::F32, "Z").unwrap();
+    let guarded = compute(
+        [&n],
+        |[i]| te::if_then_else(te::ge(&k, 1), x.at([&i]) * z.at([0]), x.at([&i])),
+        "Y",
+    )
+    .unwrap();
+    let both = compute(
+        [&n],
+        |[i]| te::if_then_else(te::ge(&k, 1), x.at([&i]) * z.at([0]), x.at([&i])) + z.at([0]),
+        "Y",
+    )
+    .unwrap();
+    for target in ["cpu", "interp"] {
+        for (y, ok_when_empty) in [(&guarded, true), (&both, false)] {
+            let s = Schedule::new(std::slice::from_ref(y)).unwrap();
+            let m = rivet_compiler::build(&s, &[x.clone(), z.clone(), y.clone()], target, "g")
+                .unwrap();
+            let out = Tensor::from_slice(&[f32::NAN; 3], &[3]).unwrap();
+            let r = m.get_function("g").unwrap().call(&[
+                Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap()),
+                Value::Tensor(Tensor::from_slice::<f32>(&[], &[0]).unwrap()),
+                Value::Tensor(out.clone()),
+            ]);
+            if ok_when_empty {
+                r.unwrap();
+                assert_eq!(out.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0], "{target}");
+            } else {
+                let e = r.expect_err("an unguarded read of an empty Z").to_string();
+                assert!(e.contains("tensor 'Z'") && e.contains("k=0"), "{target}: {e}");
+                assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+            }
+        }
+    }
+}

@@ -77,6 +77,24 @@ pub fn eval_checked(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i6
     }
 }
 
+/// Whether [`eval_checked`] can evaluate every node of `e` (given its variables): int64 and
+/// bool arithmetic, comparisons of int64s, logic and selects; no loads, floats or calls.
+pub fn evaluable(e: &Expr) -> bool {
+    let mut ok = true;
+    e.visit(&mut |n| {
+        ok &= match n.kind() {
+            ExprKind::Const(Const::Int(_)) => !n.dtype().is_float(),
+            ExprKind::Var(_) | ExprKind::Logic(..) | ExprKind::Select(..) => true,
+            ExprKind::Unary(UnOp::Neg | UnOp::Abs | UnOp::Not, _) => true,
+            ExprKind::Binary(BinOp::Div | BinOp::Pow, ..) => false,
+            ExprKind::Binary(..) => n.dtype() == DType::I64,
+            ExprKind::Cmp(_, a, _) => a.dtype() == DType::I64,
+            _ => false,
+        }
+    });
+    ok
+}
+
 /// An exact range `[lo, hi]` of an int64 expression for every value of the variables that
 /// `is_dim` accepts (each in `[0, i64::MAX]`); `None` when another variable occurs, a node is
 /// not understood, or the bounds leave 128 bits.

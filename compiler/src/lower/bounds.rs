@@ -5,7 +5,9 @@
 //! - refuted by constants: a `CompileError` naming the tensor, the index expression and
 //!   the extent (static shapes never reach run time with a possible out-of-bounds access);
 //! - unknown but expressible over the dims alone: a `Check` evaluated once per call, before
-//!   any code runs (it holds vacuously when an enclosing loop is empty);
+//!   any code runs (it holds vacuously when an enclosing loop is empty, or when a guard over
+//!   the dims alone that the access sits under is false: `if_then_else(k >= 1, Z[0], ..)`
+//!   with `Z` of extent `k` reads `Z[0]` only where `k >= 1`, so `k = 0` is no error);
 //! - not boundable at all: a `CompileError`.
 //!
 //! Interval arithmetic reasons about exact integers, while generated code computes int64 with
@@ -22,8 +24,8 @@
 use super::interval::{interval, prove_le, Env, Interval, Record};
 use super::simplify::simplify;
 use crate::error::{Error, Result};
-use crate::ir::checked::{always_in_i64, eval_checked};
-use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
+use crate::ir::checked::{always_in_i64, eval_checked, evaluable};
+use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, UnOp, Var};
 use crate::ir::intrin::{check_call, model, Intrin, Region};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
 use crate::ir::BufId;
@@ -41,6 +43,10 @@ struct Prover<'a> {
     seen: HashMap<String, Vec<Vec<Expr>>>,
     /// Extents of the enclosing loops (a check is vacuous when one of them is empty).
     loop_extents: Vec<Expr>,
+    /// Conditions over the dims alone that the code being proved runs under (an `if`'s test
+    /// for its `then`, a select's for its arm, `&&`'s left operand for its right one): a
+    /// check is vacuous when one of them is false, since the access is then never made.
+    guards: Vec<Expr>,
     record: Record,
 }
 
@@ -69,21 +75,43 @@ impl Prover<'_> {
 
     fn add_check(&mut self, cond: Expr, message: String) {
         let extents = self.vacuous_extents();
+        let mut key = extents.clone();
+        key.extend(self.guards.iter().cloned());
         let known = self.seen.entry(message.clone()).or_default();
-        if known.contains(&extents) {
+        if known.contains(&key) {
             return;
         }
-        known.push(extents.clone());
-        // `cond`, or true when an enclosing loop of symbolic extent runs zero times.
+        known.push(key);
+        // `cond`, or true when an enclosing loop of symbolic extent runs zero times or a
+        // guard the access sits under is false.
         let mut full = cond;
         for e in extents {
             let empty = e.lt(&Expr::int(1));
             full = Expr::new(ExprKind::Logic(LogicOp::Or, empty, full), DType::Bool);
         }
+        for g in self.guards.iter().rev() {
+            let unmet = Expr::new(ExprKind::Unary(UnOp::Not, g.clone()), DType::Bool);
+            full = Expr::new(ExprKind::Logic(LogicOp::Or, unmet, full), DType::Bool);
+        }
         self.checks.push(Check {
             cond: full,
             message,
         });
+    }
+
+    /// Runs `f` with `cond` among the guards when it is over the dims alone and int64 / bool
+    /// arithmetic a check can evaluate exactly (a guard over loop variables, loads or floats
+    /// cannot be evaluated per call, so it adds nothing).
+    fn guarded(&mut self, cond: &Expr, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let push = self.only_dims(cond) && evaluable(cond);
+        if push {
+            self.guards.push(cond.clone());
+        }
+        let r = f(self);
+        if push {
+            self.guards.pop();
+        }
+        r
     }
 
     /// Turns the intervals recorded since the last call into no-overflow obligations (see the
@@ -272,19 +300,24 @@ impl Prover<'_> {
                 let (mut ta, mut tb) = (env.clone(), env.clone());
                 ta.assume(c);
                 tb.assume(&negate(c));
-                self.exprs(a, &ta)?;
-                self.exprs(b, &tb)
+                self.guarded(c, |p| p.exprs(a, &ta))?;
+                self.guarded(&not(c), |p| p.exprs(b, &tb))
             }
             ExprKind::Logic(op, a, b) => {
                 self.exprs(a, env)?;
                 self.condition(a, env)?;
                 let mut tb = env.clone();
+                let taken = if *op == LogicOp::And {
+                    a.clone()
+                } else {
+                    not(a)
+                };
                 tb.assume(&if *op == LogicOp::And {
                     a.clone()
                 } else {
                     negate(a)
                 });
-                self.exprs(b, &tb)
+                self.guarded(&taken, |p| p.exprs(b, &tb))
             }
             _ => {
                 let mut r = Ok(());
@@ -382,9 +415,9 @@ impl Prover<'_> {
                 self.condition(cond, env)?;
                 let mut t = env.clone();
                 t.assume(cond);
-                self.stmt(then, &t)?;
+                self.guarded(cond, |p| p.stmt(then, &t))?;
                 match otherwise {
-                    Some(o) => self.stmt(o, env),
+                    Some(o) => self.guarded(&not(cond), |p| p.stmt(o, env)),
                     None => Ok(()),
                 }
             }
@@ -415,6 +448,11 @@ impl Prover<'_> {
     }
 }
 
+/// `!c` as an expression (any bool).
+fn not(c: &Expr) -> Expr {
+    Expr::new(ExprKind::Unary(UnOp::Not, c.clone()), DType::Bool)
+}
+
 /// `!c` for the comparison forms `Env::assume` understands (others: no information).
 fn negate(c: &Expr) -> Expr {
     use crate::ir::expr::CmpOp;
@@ -443,6 +481,7 @@ pub fn prove(func: &mut PrimFunc) -> Result<()> {
         checks: vec![],
         seen: HashMap::new(),
         loop_extents: vec![],
+        guards: vec![],
         record: record.clone(),
     };
     let env = Env {
