@@ -1414,6 +1414,61 @@ fn a_guarded_movable_load_is_never_made_outside_its_guard() {
     }
 }
 
+/// A `select` whose condition no iteration changes (`k >= 1`, `k` a dim) and whose arm loads
+/// memory is taken out of the vectorized loop as a branch around two copies of it
+/// (`lower/unswitch.rs`, `selects`): the loop is packed SIMD (without it the arm's load keeps
+/// it scalar), the guarded load of `Z[0]` is still made only where `Z` has an element (`k =
+/// 0` runs on an empty `Z`), and the bits are the interpreter's for every `k`, `n`.
+#[test]
+fn an_invariant_select_over_loads_is_unswitched_and_vectorized() {
+    let (n, k) = (te_var("n"), te_var("k"));
+    let x = placeholder([&n], DType::F32, "X").unwrap();
+    let z = placeholder([&k], DType::F32, "Z").unwrap();
+    let y = compute(
+        [&n],
+        |[i]| te::if_then_else(te::ge(&k, 1), x.at([&i]) * z.at([0]), x.at([&i]) + 1.0),
+        "Y",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[y.clone()]).unwrap();
+    let i = y.axis()[0].var.clone();
+    s.stage(&y).unwrap().vectorize(&i).unwrap();
+    let args = [x.clone(), z.clone(), y.clone()];
+    let asm = cpu_disassembly(&s, &args, "sel");
+    assert!(
+        !blocks_with(&asm, "mulps").is_empty() && !blocks_with(&asm, "addps").is_empty(),
+        "both copies of the loop are packed:\n{asm}"
+    );
+    for (len, zl) in [(0i64, 0i64), (37, 0), (37, 3), (64, 1), (5, 2)] {
+        let xs = sin_data(len, 0.3);
+        let zs: Vec<f32> = (0..zl).map(|q| 1.5 + q as f32).collect();
+        let run = |target: &str| {
+            let m = rivet_compiler::build(&s, &args, target, "sel").unwrap();
+            let out = Tensor::from_slice(&vec![f32::NAN; len as usize], &[len]).unwrap();
+            m.get_function("sel")
+                .unwrap()
+                .call(&[
+                    Value::Tensor(Tensor::from_slice(&xs, &[len]).unwrap()),
+                    Value::Tensor(Tensor::from_slice(&zs, &[zl]).unwrap()),
+                    Value::Tensor(out.clone()),
+                ])
+                .unwrap();
+            out.to_vec::<f32>().unwrap()
+        };
+        let (cpu, interp) = (run("cpu"), run("interp"));
+        let want: Vec<f32> = xs
+            .iter()
+            .map(|&v| if zl >= 1 { v * zs[0] } else { v + 1.0 })
+            .collect();
+        for (what, got) in [("cpu", &cpu), ("interp", &interp)] {
+            assert!(
+                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {len} k {zl}: {what} {got:?} != {want:?}"
+            );
+        }
+    }
+}
+
 /// The per-call bounds check of a read under a guard over the dims alone holds vacuously when
 /// the guard is false (`lower/bounds.rs`): `if_then_else(k >= 1, Z[0], ..)` runs with an empty
 /// `Z`. The same read outside the guard still gets its own check: `k = 0` is a `ShapeError`

@@ -179,7 +179,10 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         flatten::flatten(&mut f);
         f.body = simplify::simplify_stmt(&f.body);
         after(&f, 4, "flatten", true)?;
-        // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width.
+        // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width. First
+        //     the selects on loop-invariant conditions taken out as branches around copies of
+        //     the loop: an arm that loads would keep the loop scalar.
+        unswitch::selects(&mut f);
         let width = opts.vector_bytes.or(target.vectorize_bytes());
         // A float32 loop computing `erf` gets 16 lanes off the GPU where the CPU has AVX-512:
         // one 16-lane computation of it instead of four 4-lane ones.

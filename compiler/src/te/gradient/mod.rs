@@ -375,9 +375,13 @@ fn propagate(
         let jv: Vec<Var> = target.iter().map(|t| t.var.clone()).collect();
         let s = solve::solve(x.shape(), &r.indices, &a, &domain, &jv)?;
         let name = format!("{}_grad_{}", x.name(), c.name());
+        let nonempty = nonempty(&s.raxes)?;
         let part = if s.raxes.is_empty() {
             Contribution::Inline(jv, s.body)
-        } else if let Some((variant, outside)) = factor_out(&s.body, &s.raxes)? {
+        } else if let Some((guard, (variant, outside))) = match nonempty {
+            Some(guard) => factor_out(&s.body, &s.raxes)?.map(|f| (guard, f)),
+            None => None,
+        } {
             // `sum_r (f(r) * c)` as `(sum_r f(r)) * c`: the factors that do not depend on the
             // summed variables are applied once per element, not once per term. When `f(r)`
             // reads a stage whose element is a sum of terms, one partial sum per term
@@ -413,7 +417,11 @@ fn propagate(
                     None => read,
                 });
             }
-            let body = outside(sum_balanced(sums)?)?;
+            let mut body = outside(sum_balanced(sums)?)?;
+            if let Some(g) = guard {
+                // An empty sum is 0 whatever the factors are; `0 * inf` would be NaN.
+                body = select(&g, &body, &constant(0.0, x.dtype()))?;
+            }
             Contribution::Stage(compute_from(x.shape(), target, body, &name)?)
         } else {
             let body = reduce(ReduceOp::Sum, s.body, &s.raxes)?;
@@ -424,22 +432,38 @@ fn propagate(
     Ok(())
 }
 
+/// Whether a sum over `raxes` has terms: `Some(None)` when every extent is a constant >= 1,
+/// `Some(Some(cond))` when some are symbolic (`cond`: each of those >= 1, evaluated per call),
+/// `None` when one is a constant < 1 (the sum is always empty).
+///
+/// Why: taking factors out of a sum (`factor_out`) is exact only for a sum with terms. An
+/// empty `sum_r (f(r) * c)` is 0; `(sum_r f(r)) * c` is `0 * c`, NaN where `c` is not finite
+/// (`1 / m` with `m = 0`). Symbolic extents get the factored sum under a `select` on `cond`,
+/// which is free of every loop variable: the lowering takes it out of the loops (`unswitch`),
+/// so the loops stay as fast as with constant extents.
+fn nonempty(raxes: &[IterVar]) -> Result<Option<Option<Expr>>> {
+    let mut conds = Vec::new();
+    for r in raxes {
+        let extent = simplify(&r.extent);
+        match extent.as_int() {
+            Some(n) if n >= 1 => {}
+            Some(_) => return Ok(None),
+            None => conds.push(cmp(CmpOp::Ge, &extent, &Expr::int(1))?),
+        }
+    }
+    Ok(Some(and_all(conds)?))
+}
+
 /// A summand `e` of a contribution summed over `raxes`, split into the part that depends on
 /// them and the factors that do not: `e = sign * (variant * n_1 * ... ) / d_1 / ...` through
 /// products, quotients by a factor free of `raxes` and negations (never through a `select`:
 /// a guard stays around what it guards). Returns the variant part and a function applying the
-/// rest to its sum, or `None` when nothing can be taken out (no free factor, no variant
-/// factor, or a reduction that may be empty: `c * 0` is NaN where `c` is not finite, where the
-/// empty sum was 0). The sum is then reassociated: it differs from the unfactored one by
-/// rounding, as any reordered float sum does.
+/// rest to its sum, or `None` when nothing can be taken out (no free factor or no variant
+/// factor). Only for sums with terms (the caller checks `nonempty`). The sum is then
+/// reassociated: it differs from the unfactored one by rounding, as any reordered float sum
+/// does.
 fn factor_out(e: &Expr, raxes: &[IterVar]) -> Result<Option<(Expr, Factors)>> {
     use crate::ir::expr::{BinOp, ExprKind, UnOp};
-    if !raxes
-        .iter()
-        .all(|r| simplify(&r.extent).as_int().is_some_and(|n| n >= 1))
-    {
-        return Ok(None);
-    }
     let free = |x: &Expr| !raxes.iter().any(|r| x.uses(&r.var));
     // (variant factors, free numerator factors, free denominators, negated)
     fn walk(
