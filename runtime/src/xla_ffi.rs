@@ -1,19 +1,26 @@
-//! An XLA FFI handler (typed FFI, `api_version=1`; the C structs of
-//! `xla/ffi/api/c_api.h`, API 0.3) that runs a registered rivet function on XLA's buffers with
-//! no copy: `rivet.jax.ffi_func` registers `rivet_xla_ffi_handler` with
-//! `jax.ffi.register_ffi_target("rivet", ..., platform="cpu")` and calls it through
-//! `jax.ffi.ffi_call("rivet", out_types)(*args, rivet_function=name)`.
+//! XLA FFI handlers (typed FFI, `api_version=1`; the C structs of `xla/ffi/api/c_api.h`, API
+//! 0.3) that run a registered rivet function on XLA's buffers with no copy: `rivet.jax.ffi_func`
+//! registers `rivet_xla_ffi_handler` with `jax.ffi.register_ffi_target("rivet", ...,
+//! platform="cpu")` and `rivet_xla_ffi_handler_cuda` under the same name for
+//! `platform="CUDA"`, and calls them through `jax.ffi.ffi_call("rivet", out_types)(*args,
+//! rivet_function=name)`; XLA picks the handler of the platform the program runs on.
 //!
 //! Invariants:
 //! - Every input buffer becomes a read-only rivet view, every result buffer a writable one
 //!   (compact row-major: XLA gives the custom call default layouts), both borrowed for the
 //!   call; the function is called with the inputs, then the results, as compiled rivet
-//!   functions take them. Its checks (dtypes, shapes, symbolic dims, overlap) run as for any
+//!   functions take them. On the CPU platform the views are host memory; on the CUDA platform
+//!   they are on `cuda:N`, N being XLA's device ordinal for the call
+//!   (`XLA_FFI_DeviceOrdinal_Get`), and the function runs with XLA's stream
+//!   (`XLA_FFI_Stream_Get`) as its call stream ([`crate::stream`]): a CUDA function enqueues
+//!   its kernels there and returns without synchronizing, ordered with XLA's own work. Its checks (dtypes, shapes, symbolic dims, overlap) run as for any
 //!   caller, so a shape XLA got wrong is a clear error, never an out-of-bounds access.
 //! - Nothing unwinds into XLA: errors and panics become `XLA_FFI_Error`s with rivet's message
 //!   (kind first: "rivet ShapeError: ...").
 //! - The frame is read defensively: struct sizes, counts, type tags and NULL pointers are
-//!   checked before use (XLA is trusted to pass a frame of its own making, not to be free of
+//!   checked before use, and an entry of XLA's API table is called only when the table's
+//!   `struct_size` says the table has it (an older XLA's is shorter): a missing entry is an
+//!   error naming it (XLA is trusted to pass a frame of its own making, not to be free of
 //!   bugs).
 //!
 //! The function is looked up in the registry by the attribute's name on every call. XLA's
@@ -84,7 +91,46 @@ const ERROR_CREATE_ARGS_SIZE: usize = 28;
 
 pub type ErrorCreate = unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut c_void;
 
-/// The head of `XLA_FFI_Api`, up to the one function rivet calls.
+pub type ErrorGetMessage = unsafe extern "C" fn(*mut ErrorGetMessageArgs);
+pub type ErrorDestroy = unsafe extern "C" fn(*mut ErrorDestroyArgs);
+pub type StreamGet = unsafe extern "C" fn(*mut StreamGetArgs) -> *mut c_void;
+pub type DeviceOrdinalGet = unsafe extern "C" fn(*mut DeviceOrdinalGetArgs) -> *mut c_void;
+/// An entry of the API table rivet never calls (kept for the layout).
+pub type Unused = *const c_void;
+
+#[repr(C)]
+pub struct ErrorGetMessageArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub error: *mut c_void,
+    pub message: *const c_char,
+}
+
+#[repr(C)]
+pub struct ErrorDestroyArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub error: *mut c_void,
+}
+
+#[repr(C)]
+pub struct StreamGetArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub ctx: *mut c_void,
+    pub stream: *mut c_void,
+}
+
+#[repr(C)]
+pub struct DeviceOrdinalGetArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut ExtensionBase,
+    pub ctx: *mut c_void,
+    pub device_ordinal: i32,
+}
+
+/// `XLA_FFI_Api`, in c_api.h's order, up to the last entry rivet calls
+/// (`XLA_FFI_DeviceOrdinal_Get`). Only the entries inside the table's `struct_size` exist.
 #[repr(C)]
 pub struct Api {
     pub struct_size: usize,
@@ -92,6 +138,66 @@ pub struct Api {
     pub api_version: ApiVersion,
     pub internal_api: *const c_void,
     pub error_create: Option<ErrorCreate>,
+    pub error_get_message: Option<ErrorGetMessage>,
+    pub error_destroy: Option<ErrorDestroy>,
+    pub handler_register: Unused,
+    pub stream_get: Option<StreamGet>,
+    pub type_register: Unused,
+    pub execution_context_get: Unused,
+    pub state_set: Unused,
+    pub state_get: Unused,
+    pub device_memory_allocate: Unused,
+    pub device_memory_free: Unused,
+    pub thread_pool_schedule: Unused,
+    pub thread_pool_num_threads: Unused,
+    pub future_create: Unused,
+    pub future_set_available: Unused,
+    pub future_set_error: Unused,
+    pub run_id_get: Unused,
+    pub device_ordinal_get: Option<DeviceOrdinalGet>,
+}
+
+impl Api {
+    /// An empty table (every entry NULL) of the full size, for tests and hosts that fill in
+    /// what they offer.
+    pub fn empty() -> Api {
+        let null = std::ptr::null::<c_void>();
+        Api {
+            struct_size: std::mem::size_of::<Api>(),
+            extension_start: std::ptr::null_mut(),
+            api_version: ApiVersion {
+                struct_size: API_VERSION_SIZE,
+                extension_start: std::ptr::null_mut(),
+                major_version: API_MAJOR,
+                minor_version: API_MINOR,
+            },
+            internal_api: null,
+            error_create: None,
+            error_get_message: None,
+            error_destroy: None,
+            handler_register: null,
+            stream_get: None,
+            type_register: null,
+            execution_context_get: null,
+            state_set: null,
+            state_get: null,
+            device_memory_allocate: null,
+            device_memory_free: null,
+            thread_pool_schedule: null,
+            thread_pool_num_threads: null,
+            future_create: null,
+            future_set_available: null,
+            future_set_error: null,
+            run_id_get: null,
+            device_ordinal_get: None,
+        }
+    }
+
+    /// Whether the table reaches past the entry at byte `offset` (`offset_of!(Api, entry)`):
+    /// an older XLA's table is shorter, and what lies past its `struct_size` is not its own.
+    fn has(&self, offset: usize) -> bool {
+        self.struct_size >= offset + std::mem::size_of::<usize>()
+    }
 }
 
 #[repr(C)]
@@ -184,12 +290,37 @@ fn dtype_of(code: i32) -> Option<DType> {
     })
 }
 
-/// The handler XLA calls (`XLA_FFI_Handler*`). NULL means success.
+/// Which of XLA's platforms a handler serves: where its buffers live and what it asks XLA for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Platform {
+    Cpu,
+    Cuda,
+}
+
+/// The handler XLA's CPU platform calls (`XLA_FFI_Handler*`). NULL means success.
 ///
 /// # Safety
 /// `frame` must be a call frame made by XLA (or NULL, which is refused as best it can be).
 #[no_mangle]
 pub unsafe extern "C" fn rivet_xla_ffi_handler(frame: *mut CallFrame) -> *mut c_void {
+    // SAFETY: the caller's promise.
+    unsafe { entry(frame, Platform::Cpu) }
+}
+
+/// The handler XLA's CUDA platform calls: the buffers are device memory on XLA's device for
+/// the call, and the function runs on XLA's stream (module header). NULL means success.
+///
+/// # Safety
+/// As [`rivet_xla_ffi_handler`].
+#[no_mangle]
+pub unsafe extern "C" fn rivet_xla_ffi_handler_cuda(frame: *mut CallFrame) -> *mut c_void {
+    // SAFETY: the caller's promise.
+    unsafe { entry(frame, Platform::Cuda) }
+}
+
+/// # Safety
+/// As [`rivet_xla_ffi_handler`].
+unsafe fn entry(frame: *mut CallFrame, platform: Platform) -> *mut c_void {
     if frame.is_null() {
         // No API table to create an error with: nothing to report through.
         return std::ptr::null_mut();
@@ -198,7 +329,7 @@ pub unsafe extern "C" fn rivet_xla_ffi_handler(frame: *mut CallFrame) -> *mut c_
     let frame = unsafe { &mut *frame };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: XLA's frame, read defensively inside.
-        unsafe { handle(frame) }
+        unsafe { handle(frame, platform) }
     }))
     .unwrap_or_else(|_| Err(Error::Internal("panic in the rivet XLA FFI handler".into())));
     match outcome {
@@ -216,7 +347,7 @@ unsafe fn xla_error(api: *const Api, e: &Error) -> *mut c_void {
     // SAFETY: the caller's promise; the size check keeps the read inside the table.
     let create = unsafe {
         match api.as_ref() {
-            Some(a) if a.struct_size >= std::mem::size_of::<Api>() => a.error_create,
+            Some(a) if a.has(std::mem::offset_of!(Api, error_create)) => a.error_create,
             _ => None,
         }
     };
@@ -242,7 +373,7 @@ unsafe fn xla_error(api: *const Api, e: &Error) -> *mut c_void {
 
 /// # Safety
 /// `frame` is XLA's.
-unsafe fn handle(frame: &mut CallFrame) -> Result<()> {
+unsafe fn handle(frame: &mut CallFrame, platform: Platform) -> Result<()> {
     let bad = |m: String| Error::Internal(format!("malformed XLA FFI call frame: {m}"));
     if frame.struct_size < CALL_FRAME_SIZE {
         return Err(bad(format!(
@@ -284,13 +415,22 @@ unsafe fn handle(frame: &mut CallFrame) -> Result<()> {
     // SAFETY: XLA's attribute list, read within its checked count.
     let name = unsafe { function_attr(&frame.attrs) }?;
     let f = registry::get(name)?;
+    let (device, stream) = match platform {
+        Platform::Cpu => (Device::Cpu, None),
+        // SAFETY: XLA's API table and execution context.
+        Platform::Cuda => unsafe { cuda_context(frame.api, frame.ctx) }?,
+    };
     let mut values = Vec::new();
     // SAFETY: XLA's argument and result lists.
     unsafe {
-        buffers(&frame.args, true, &mut values, "argument")?;
-        buffers(&frame.rets, false, &mut values, "result")?;
+        buffers(&frame.args, true, device, &mut values, "argument")?;
+        buffers(&frame.rets, false, device, &mut values, "result")?;
     }
-    match f.call(&values)? {
+    let result = match stream {
+        None => f.call(&values)?,
+        Some(s) => crate::stream::with_call_stream(Some(s), || f.call(&values))?,
+    };
+    match result {
         Value::Null => Ok(()),
         other => Err(Error::Argument(format!(
             "{}: returned a {} where an XLA custom call expects the results written in place; wrap a function that takes its outputs as arguments (compiled rivet functions do)",
@@ -298,6 +438,105 @@ unsafe fn handle(frame: &mut CallFrame) -> Result<()> {
             other.kind()
         ))),
     }
+}
+
+/// The CUDA device and stream XLA runs this call on (`XLA_FFI_DeviceOrdinal_Get`,
+/// `XLA_FFI_Stream_Get`: a `CUstream`, NULL meaning the legacy default stream).
+///
+/// # Safety
+/// `api` is NULL or XLA's table; `ctx` XLA's execution context for the call.
+unsafe fn cuda_context(api: *const Api, ctx: *mut c_void) -> Result<(Device, Option<u64>)> {
+    // SAFETY: the caller's promise.
+    let api = unsafe { api.as_ref() }
+        .ok_or_else(|| Error::Internal("malformed XLA FFI call frame: NULL API table".into()))?;
+    let missing = |what: &str| {
+        Error::Device(format!(
+            "the XLA FFI API table (version {}.{}, {} bytes) has no {what}, which rivet's CUDA handler needs; use a newer jaxlib (XLA FFI API >= 0.3)",
+            api.api_version.major_version, api.api_version.minor_version, api.struct_size
+        ))
+    };
+    let ordinal_get = api
+        .has(std::mem::offset_of!(Api, device_ordinal_get))
+        .then_some(api.device_ordinal_get)
+        .flatten()
+        .ok_or_else(|| missing("XLA_FFI_DeviceOrdinal_Get"))?;
+    let stream_get = api
+        .has(std::mem::offset_of!(Api, stream_get))
+        .then_some(api.stream_get)
+        .flatten()
+        .ok_or_else(|| missing("XLA_FFI_Stream_Get"))?;
+    let mut ord = DeviceOrdinalGetArgs {
+        struct_size: std::mem::offset_of!(DeviceOrdinalGetArgs, device_ordinal) + 4,
+        extension_start: std::ptr::null_mut(),
+        ctx,
+        device_ordinal: -1,
+    };
+    // SAFETY: XLA's entry with well-formed arguments.
+    let err = unsafe { ordinal_get(&mut ord) };
+    // SAFETY: `err` is NULL or XLA's error, from this table.
+    unsafe { xla_failure(api, err, "XLA_FFI_DeviceOrdinal_Get") }?;
+    if ord.device_ordinal < 0 {
+        return Err(Error::Internal(format!(
+            "XLA_FFI_DeviceOrdinal_Get gave device ordinal {}",
+            ord.device_ordinal
+        )));
+    }
+    let mut st = StreamGetArgs {
+        struct_size: std::mem::size_of::<StreamGetArgs>(),
+        extension_start: std::ptr::null_mut(),
+        ctx,
+        stream: std::ptr::null_mut(),
+    };
+    // SAFETY: as above.
+    let err = unsafe { stream_get(&mut st) };
+    // SAFETY: as above.
+    unsafe { xla_failure(api, err, "XLA_FFI_Stream_Get") }?;
+    Ok((Device::Cuda(ord.device_ordinal), Some(st.stream as u64)))
+}
+
+/// `Ok` for a NULL error; otherwise XLA's message as a rivet error, the error destroyed.
+///
+/// # Safety
+/// `err` is NULL or an `XLA_FFI_Error` made by `api`'s XLA.
+unsafe fn xla_failure(api: &Api, err: *mut c_void, what: &str) -> Result<()> {
+    if err.is_null() {
+        return Ok(());
+    }
+    let mut message = String::from("(no message: the API table has no XLA_FFI_Error_GetMessage)");
+    if let Some(get) = api
+        .has(std::mem::offset_of!(Api, error_get_message))
+        .then_some(api.error_get_message)
+        .flatten()
+    {
+        let mut args = ErrorGetMessageArgs {
+            struct_size: std::mem::size_of::<ErrorGetMessageArgs>(),
+            extension_start: std::ptr::null_mut(),
+            error: err,
+            message: std::ptr::null(),
+        };
+        // SAFETY: XLA's entry with its own error.
+        unsafe { get(&mut args) };
+        if !args.message.is_null() {
+            // SAFETY: a NUL-terminated message owned by the error, read before it is destroyed.
+            message = unsafe { std::ffi::CStr::from_ptr(args.message) }
+                .to_string_lossy()
+                .into_owned();
+        }
+    }
+    if let Some(destroy) = api
+        .has(std::mem::offset_of!(Api, error_destroy))
+        .then_some(api.error_destroy)
+        .flatten()
+    {
+        let mut args = ErrorDestroyArgs {
+            struct_size: std::mem::size_of::<ErrorDestroyArgs>(),
+            extension_start: std::ptr::null_mut(),
+            error: err,
+        };
+        // SAFETY: XLA's entry, its own error, destroyed once.
+        unsafe { destroy(&mut args) };
+    }
+    Err(Error::Device(format!("{what} failed: {message}")))
 }
 
 /// The value of the `rivet_function` string attribute, borrowed from the frame (no copy).
@@ -364,11 +603,17 @@ unsafe fn span<'a>(s: *mut ByteSpan) -> Option<&'a [u8]> {
     Some(unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) })
 }
 
-/// Appends one borrowed view per buffer of `list` to `out`.
+/// Appends one borrowed view per buffer of `list` to `out`, on `device`.
 ///
 /// # Safety
 /// `list` is XLA's.
-unsafe fn buffers(list: &List, read_only: bool, out: &mut Vec<Value>, what: &str) -> Result<()> {
+unsafe fn buffers(
+    list: &List,
+    read_only: bool,
+    device: Device,
+    out: &mut Vec<Value>,
+    what: &str,
+) -> Result<()> {
     if !(0..=MAX_COUNT).contains(&list.size)
         || list.size > 0 && (list.types.is_null() || list.items.is_null())
     {
@@ -419,7 +664,7 @@ unsafe fn buffers(list: &List, read_only: bool, out: &mut Vec<Value>, what: &str
                 shape,
                 strides,
                 dtype,
-                Device::Cpu,
+                device,
                 read_only,
             )
         }

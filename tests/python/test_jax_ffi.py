@@ -273,7 +273,8 @@ def test_static_shapes_and_an_expression_dim(rng):
     np.testing.assert_array_equal(np.asarray(y), np.append(x, 0))
 
 
-def test_a_function_built_for_cuda_is_refused_with_a_device_error():
+def _cuda_double():
+    """C = 2 A built for CUDA (compiles with NVRTC here; runs only on a GPU)."""
     n = te.var("n")
     A = te.placeholder((n,), "float32", name="A")
     C = te.compute((n,), lambda i: A[i] * 2.0, name="C")
@@ -281,9 +282,89 @@ def test_a_function_built_for_cuda_is_refused_with_a_device_error():
     bx, tx = s[C].split(C.op.axis[0], factor=64)
     s[C].bind(bx, "blockIdx.x")
     s[C].bind(tx, "threadIdx.x")
-    f = rivet.build(s, [A, C], target="cuda", name="dbl")["dbl"]
-    with pytest.raises(rivet.DeviceError, match="'func' .dbl. was built for cuda.*target='cpu'"):
-        rjax.ffi_func(f)
+    return rivet.build(s, [A, C], target="cuda", name="dbl")["dbl"]
+
+
+def test_a_cuda_function_on_the_cpu_platform_is_a_device_error():
+    h = rjax.ffi_func(_cuda_double())  # wraps: XLA's CUDA platform has a handler
+    x = jnp.asarray(np.random.default_rng(3).standard_normal(5).astype(np.float32))
+    # A concrete CPU jax.Array: refused at the call, naming the argument and both sides.
+    with pytest.raises(rivet.DeviceError, match=r"dbl: argument 0 \('A'\) is a jax.Array on cpu, but the function was built for cuda"):
+        h(x)
+    # Traced: the platform is known only when XLA runs it; the CPU handler's call reports it.
+    with pytest.raises(Exception, match=r"rivet DeviceError: dbl: built for 'cuda', called with tensors on cpu"):
+        jax.jit(h)(x).block_until_ready()
+
+
+def test_a_cpu_function_checks_concrete_arrays_against_its_platform(scale_add):
+    # On this machine every jax.Array is on the CPU: the check passes and the call runs.
+    h = rjax.ffi_func(scale_add)
+    a = jnp.asarray(np.ones((2, 3), np.float32))
+    b = jnp.asarray(np.full(3, 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(h(a, b)), np.full((2, 3), 3.0, np.float32))
+    assert rjax._built_for(scale_add) == "cpu"
+    assert rjax._built_for(_cuda_double()) == "gpu"
+
+
+def test_the_target_is_registered_for_the_cpu_and_cuda_platforms():
+    import ctypes
+
+    from jaxlib import xla_client
+
+    rjax._register_target()
+    lib = ctypes.CDLL(rivet._native.__file__)
+    want = {
+        "cpu": ctypes.cast(lib.rivet_xla_ffi_handler, ctypes.c_void_p).value,
+        "CUDA": ctypes.cast(lib.rivet_xla_ffi_handler_cuda, ctypes.c_void_p).value,
+    }
+    assert want["cpu"] != want["CUDA"]
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    # Without a CUDA plugin jaxlib queues the CUDA registration for when one loads (and the CPU
+    # one went straight to XLA); the queue is jaxlib's, so this reads what rivet handed it.
+    queued = getattr(xla_client, "_custom_callback", {}).get("CUDA", [])
+    entries = [e for e in queued if e[0] == rjax.TARGET]
+    if not entries and not hasattr(xla_client, "_custom_callback"):
+        pytest.skip("this jaxlib keeps no queue of registrations to read back")
+    if entries:
+        assert pointer(entries[0][1], None) == want["CUDA"]
+        assert entries[0][2] == 1, "typed FFI (api_version 1)"
+    else:
+        # A CUDA plugin is loaded: the registration went to XLA directly.
+        assert any(d.platform == "gpu" for d in jax.devices()), queued
+
+
+def test_a_program_with_a_rivet_call_lowers_for_cuda():
+    # The custom call is the same on every platform: a GPU program holds it as the CPU one does.
+    h = rjax.ffi_func(_cuda_double())
+    exp = jax.export.export(
+        jax.jit(h),
+        platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(rjax.TARGET)],
+    )(jax.ShapeDtypeStruct((5,), np.float32))
+    text = exp.mlir_module()
+    assert exp.platforms == ("cuda",)
+    assert "stablehlo.custom_call @rivet" in text and 'rivet_function = "rivet.jax.dbl#' in text
+
+
+@pytest.mark.gpu
+def test_a_cuda_function_runs_inside_jit_and_grad_on_xlas_stream():
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("JAX has no GPU here (jax[cuda] not installed)")
+    f = _cuda_double()
+    h = rjax.ffi_func(f)
+    rng = np.random.default_rng(11)
+    for size in (1, 7, 56, 1000, 1023):
+        x = jax.device_put(rng.standard_normal(size).astype(np.float32), gpus[0])
+        y = jax.jit(lambda v: h(v) + 1.0)(x)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2 + 1)
+    # Queued behind XLA's own work on its stream, no synchronize in between.
+    x = jax.device_put(rng.standard_normal(1 << 20).astype(np.float32), gpus[0])
+    y = jax.jit(lambda v: h(jnp.sin(v) * 3.0).sum())(x)
+    np.testing.assert_allclose(float(y), float(np.sum(np.sin(np.asarray(x)) * 6.0)), rtol=1e-4)
+    g = jax.grad(lambda v: jnp.sum(h(v) ** 2))(x[:1000])
+    np.testing.assert_allclose(np.asarray(g), 8.0 * np.asarray(x[:1000]), rtol=1e-6)
 
 
 def test_registering_the_target_leaves_ctypes_pythonapi_alone():

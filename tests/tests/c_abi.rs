@@ -369,16 +369,8 @@ unsafe extern "C" fn fake_error_create(args: *mut ErrorCreateArgs) -> *mut c_voi
 
 fn fake_api() -> Api {
     Api {
-        struct_size: std::mem::size_of::<Api>(),
-        extension_start: std::ptr::null_mut(),
-        api_version: ApiVersion {
-            struct_size: 24,
-            extension_start: std::ptr::null_mut(),
-            major_version: 0,
-            minor_version: 3,
-        },
-        internal_api: std::ptr::null(),
         error_create: Some(fake_error_create),
+        ..Api::empty()
     }
 }
 
@@ -412,8 +404,30 @@ fn run_handler(
     value: impl AsRef<[u8]>,
     attr_type: i32,
 ) -> Option<(String, i32)> {
+    run_handler_on(
+        rivet_xla_ffi_handler,
+        &fake_api(),
+        args,
+        rets,
+        name,
+        value,
+        attr_type,
+    )
+}
+
+type Handler = unsafe extern "C" fn(*mut CallFrame) -> *mut c_void;
+
+/// `run_handler` with a chosen handler (CPU or CUDA platform) and API table.
+fn run_handler_on(
+    handler: Handler,
+    api: &Api,
+    args: &mut [Buffer],
+    rets: &mut [Buffer],
+    name: &str,
+    value: impl AsRef<[u8]>,
+    attr_type: i32,
+) -> Option<(String, i32)> {
     let value = value.as_ref();
-    let api = fake_api();
     let mut arg_types = vec![1i32; args.len()];
     let mut arg_items: Vec<*mut c_void> = args
         .iter_mut()
@@ -438,8 +452,8 @@ fn run_handler(
     let mut frame = CallFrame {
         struct_size: std::mem::size_of::<CallFrame>(),
         extension_start: std::ptr::null_mut(),
-        api: &api,
-        ctx: std::ptr::null_mut(),
+        api,
+        ctx: FAKE_CTX as *mut c_void,
         stage: 3,
         args: list(&mut arg_types, &mut arg_items),
         rets: list(&mut ret_types, &mut ret_items),
@@ -454,7 +468,7 @@ fn run_handler(
         future: std::ptr::null_mut(),
     };
     // SAFETY: a well-formed frame whose pointers outlive the call.
-    let err = unsafe { rivet_xla_ffi_handler(&mut frame) };
+    let err = unsafe { handler(&mut frame) };
     if err.is_null() {
         None
     } else {
@@ -640,4 +654,248 @@ fn the_xla_handler_answers_the_metadata_query() {
     // A NULL frame cannot be reported through XLA: the handler returns without reading it.
     // SAFETY: NULL is checked first.
     assert!(unsafe { rivet_xla_ffi_handler(std::ptr::null_mut()) }.is_null());
+}
+
+// ---- The CUDA platform's handler (`rivet_xla_ffi_handler_cuda`) with a stand-in XLA ----
+
+/// The execution context the stand-in XLA expects back in its entries.
+const FAKE_CTX: usize = 0x5eed;
+/// The stream and device ordinal the stand-in XLA hands out.
+const FAKE_STREAM: usize = 0x7f00_dead_b000;
+const FAKE_ORDINAL: i32 = 3;
+
+/// An error made by the stand-in XLA: its message, and a count of destroyed errors.
+static XLA_ERRORS_DESTROYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn fake_stream_get(args: *mut StreamGetArgs) -> *mut c_void {
+    // SAFETY: the handler passes valid args.
+    let args = unsafe { &mut *args };
+    assert_eq!(args.ctx as usize, FAKE_CTX, "the handler passes XLA's context on");
+    assert!(args.struct_size >= std::mem::size_of::<StreamGetArgs>());
+    args.stream = FAKE_STREAM as *mut c_void;
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn failing_stream_get(_: *mut StreamGetArgs) -> *mut c_void {
+    Box::into_raw(Box::new(CString::new("stream went away").unwrap())) as *mut c_void
+}
+
+unsafe extern "C" fn fake_ordinal_get(args: *mut DeviceOrdinalGetArgs) -> *mut c_void {
+    // SAFETY: the handler passes valid args.
+    let args = unsafe { &mut *args };
+    assert_eq!(args.ctx as usize, FAKE_CTX);
+    args.device_ordinal = FAKE_ORDINAL;
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn negative_ordinal_get(args: *mut DeviceOrdinalGetArgs) -> *mut c_void {
+    // SAFETY: as above.
+    unsafe { (*args).device_ordinal = -7 };
+    std::ptr::null_mut()
+}
+
+unsafe extern "C" fn fake_get_message(args: *mut ErrorGetMessageArgs) {
+    // SAFETY: the error is one of `failing_stream_get`'s.
+    unsafe { (*args).message = (*((*args).error as *const CString)).as_ptr() };
+}
+
+unsafe extern "C" fn fake_destroy(args: *mut ErrorDestroyArgs) {
+    // SAFETY: as above; freed once.
+    drop(unsafe { Box::from_raw((*args).error as *mut CString) });
+    XLA_ERRORS_DESTROYED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn fake_cuda_api() -> Api {
+    Api {
+        error_create: Some(fake_error_create),
+        error_get_message: Some(fake_get_message),
+        error_destroy: Some(fake_destroy),
+        stream_get: Some(fake_stream_get),
+        device_ordinal_get: Some(fake_ordinal_get),
+        ..Api::empty()
+    }
+}
+
+/// What the probe function saw in its last call: each tensor's device and read-only flag, and
+/// the call stream.
+type Seen = (Vec<(rivet_runtime::Device, bool)>, Option<u64>);
+static SEEN: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
+
+/// Registers a function of one input and one output on any device that records what it was
+/// called with (it never touches the memory: the buffers of these tests are not on a GPU).
+fn register_probe(name: &str) {
+    let spec = |output| {
+        rivet_runtime::ParamKind::Tensor(rivet_runtime::TensorSpec {
+            output,
+            device: rivet_runtime::DeviceSpec::Any,
+            ..Default::default()
+        })
+    };
+    let sig = rivet_runtime::Signature::new(vec![
+        rivet_runtime::Param::new("x", spec(false)),
+        rivet_runtime::Param::new("y", spec(true)),
+    ]);
+    let probe = rivet_runtime::Function::with_signature(name, sig, |args| {
+        let tensors = args
+            .iter()
+            .map(|a| {
+                let t = a.as_tensor().expect("tensors");
+                (t.device(), t.is_read_only())
+            })
+            .collect();
+        *SEEN.lock().unwrap() = Some((tensors, rivet_runtime::stream::call_stream()));
+        Ok(rivet_runtime::Value::Null)
+    });
+    registry::register(name, probe, true).unwrap();
+}
+
+#[test]
+fn the_cuda_handler_runs_on_xlas_device_and_stream() {
+    register_probe("xla_cuda_test.probe");
+    // Device pointers are only carried, never dereferenced, by the handler and the probe.
+    let (x, y) = (0x7000_0000_0000usize, 0x7000_0001_0000usize);
+    let (mut dx, mut dy) = ([2i64, 3], [2i64, 3]);
+    let mut args = [buffer(11, x as *mut c_void, &mut dx)];
+    let mut rets = [buffer(11, y as *mut c_void, &mut dy)];
+    let api = fake_cuda_api();
+    let run = |api: &Api, args: &mut [Buffer], rets: &mut [Buffer], f: &str| {
+        run_handler_on(
+            rivet_xla_ffi_handler_cuda,
+            api,
+            args,
+            rets,
+            FUNCTION_ATTR,
+            f,
+            4,
+        )
+    };
+    assert_eq!(run(&api, &mut args, &mut rets, "xla_cuda_test.probe"), None);
+    let seen = SEEN.lock().unwrap().take().expect("the probe ran");
+    let cuda = rivet_runtime::Device::Cuda(FAKE_ORDINAL);
+    assert_eq!(seen, (vec![(cuda, true), (cuda, false)], Some(FAKE_STREAM as u64)));
+    assert_eq!(
+        rivet_runtime::stream::call_stream(),
+        None,
+        "the call stream is XLA's for the call only"
+    );
+    // The CPU handler hands the probe host views and no stream.
+    let mut hx = [1.0f32; 6];
+    let mut hy = [0.0f32; 6];
+    let mut hargs = [buffer(11, hx.as_mut_ptr() as *mut c_void, &mut dx)];
+    let mut hrets = [buffer(11, hy.as_mut_ptr() as *mut c_void, &mut dy)];
+    assert_eq!(
+        run_handler(&mut hargs, &mut hrets, FUNCTION_ATTR, "xla_cuda_test.probe", 4),
+        None
+    );
+    let seen = SEEN.lock().unwrap().take().expect("the probe ran");
+    let cpu = rivet_runtime::Device::Cpu;
+    assert_eq!(seen, (vec![(cpu, true), (cpu, false)], None));
+
+    // A CPU-built function on XLA's CUDA platform: its device check names the argument, and
+    // nothing is read (the pointers are not host memory).
+    register_add("xla_cuda_test.add_cpu");
+    let (mut da, mut db) = ([4i64], [4i64]);
+    let mut dc = [4i64];
+    let mut add_args = [
+        buffer(11, x as *mut c_void, &mut da),
+        buffer(11, y as *mut c_void, &mut db),
+    ];
+    let mut add_rets = [buffer(11, (y + 64) as *mut c_void, &mut dc)];
+    let (msg, errc) = run(&api, &mut add_args, &mut add_rets, "xla_cuda_test.add_cpu").unwrap();
+    assert!(
+        msg.starts_with("rivet DeviceError")
+            && msg.contains("'A'")
+            && msg.contains("expected a CPU tensor, got one on cuda:3"),
+        "{msg}"
+    );
+    assert_eq!(errc, 3);
+
+    // A CUDA-built function on XLA's CPU platform: "built for 'cuda'", before any launch.
+    let n = te::var("n");
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let b = placeholder([&n], DType::F32, "B").unwrap();
+    let c = compute([&n], |[i]| a.at([&i]) + b.at([i]), "C").unwrap();
+    let s = Schedule::new(std::slice::from_ref(&c)).unwrap();
+    let m = build(&s, &[a, b, c], "cuda", "add").unwrap();
+    registry::register("xla_cuda_test.add_cuda", m.get_function("add").unwrap(), true).unwrap();
+    let (mut ha, mut hb, mut hc) = ([1.0f32; 4], [2.0f32; 4], [f32::NAN; 4]);
+    let mut host_args = [
+        buffer(11, ha.as_mut_ptr() as *mut c_void, &mut da),
+        buffer(11, hb.as_mut_ptr() as *mut c_void, &mut db),
+    ];
+    let mut host_rets = [buffer(11, hc.as_mut_ptr() as *mut c_void, &mut dc)];
+    let (msg, _) = run_handler(
+        &mut host_args,
+        &mut host_rets,
+        FUNCTION_ATTR,
+        "xla_cuda_test.add_cuda",
+        4,
+    )
+    .unwrap();
+    assert!(
+        msg.starts_with("rivet DeviceError") && msg.contains("built for 'cuda'"),
+        "{msg}"
+    );
+    assert!(hc.iter().all(|v| v.is_nan()), "nothing was written");
+}
+
+#[test]
+fn the_cuda_handler_reports_what_xla_cannot_give() {
+    register_probe("xla_cuda_test.probe2");
+    let (mut dx, mut dy) = ([5i64], [5i64]);
+    let mut args = [buffer(11, 0x9000_0000usize as *mut c_void, &mut dx)];
+    let mut rets = [buffer(11, 0x9100_0000usize as *mut c_void, &mut dy)];
+    let mut run = |api: &Api| {
+        run_handler_on(
+            rivet_xla_ffi_handler_cuda,
+            api,
+            &mut args,
+            &mut rets,
+            FUNCTION_ATTR,
+            "xla_cuda_test.probe2",
+            4,
+        )
+        .expect("an error")
+    };
+    // XLA's stream query fails: its message comes through and its error is destroyed once.
+    let before = XLA_ERRORS_DESTROYED.load(std::sync::atomic::Ordering::SeqCst);
+    let (msg, _) = run(&Api {
+        stream_get: Some(failing_stream_get),
+        ..fake_cuda_api()
+    });
+    assert!(
+        msg.contains("rivet DeviceError: XLA_FFI_Stream_Get failed: stream went away"),
+        "{msg}"
+    );
+    assert_eq!(
+        XLA_ERRORS_DESTROYED.load(std::sync::atomic::Ordering::SeqCst),
+        before + 1
+    );
+    // An older XLA whose table ends before DeviceOrdinal_Get: the entry past its size is never
+    // read (here it is set, and must still be ignored).
+    let (msg, _) = run(&Api {
+        struct_size: std::mem::offset_of!(Api, device_ordinal_get),
+        ..fake_cuda_api()
+    });
+    assert!(
+        msg.contains("has no XLA_FFI_DeviceOrdinal_Get") && msg.contains("newer jaxlib"),
+        "{msg}"
+    );
+    // A table too short for Stream_Get, and one holding NULL there.
+    let (msg, _) = run(&Api {
+        struct_size: std::mem::offset_of!(Api, stream_get),
+        ..fake_cuda_api()
+    });
+    assert!(msg.contains("has no XLA_FFI_DeviceOrdinal_Get"), "{msg}");
+    let (msg, _) = run(&Api {
+        stream_get: None,
+        ..fake_cuda_api()
+    });
+    assert!(msg.contains("has no XLA_FFI_Stream_Get"), "{msg}");
+    // A negative ordinal is XLA's bug, reported as internal.
+    let (msg, errc) = run(&Api {
+        device_ordinal_get: Some(negative_ordinal_get),
+        ..fake_cuda_api()
+    });
+    assert!(msg.contains("device ordinal -7") && errc == 13, "{msg}");
 }

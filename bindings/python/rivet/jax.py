@@ -10,8 +10,13 @@ Rules (README "JAX"):
 - ``f`` is a compiled rivet function (``rivet.build``, ``rivet.kernels``): inputs first, outputs
   last, outputs written in place. XLA allocates the outputs; rivet checks every buffer against
   the signature at run time, as for any call.
-- CPU only for now (``platform="cpu"``); the CUDA backend will register the same handler for
-  XLA's CUDA platform with XLA's stream.
+- Platforms: the target is registered for XLA's CPU platform (``rivet_xla_ffi_handler``: host
+  buffers) and its CUDA platform (``rivet_xla_ffi_handler_cuda``: device buffers on XLA's
+  device for the call, the kernel launched on XLA's stream, no synchronize). A function built
+  for ``target="cpu"`` runs where the program runs on the CPU, one built for ``"cuda"`` where
+  it runs on a GPU; the other way round is a ``rivet.DeviceError`` (at the call for concrete
+  ``jax.Array`` arguments, from the run as ``JaxRuntimeError("rivet DeviceError: ...")`` for
+  traced ones, whose platform is only known when XLA runs them).
 - ``jax.grad``: by default (``backward="auto"``) the function's own backward
   (derived from its te program with ``rivet.te.gradient``; when that backward reads forward
   values worth keeping, such as a softmax's exponentials, the forward run under
@@ -58,15 +63,21 @@ def _register_target():
             return
         import jax
 
-        handler = ctypes.cast(ctypes.CDLL(_native.__file__).rivet_xla_ffi_handler, ctypes.c_void_p)
-        # A capsule of the handler's address. Not through jax.ffi.pycapsule: it sets argtypes on
+        lib = ctypes.CDLL(_native.__file__)
+        # A capsule of each handler's address. Not through jax.ffi.pycapsule: it sets argtypes on
         # the process-wide `ctypes.pythonapi.PyCapsule_New`, breaking other code that uses it.
         new_capsule = ctypes.PYFUNCTYPE(
             ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
         )(("PyCapsule_New", ctypes.pythonapi))
-        capsule = new_capsule(handler.value, None, None)
-        jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+        for symbol, platform in _HANDLERS:
+            handler = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p)
+            # Without a CUDA plugin jaxlib keeps the CUDA registration for when one loads.
+            jax.ffi.register_ffi_target(TARGET, new_capsule(handler.value, None, None), platform=platform)
         _registered = True
+
+
+#: The handler exported by rivet's native library for each of XLA's platforms.
+_HANDLERS = (("rivet_xla_ffi_handler", "cpu"), ("rivet_xla_ffi_handler_cuda", "CUDA"))
 
 
 def _as_function(func, arg):
@@ -80,16 +91,45 @@ def _as_function(func, arg):
     )
 
 
-def _check_host(func, arg):
-    # The handler is registered for XLA's CPU platform: it hands host buffers to the kernel.
-    for p in func._params or ():
-        if p["kind"] == "tensor" and p["device"] != "host":
+def _built_for(func):
+    """``"cpu"`` for a function whose tensors live in host memory, ``"gpu"`` for one built for
+    CUDA (its tensors may be on any device: it checks them itself), None when it does not say."""
+    devices = {p["device"] for p in func._params or () if p["kind"] == "tensor"}
+    if devices and devices <= {"host", "cpu"}:
+        return "cpu"
+    if devices and all(d == "any" or d.startswith("cuda") for d in devices):
+        return "gpu"
+    return None
+
+
+def _check_platform(func, args):
+    """A concrete ``jax.Array`` argument on a platform the function was not built for is a
+    ``DeviceError`` now, naming it (traced arguments are checked when XLA runs the call)."""
+    want = _built_for(func)
+    if want is None:
+        return
+    import jax
+
+    for i, a in enumerate(args):
+        if not isinstance(a, jax.Array) or isinstance(a, jax.core.Tracer):
+            continue
+        try:
+            platform = next(iter(a.devices())).platform
+        except Exception:  # deleted or otherwise unreadable: leave it to XLA
+            continue
+        if platform != want:
+            name = _input_name(func, i)
             raise DeviceError(
-                f"rivet.jax.ffi_func: argument '{arg}' ({func.name}) was built for "
-                f"{'cuda' if p['device'] == 'any' else p['device']}, but rivet's XLA handler "
-                "runs on XLA's CPU platform (host buffers); build it with target='cpu' "
-                "(CUDA through XLA is not supported yet)"
+                f"{func.name}: argument {i}{name} is a jax.Array on {platform}, but the function "
+                f"was built for {'cuda' if want == 'gpu' else 'cpu'}; build it with "
+                f"target='{'cuda' if platform == 'gpu' else 'cpu'}' or put the array on "
+                f"{'a GPU' if want == 'gpu' else 'the CPU'} (rivet does not copy between devices)"
             )
+
+
+def _input_name(func, i):
+    inputs = [p for p in func._params or () if not p.get("output")]
+    return f" ('{inputs[i]['name']}')" if i < len(inputs) and inputs[i].get("name") else ""
 
 
 def _dtype(name):
@@ -143,6 +183,7 @@ def _call(func, name, vmap_method, args):
                 f"{func.name}: argument {i} must be an array (jax.Array, numpy array or tracer), "
                 f"got {type(a).__name__}"
             )
+    _check_platform(func, args)
     outs = func.output_shapes(
         [tuple(int(d) for d in a.shape) for a in args], [str(a.dtype) for a in args]
     )
@@ -177,9 +218,6 @@ def ffi_func(func, *, backward="auto", vmap_method="sequential"):
                 fwd_func, bwd_func, n_res = pair
     else:
         bwd_func = None if backward is None else _as_function(backward, "backward")
-    for f, arg in ((func, "func"), (bwd_func, "backward")):
-        if f is not None:
-            _check_host(f, arg)
     _register_target()
     name = f"rivet.jax.{func.name}#{next(_counter)}"
     _native._register(name, func, False)
