@@ -4,10 +4,14 @@
 //!
 //! Only int64 arithmetic is rewritten (exact, Python floor semantics); float expressions are
 //! folded only where folding is exact in IEEE arithmetic (never reassociated), and every other
-//! node is kept as written, so simplification never changes a program's results.
+//! node is kept as written, so simplification never changes a program's results. Conditions
+//! are decided where that is exact: int64 comparisons of constants (or of one expression with
+//! itself), `!`, `&&` / `||` with a constant operand (only dropping evaluation, never adding
+//! it), and a `select` of a constant condition becomes its arm (`te.gradient`'s guards on
+//! dims of extent 1 come out as `select(0 == 0, ..)`).
 
 use crate::codegen::math::{floordiv_i64, floormod_i64};
-use crate::ir::expr::{BinOp, Const, Expr, ExprKind};
+use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp};
 use crate::ir::stmt::Stmt;
 use rivet_runtime::DType;
 
@@ -124,8 +128,51 @@ fn int_of(e: &Expr) -> Option<i64> {
     }
 }
 
+/// A scalar bool constant's value.
+fn bool_of(e: &Expr) -> Option<bool> {
+    (e.dtype() == DType::Bool && !e.is_vector())
+        .then(|| e.as_int())
+        .flatten()
+        .map(|v| v != 0)
+}
+
+/// Decides a condition node whose operands are decided (module header); None otherwise.
+fn decide(e: &Expr) -> Option<Expr> {
+    match e.kind() {
+        ExprKind::Cmp(op, a, b) if a.dtype() == DType::I64 && !a.is_vector() && !b.is_vector() => {
+            let ord = match (int_of(a), int_of(b)) {
+                (Some(x), Some(y)) => x.cmp(&y),
+                _ if a == b => std::cmp::Ordering::Equal,
+                _ => return None,
+            };
+            use std::cmp::Ordering::*;
+            Some(Expr::bool(match op {
+                CmpOp::Eq => ord == Equal,
+                CmpOp::Ne => ord != Equal,
+                CmpOp::Lt => ord == Less,
+                CmpOp::Le => ord != Greater,
+                CmpOp::Gt => ord == Greater,
+                CmpOp::Ge => ord != Less,
+            }))
+        }
+        ExprKind::Unary(UnOp::Not, a) => bool_of(a).map(|v| Expr::bool(!v)),
+        ExprKind::Logic(op, a, b) if !e.is_vector() => match (op, bool_of(a), bool_of(b)) {
+            (LogicOp::And, Some(false), _) => Some(Expr::bool(false)),
+            (LogicOp::Or, Some(true), _) => Some(Expr::bool(true)),
+            (LogicOp::And, Some(true), _) | (LogicOp::Or, Some(false), _) => Some(b.clone()),
+            (LogicOp::And, _, Some(true)) | (LogicOp::Or, _, Some(false)) => Some(a.clone()),
+            _ => None,
+        },
+        ExprKind::Select(c, a, b) => bool_of(c).map(|v| if v { a.clone() } else { b.clone() }),
+        _ => None,
+    }
+}
+
 /// Simplifies one node whose children are already simplified.
 fn simplify_node(e: &Expr) -> Option<Expr> {
+    if let Some(d) = decide(e) {
+        return Some(d);
+    }
     // Vector index arithmetic is left as the vectorize pass wrote it (its ramps are already
     // in canonical form; the linear form below would mix scalars into vectors).
     if e.dtype() != DType::I64 || e.is_vector() {
@@ -314,5 +361,41 @@ mod tests {
             prove_nonneg(&Expr::var(&n).mul(&Expr::var(&i)).sub(&Expr::int(1))),
             None
         );
+    }
+
+    #[test]
+    fn decides_conditions_only_where_exact() {
+        use crate::ir::expr::CmpOp;
+        let n = Expr::var(&Var::new("n"));
+        let x = Expr::var(&Var::new("x"));
+        let cmp = |op, a: &Expr, b: &Expr| Expr::cmp(op, a.clone(), b.clone()).unwrap();
+        let t = Expr::bool(true);
+        let f = Expr::bool(false);
+        // Constants, an expression against itself, i64 extremes (no arithmetic, no overflow).
+        assert_eq!(simplify(&cmp(CmpOp::Eq, &Expr::int(0), &Expr::int(0))), t);
+        assert_eq!(
+            simplify(&cmp(CmpOp::Lt, &Expr::int(i64::MIN), &Expr::int(i64::MAX))),
+            t
+        );
+        assert_eq!(
+            simplify(&cmp(CmpOp::Ge, &Expr::int(i64::MIN), &Expr::int(i64::MAX))),
+            f
+        );
+        assert_eq!(simplify(&cmp(CmpOp::Le, &n, &n)), t);
+        assert_eq!(simplify(&cmp(CmpOp::Ne, &n, &n)), f);
+        // Undecided: left as written.
+        let open = cmp(CmpOp::Lt, &n, &Expr::int(1));
+        assert_eq!(simplify(&open), open);
+        // Floats are never decided (NaN != NaN).
+        let xf = Expr::cast(DType::F32, x.clone());
+        let fl = Expr::cmp(CmpOp::Eq, xf.clone(), xf).unwrap();
+        assert_eq!(simplify(&fl), fl);
+        // && / || with a constant side; a select of a constant condition is its arm.
+        let and = Expr::logic(LogicOp::And, cmp(CmpOp::Eq, &x, &x), open.clone()).unwrap();
+        assert_eq!(simplify(&and), open);
+        let or = Expr::logic(LogicOp::Or, open.clone(), cmp(CmpOp::Gt, &n, &n)).unwrap();
+        assert_eq!(simplify(&or), open);
+        let sel = Expr::select(cmp(CmpOp::Eq, &Expr::int(0), &Expr::int(0)), n.clone(), x).unwrap();
+        assert_eq!(simplify(&sel), n);
     }
 }
