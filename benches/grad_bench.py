@@ -30,6 +30,10 @@ What is timed:
          tensors with its outputs preallocated; the forward with residuals runs once outside
          the timing, as torch's forward: the backward reads the forward's outputs and the
          values it kept (softmax's exponentials and row sums; layer_norm's row sums).
+  rivet_library  the same saved backward of the kernel library's function (rivet.kernels.matmul /
+         softmax / layer_norm, float32): symbolic shapes and keepdims row statistics (`S[i, 0]`),
+         what a user of rivet.torch.custom_op(rivet.kernels.layer_norm()) runs; judged by the
+         same target.
   rivet_recompute (context) the plain backward, Function.backward(): only the forward's
          inputs and the head, so it recomputes the forward values it needs inside the timed call
          (rivet.build(rivet.create_schedule(grads), [*inputs, head, *grads], target="cpu")).
@@ -50,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = os.path.join(HERE, "out", "grad_bench.json")
 DEFAULT_PNG = os.path.join(HERE, "grad_bench.png")
 OPS = ["matmul", "softmax", "layer_norm"]
-LIBS = ["torch", "rivet", "rivet_recompute", "torch_fwd_bwd"]
+LIBS = ["torch", "rivet", "rivet_library", "rivet_recompute", "torch_fwd_bwd"]
 N = 1024
 EPS = 1e-5
 TARGET = 1.5
@@ -151,11 +155,18 @@ def build_rivet_saved(op, n=N):
     return f.training_pair()
 
 
-def rivet_saved_call(op, xs, gy, got):
-    """The saved backward's call on `xs` (forward with residuals run once, untimed)."""
+def rivet_saved_call(op, xs, gy, got, library=False):
+    """The saved backward's call on `xs` (forward with residuals run once, untimed); with
+    `library`, of the kernel library's function (symbolic shapes) instead of this file's
+    constant-shape program."""
     import torch
 
-    fwd, bwd, _ = build_rivet_saved(op)
+    if library:
+        import rivet.kernels
+
+        fwd, bwd, _ = getattr(rivet.kernels, op)("float32").training_pair()
+    else:
+        fwd, bwd, _ = build_rivet_saved(op)
     kept = fwd(*xs)
     kept = [torch.from_dlpack(t) for t in (kept if isinstance(kept, (tuple, list)) else (kept,))]
     return lambda: bwd(*xs, *kept, gy, *got)
@@ -206,8 +217,8 @@ def grad_case(op, lib, threads):
         import rivet
 
         got = [torch.full_like(x, float("nan")) for x in xs]
-        if lib == "rivet":
-            run = rivet_saved_call(op, xs, gy, got)
+        if lib in ("rivet", "rivet_library"):
+            run = rivet_saved_call(op, xs, gy, got, library=lib == "rivet_library")
         else:
             _, f = build_rivet_backward(op)
             run = lambda: f(*xs, gy, *got)  # noqa: E731
@@ -240,15 +251,16 @@ def interleaved_case(op, threads, rounds=200):
     leaves = [x.clone().requires_grad_() for x in xs]
     y = torch_forward(op, leaves)
     ref = torch.autograd.grad(y, leaves, gy, retain_graph=True)
-    got = [torch.full_like(x, float("nan")) for x in xs]
-    saved = rivet_saved_call(op, xs, gy, got)
-    saved()
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)
+    calls = {}
+    for lib in ("rivet", "rivet_library"):
+        got = [torch.full_like(x, float("nan")) for x in xs]
+        calls[lib] = rivet_saved_call(op, xs, gy, got, library=lib == "rivet_library")
+        calls[lib]()
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-4)
     if op == "matmul":
         rounds = max(10, rounds // 20)
-    calls = {"rivet": saved,
-             "torch": lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)}
+    calls["torch"] = lambda: torch.autograd.grad(y, leaves, gy, retain_graph=True)
     ts = {k: [] for k in calls}
     for c in calls.values():
         c()
@@ -261,6 +273,8 @@ def interleaved_case(op, threads, rounds=200):
            for k, v in ts.items()}
     out["ratio_median"] = out["rivet"]["median_s"] / out["torch"]["median_s"]
     out["ratio_min"] = out["rivet"]["min_s"] / out["torch"]["min_s"]
+    out["library_ratio_median"] = out["rivet_library"]["median_s"] / out["torch"]["median_s"]
+    out["library_ratio_min"] = out["rivet_library"]["min_s"] / out["torch"]["min_s"]
     return out
 
 
@@ -294,8 +308,9 @@ def ratios(results, ref_lib="torch"):
     for spec, r in results.items():
         op, lib, threads = spec.split(":")
         ref = results.get(f"{op}:{ref_lib}:{threads}")
-        if lib == "rivet" and "error" not in r and ref and "error" not in ref:
-            out[f"{op}:{threads}"] = r["median_s"] / ref["median_s"]
+        if lib in ("rivet", "rivet_library") and "error" not in r and ref and "error" not in ref:
+            name = op if lib == "rivet" else f"{op} (library)"
+            out[f"{name}:{threads}"] = r["median_s"] / ref["median_s"]
     return out
 
 
@@ -384,7 +399,9 @@ def main():
                     continue
                 print(f"{spec:<26} rivet {r['rivet']['median_s'] * 1e3:8.3f} ms (min {r['rivet']['min_s'] * 1e3:.3f})"
                       f"  torch {r['torch']['median_s'] * 1e3:8.3f} ms (min {r['torch']['min_s'] * 1e3:.3f})"
-                      f"  rivet / torch {r['ratio_median']:.2f} (by minimums {r['ratio_min']:.2f})", flush=True)
+                      f"  rivet / torch {r['ratio_median']:.2f} (by minimums {r['ratio_min']:.2f})"
+                      f"  library {r['rivet_library']['median_s'] * 1e3:8.3f} ms, / torch "
+                      f"{r['library_ratio_median']:.2f}", flush=True)
         path = a.json or os.path.join(HERE, "out", "grad_bench_interleaved.json")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         json.dump({"meta": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -984,3 +984,45 @@ fn a_factored_sum_over_an_empty_symbolic_extent_is_zero_not_nan() {
         }
     }
 }
+
+/// softmax and layer_norm written with keepdims row statistics (`S[i, 0]` of shape `[n, 1]`,
+/// as `rivet.kernels` writes them), against central differences: the forms te.gradient now
+/// builds without guards or sums of one term.
+#[test]
+fn keepdims_softmax_and_layer_norm() {
+    let x = ph(&[3, 5], "X");
+    let k = rk(5, "k");
+    let mx = compute([3, 1], |[i, _z]| te::max_over(x.at((i, &k)), &k), "mx").unwrap();
+    let e = compute([3, 5], |[i, j]| te::exp(x.at([&i, &j]) - mx.at((i, 0))), "e").unwrap();
+    let k2 = rk(5, "k2");
+    let s = compute([3, 1], |[i, _z]| te::sum(e.at((i, &k2)), &k2), "s").unwrap();
+    let sm = compute([3, 5], |[i, j]| e.at([&i, &j]) / s.at((i, 0)), "sm").unwrap();
+    let ins = [x.clone()];
+    check("keepdims softmax", &ins, &sm, &data_for(&ins, 17), 17);
+
+    let g = ph(&[5], "G");
+    let b = ph(&[5], "Bb");
+    let k4 = rk(5, "k4");
+    let total = compute([3, 1], |[i, _z]| te::sum(x.at((i, &k4)), &k4), "total").unwrap();
+    let cen = compute([3, 5], |[i, j]| x.at([&i, &j]) - total.at((i, 0)) / 5.0, "cen").unwrap();
+    let k5 = rk(5, "k5");
+    let sq = compute(
+        [3, 1],
+        |[i, _z]| {
+            let d = cen.at((i, &k5));
+            te::sum(&d * &d, &k5)
+        },
+        "sq",
+    )
+    .unwrap();
+    let y = compute(
+        [3, 5],
+        |[i, j]| {
+            cen.at([&i, &j]) * te::rsqrt(sq.at((&i, 0)) / 5.0 + 1e-5) * g.at([&j]) + b.at([j])
+        },
+        "ln",
+    )
+    .unwrap();
+    let ins = [x, g, b];
+    check("keepdims layer norm", &ins, &y, &data_for(&ins, 18), 18);
+}

@@ -11,7 +11,9 @@
 //! - an index left unsolved (a constant, `i * 2`, `i // 2`, a variable already solved) becomes
 //!   an equality guard `g(...) == j`;
 //! - every iteration variable left unsolved is summed over with a fresh reduction axis of its
-//!   range. With nothing solved this is the masked reduction over the whole iteration space
+//!   range (one of extent 1 is replaced by its one value instead); an equality guard on a
+//!   target dim of extent 1 is decided with that dim's only index, 0 (`S[i, 0]`, a keepdims
+//!   row statistic, needs none). With nothing solved this is the masked reduction over the whole iteration space
 //!   (correct, slow: the cost is the stage's iteration space per element of X).
 //!
 //! The guards wrap the whole term in a `Select`, so reads of the adjoint and of forward
@@ -113,11 +115,16 @@ pub fn solve(
             break;
         }
     }
-    // Fresh reduction axes for what is left.
+    // Fresh reduction axes for what is left; a variable of extent 1 takes its one value
+    // instead (a sum of one term is the term: no loop, no per-element partial sum).
     let mut fresh: HashMap<Var, Expr> = HashMap::new();
     let mut raxes = Vec::new();
     for (pos, iv) in domain.iter().enumerate() {
         if solved.iter().any(|s| s.0 == pos) {
+            continue;
+        }
+        if simplify(&iv.extent).as_int() == Some(1) {
+            fresh.insert(iv.var.clone(), iv.min.clone());
             continue;
         }
         let nv = Var::new(&iv.var.name);
@@ -153,7 +160,15 @@ pub fn solve(
     }
     for d in 0..idx.len() {
         if !dim_done[d] {
-            guards.push(cmp(CmpOp::Eq, &rename(&idx[d]), &je[d])?);
+            let mut guard = cmp(CmpOp::Eq, &rename(&idx[d]), &je[d])?;
+            if simplify(&shape[d]).as_int() == Some(1) {
+                // `j[d]` of a dim of extent 1 is 0: a keepdims read `S[i, 0]` needs no guard.
+                guard = simplify(&substitute(&guard, &|x| (*x == j[d]).then(|| Expr::int(0))));
+                if guard.as_int() == Some(1) {
+                    continue;
+                }
+            }
+            guards.push(guard);
         }
     }
     let term = rename(a);

@@ -187,12 +187,49 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     let text = body_text(&g[0]);
     assert!(g[0].reduce_axis().is_empty(), "{text}");
     assert!(
-        text.starts_with("select((n >= 1), ") && text.contains("D[") && text.ends_with(", 0.0:float64)"),
+        text.starts_with("select((n >= 1), ")
+            && text.contains("D[")
+            && text.ends_with(", 0.0:float64)"),
         "{text}"
     );
     // A constant empty extent needs no guard: nothing is factored, the sum stays a sum.
     let xe = placeholder([3, 0], DType::F64, "Xe").unwrap();
-    let ye = compute([3, 0], |[i, j]| xe.at([&i, &j]) * w.at([&i]) / d.at([i]), "Ye").unwrap();
+    let ye = compute(
+        [3, 0],
+        |[i, j]| xe.at([&i, &j]) * w.at([&i]) / d.at([i]),
+        "Ye",
+    )
+    .unwrap();
     let g = gradient(&ye, &[w], None).unwrap();
-    assert!(!body_text(&g[0]).contains("select((n"), "{}", body_text(&g[0]));
+    assert!(
+        !body_text(&g[0]).contains("select((n"),
+        "{}",
+        body_text(&g[0])
+    );
+}
+
+/// A keepdims row statistic `S[i, 0]` (shape `[n, 1]`, as `rivet.kernels` writes softmax and
+/// layer_norm): its adjoint needs no `0 == j1` guard (the dim has one index), and the adjoint
+/// of `X` through `S` has no sum over `S`'s axis of extent 1 (the term itself). Symbolic `n`
+/// and `m` as in the kernel library. Numbers: tests/tests/te_gradient.rs.
+#[test]
+fn keepdims_row_statistics_need_no_guard_and_no_sum_of_one_term() {
+    let (n, m) = (crate::te::var("n"), crate::te::var("m"));
+    let x = placeholder((&n, &m), DType::F64, "X").unwrap();
+    let r = reduce_axis(0, &m, "r").unwrap();
+    let s = compute((&n, 1), |[i, _k]| sum(x.at((i, &r)), &r), "S").unwrap();
+    let y = compute((&n, &m), |[i, j]| x.at([&i, &j]) * s.at((i, 0)), "Y").unwrap();
+    let g = gradient(&y, std::slice::from_ref(&x), None).unwrap();
+    let mut stages = reads_of(&g[0]);
+    stages.push(g[0].clone());
+    let mut seen_s = false;
+    for t in &stages {
+        let text = body_text(t);
+        assert!(!text.contains("=="), "no equality guard: {}: {text}", t.name());
+        for ra in t.reduce_axis() {
+            assert_ne!(ra.extent.as_int(), Some(1), "no sum of one term: {}: {text}", t.name());
+        }
+        seen_s |= t.name().starts_with("S_grad");
+    }
+    assert!(seen_s, "S's adjoint is a stage: {stages:?}");
 }
