@@ -665,12 +665,16 @@ const FAKE_STREAM: usize = 0x7f00_dead_b000;
 const FAKE_ORDINAL: i32 = 3;
 
 /// An error made by the stand-in XLA: its message, and a count of destroyed errors.
-static XLA_ERRORS_DESTROYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static XLA_ERRORS_DESTROYED: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn fake_stream_get(args: *mut StreamGetArgs) -> *mut c_void {
     // SAFETY: the handler passes valid args.
     let args = unsafe { &mut *args };
-    assert_eq!(args.ctx as usize, FAKE_CTX, "the handler passes XLA's context on");
+    assert_eq!(
+        args.ctx as usize, FAKE_CTX,
+        "the handler passes XLA's context on"
+    );
     assert!(args.struct_size >= std::mem::size_of::<StreamGetArgs>());
     args.stream = FAKE_STREAM as *mut c_void;
     std::ptr::null_mut()
@@ -772,7 +776,10 @@ fn the_cuda_handler_runs_on_xlas_device_and_stream() {
     assert_eq!(run(&api, &mut args, &mut rets, "xla_cuda_test.probe"), None);
     let seen = SEEN.lock().unwrap().take().expect("the probe ran");
     let cuda = rivet_runtime::Device::Cuda(FAKE_ORDINAL);
-    assert_eq!(seen, (vec![(cuda, true), (cuda, false)], Some(FAKE_STREAM as u64)));
+    assert_eq!(
+        seen,
+        (vec![(cuda, true), (cuda, false)], Some(FAKE_STREAM as u64))
+    );
     assert_eq!(
         rivet_runtime::stream::call_stream(),
         None,
@@ -784,7 +791,13 @@ fn the_cuda_handler_runs_on_xlas_device_and_stream() {
     let mut hargs = [buffer(11, hx.as_mut_ptr() as *mut c_void, &mut dx)];
     let mut hrets = [buffer(11, hy.as_mut_ptr() as *mut c_void, &mut dy)];
     assert_eq!(
-        run_handler(&mut hargs, &mut hrets, FUNCTION_ATTR, "xla_cuda_test.probe", 4),
+        run_handler(
+            &mut hargs,
+            &mut hrets,
+            FUNCTION_ATTR,
+            "xla_cuda_test.probe",
+            4
+        ),
         None
     );
     let seen = SEEN.lock().unwrap().take().expect("the probe ran");
@@ -817,7 +830,12 @@ fn the_cuda_handler_runs_on_xlas_device_and_stream() {
     let c = compute([&n], |[i]| a.at([&i]) + b.at([i]), "C").unwrap();
     let s = Schedule::new(std::slice::from_ref(&c)).unwrap();
     let m = build(&s, &[a, b, c], "cuda", "add").unwrap();
-    registry::register("xla_cuda_test.add_cuda", m.get_function("add").unwrap(), true).unwrap();
+    registry::register(
+        "xla_cuda_test.add_cuda",
+        m.get_function("add").unwrap(),
+        true,
+    )
+    .unwrap();
     let (mut ha, mut hb, mut hc) = ([1.0f32; 4], [2.0f32; 4], [f32::NAN; 4]);
     let mut host_args = [
         buffer(11, ha.as_mut_ptr() as *mut c_void, &mut da),

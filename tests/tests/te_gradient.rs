@@ -993,7 +993,12 @@ fn keepdims_softmax_and_layer_norm() {
     let x = ph(&[3, 5], "X");
     let k = rk(5, "k");
     let mx = compute([3, 1], |[i, _z]| te::max_over(x.at((i, &k)), &k), "mx").unwrap();
-    let e = compute([3, 5], |[i, j]| te::exp(x.at([&i, &j]) - mx.at((i, 0))), "e").unwrap();
+    let e = compute(
+        [3, 5],
+        |[i, j]| te::exp(x.at([&i, &j]) - mx.at((i, 0))),
+        "e",
+    )
+    .unwrap();
     let k2 = rk(5, "k2");
     let s = compute([3, 1], |[i, _z]| te::sum(e.at((i, &k2)), &k2), "s").unwrap();
     let sm = compute([3, 5], |[i, j]| e.at([&i, &j]) / s.at((i, 0)), "sm").unwrap();
@@ -1004,7 +1009,12 @@ fn keepdims_softmax_and_layer_norm() {
     let b = ph(&[5], "Bb");
     let k4 = rk(5, "k4");
     let total = compute([3, 1], |[i, _z]| te::sum(x.at((i, &k4)), &k4), "total").unwrap();
-    let cen = compute([3, 5], |[i, j]| x.at([&i, &j]) - total.at((i, 0)) / 5.0, "cen").unwrap();
+    let cen = compute(
+        [3, 5],
+        |[i, j]| x.at([&i, &j]) - total.at((i, 0)) / 5.0,
+        "cen",
+    )
+    .unwrap();
     let k5 = rk(5, "k5");
     let sq = compute(
         [3, 1],
@@ -1017,9 +1027,7 @@ fn keepdims_softmax_and_layer_norm() {
     .unwrap();
     let y = compute(
         [3, 5],
-        |[i, j]| {
-            cen.at([&i, &j]) * te::rsqrt(sq.at((&i, 0)) / 5.0 + 1e-5) * g.at([&j]) + b.at([j])
-        },
+        |[i, j]| cen.at([&i, &j]) * te::rsqrt(sq.at((&i, 0)) / 5.0 + 1e-5) * g.at([&j]) + b.at([j]),
         "ln",
     )
     .unwrap();

@@ -1462,7 +1462,9 @@ fn an_invariant_select_over_loads_is_unswitched_and_vectorized() {
             .collect();
         for (what, got) in [("cpu", &cpu), ("interp", &interp)] {
             assert!(
-                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "n {len} k {zl}: {what} {got:?} != {want:?}"
             );
         }
@@ -1493,8 +1495,8 @@ fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
     for target in ["cpu", "interp"] {
         for (y, ok_when_empty) in [(&guarded, true), (&both, false)] {
             let s = Schedule::new(std::slice::from_ref(y)).unwrap();
-            let m = rivet_compiler::build(&s, &[x.clone(), z.clone(), y.clone()], target, "g")
-                .unwrap();
+            let m =
+                rivet_compiler::build(&s, &[x.clone(), z.clone(), y.clone()], target, "g").unwrap();
             let out = Tensor::from_slice(&[f32::NAN; 3], &[3]).unwrap();
             let r = m.get_function("g").unwrap().call(&[
                 Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap()),
@@ -1503,10 +1505,17 @@ fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
             ]);
             if ok_when_empty {
                 r.unwrap();
-                assert_eq!(out.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0], "{target}");
+                assert_eq!(
+                    out.to_vec::<f32>().unwrap(),
+                    vec![1.0, 2.0, 3.0],
+                    "{target}"
+                );
             } else {
                 let e = r.expect_err("an unguarded read of an empty Z").to_string();
-                assert!(e.contains("tensor 'Z'") && e.contains("k=0"), "{target}: {e}");
+                assert!(
+                    e.contains("tensor 'Z'") && e.contains("k=0"),
+                    "{target}: {e}"
+                );
                 assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
             }
         }

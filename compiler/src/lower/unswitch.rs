@@ -86,7 +86,13 @@ pub fn selects(f: &mut PrimFunc) {
 
 /// `for var { body }` (vectorized) with its first invariant select of a loading arm taken out
 /// as a branch, then the same for each copy, `depth` conditions at most.
-fn split_on_selects(var: crate::ir::Var, min: Expr, extent: Expr, body: Stmt, depth: usize) -> Stmt {
+fn split_on_selects(
+    var: crate::ir::Var,
+    min: Expr,
+    extent: Expr,
+    body: Stmt,
+    depth: usize,
+) -> Stmt {
     let test = if depth == 0 {
         None
     } else {

@@ -225,9 +225,18 @@ fn keepdims_row_statistics_need_no_guard_and_no_sum_of_one_term() {
     let mut seen_s = false;
     for t in &stages {
         let text = body_text(t);
-        assert!(!text.contains("=="), "no equality guard: {}: {text}", t.name());
+        assert!(
+            !text.contains("=="),
+            "no equality guard: {}: {text}",
+            t.name()
+        );
         for ra in t.reduce_axis() {
-            assert_ne!(ra.extent.as_int(), Some(1), "no sum of one term: {}: {text}", t.name());
+            assert_ne!(
+                ra.extent.as_int(),
+                Some(1),
+                "no sum of one term: {}: {text}",
+                t.name()
+            );
         }
         seen_s |= t.name().starts_with("S_grad");
     }
