@@ -1521,3 +1521,70 @@ fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
         }
     }
 }
+
+/// relu's derivative, `G[i] * select(X[i] > 0, 1, select(X[i] == 0, 0.5, 0))`: the inner
+/// select's condition loads `X[i]`, which the outer condition loads in every iteration anyway,
+/// so the loop is vectorized (`lower/vectorize.rs`, `eager_loads`; the code generator's
+/// `may_fault` applies the same rule). It used to stay scalar, and the default schedule's
+/// build of it failed inside the code generator and fell back, silently, to plain loops.
+/// Bits equal the interpreter's on zeros of both signs, NaN, infinities and ragged lengths.
+#[test]
+fn a_select_arm_loading_what_the_condition_loaded_is_vectorized() {
+    let n = te_var("n");
+    let x = placeholder([&n], DType::F32, "X").unwrap();
+    let g = placeholder([&n], DType::F32, "G").unwrap();
+    let y = compute(
+        [&n],
+        |[i]| {
+            let inner = te::if_then_else(te::eq(x.at([&i]), 0.0), 0.5, 0.0);
+            g.at([&i]) * te::if_then_else(te::gt(x.at([&i]), 0.0), 1.0, inner)
+        },
+        "Y",
+    )
+    .unwrap();
+    let args = [x.clone(), g.clone(), y.clone()];
+    let mut v = Schedule::new(std::slice::from_ref(&y)).unwrap();
+    let i = y.axis()[0].var.clone();
+    v.stage(&y).unwrap().vectorize(&i).unwrap();
+    let asm = cpu_disassembly(&v, &args, "relu_grad");
+    assert!(
+        !blocks_with(&asm, "mulps").is_empty() && !blocks_with(&asm, "cmpeqps").is_empty(),
+        "packed compare and multiply:\n{asm}"
+    );
+    let special = [
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-45,
+        -3.0,
+        2.5,
+    ];
+    for len in [0i64, 1, 3, 8, 37, 100] {
+        let xs: Vec<f32> = (0..len as usize)
+            .map(|k| special[k % special.len()])
+            .collect();
+        let gs = sin_data(len, 0.7);
+        let s = Schedule::new(std::slice::from_ref(&y)).unwrap();
+        let run = |s: &Schedule, target: &str| {
+            let m = rivet_compiler::build(s, &args, target, "relu_grad").unwrap();
+            let out = Tensor::from_slice(&vec![f32::NAN; len as usize], &[len]).unwrap();
+            m.get_function("relu_grad")
+                .unwrap()
+                .call(&[
+                    Value::Tensor(Tensor::from_slice(&xs, &[len]).unwrap()),
+                    Value::Tensor(Tensor::from_slice(&gs, &[len]).unwrap()),
+                    Value::Tensor(out.clone()),
+                ])
+                .unwrap();
+            out.to_vec::<f32>().unwrap()
+        };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let want = bits(&run(&s, "interp"));
+        // The default CPU schedule (what rivet.kernels.relu's backward gets; an internal
+        // error in it is no longer hidden by the as-written fallback) and the vector one.
+        assert_eq!(bits(&run(&s, "cpu")), want, "len {len}");
+        assert_eq!(bits(&run(&v, "cpu")), want, "len {len}");
+    }
+}

@@ -284,17 +284,46 @@ pub(crate) fn harmless_load(sizes: &[(BufId, i64)], buf: BufId, indices: &[Expr]
     }
 }
 
+/// The loads `e` always makes (not under a `Select` arm or the right side of `&&` / `||`):
+/// the scalar loop makes them in every iteration it evaluates `e`.
+pub(crate) fn eager_loads(e: &Expr) -> Vec<(BufId, Vec<Expr>)> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![e];
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n as *const Expr) {
+            continue;
+        }
+        match n.kind() {
+            ExprKind::Select(c, _, _) | ExprKind::Logic(_, c, _) => stack.push(c),
+            kind => {
+                if let ExprKind::Load { buf, indices } = kind {
+                    out.push((*buf, indices.clone()));
+                }
+                n.for_each_child(&mut |c| stack.push(c));
+            }
+        }
+    }
+    out
+}
+
 /// True when evaluating `e` might do what the scalar loop would skip: a lazily evaluated
 /// operand (a `Select` arm, the right side of `&&`/`||`) that loads memory or divides integers
 /// (vector code evaluates both sides for every lane), or an index that itself loads memory.
 /// A load of a local of constant size `sizes` at a constant index inside it is harmless
-/// (it cannot fault, and a value it reads that the scalar loop would not is discarded).
+/// (it cannot fault, and a value it reads that the scalar loop would not is discarded), and
+/// so is a load `e` also makes eagerly at the same index (`select(X[i] > 0, 1, select(X[i] ==
+/// 0, 0.5, 0))`, relu's derivative: the scalar loop read `X[i]` in that iteration anyway).
 fn unsafe_to_evaluate_eagerly(e: &Expr, sizes: &[(BufId, i64)]) -> bool {
+    let eager = eager_loads(e);
     let risky = |x: &Expr| {
         let mut r = false;
         x.visit_unique(&mut |n| {
             r |= match n.kind() {
-                ExprKind::Load { buf, indices } => !harmless_load(sizes, *buf, indices),
+                ExprKind::Load { buf, indices } => {
+                    !harmless_load(sizes, *buf, indices)
+                        && !eager.iter().any(|(b, i)| b == buf && i == indices)
+                }
                 ExprKind::Binary(BinOp::FloorDiv | BinOp::FloorMod, _, d) => {
                     !n.dtype().is_float() && d.as_int().is_none_or(|k| k == 0)
                 }
@@ -758,9 +787,21 @@ mod tests {
         assert!(!t.contains("ramp"), "{t}");
         // A select whose arm loads: scalar (only the chosen arm may run).
         let t = vectorized(10, Expr::var, |x| {
-            let c = Expr::cmp(crate::ir::CmpOp::Gt, x.clone(), x.clone()).unwrap();
-            Expr::select(c, x, Expr::constant(0.0, DType::F32)).unwrap()
+            let one = Expr::constant(1.0, DType::F32);
+            let c = Expr::cmp(crate::ir::CmpOp::Gt, one, Expr::constant(0.0, DType::F32));
+            Expr::select(c.unwrap(), x, Expr::constant(0.0, DType::F32)).unwrap()
         });
         assert!(!t.contains("ramp"), "{t}");
+        // ... unless the statement makes that load eagerly anyway (here: in the condition):
+        // evaluating it for every lane reads nothing the scalar loop would not.
+        let t = vectorized(10, Expr::var, |x| {
+            let c = Expr::cmp(
+                crate::ir::CmpOp::Gt,
+                x.clone(),
+                Expr::constant(0.0, DType::F32),
+            );
+            Expr::select(c.unwrap(), x, Expr::constant(0.0, DType::F32)).unwrap()
+        });
+        assert!(t.contains("ramp"), "{t}");
     }
 }

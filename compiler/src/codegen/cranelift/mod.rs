@@ -64,7 +64,7 @@ mod vector_quad;
 
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
-use crate::ir::{BufId, PrimFunc};
+use crate::ir::{BufId, Expr, PrimFunc};
 use crate::target::Target;
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Type, UserFuncName};
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -569,6 +569,10 @@ struct FnGen<'a, 'f> {
     /// Values computed for the vector statement being generated, by node address and lane
     /// (`vector.rs`); emptied before and after each one.
     vmemo: HashMap<(usize, u32), cranelift_codegen::ir::Value>,
+    /// The loads the vector statement being generated makes in every lane whatever its
+    /// selects choose (`lower::vectorize::eager_loads`): such a load under a select arm reads
+    /// nothing the scalar loop would not have read (`vector.rs`, `may_fault`).
+    eager: Vec<(BufId, Vec<Expr>)>,
     /// Loop-invariant broadcast values computed before the loop running now (`hoist.rs`), by
     /// the address of their expression node.
     hoisted: HashMap<usize, cranelift_codegen::ir::Value>,
@@ -600,6 +604,7 @@ impl<'a, 'f> FnGen<'a, 'f> {
             stack_bytes: 0,
             reg_locals: HashMap::new(),
             vmemo: HashMap::new(),
+            eager: Vec::new(),
             hoisted: HashMap::new(),
             promoted: Vec::new(),
             loop_vars: Vec::new(),

@@ -131,8 +131,12 @@ impl FnGen<'_, '_> {
             )));
         }
         self.vmemo.clear();
+        self.eager = crate::lower::vectorize::eager_loads(value);
+        self.eager
+            .extend(crate::lower::vectorize::eager_loads(index));
         let r = self.vector_store_inner(buf, index, value, dt);
         self.vmemo.clear();
+        self.eager.clear();
         r
     }
 
@@ -355,7 +359,8 @@ impl FnGen<'_, '_> {
 
     /// Whether evaluating `e` for a lane the scalar code would skip might load memory that
     /// could fault: any load but a constant index inside a constant-size local
-    /// (`lower::vectorize::harmless_load`, the rule the vectorize pass applied).
+    /// (`lower::vectorize::harmless_load`) or a load the statement makes eagerly anyway
+    /// (`self.eager`): the rules the vectorize pass applied.
     fn may_fault(&self, e: &Expr) -> bool {
         if !has_load(e) {
             return false;
@@ -364,7 +369,8 @@ impl FnGen<'_, '_> {
         let mut bad = false;
         e.visit(&mut |n| {
             if let ExprKind::Load { buf, indices } = n.kind() {
-                bad |= !crate::lower::vectorize::harmless_load(&sizes, *buf, indices);
+                bad |= !crate::lower::vectorize::harmless_load(&sizes, *buf, indices)
+                    && !self.eager.iter().any(|(b, i)| b == buf && i == indices);
             }
         });
         bad
