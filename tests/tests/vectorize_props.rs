@@ -1588,3 +1588,70 @@ fn a_select_arm_loading_what_the_condition_loaded_is_vectorized() {
         assert_eq!(bits(&run(&v, "cpu")), want, "len {len}");
     }
 }
+
+/// A load in a select arm under a float condition (`X[i] == M[0] ? G[0] / T[0] : 0`, a max
+/// reduction's derivative) is vectorized: the bounds proof learned nothing from a float
+/// condition, so the load was proven in bounds for every iteration, and computing it for
+/// every lane reads nothing out of bounds. The hostile side: an arm read `W[i + 5]` under a
+/// float condition that no element meets still needs `W` to hold `n + 5` elements: a
+/// `ShapeError` before any code runs, with the vector build as with the scalar one.
+#[test]
+fn a_load_under_a_float_condition_is_vectorized_and_still_proven() {
+    let (n, k) = (te_var("n"), te_var("k"));
+    let x = placeholder([&n], DType::F32, "X").unwrap();
+    let m = placeholder([1], DType::F32, "M").unwrap();
+    let g = placeholder([1], DType::F32, "G").unwrap();
+    let w = placeholder([&k], DType::F32, "W").unwrap();
+    let y = compute(
+        [&n],
+        |[i]| {
+            let hit = te::if_then_else(te::eq(x.at([&i]), m.at([0])), g.at([0]) / 3.0, 0.0);
+            hit + te::if_then_else(te::gt(x.at([&i]), 1e30), w.at([&i + 5]), 0.0)
+        },
+        "Y",
+    )
+    .unwrap();
+    let args = [x.clone(), m.clone(), g.clone(), w.clone(), y.clone()];
+    let mut v = Schedule::new(std::slice::from_ref(&y)).unwrap();
+    let i = y.axis()[0].var.clone();
+    v.stage(&y).unwrap().vectorize(&i).unwrap();
+    let asm = cpu_disassembly(&v, &args, "maxgrad");
+    assert!(
+        !blocks_with(&asm, "cmpeqps").is_empty(),
+        "the select is computed packed:\n{asm}"
+    );
+    let special = [2.0f32, f32::NAN, 2.0, -0.0, 0.0, f32::INFINITY, 1.0];
+    for (len, wlen) in [(0i64, 5i64), (1, 6), (7, 12), (37, 42), (64, 100)] {
+        let xs: Vec<f32> = (0..len as usize)
+            .map(|q| special[q % special.len()])
+            .collect();
+        let ws = sin_data(wlen, 0.9);
+        let run = |target: &str, wl: i64| {
+            let md = rivet_compiler::build(&v, &args, target, "maxgrad").unwrap();
+            let out = Tensor::from_slice(&vec![f32::NAN; len as usize], &[len]).unwrap();
+            let r = md.get_function("maxgrad").unwrap().call(&[
+                Value::Tensor(Tensor::from_slice(&xs, &[len]).unwrap()),
+                Value::Tensor(Tensor::from_slice(&[2.0f32], &[1]).unwrap()),
+                Value::Tensor(Tensor::from_slice(&[1.5f32], &[1]).unwrap()),
+                Value::Tensor(Tensor::from_slice(&ws[..wl as usize], &[wl]).unwrap()),
+                Value::Tensor(out.clone()),
+            ]);
+            (r, out.to_vec::<f32>().unwrap())
+        };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let (r, want) = run("interp", wlen);
+        r.unwrap();
+        let (r, got) = run("cpu", wlen);
+        r.unwrap();
+        assert_eq!(bits(&got), bits(&want), "len {len}");
+        // One element short for W[i + 5]: refused before any code runs, on both backends.
+        if len > 0 {
+            for target in ["cpu", "interp"] {
+                let (r, out) = run(target, len + 4);
+                let e = r.expect_err("W too short").to_string();
+                assert!(e.contains("tensor 'W'"), "{target}: {e}");
+                assert!(out.iter().all(|f| f.is_nan()), "nothing written");
+            }
+        }
+    }
+}

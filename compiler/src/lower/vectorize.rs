@@ -26,8 +26,12 @@
 //!   elements of every written buffer and executing statement by statement for all lanes
 //!   equals executing iteration by iteration (parameters written are never aliased by other
 //!   arguments: the runtime's overlap rule);
-//! - nothing is evaluated that the scalar loop would not evaluate: a `Select` or `&&`/`||`
-//!   whose lazily evaluated operand loads memory or divides integers keeps the loop scalar;
+//! - nothing is evaluated that could fault where the scalar loop would not evaluate it: a
+//!   `Select` or `&&`/`||` whose lazily evaluated operand divides integers, or loads memory
+//!   under a condition the bounds proof may have used (an int comparison: `informs_bounds`),
+//!   keeps the loop scalar, unless the load cannot fault (a constant index into a small
+//!   local) or the statement makes it eagerly anyway (`eager_loads`). Loads under float
+//!   conditions were proven in bounds for every iteration, so every lane may make them;
 //! - accesses whose offset is affine in `v` with stride 1 become contiguous ramps, stride 0
 //!   (loop-invariant) stays scalar and is broadcast, any other offset becomes a vector index
 //!   (a gather, which backends run lane by lane);
@@ -307,21 +311,37 @@ pub(crate) fn eager_loads(e: &Expr) -> Vec<(BufId, Vec<Expr>)> {
     out
 }
 
+/// Whether the bounds proof may have relied on `c` for what it guards: `Env::assume` learns
+/// only from comparisons of int64s, and the per-call checks are made vacuous only under
+/// int / bool guards (`lower/bounds.rs`). A condition with no comparison of non-floats told
+/// the proof nothing: every load under it was proven in bounds for every iteration.
+pub(crate) fn informs_bounds(c: &Expr) -> bool {
+    let mut yes = false;
+    c.visit_unique(&mut |n| {
+        yes |= matches!(n.kind(), ExprKind::Cmp(_, a, _) if !a.dtype().is_float())
+    });
+    yes
+}
+
 /// True when evaluating `e` might do what the scalar loop would skip: a lazily evaluated
-/// operand (a `Select` arm, the right side of `&&`/`||`) that loads memory or divides integers
-/// (vector code evaluates both sides for every lane), or an index that itself loads memory.
-/// A load of a local of constant size `sizes` at a constant index inside it is harmless
-/// (it cannot fault, and a value it reads that the scalar loop would not is discarded), and
-/// so is a load `e` also makes eagerly at the same index (`select(X[i] > 0, 1, select(X[i] ==
-/// 0, 0.5, 0))`, relu's derivative: the scalar loop read `X[i]` in that iteration anyway).
+/// operand (a `Select` arm, the right side of `&&`/`||`) that divides integers, or that loads
+/// memory under a condition the bounds proof may have relied on (`informs_bounds`: an int
+/// comparison, `i < n` around a padded read; vector code evaluates both sides for every
+/// lane), or an index that itself loads memory. Under a float condition (`X[i] == max`, a
+/// max reduction's derivative) every load was proven in bounds unconditionally, so computing
+/// it for every lane reads nothing out of bounds; the select discards the value. A load of a
+/// local of constant size `sizes` at a constant index inside it is harmless (it cannot
+/// fault), and so is a load `e` also makes eagerly at the same index (`select(X[i] > 0, 1,
+/// select(X[i] == 0, 0.5, 0))`, relu's derivative: the scalar loop read `X[i]` anyway).
 fn unsafe_to_evaluate_eagerly(e: &Expr, sizes: &[(BufId, i64)]) -> bool {
     let eager = eager_loads(e);
-    let risky = |x: &Expr| {
+    let risky = |x: &Expr, guarded_bounds: bool| {
         let mut r = false;
         x.visit_unique(&mut |n| {
             r |= match n.kind() {
                 ExprKind::Load { buf, indices } => {
-                    !harmless_load(sizes, *buf, indices)
+                    guarded_bounds
+                        && !harmless_load(sizes, *buf, indices)
                         && !eager.iter().any(|(b, i)| b == buf && i == indices)
                 }
                 ExprKind::Binary(BinOp::FloorDiv | BinOp::FloorMod, _, d) => {
@@ -335,8 +355,11 @@ fn unsafe_to_evaluate_eagerly(e: &Expr, sizes: &[(BufId, i64)]) -> bool {
     let mut bad = false;
     e.visit_unique(&mut |n| {
         bad |= match n.kind() {
-            ExprKind::Select(_, a, b) => risky(a) || risky(b),
-            ExprKind::Logic(_, _, b) => risky(b),
+            ExprKind::Select(c, a, b) => {
+                let g = informs_bounds(c);
+                risky(a, g) || risky(b, g)
+            }
+            ExprKind::Logic(_, a, b) => risky(b, informs_bounds(a)),
             ExprKind::Load { indices, .. } => indices.iter().any(has_load),
             ExprKind::Ramp { .. } | ExprKind::Broadcast { .. } => true,
             _ => false,
@@ -785,13 +808,20 @@ mod tests {
         // A stride-2 store: scalar; a reversed load is a gather (a ramp of stride -1).
         let t = vectorized(10, |i| Expr::var(i).mul(&Expr::int(2)), |x| x);
         assert!(!t.contains("ramp"), "{t}");
-        // A select whose arm loads: scalar (only the chosen arm may run).
+        // A select whose arm loads under an int condition: scalar (only the chosen arm may
+        // run: the bounds proof may have relied on the condition, as for padding).
+        let t = vectorized(10, Expr::var, |x| {
+            let c = Expr::cmp(crate::ir::CmpOp::Gt, Expr::int(1), Expr::int(0));
+            Expr::select(c.unwrap(), x, Expr::constant(0.0, DType::F32)).unwrap()
+        });
+        assert!(!t.contains("ramp"), "{t}");
+        // Under a float condition the proof relied on nothing: vectorized.
         let t = vectorized(10, Expr::var, |x| {
             let one = Expr::constant(1.0, DType::F32);
             let c = Expr::cmp(crate::ir::CmpOp::Gt, one, Expr::constant(0.0, DType::F32));
             Expr::select(c.unwrap(), x, Expr::constant(0.0, DType::F32)).unwrap()
         });
-        assert!(!t.contains("ramp"), "{t}");
+        assert!(t.contains("ramp"), "{t}");
         // ... unless the statement makes that load eagerly anyway (here: in the condition):
         // evaluating it for every lane reads nothing the scalar loop would not.
         let t = vectorized(10, Expr::var, |x| {

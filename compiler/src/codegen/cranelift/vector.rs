@@ -23,6 +23,7 @@ use super::expr::{flags, has_load, is_unsigned, value_ty};
 use super::FnGen;
 use crate::error::{Error, Result};
 use crate::ir::{BinOp, BufId, Expr, ExprKind, UnOp};
+use crate::lower::vectorize::informs_bounds;
 use cranelift_codegen::ir::{InstBuilder, Type, Value};
 use rivet_runtime::DType;
 
@@ -295,7 +296,7 @@ impl FnGen<'_, '_> {
                 let ExprKind::Cmp(op, p, q) = c.kind() else {
                     return Err(internal(format!("packed select on {c}")));
                 };
-                if self.may_fault(a) || self.may_fault(b) {
+                if informs_bounds(c) && (self.may_fault(a) || self.may_fault(b)) {
                     return Err(internal(format!(
                         "a select arm that may fault, vectorized: {e}"
                     )));
@@ -360,7 +361,8 @@ impl FnGen<'_, '_> {
     /// Whether evaluating `e` for a lane the scalar code would skip might load memory that
     /// could fault: any load but a constant index inside a constant-size local
     /// (`lower::vectorize::harmless_load`) or a load the statement makes eagerly anyway
-    /// (`self.eager`): the rules the vectorize pass applied.
+    /// (`self.eager`): the rules the vectorize pass applied. Asked only for arms under a
+    /// condition the bounds proof may have relied on (`lower::vectorize::informs_bounds`).
     fn may_fault(&self, e: &Expr) -> bool {
         if !has_load(e) {
             return false;
@@ -439,7 +441,7 @@ impl FnGen<'_, '_> {
             }
             // Operands evaluated lazily by the scalar code must not touch memory here: the
             // vectorize pass keeps such loops scalar.
-            ExprKind::Logic(op, a, b) if !self.may_fault(b) => {
+            ExprKind::Logic(op, a, b) if !informs_bounds(a) || !self.may_fault(b) => {
                 let x = self.lane(a, l)?;
                 let y = self.lane(b, l)?;
                 match op {
@@ -447,7 +449,9 @@ impl FnGen<'_, '_> {
                     crate::ir::LogicOp::Or => self.b.ins().bor(x, y),
                 }
             }
-            ExprKind::Select(c, a, b) if !self.may_fault(a) && !self.may_fault(b) => {
+            ExprKind::Select(c, a, b)
+                if !informs_bounds(c) || !self.may_fault(a) && !self.may_fault(b) =>
+            {
                 let c = self.lane(c, l)?;
                 let x = self.lane(a, l)?;
                 let y = self.lane(b, l)?;
