@@ -157,6 +157,16 @@ pub struct Api {
     pub device_ordinal_get: Option<DeviceOrdinalGet>,
 }
 
+/// The entry `$field` of XLA's API table `$api`, or None when the table (an older XLA's) ends
+/// before it or holds NULL there: an entry past `struct_size` is never read.
+macro_rules! entry {
+    ($api:expr, $field:ident) => {
+        $api.has(std::mem::offset_of!(Api, $field))
+            .then_some($api.$field)
+            .flatten()
+    };
+}
+
 impl Api {
     /// An empty table (every entry NULL) of the full size, for tests and hosts that fill in
     /// what they offer.
@@ -455,16 +465,9 @@ unsafe fn cuda_context(api: *const Api, ctx: *mut c_void) -> Result<(Device, Opt
             api.api_version.major_version, api.api_version.minor_version, api.struct_size
         ))
     };
-    let ordinal_get = api
-        .has(std::mem::offset_of!(Api, device_ordinal_get))
-        .then_some(api.device_ordinal_get)
-        .flatten()
-        .ok_or_else(|| missing("XLA_FFI_DeviceOrdinal_Get"))?;
-    let stream_get = api
-        .has(std::mem::offset_of!(Api, stream_get))
-        .then_some(api.stream_get)
-        .flatten()
-        .ok_or_else(|| missing("XLA_FFI_Stream_Get"))?;
+    let ordinal_get =
+        entry!(api, device_ordinal_get).ok_or_else(|| missing("XLA_FFI_DeviceOrdinal_Get"))?;
+    let stream_get = entry!(api, stream_get).ok_or_else(|| missing("XLA_FFI_Stream_Get"))?;
     let mut ord = DeviceOrdinalGetArgs {
         struct_size: std::mem::offset_of!(DeviceOrdinalGetArgs, device_ordinal) + 4,
         extension_start: std::ptr::null_mut(),
@@ -503,11 +506,7 @@ unsafe fn xla_failure(api: &Api, err: *mut c_void, what: &str) -> Result<()> {
         return Ok(());
     }
     let mut message = String::from("(no message: the API table has no XLA_FFI_Error_GetMessage)");
-    if let Some(get) = api
-        .has(std::mem::offset_of!(Api, error_get_message))
-        .then_some(api.error_get_message)
-        .flatten()
-    {
+    if let Some(get) = entry!(api, error_get_message) {
         let mut args = ErrorGetMessageArgs {
             struct_size: std::mem::size_of::<ErrorGetMessageArgs>(),
             extension_start: std::ptr::null_mut(),
@@ -523,11 +522,7 @@ unsafe fn xla_failure(api: &Api, err: *mut c_void, what: &str) -> Result<()> {
                 .into_owned();
         }
     }
-    if let Some(destroy) = api
-        .has(std::mem::offset_of!(Api, error_destroy))
-        .then_some(api.error_destroy)
-        .flatten()
-    {
+    if let Some(destroy) = entry!(api, error_destroy) {
         let mut args = ErrorDestroyArgs {
             struct_size: std::mem::size_of::<ErrorDestroyArgs>(),
             extension_start: std::ptr::null_mut(),
