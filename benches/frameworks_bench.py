@@ -10,9 +10,9 @@ up, then ``timeit.repeat`` (median, min, max in microseconds per call).
     .venv/bin/python benches/frameworks_bench.py            # all cases, about a minute
     .venv/bin/python benches/frameworks_bench.py --interleaved   # the torch target, side by side
 
-`--interleaved` runs the five cases of the torch target (torch_eager_alloc, torch_compiled,
-torch_native_compiled, torch_compiled_alloc, torch_compiled_empty) in one process, one
-thread, timing each in turn
+`--interleaved` runs the six cases of the torch target (torch_eager_alloc, torch_compiled,
+torch_compiled_dispatcher, torch_native_compiled, torch_compiled_alloc, torch_compiled_empty)
+in one process, one thread, timing each in turn
 for `--rounds` rounds (`--number` calls per timing), and reports per-round differences: the
 op's share of the compiled call (compiled with the op minus each floor: inductor's own op,
 a compiled function returning a fresh tensor, the empty compiled function) less the eager
@@ -29,7 +29,10 @@ Cases (float32, 4 x 4 inputs; the kernel is C = A * B + 1, elementwise):
   torch_op      rivet.torch.custom_op(f) called eagerly (torch's dispatcher, output allocated;
                 the native path: C++ kernels)
   torch_op_python   the same op on the Python path (custom_op(..., native=False))
-  torch_compiled    torch.compile(fullgraph=True) of a function calling that op (native path)
+  torch_compiled    torch.compile(fullgraph=True) of a function calling that op (native path;
+                the generated code calls the C++ kernel directly, docs/torch.md)
+  torch_compiled_dispatcher  the same with the generated code calling the op's OpOverload
+                (torch's dispatcher, as before 2026-11-28): rivet's inductor hook removed
   torch_compiled_python  the same on the Python path
   torch_compiled_empty   torch.compile of lambda a, b: a (the per-call floor of a compiled function)
   torch_compiled_alloc   torch.compile of lambda a, b: torch.empty_like(a) (the floor of a
@@ -52,7 +55,8 @@ CHILD_ENV = {
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
 }
 CASES = ["jax_empty", "jax_rivet", "jax_native", "torch_eager", "torch_eager_alloc", "torch_op",
-         "torch_op_python", "torch_compiled", "torch_compiled_python", "torch_compiled_empty",
+         "torch_op_python", "torch_compiled", "torch_compiled_dispatcher", "torch_compiled_python",
+         "torch_compiled_empty",
          "torch_compiled_alloc", "torch_native_compiled"]
 
 
@@ -114,7 +118,14 @@ def build_case(key):
         import rivet.torch
 
         native = not key.endswith("_python")
-        op = rivet.torch.custom_op(kernel(), "bench::mul_add", native=native)
+        name = "bench::mul_add_dispatcher" if key.endswith("_dispatcher") else "bench::mul_add"
+        op = rivet.torch.custom_op(kernel(), name, native=native)
+        if key.endswith("_dispatcher"):
+            from torch._inductor.codegen.custom_extern_kernel_codegen import (
+                CUSTOM_EXTERN_KERNEL_CODEGEN,
+            )
+
+            del CUSTOM_EXTERN_KERNEL_CODEGEN["torch.ops.bench.mul_add_dispatcher.default"]
         if key.startswith("torch_op"):
             g = op
         else:
@@ -132,7 +143,8 @@ def worker(key, number, repeat):
                       "max_us": max(times), "number": number, "repeat": repeat}))
 
 
-TORCH_TARGET = ["torch_eager_alloc", "torch_compiled", "torch_native_compiled",
+TORCH_TARGET = ["torch_eager_alloc", "torch_compiled", "torch_compiled_dispatcher",
+                "torch_native_compiled",
                 "torch_compiled_alloc", "torch_compiled_empty"]
 
 
@@ -156,13 +168,13 @@ def interleaved(number, rounds):
     for k in TORCH_TARGET:
         print(f"{k:24s} {med[k]:9.3f} us (min {min(per[k]):.3f}, max {max(per[k]):.3f})")
     out = {"cases": per, "number": number, "rounds": rounds}
-    for floor in ("torch_native_compiled", "torch_compiled_alloc", "torch_compiled_empty"):
-        extra = [c - f - e for c, f, e in zip(per["torch_compiled"], per[floor],
-                                              per["torch_eager_alloc"])]
-        out[f"extra_over_{floor}"] = extra
-        print(f"torch: op inside torch.compile (against {floor}) minus the eager call: median "
-              f"{statistics.median(extra):+.3f} us per round (min {min(extra):+.3f}, max "
-              f"{max(extra):+.3f}; target <= +1 us)")
+    for case in ("torch_compiled", "torch_compiled_dispatcher"):
+        for floor in ("torch_native_compiled", "torch_compiled_alloc", "torch_compiled_empty"):
+            extra = [c - f - e for c, f, e in zip(per[case], per[floor], per["torch_eager_alloc"])]
+            out[f"{case}_extra_over_{floor}"] = extra
+            print(f"torch: {case} (against {floor}) minus the eager call: median "
+                  f"{statistics.median(extra):+.3f} us per round (min {min(extra):+.3f}, max "
+                  f"{max(extra):+.3f}; target <= +1 us)")
     return out
 
 

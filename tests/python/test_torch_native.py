@@ -261,3 +261,162 @@ def test_an_output_too_large_to_allocate_is_a_memory_error(bridge):
     # Small ones still work after the failure.
     x, y = torch.arange(3.0), torch.arange(4.0)
     torch.testing.assert_close(op(x, y), x[:, None] * y[None, :])
+
+
+# ---- inside torch.compile: inductor's generated code calls the kernel directly ---------------
+
+
+def compiled_code(f, *args):
+    """(result, generated Python wrapper source) of a fresh compile of ``f``."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    out, codes = run_and_get_code(f, *args)
+    return out, "\n".join(codes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_graphs_call_the_kernel_without_the_dispatcher(bridge, rng, dtype):
+    name = opname("bt_direct")
+    op = rt.custom_op(bias_tanh(str(dtype).removeprefix("torch.")), name, native=True)
+    f = torch.compile(lambda x, w, b: op(x, w, b) * 2, fullgraph=True, dynamic=True)
+    x, w, b = randn(rng, 6, 5, dtype=dtype), randn(rng, 5, dtype=dtype), randn(rng, 5, dtype=dtype)
+    y, code = compiled_code(f, x, w, b)
+    torch.testing.assert_close(y, ref_bias_tanh(x, w, b) * 2)
+    ns, op_name = name.split("::")
+    dt = str(dtype).removeprefix("torch.")
+    assert f"_rivet_compiled_kernel({name!r}, ({dt!r},))" in code, code
+    assert f"torch.ops.{ns}.{op_name}.default(" not in code, code
+    # inductor's output check stays, as a C++ size/stride check (the dtype is checked by the
+    # callable).
+    assert "assert_size_stride(buf" in code and "assert_tensor_metadata(" not in code, code
+    # The same graph at other sizes (symbolic dims), and on transposed and sliced inputs.
+    for m, n in [(1, 1), (9, 3), (0, 4)]:
+        x, w, b = randn(rng, m, n, dtype=dtype), randn(rng, n, dtype=dtype), randn(rng, n, dtype=dtype)
+        torch.testing.assert_close(f(x, w, b), ref_bias_tanh(x, w, b) * 2)
+    xt = randn(rng, 7, 4, dtype=dtype).t()
+    ws = randn(rng, 14, dtype=dtype)[::2]
+    torch.testing.assert_close(f(xt, ws, b[:1].expand(7)), ref_bias_tanh(xt, ws, b[:1].expand(7)) * 2)
+
+
+def test_compiled_two_outputs_and_training_step_call_directly(bridge, rng):
+    name = opname("rows_sum_direct")
+    op = rt.custom_op(rows_and_sum("float64"), name, native=True)
+
+    def loss(x):
+        p, s = op(x)
+        return (p * 3).sum() + (s * s).sum()
+
+    f = torch.compile(loss, fullgraph=True)
+    x = randn(rng, 5, 4, dtype=torch.float64).requires_grad_()
+    y, code = compiled_code(f, x)
+    assert f"_rivet_compiled_kernel({name!r}, ('float64', 'float64'))" in code, code
+    xe = x.detach().clone().requires_grad_()
+    ye = loss(xe)
+    torch.testing.assert_close(y, ye)
+    (g,) = torch.autograd.grad(y, x)
+    (ge,) = torch.autograd.grad(ye, xe)
+    torch.testing.assert_close(g, ge)
+    torch.testing.assert_close(g, 6 * x.detach() + 2 * x.detach().sum(1, keepdim=True))
+
+
+def test_a_compiled_graph_follows_the_op_when_it_is_replaced(bridge, rng):
+    """The generated code reaches the op through its slot: replaced by another native kernel or
+    by a Python-path op under the same name, a graph compiled before calls what the
+    dispatcher would."""
+    from rivet import _torch_native
+
+    name = opname("swap_direct")
+
+    def scale(k):
+        n = te.var("n")
+        X = te.placeholder((n,), "float32", name="X")
+        Y = te.compute((n,), lambda i: X[i] * float(k), name="Y")
+        return rivet.build(rivet.create_schedule(Y), [X, Y], name="scale")["scale"]
+
+    rt.custom_op(scale(2), name, native=True)
+    kernel = _torch_native.compiled_kernel(name, ("float32",))
+    x = randn(rng, 5)
+    torch.testing.assert_close(kernel(x), x * 2)
+    rt.custom_op(scale(3), name, native=True, override=True)
+    torch.testing.assert_close(kernel(x), x * 3)
+    rt.custom_op(scale(5), name, native=False, override=True)
+    torch.testing.assert_close(kernel(x), x * 5)
+    # And a fresh lookup for an op registered on the Python path gives its dispatcher path.
+    torch.testing.assert_close(_torch_native.compiled_kernel(name, ("float32",))(x), x * 5)
+    # Replaced by an op of another output dtype: the graph's callable refuses the outputs.
+    def half(dtype, native):
+        n = te.var("n")
+        X = te.placeholder((n,), "float32", name="X")
+        Y = te.compute((n,), lambda i: te.cast(dtype, X[i] * 0.5), name="Y")
+        fn = rivet.build(rivet.create_schedule(Y), [X, Y], name="half")["half"]
+        return rt.custom_op(fn, name, native=native, override=True)
+
+    for native in (True, False):
+        half("float64", native)
+        with pytest.raises(rivet.DTypeError, match=rf"{name}: output 0 is a float64 tensor, but the torch.compile graph calling the op expects a float32 tensor .*compile it again"):
+            kernel(x)
+
+
+def test_the_direct_entry_keeps_errors_and_refuses_bad_calls(bridge, rng):
+    name = opname("bt_direct_err")
+    rt.custom_op(bias_tanh("float32"), name, native=True)
+    from rivet import _torch_native
+
+    kernel = _torch_native.compiled_kernel(name, ("float32",))
+    x, w, b = randn(rng, 3, 4), randn(rng, 4), randn(rng, 4)
+    torch.testing.assert_close(kernel(x, w, b), ref_bias_tanh(x, w, b))
+    with pytest.raises(rivet.DTypeError, match=rf"{name}: argument 0 \('X'\) expected dtype float32"):
+        kernel(x.double(), w, b)
+    with pytest.raises(rivet.ShapeError, match=rf"{name}: dim 'n' is 4 from argument 0 .* but 5"):
+        kernel(x, randn(rng, 5), b)
+    with pytest.raises(rivet.DeviceError, match=name):
+        kernel(x.to("meta"), w, b)
+    with pytest.raises(TypeError, match="takes 3 arguments, got 2"):
+        kernel(x, w)
+    with pytest.raises(TypeError, match="argument 1 must be a Tensor"):
+        kernel(x, [1.0] * 4, b)
+    two = _torch_native.compiled_kernel(name, ("float32", "float32"))
+    with pytest.raises(rivet.DTypeError, match=r"output 1 is missing, but .* expects a float32 tensor \(2 outputs\)"):
+        two(x, w, b)
+    ext = _torch_native.extension()
+    for binding in (-1, 2**62, -(2**63)):
+        with pytest.raises(ValueError, match="no binding"):
+            ext.call(binding, x, w, b)
+    with pytest.raises(OverflowError):
+        ext.call(2**64, x, w, b)
+    with pytest.raises(ValueError, match="no binding"):
+        ext.call()
+    with pytest.raises(ValueError, match="unknown dtype complex32"):
+        ext.binding(0, ("complex32",))
+    with pytest.raises(ValueError, match="no such slot"):
+        ext.binding(2**62, ("float32",))
+
+
+def test_without_the_bridge_the_compiled_kernel_is_the_op_itself():
+    """A graph cached on disk by a process with the bridge may be loaded by one without it
+    (RIVET_TORCH_NATIVE=0): its generated code then calls the OpOverload, outputs' dtypes
+    checked."""
+    code = """
+import torch, rivet, rivet.torch as rt
+from rivet import te, _torch_native
+n = te.var("n")
+X = te.placeholder((n,), "float32", name="X")
+Y = te.compute((n,), lambda i: X[i] * 2.0, name="Y")
+f = rivet.build(rivet.create_schedule(Y), [X, Y], name="dbl")["dbl"]
+op = rt.custom_op(f, "nobridge::dbl")
+k = _torch_native.compiled_kernel("nobridge::dbl", ("float32",))
+assert "ext" not in _torch_native._state
+x = torch.randn(4)
+torch.testing.assert_close(k(x), x * 2)
+k64 = _torch_native.compiled_kernel("nobridge::dbl", ("float64",))
+try:
+    k64(x)
+    raise SystemExit("a float32 output passed a float64 graph's check")
+except rivet.DTypeError as e:
+    assert "nobridge::dbl: outputs of dtypes ['torch.float32']" in str(e), e
+print("ok")
+"""
+    env = dict(os.environ, RIVET_TORCH_NATIVE="0")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

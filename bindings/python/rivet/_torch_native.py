@@ -16,6 +16,7 @@ autograd formula is the Python path's too (``_Backward`` / ``_setup_context``), 
 """
 
 import ctypes
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -197,4 +198,93 @@ def register(ext, op, bwd, name, no_backward, setup_context):
     # residuals from the `_fwd` op, the outputs handed back).
     grad_path = bwd.apply_saved if bwd is not None and bwd.saved is not None else Forward.apply
     reg = ext.register(ns, opname, handle, params, arg_of, outs, num_args, grad_path, on_error)
+    ext.bind(ext.slot(name, overload), reg)
+    _install_codegen(name, overload)
     return lib, reg
+
+
+def compiled_kernel(name, dtypes):
+    """What the code torch.compile generates calls for the op ``name`` (see _install_codegen),
+    whose graph expects outputs of ``dtypes`` (rivet dtype names, one per output): the op's C++
+    kernel without torch's dispatcher, through the op's slot (so a replaced op is followed), or
+    the op's OpOverload where this process has no native bridge (a graph cached on disk, loaded
+    by a process that registered the op on the Python path). Either way the outputs' dtypes are
+    checked on every call: the generated code checks only sizes and strides."""
+    import torch
+
+    ns, opname = name.split("::")
+    overload = getattr(getattr(torch.ops, ns), opname).default
+    ext = _state.get("ext")
+    if ext is not None:
+        return functools.partial(ext.call, ext.binding(ext.slot(name, overload), tuple(dtypes)))
+    want = [getattr(torch, d) for d in dtypes]
+
+    def call(*args):
+        out = overload(*args)
+        got = [out] if len(want) == 1 else list(out)
+        if [t.dtype for t in got] != want:
+            from .error import DTypeError
+
+            raise DTypeError(
+                f"{name}: outputs of dtypes {[str(t.dtype) for t in got]}, but the torch.compile "
+                f"graph calling the op expects {[str(d) for d in want]}: the op changed after "
+                "the graph was compiled; compile it again (torch._dynamo.reset())"
+            )
+        return out
+
+    return call
+
+
+def _install_codegen(name, overload):
+    """Makes inductor's Python wrapper call the op through ``compiled_kernel`` instead of
+    ``torch.ops.ns.op.default``: the dispatcher's argument parsing and boxed kernels cost more
+    than the kernel itself on small tensors (docs/torch.md "The native path"). Uses inductor's
+    registry of custom extern-kernel code generators (a private API of torch 2.15); where it is
+    missing, the generated code keeps calling the OpOverload, which runs the same kernel.
+
+    The output checks inductor emits after a fallback kernel (``assert_tensor_metadata``: size,
+    stride and dtype, in Python) become ``assert_size_stride`` (size and stride, in C++) with
+    the dtypes checked by ``compiled_kernel``'s callable: the same checks, for about a
+    microsecond less per call. Returns whether the hook is installed."""
+    try:
+        from torch._inductor import config, ir
+        from torch._inductor.codegen import custom_extern_kernel_codegen as cg
+        from torch._inductor.virtualized import V
+    except ImportError:
+        return False
+    ns, opname = name.split("::")
+    key = f"{overload.__module__.replace('._ops.', '.ops.')}.{overload.__name__}"
+
+    def size_stride_asserts(node, wrapper):
+        if config.size_asserts:
+            wrapper.write_assert_size_stride(
+                node.get_assert_name(),
+                V.graph.wrapper_code.codegen_shape_tuple(node.get_size()),
+                V.graph.wrapper_code.codegen_shape_tuple(node.get_stride()),
+                node.get_op_name(),
+                None,
+            )
+
+    def python(node, writeline):
+        w = V.graph.wrapper_code
+        if V.graph.cpp_wrapper:
+            # inductor's C++ wrapper reaches here only for ops in its C-shim table: its own
+            # line, as without this hook.
+            from torch._inductor.codegen.wrapper import ExternKernelAllocLine
+
+            writeline(ExternKernelAllocLine(w, node))
+            return
+        outs = [node] if isinstance(node.layout, ir.Layout) else list(node.outputs)
+        dtypes = tuple(str(o.get_dtype()).removeprefix("torch.") for o in outs)
+        var = f"_rivet_op_{len(ns)}_{ns}_{opname}_{'_'.join(dtypes)}"
+        w.add_import_once("from rivet._torch_native import compiled_kernel as _rivet_compiled_kernel")
+        w.add_import_once(f"{var} = _rivet_compiled_kernel({name!r}, {dtypes!r})")
+        args = ", ".join([*node.codegen_args(), *node.codegen_kwargs()])
+        writeline(f"{w.declare}{node.get_name()} = {var}({args}){w.ending}")
+        for o in outs:
+            # Runs after this function in each output's codegen (FallbackKernel.codegen /
+            # MultiOutput.codegen): the dtype part of the check is compiled_kernel's.
+            o.codegen_size_asserts = functools.partial(size_stride_asserts, o)
+
+    cg.CUSTOM_EXTERN_KERNEL_CODEGEN[key] = cg.CustomCodegen(python=python)
+    return True
