@@ -558,6 +558,82 @@ fn default_injective_and_reductions_equal_the_interpreter() {
     }
 }
 
+/// Rule 6: stages that transpose a read run in `TILE` x `TILE` tiles. Each transposed output
+/// equals the input permuted, element for element, on the CPU build (contiguous and strided
+/// inputs, sizes with tails, 0 and 1 rows) and equals the interpreter; the rule selects the
+/// transposes and no other stage.
+#[test]
+fn transposes_run_in_tiles_and_equal_the_input_permuted() {
+    use rivet_compiler::kernels::cpu_default::{transposed_axis, TILE};
+    use rivet_compiler::kernels::defs;
+    let t = TILE;
+    let cases: Vec<(Vec<usize>, Vec<i64>, bool)> = vec![
+        (vec![1, 0], vec![0, 5], true),
+        (vec![1, 0], vec![1, 1], true),
+        (vec![1, 0], vec![t, t], true),
+        (vec![1, 0], vec![t + 1, 2 * t + 1], true),
+        (vec![1, 0], vec![67, 33], true),
+        (vec![1, 0], vec![3, 200], true),
+        (vec![0, 2, 1], vec![3, 19, 10], true),
+        (vec![2, 1, 0], vec![11, 2, 9], true),
+        (vec![2, 0, 1], vec![10, 3, 12], true),
+        (vec![1, 2, 0], vec![13, 4, 17], true),
+        // The last index kept: rows are copied along, nothing to tile.
+        (vec![1, 0, 2], vec![5, 6, 7], false),
+    ];
+    for (perm, shape, tiled) in cases {
+        for dt in [DType::F32, DType::F64] {
+            let def = defs::transpose(dt, &perm).unwrap();
+            assert_eq!(transposed_axis(def.out()).is_some(), tiled, "{perm:?}");
+            let n: i64 = shape.iter().product();
+            let v = data(n as usize, shape.len() as u64);
+            let oshape: Vec<i64> = perm.iter().map(|&p| shape[p]).collect();
+            // Element of the output at `idx` (row-major over `oshape`) = input at idx permuted back.
+            let mut want = vec![0f64; n as usize];
+            for (o, w) in want.iter_mut().enumerate() {
+                let (mut rem, mut src) = (o as i64, vec![0i64; shape.len()]);
+                for d in (0..oshape.len()).rev() {
+                    src[perm[d]] = rem % oshape[d];
+                    rem /= oshape[d];
+                }
+                let flat = src.iter().zip(&shape).fold(0i64, |a, (&i, &s)| a * s + i);
+                *w = v[flat as usize];
+            }
+            if dt == DType::F32 {
+                want.iter_mut().for_each(|x| *x = *x as f32 as f64);
+            }
+            for strided in [false, true] {
+                for target in [Target::cpu(), Target::interp()] {
+                    let s = Schedule::new(std::slice::from_ref(def.out())).unwrap();
+                    let f = build(&s, &def.args, &target, "k")
+                        .unwrap()
+                        .get_function("k")
+                        .unwrap();
+                    let out = f
+                        .call(&[Value::Tensor(operand(&v, &shape, dt, strided))])
+                        .unwrap();
+                    let got = to_f64(out.as_tensor().unwrap(), dt);
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(x, y)| x.to_bits() == y.to_bits())
+                            && got.len() == want.len(),
+                        "{perm:?} {shape:?} {dt:?} strided={strided} {target:?}"
+                    );
+                }
+            }
+        }
+    }
+    // Not a transpose: a row-wise stage, a broadcast down rows, a 1-d stage.
+    for def in [
+        defs::relu(DType::F32, 2).unwrap(),
+        defs::softmax(DType::F32, 2, 1).unwrap(),
+        defs::gelu(DType::F32, 1).unwrap(),
+    ] {
+        assert!(transposed_axis(def.out()).is_none(), "{}", def.name);
+    }
+}
+
 /// `outs` built as function `k` of `args` for `target`, with the default CPU schedule applied
 /// explicitly when `default` (the interpreter then runs the CPU build's order of operations;
 /// `build` applies it by itself for the CPU).
