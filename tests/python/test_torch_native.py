@@ -420,3 +420,35 @@ print("ok")
     env = dict(os.environ, RIVET_TORCH_NATIVE="0")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_direct_calls_while_other_threads_add_bindings(bridge, rng):
+    """Generated modules loaded in other threads add bindings and slots while a direct call
+    runs with the GIL released: the call keeps its own copies (no dangling reference into the
+    moved vectors)."""
+    from rivet import _torch_native
+
+    name = opname("bt_direct_threads")
+    rt.custom_op(bias_tanh("float64"), name, native=True)
+    kernel = _torch_native.compiled_kernel(name, ("float64",))
+    x, w, b = (randn(rng, 256, 64, dtype=torch.float64), randn(rng, 64, dtype=torch.float64),
+               randn(rng, 64, dtype=torch.float64))
+    want = kernel(x, w, b)
+    torch.testing.assert_close(want, ref_bias_tanh(x, w, b))
+    stop, bad = threading.Event(), []
+
+    def add_bindings():
+        while not stop.is_set():
+            for _ in range(64):
+                _torch_native.compiled_kernel(name, ("float64",))
+
+    t = threading.Thread(target=add_bindings)
+    t.start()
+    try:
+        for _ in range(300):
+            if not torch.equal(kernel(x, w, b), want):
+                bad.append(1)
+    finally:
+        stop.set()
+        t.join()
+    assert not bad

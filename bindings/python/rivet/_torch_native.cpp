@@ -558,12 +558,20 @@ PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     PyErr_Format(PyExc_ValueError, "rivet torch bridge: call(binding, *args): no binding %lld", bi);
     return nullptr;
   }
-  const Binding& b = bindings[bi];
-  const Slot& sl = slots[b.slot];
-  if (!live(sl.reg)) return checked(b, PyObject_Vectorcall(sl.fallback, argv + 1, static_cast<size_t>(argc - 1), nullptr));
+  // Copies: the GIL is released while the kernel runs (and the fallback runs Python), and
+  // another thread may add bindings or slots meanwhile, moving the vectors' elements.
+  const Binding b = bindings[bi];
+  const long long reg = slots[b.slot].reg;
+  if (!live(reg)) {
+    PyObject* fallback = slots[b.slot].fallback;
+    Py_INCREF(fallback);  // py_slot may replace it while it runs
+    PyObject* r = PyObject_Vectorcall(fallback, argv + 1, static_cast<size_t>(argc - 1), nullptr);
+    Py_DECREF(fallback);
+    return checked(b, r);
+  }
   // Held for the call: the GIL is released while the kernel runs, and another thread may
   // replace the op meanwhile.
-  const std::shared_ptr<OpState> keep = registrations[sl.reg]->state;
+  const std::shared_ptr<OpState> keep = registrations[reg]->state;
   const OpState& s = *keep;
   if (argc - 1 != s.num_args) {
     PyErr_Format(PyExc_TypeError, "rivet torch bridge: the op takes %lld arguments, got %zd",
