@@ -244,7 +244,7 @@ pub(super) fn columns(s: &mut Schedule, t: &Tensor) -> Result<()> {
 
 /// The data axis rule 6 tiles with the innermost one, where `t` is an injective stage of two
 /// or more axes that transposes a read: a read whose last index is another data axis `k` and
-/// whose other indices use the innermost axis (`B[i, j] = A[j, i]`: `k` = `i`). None when
+/// one of whose other indices is the innermost axis (`B[i, j] = A[j, i]`: `k` = `i`). None when
 /// either axis is a constant of at most `TILE` (nothing to tile), or for any other stage.
 pub fn transposed_axis(t: &Tensor) -> Option<usize> {
     let (Some(body), Some(last)) = (t.body(), t.axis().last()) else {
@@ -255,15 +255,18 @@ pub fn transposed_axis(t: &Tensor) -> Option<usize> {
     }
     let small = |a: &IterVar| simplify(&a.extent).as_int().is_some_and(|n| n <= TILE);
     let inner = t.axis().len() - 1;
+    // Plain variables only (`A[j, i]`), compared in O(1) per read, over each distinct node
+    // once: a `uses` walk of each read's other indices, or a tree walk of a shared DAG, would
+    // be quadratic or exponential on the hostile deep-nesting programs (a CI hang).
     let mut found = None;
-    body.visit(&mut |e| {
+    body.visit_unique(&mut |e| {
         if let ExprKind::Read { indices, .. } = e.kind() {
             if let Some((l, rest)) = indices.split_last() {
                 let k = t.axis()[..inner]
                     .iter()
                     .position(|a| l.as_var() == Some(&a.var));
-                if let Some(k) = k.filter(|_| rest.iter().any(|x| x.uses(&last.var))) {
-                    found = found.or(Some(k));
+                if k.is_some() && rest.iter().any(|x| x.as_var() == Some(&last.var)) {
+                    found = found.or(k);
                 }
             }
         }
