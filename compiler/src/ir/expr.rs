@@ -785,10 +785,19 @@ impl Expr {
     /// True when `v` occurs in the expression.
     pub fn uses(&self, v: &Var) -> bool {
         let mut found = false;
-        self.visit(&mut |e| found |= e.as_var() == Some(v));
+        // A tree walk is cheapest for the small expressions of ordinary programs; a shared
+        // DAG (`e = e + e` chains) would make it exponential, so large ones go node by node.
+        if self.tree_size_upto(SMALL_TREE) < SMALL_TREE {
+            self.visit(&mut |e| found |= e.as_var() == Some(v));
+        } else {
+            self.visit_unique(&mut |e| found |= e.as_var() == Some(v));
+        }
         found
     }
 }
+
+/// Tree size up to which `uses` walks as a tree (no hash set of visited nodes).
+const SMALL_TREE: usize = 256;
 
 /// Largest expression printed in full (error messages quote expressions: a hostile DAG of
 /// 2**60 tree nodes must not print forever).
@@ -832,5 +841,26 @@ pub fn int_range(dt: DType) -> (i128, i128) {
         DType::U32 => (0, u32::MAX.into()),
         // uint64 constants are held as i64.
         _ => (0, i64::MAX.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `e = e + e` sixty-two times is a DAG of 63 nodes and a tree of 2^63: `uses` must answer
+    /// by the DAG (it ran the tree before, and the hostile programs the tests build are such
+    /// DAGs).
+    #[test]
+    fn uses_is_linear_on_shared_dags() {
+        let (x, y) = (Var::new("x"), Var::new("y"));
+        let mut e = Expr::var(&x);
+        for _ in 0..62 {
+            e = e.add(&e);
+        }
+        assert!(e.uses(&x));
+        assert!(!e.uses(&y));
+        let small = Expr::var(&x).add(&Expr::int(1));
+        assert!(small.uses(&x) && !small.uses(&y));
     }
 }

@@ -70,7 +70,7 @@ pub const COLUMNS: i64 = 32;
 fn expensive(t: &Tensor) -> bool {
     let mut yes = false;
     if let Some(b) = t.body() {
-        b.visit(&mut |e| {
+        b.visit_unique(&mut |e| {
             if let ExprKind::Unary(op, _) = e.kind() {
                 yes |= matches!(
                     op,
@@ -189,7 +189,7 @@ pub fn column_reduction(t: &Tensor) -> bool {
     }
     let walks_red = |e: &Expr| red.iter().any(|r| e.uses(r));
     let (mut down, mut across) = (false, false);
-    body.visit(&mut |e| {
+    body.visit_unique(&mut |e| {
         if let ExprKind::Read { indices, .. } = e.kind() {
             let Some((l, rest)) = indices.split_last() else {
                 return;
@@ -311,7 +311,7 @@ fn per_row(stages: &[crate::schedule::Stage], t: &Tensor) -> bool {
         };
         let mut reads = 0usize;
         let mut per_row = true;
-        body.visit(&mut |e| {
+        body.visit_unique(&mut |e| {
             if let ExprKind::Read { tensor, indices } = e.kind() {
                 if tensor.id() == t.id() {
                     reads += 1;

@@ -48,7 +48,7 @@ pub fn matches(t: &Tensor) -> bool {
         return false;
     }
     let mut contiguous = false;
-    body.visit(&mut |e| {
+    body.visit_unique(&mut |e| {
         if let ExprKind::Read { indices, .. } = e.kind() {
             contiguous |= indices.last().is_some_and(|x| x.uses(&r.var));
         }

@@ -287,7 +287,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
 /// contiguously in a row-major source).
 fn last_index_uses(f: &Expr, v: &Var) -> bool {
     let mut yes = false;
-    f.visit(&mut |e| {
+    f.visit_unique(&mut |e| {
         if let ExprKind::Read { indices, .. } = e.kind() {
             yes |= indices.last().is_some_and(|x| x.uses(v));
         }

@@ -248,7 +248,7 @@ pub fn is_contraction(t: &Tensor) -> bool {
     // A factor qualifies when it reads a tensor at indices that use a reduction axis.
     let reads_reduction = |f: &Expr| {
         let mut found = false;
-        f.visit(&mut |x| {
+        f.visit_unique(&mut |x| {
             if let ExprKind::Read { indices, .. } = x.kind() {
                 if indices.iter().any(|i| axes.iter().any(|r| i.uses(&r.var))) {
                     found = true;
