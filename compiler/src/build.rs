@@ -195,7 +195,9 @@ pub fn build_with<T: ToTarget + ?Sized>(
         }
     }
     // A schedule that binds nothing gets the default GPU schedule on a GPU target; one left
-    // untouched gets the default CPU schedule on the CPU (`kernels::cpu_default`).
+    // untouched gets the default CPU schedule on the CPU (`kernels::cpu_default`). Oversized
+    // expressions are refused first: the defaults' rewrites walk stage bodies as trees.
+    crate::lower::nest::check_expr_sizes(sched)?;
     let defaulted;
     let sched = if target.kind == TargetKind::Cuda && !strategy::binds_anything(sched) {
         let mut s = sched.clone();

@@ -262,6 +262,41 @@ def test_shared_subexpressions_build_in_linear_time(target, rng):
         build(B, [A, B], target)
 
 
+def _dag(e, levels=60):
+    for _ in range(levels):
+        e = e * 0.5 + e * 0.5
+    return e
+
+
+def _int_dag(e, levels=60):
+    for _ in range(levels):
+        e = (e + e) - e
+    return e
+
+
+_K = te.reduce_axis((0, 64), name="k")
+_M = te.placeholder((64, 64), "float32", name="M")
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        # One per default-schedule rule that rewrites a stage's body: tiles, columns, lanes,
+        # packed GEMM. The row sum ran lane_reduce's tree substitution out of memory.
+        lambda: te.compute((64, 64), lambda i, j: _dag(_M[j, i]), name="B"),
+        lambda: te.compute((64,), lambda j: te.sum(_dag(_M[_K, j]), axis=_K), name="B"),
+        lambda: te.compute((64,), lambda i: te.sum(_dag(_M[i, _K]), axis=_K), name="B"),
+        lambda: te.compute((64, 64), lambda i, j: te.sum(_dag(_M[i, _K]) * _M[_K, j], axis=_K), name="B"),
+        lambda: te.compute((64, 64), lambda i, j: _M[_int_dag(i), j], name="B"),
+    ],
+    ids=["transpose", "column_sum", "row_sum", "matmul", "dag_index"],
+)
+def test_shared_dags_are_refused_before_the_default_schedule(stage):
+    B = stage()
+    with pytest.raises(rivet.CompileError, match="MAX_FUNC_NODES"):
+        rivet.build(rivet.create_schedule(B), [_M, B], target="cpu", name="f")
+
+
 # ---- 7. huge split factors ------------------------------------------------------------------
 
 

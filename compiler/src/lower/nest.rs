@@ -1460,6 +1460,24 @@ fn check_attach_depth(sched: &Schedule, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Ids of the stages `sched` inlines.
+fn inlined_ids(sched: &Schedule) -> HashSet<u32> {
+    sched
+        .stages
+        .iter()
+        .filter(|s| s.attach == Attach::Inline)
+        .map(|s| s.tensor.id())
+        .collect()
+}
+
+/// `check_sizes` of `sched` as written, for `build` to run before a default schedule: the
+/// defaults rewrite stage bodies with tree walks (`Expr::substitute`), so a body that is a
+/// shared DAG of 2^60 tree nodes must be refused before they see it, not after (it ran out
+/// of memory in `lane_reduce::rewrite`).
+pub fn check_expr_sizes(sched: &Schedule) -> Result<()> {
+    check_sizes(&sched.post_order(), &inlined_ids(sched))
+}
+
 pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimFunc> {
     for (i, a) in args.iter().enumerate() {
         if args[..i].contains(a) {
@@ -1498,12 +1516,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
             ));
         }
     }
-    let inlined: HashSet<u32> = sched
-        .stages
-        .iter()
-        .filter(|s| s.attach == Attach::Inline)
-        .map(|s| s.tensor.id())
-        .collect();
+    let inlined = inlined_ids(sched);
     check_sizes(&all, &inlined)?;
     check_attach_depth(sched, name)?;
     for a in args {
