@@ -70,6 +70,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_live_imports, m)?)?;
     m.add_function(wrap_pyfunction!(exchange::_exchange_api_stats, m)?)?;
     m.add_function(wrap_pyfunction!(_take_last_foreign_error, m)?)?;
+    m.add_function(wrap_pyfunction!(_load_library, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_share, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_share_fd, m)?)?;
     m.add_function(wrap_pyfunction!(ipc::_ipc_open, m)?)?;
@@ -125,6 +126,17 @@ fn _live_imports() -> usize {
 /// a host callback), as that very exception object, taken; None when there is none. The torch
 /// bridge (rivet/_torch_native.py) calls rivet through the C ABI and re-raises it, so an
 /// exception from a callback keeps its type and traceback there too.
+/// `rivet.load_library`'s work (`rivet_runtime::library::load`), the GIL released while the
+/// library initialises (it may build and compile its kernels).
+#[pyfunction]
+fn _load_library(py: Python<'_>, path: &str, override_: bool) -> PyResult<Vec<String>> {
+    use crate::errors::IntoPyResult;
+    let path = path.to_owned();
+    // SAFETY: the caller asked to load this library and run its code (`rivet.load_library`).
+    py.detach(move || unsafe { rivet_runtime::library::load(&path, override_) })
+        .py_err(py)
+}
+
 #[pyfunction]
 fn _take_last_foreign_error(py: Python<'_>) -> Option<Py<PyAny>> {
     rivet_runtime::capi::take_last_foreign_error()

@@ -30,7 +30,9 @@ use crate::value::Value;
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `RivetAny::type_code` values (the header's `RivetTypeCode`).
 pub const RIVET_NULL: i32 = 0;
@@ -183,20 +185,71 @@ pub(crate) unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str
         .map_err(|e| Error::Argument(format!("{what}: expected UTF-8, got invalid bytes ({e})")))
 }
 
-/// # Safety
-/// `h` must be NULL or a handle from this module that has not been freed.
-pub(crate) unsafe fn function_of<'a>(h: RivetFunctionHandle, what: &str) -> Result<&'a Function> {
+/// The live function handles: a handle is a key of this table, never a pointer rivet
+/// dereferences, so a freed, double-freed or made-up handle is an `ArgumentError` and not a
+/// use after free (what tvm-ffi leaves to the caller's discipline, rivet checks: one read
+/// lock and one lookup per call). Keys count up from `FIRST_HANDLE` in steps of 16 and are
+/// never reused, so a freed handle stays refused for the life of the process.
+static HANDLES: std::sync::LazyLock<std::sync::RwLock<HashMap<usize, Function>>> =
+    std::sync::LazyLock::new(Default::default);
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(FIRST_HANDLE);
+/// Far from NULL and from small integers a caller may pass by mistake.
+const FIRST_HANDLE: usize = 0x5256_0000_0010;
+
+fn handles_read() -> std::sync::RwLockReadGuard<'static, HashMap<usize, Function>> {
+    // A panic while the table was held leaves it intact (inserts and removes are single
+    // operations), so a poisoned lock is taken over, never propagated.
+    HANDLES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn handles_write() -> std::sync::RwLockWriteGuard<'static, HashMap<usize, Function>> {
+    HANDLES.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The function behind a handle (`what` names the argument in errors): NULL, freed or
+/// unknown handles are `ArgumentError`s.
+pub(crate) fn function_of(h: RivetFunctionHandle, what: &str) -> Result<Function> {
     if h.is_null() {
         return Err(Error::Argument(format!(
             "{what}: expected a function handle, got NULL"
         )));
     }
-    // SAFETY: the caller's promise: a live handle is a boxed Function.
-    Ok(unsafe { &*(h as *const Function) })
+    handles_read().get(&(h as usize)).cloned().ok_or_else(|| {
+        Error::Argument(format!(
+            "{what}: expected a live function handle, got {h:p}, which is freed or was never one"
+        ))
+    })
 }
 
+/// A new handle of `f` (one table entry: free it with `RivetFunctionFree`).
 pub(crate) fn new_handle(f: Function) -> RivetFunctionHandle {
-    Box::into_raw(Box::new(f)) as RivetFunctionHandle
+    let key = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed);
+    handles_write().insert(key, f);
+    key as RivetFunctionHandle
+}
+
+/// Removes a handle from the table (`what` names the argument in errors).
+fn free_handle(h: RivetFunctionHandle, what: &str) -> Result<()> {
+    match handles_write().remove(&(h as usize)) {
+        Some(f) => {
+            drop(f); // outside no lock: the write guard is a temporary of the match
+            Ok(())
+        }
+        None => Err(Error::Argument(format!(
+            "{what}: expected a live function handle, got {h:p}, which is freed or was never one"
+        ))),
+    }
+}
+
+/// The function behind a live handle, for Rust callers of the C ABI (tests, hosts written in
+/// Rust): `None` for NULL, freed or unknown handles.
+pub fn handle_function(h: RivetFunctionHandle) -> Option<Function> {
+    function_of(h, "handle").ok()
+}
+
+/// How many function handles are live (tests check that calls leak none).
+pub fn live_handles() -> usize {
+    handles_read().len()
 }
 
 /// Reads one argument into a `Value` (tensors as views borrowed for the call).
@@ -226,7 +279,7 @@ pub(crate) unsafe fn value_of(a: &RivetAny, index: usize) -> Result<Value> {
                     .map_err(|e| e.context(&format!("{}: ", what())))?
                     .into()
             }
-            RIVET_FUNCTION => Value::Function(function_of(a.value.v_ptr, &what())?.clone()),
+            RIVET_FUNCTION => Value::Function(function_of(a.value.v_ptr, &what())?),
             RIVET_MANAGED_TENSOR => {
                 return Err(Error::Argument(format!(
                     "{}: type code {RIVET_MANAGED_TENSOR} (managed tensor) is for results; pass tensors as borrowed DLTensor* (type code {RIVET_DLTENSOR} or {RIVET_DLTENSOR_READONLY})",
@@ -276,6 +329,104 @@ pub(crate) unsafe fn values_of(
         values.push(unsafe { value_of(a, i) }?);
     }
     Ok(values)
+}
+
+/// What a callee in another library answered (`code`, `*result`), as a value of this
+/// runtime or the error it reports: the one place where a result crossing the C ABI inward
+/// is checked before use (`values_of` is the one for arguments). `name` names the function.
+///
+/// - Success: the type code must be one a result may have; a `RIVET_STR` is a non-NULL
+///   NUL-terminated UTF-8 string, a `RIVET_MANAGED_TENSOR` a non-NULL managed tensor
+///   (imported: its deleter runs when the last view drops, or at once when it is refused).
+///   Anything else is a `LibraryError`: the library broke the ABI's contract.
+/// - Failure: `"<Kind>: <message>"` in a `RIVET_STR` (optional) becomes the error of that kind,
+///   `name` prepended; a callee's own internal error (code `RIVET_ERR_INTERNAL`, or kind
+///   `InternalError`) is a `LibraryError`, never rivet's `InternalError`; a managed tensor
+///   returned with a failure code is released (its deleter runs), never leaked.
+///
+/// # Safety
+/// The callee's contract: a pointer in `result` points at what its type code says (a string
+/// valid until the callee's next call on this thread, a managed tensor not yet consumed).
+pub(crate) unsafe fn value_from_callee(name: &str, code: i32, result: RivetAny) -> Result<Value> {
+    // SAFETY: `v_ptr` is the member the pointer type codes set; read only for them.
+    let ptr = unsafe { result.value.v_ptr };
+    let text = |p: *mut c_void| -> Result<String> {
+        if p.is_null() {
+            return Err(Error::Library(format!(
+                "{name}: returned a string result (type code {RIVET_STR}) whose pointer is NULL"
+            )));
+        }
+        // SAFETY: the callee's contract: NUL-terminated, valid until its next call here.
+        let bytes = unsafe { CStr::from_ptr(p as *const c_char) }.to_bytes();
+        std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
+            Error::Library(format!(
+                "{name}: returned a string that is not UTF-8 ({e})"
+            ))
+        })
+    };
+    if code != RIVET_OK {
+        let message = match result.type_code {
+            RIVET_STR if !ptr.is_null() => Some(text(ptr).unwrap_or_else(|e| e.to_string())),
+            RIVET_MANAGED_TENSOR if !ptr.is_null() => {
+                // SAFETY: the callee's contract; importing runs the deleter on every path.
+                drop(unsafe { dlpack::import_versioned(ptr as *mut DLManagedTensorVersioned) });
+                None
+            }
+            _ => None,
+        };
+        return Err(callee_error(name, code, message));
+    }
+    // SAFETY: each arm reads the union member its type code names.
+    Ok(match result.type_code {
+        RIVET_NULL => Value::Null,
+        RIVET_INT => Value::Int(unsafe { result.value.v_int64 }),
+        RIVET_FLOAT => Value::Float(unsafe { result.value.v_float64 }),
+        RIVET_BOOL => Value::Bool(unsafe { result.value.v_int64 } != 0),
+        RIVET_STR => Value::Str(text(ptr)?.into()),
+        RIVET_MANAGED_TENSOR => {
+            if ptr.is_null() {
+                return Err(Error::Library(format!(
+                    "{name}: returned a managed tensor (type code {RIVET_MANAGED_TENSOR}) whose pointer is NULL"
+                )));
+            }
+            // SAFETY: the callee's contract: an owned, not yet consumed managed tensor.
+            unsafe { dlpack::import_versioned(ptr as *mut DLManagedTensorVersioned) }
+                .map_err(|e| e.context(&format!("{name}: its result: ")))?
+                .into()
+        }
+        RIVET_FUNCTION => {
+            return Err(Error::Argument(format!(
+                "{name}: returned a function, which cannot cross from another library (its handle is leaked, not freed: it belongs to that library's runtime)"
+            )))
+        }
+        c => {
+            return Err(Error::Library(format!(
+                "{name}: returned type code {c}, which no result may have (0..={RIVET_STR} or {RIVET_MANAGED_TENSOR})"
+            )))
+        }
+    })
+}
+
+/// A callee's failure (`"<Kind>: <message>"`, or none) as the error of its kind, `name`
+/// prepended; see `value_from_callee`.
+pub(crate) fn callee_error(name: &str, code: i32, text: Option<String>) -> Error {
+    let text = text.unwrap_or_else(|| format!("failed with code {code} and no message"));
+    let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
+    if code != RIVET_ERR_USER || kind == "InternalError" {
+        let why = if code == RIVET_ERR_USER || code == RIVET_ERR_INTERNAL {
+            "an internal error of its own"
+        } else {
+            "an unknown return code"
+        };
+        return Error::Library(format!(
+            "{name}: failed with {why} (code {code}): {text}"
+        ));
+    }
+    let message = format!("{name}: {message}");
+    match Error::from_kind_name(kind, message.clone()) {
+        Some(e) => e,
+        None => Error::Argument(format!("{name}: {text}")),
+    }
 }
 
 /// Writes a result value as an owned `RivetAny`.
@@ -336,18 +487,19 @@ pub unsafe extern "C" fn RivetFunctionGetGlobal(
     })
 }
 
-/// Releases a handle from `RivetFunctionGetGlobal` or a function result. NULL is a no-op.
+/// Releases a handle from `RivetFunctionGetGlobal`, `RivetFunctionCreate` or a function
+/// result. NULL is a no-op; a freed or unknown handle is an `ArgumentError` (handles are
+/// checked, never dereferenced).
 ///
 /// # Safety
-/// `h` must be NULL or a live handle, freed once.
+/// None beyond the C ABI's: any value is checked against the table of live handles.
 #[no_mangle]
 pub unsafe extern "C" fn RivetFunctionFree(h: RivetFunctionHandle) -> i32 {
     guard(|| {
-        if !h.is_null() {
-            // SAFETY: the caller's promise: a live handle, boxed by `new_handle`.
-            drop(unsafe { Box::from_raw(h as *mut Function) });
+        if h.is_null() {
+            return Ok(());
         }
-        Ok(())
+        free_handle(h, "RivetFunctionFree: argument 0 ('func')")
     })
 }
 
@@ -356,7 +508,7 @@ pub unsafe extern "C" fn RivetFunctionFree(h: RivetFunctionHandle) -> i32 {
 /// `RIVET_NULL` and the return code is non-zero.
 ///
 /// # Safety
-/// `func` must be a live handle; `args` must point at `num_args` values (or be NULL when
+/// `func` is checked (a freed or unknown handle is an `ArgumentError`); `args` must point at `num_args` values (or be NULL when
 /// `num_args` is 0) whose pointers are valid for their type codes during the call; `result`
 /// NULL or writable.
 #[no_mangle]
@@ -374,8 +526,7 @@ pub unsafe extern "C" fn RivetFunctionCall(
         }
         // SAFETY: checked non-null; the caller's promise that it is writable.
         unsafe { *result = RivetAny::NULL };
-        // SAFETY: the caller's promise on `func`.
-        let f = unsafe { function_of(func, "RivetFunctionCall: argument 0 ('func')") }?;
+        let f = function_of(func, "RivetFunctionCall: argument 0 ('func')")?;
         // SAFETY: the caller's promise on `args`.
         let values = unsafe { values_of(args, num_args, "RivetFunctionCall") }
             .map_err(|e| e.context(&format!("{}: ", f.name())))?;
@@ -410,7 +561,7 @@ pub unsafe extern "C" fn RivetAnyFree(v: *mut RivetAny) -> i32 {
                         }
                     }
                 }
-                RIVET_FUNCTION => drop(Box::from_raw(a.value.v_ptr as *mut Function)),
+                RIVET_FUNCTION => free_handle(a.value.v_ptr, "RivetAnyFree: the value's function handle")?,
                 _ => {}
             }
         }

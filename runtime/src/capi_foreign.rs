@@ -26,18 +26,16 @@
 //! `resource` is released exactly once, by its `deleter`, when the host's function is dropped.
 
 use crate::capi::{
-    any_of, guard, new_handle, str_arg, values_of, RivetAny, RivetFunctionHandle, RivetValue,
-    MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR, RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL,
-    RIVET_ERR_USER, RIVET_FLOAT, RIVET_FUNCTION, RIVET_INT, RIVET_MANAGED_TENSOR, RIVET_NULL,
-    RIVET_OK, RIVET_STR,
+    any_of, guard, new_handle, str_arg, value_from_callee, values_of, RivetAny,
+    RivetFunctionHandle, RivetValue, MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR,
+    RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL, RIVET_ERR_USER, RIVET_OK, RIVET_STR,
 };
-use crate::dlpack;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::function::{Dim, Function, ParamKind, Signature};
 use crate::registry;
 use crate::value::Value;
-use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
+use dlpack_rs::ffi::DLTensor;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -211,7 +209,8 @@ pub unsafe extern "C" fn RivetFunctionCreateTyped(
                     foreign_output_shapes(&foreign, &fname, shapes)
                 })
             }
-        };
+        }
+        .from_library();
         // SAFETY: checked non-null; the caller's promise that it is writable.
         unsafe { *out = new_handle(f) };
         Ok(())
@@ -286,53 +285,21 @@ fn foreign_output_shapes(
     // SAFETY: the callee's contract (`RivetFunctionCreateTyped`); `ptrs` and `ndims` point
     // into `shapes`, alive until the call returns.
     let code = unsafe { rule(fr.resource, ptrs.as_ptr(), ndims.as_ptr(), num, &mut result) };
-    // SAFETY: the callee's contract: a RIVET_STR result is NUL-terminated and valid until its
-    // next call on this thread.
-    // SAFETY: `v_ptr` is the member a RIVET_STR result sets.
-    let ptr = unsafe { result.value.v_ptr } as *const c_char;
-    let text = (result.type_code == RIVET_STR && !ptr.is_null())
-        // SAFETY: the callee's contract: NUL-terminated, valid until its next call here.
-        .then(|| unsafe { CStr::from_ptr(ptr) }.to_bytes());
-    if code != RIVET_OK {
-        return Err(foreign_error(
-            name,
-            code,
-            text.map(|t| String::from_utf8_lossy(t).into_owned()),
-        ));
-    }
-    let Some(text) = text else {
-        return Err(Error::Argument(format!(
-            "{name}: the output rule returned type code {} instead of a string",
-            result.type_code
+    // SAFETY: the callee's contract on its result.
+    let answer = unsafe { value_from_callee(name, code, result) }?;
+    let Value::Str(text) = answer else {
+        return Err(Error::Library(format!(
+            "{name}: the output rule answered a {} instead of a string of JSON",
+            answer.kind()
         )));
     };
+    let text = text.as_bytes();
     let outs: Vec<(Vec<i64>, DType)> = serde_json::from_slice(text).map_err(|e| {
-        Error::Argument(format!(
+        Error::Library(format!(
             "{name}: the output rule's answer is not a JSON list of [shape, dtype]: {e}"
         ))
     })?;
-    for (shape, _) in &outs {
-        if shape.len() > crate::layout::MAX_NDIM || shape.iter().any(|&d| d < 0) {
-            return Err(Error::Shape(format!(
-                "{name}: the output rule answered the shape {shape:?} (dims >= 0, at most {} of them)",
-                crate::layout::MAX_NDIM
-            )));
-        }
-    }
     Ok(outs)
-}
-
-/// A callee's failure (`"<Kind>: <message>"`, or none) as the error of its kind, `name`
-/// prepended.
-fn foreign_error(name: &str, code: i32, text: Option<String>) -> Error {
-    let text = text.unwrap_or_else(|| format!("failed with code {code}"));
-    let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
-    let message = format!("{name}: {message}");
-    if code == RIVET_ERR_INTERNAL {
-        Error::Internal(message)
-    } else {
-        Error::from_kind_name(kind, message.clone()).unwrap_or(Error::Argument(message))
-    }
 }
 
 /// Registers `func` under `name` in this runtime's global registry (`override_` non-zero:
@@ -349,9 +316,8 @@ pub unsafe extern "C" fn RivetFunctionSetGlobal(
     guard(|| {
         // SAFETY: the caller's promise on `name`.
         let name = unsafe { str_arg(name, "RivetFunctionSetGlobal: argument 0 ('name')") }?;
-        // SAFETY: the caller's promise: a live handle.
-        let f = unsafe { crate::capi::function_of(func, "RivetFunctionSetGlobal: argument 1") }?;
-        registry::register(name, f.clone(), override_ != 0)
+        let f = crate::capi::function_of(func, "RivetFunctionSetGlobal: argument 1")?;
+        registry::register(name, f, override_ != 0)
     })
 }
 
@@ -425,47 +391,8 @@ fn call_foreign(fr: &Foreign, name: &str, args: &[Value]) -> Result<Value> {
     // SAFETY: the callee's contract (`RivetFunctionCreate`); every pointer in `anys` points
     // into `tensors`, `strings` or `args`, all alive until the call returns.
     let code = unsafe { (fr.call)(fr.resource, anys.as_ptr(), anys.len() as i32, &mut result) };
-    if code != RIVET_OK {
-        // SAFETY: `v_ptr` is the member a RIVET_STR result sets.
-        let ptr = unsafe { result.value.v_ptr } as *const c_char;
-        let text = (result.type_code == RIVET_STR && !ptr.is_null()).then(|| {
-            // SAFETY: the callee's contract: a NUL-terminated string, valid until its next
-            // call on this thread.
-            unsafe { CStr::from_ptr(ptr) }
-                .to_string_lossy()
-                .into_owned()
-        });
-        return Err(foreign_error(name, code, text));
-    }
-    // SAFETY: the union member the type code names; a managed tensor is now ours.
-    unsafe {
-        Ok(match result.type_code {
-            RIVET_NULL => Value::Null,
-            RIVET_INT => Value::Int(result.value.v_int64),
-            RIVET_FLOAT => Value::Float(result.value.v_float64),
-            RIVET_BOOL => Value::Bool(result.value.v_int64 != 0),
-            RIVET_STR => Value::Str(
-                CStr::from_ptr(result.value.v_ptr as *const c_char)
-                    .to_string_lossy()
-                    .as_ref()
-                    .into(),
-            ),
-            RIVET_MANAGED_TENSOR => {
-                dlpack::import_versioned(result.value.v_ptr as *mut DLManagedTensorVersioned)?
-                    .into()
-            }
-            RIVET_FUNCTION => {
-                return Err(Error::Argument(format!(
-                    "{name}: returned a function, which cannot cross from another library (its handle is leaked, not freed: it belongs to that library's runtime)"
-                )))
-            }
-            c => {
-                return Err(Error::Argument(format!(
-                    "{name}: returned an unknown type code {c}"
-                )))
-            }
-        })
-    }
+    // SAFETY: the callee's contract on its result.
+    unsafe { value_from_callee(name, code, result) }
 }
 
 thread_local! {
@@ -757,8 +684,7 @@ mod tests {
             RivetFunctionCreate(name.as_ptr(), Some(call), resource, Some(deleter), &mut h)
         };
         assert_eq!(rc, RIVET_OK);
-        // SAFETY: a live handle of ours.
-        let f = unsafe { &*(h as *const Function) }.clone();
+        let f = crate::capi::handle_function(h).expect("a live handle");
         // SAFETY: freed once.
         unsafe { crate::capi::RivetFunctionFree(h) };
         f
@@ -850,8 +776,7 @@ mod tests {
             )
         };
         assert_eq!(rc, RIVET_OK);
-        // SAFETY: a live handle of ours.
-        let f = unsafe { &*(h as *const Function) }.clone();
+        let f = crate::capi::handle_function(h).expect("a live handle");
         let e = f.call(&[]).unwrap_err();
         assert!(matches!(e, Error::DType(_)), "{e:?}");
         assert_eq!(e.to_string(), "foreign.fail: wrong dtype over there");
@@ -902,8 +827,7 @@ mod tests {
             )
         };
         assert_eq!(rc, RIVET_OK);
-        // SAFETY: a live handle of ours.
-        let f = unsafe { &*(h as *const Function) }.clone();
+        let f = crate::capi::handle_function(h).expect("a live handle");
         // SAFETY: freed once.
         unsafe { crate::capi::RivetFunctionFree(h) };
         f
@@ -1048,10 +972,13 @@ mod tests {
 
     #[test]
     fn a_foreign_output_rule_answer_is_checked() {
-        let json = CString::new(r#"{"params": []}"#).unwrap();
+        let json = CString::new(
+            r#"{"params": [{"name": "y", "kind": {"tensor": {"dtypes": [], "shape": null, "device": "host", "output": true}}}]}"#,
+        )
+        .unwrap();
         for (which, want) in [
             (0usize, "not a JSON list"),
-            (1, "[-1]"),
+            (1, "negative size -1"),
             (2, "not a JSON list"),
         ] {
             let mut h: RivetFunctionHandle = std::ptr::null_mut();
@@ -1069,12 +996,13 @@ mod tests {
                 )
             };
             assert_eq!(rc, RIVET_OK);
-            // SAFETY: a live handle of ours.
-            let f = unsafe { &*(h as *const Function) }.clone();
+            let f = crate::capi::handle_function(h).expect("a live handle");
             // SAFETY: freed once.
             unsafe { crate::capi::RivetFunctionFree(h) };
             let e = f.output_shapes(&[], None).unwrap_err();
             assert!(e.to_string().contains(want), "{e}");
+            // A broken answer is the library's bug, never rivet's internal error.
+            assert!(matches!(e, Error::Library(_)), "{e:?}");
         }
     }
 

@@ -75,6 +75,12 @@ pub enum Error {
     /// stale or foreign handle, a sending process that is gone (`ipc`, `shm`).
     #[error("{0}")]
     Ipc(String),
+    /// A function of another library (`RivetFunctionCreate`, `rivet.load_library`) failed
+    /// with what it calls an internal error, or broke the C ABI's contract (a NULL string,
+    /// an output rule's answer that does not fit the function's signature...): the library's
+    /// bug, never rivet's, so never `Internal`.
+    #[error("{0}")]
+    Library(String),
     /// An error from a foreign callee (Python exception in a callback), passed through.
     #[error("{}", .0.message)]
     Foreign(ForeignError),
@@ -104,6 +110,7 @@ impl Error {
             Error::Index(_) => "IndexError",
             Error::NotDifferentiable(_) => "NotDifferentiableError",
             Error::Ipc(_) => "IPCError",
+            Error::Library(_) => "LibraryError",
             Error::Foreign(_) => "Error",
             Error::Internal(_) => "InternalError",
         }
@@ -128,6 +135,7 @@ impl Error {
             "IndexError" => Error::Index(message),
             "NotDifferentiableError" => Error::NotDifferentiable(message),
             "IPCError" => Error::Ipc(message),
+            "LibraryError" => Error::Library(message),
             "InternalError" => Error::Internal(message),
             _ => return None,
         })
@@ -152,6 +160,7 @@ impl Error {
             Error::Index(m) => Error::Index(pre(m)),
             Error::NotDifferentiable(m) => Error::NotDifferentiable(pre(m)),
             Error::Ipc(m) => Error::Ipc(pre(m)),
+            Error::Library(m) => Error::Library(pre(m)),
             Error::Internal(m) => Error::Internal(pre(m)),
             Error::Foreign(f) => Error::Foreign(f),
         }

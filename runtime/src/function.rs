@@ -56,6 +56,10 @@ struct Inner {
     outputs: Option<Box<OutputRule>>,
     /// What the body computes with, made visible (`with_parts`).
     parts: Option<Parts>,
+    /// The body and output rule are another library's (`capi_foreign`): an output rule
+    /// whose answer breaks the signature is that library's bug (`Error::Library`), not
+    /// rivet's (`Error::Internal`).
+    foreign: bool,
 }
 
 /// The object a function's body works with (a wrapped Python callable, a compiled function),
@@ -83,6 +87,7 @@ impl Function {
                 body: Box::new(body),
                 outputs: None,
                 parts: None,
+                foreign: false,
             }),
         }
     }
@@ -101,6 +106,7 @@ impl Function {
                 body: Box::new(body),
                 outputs: None,
                 parts: None,
+                foreign: false,
             }),
         }
     }
@@ -120,6 +126,7 @@ impl Function {
                 body: Box::new(body),
                 outputs: None,
                 parts: None,
+                foreign: false,
             }),
         }
     }
@@ -140,6 +147,7 @@ impl Function {
                 body: Box::new(body),
                 outputs: Some(Box::new(outputs)),
                 parts: None,
+                foreign: false,
             }),
         }
     }
@@ -178,12 +186,120 @@ impl Function {
             }
         }
         match &self.inner.outputs {
-            Some(rule) => rule(input_shapes),
+            Some(rule) => {
+                let outs = rule(input_shapes)?;
+                self.check_rule_answer(input_shapes, &outs)?;
+                Ok(outs)
+            }
             None => Err(Error::Argument(format!(
                 "{}: this function cannot say the shapes of its outputs ahead of a call (only compiled rivet functions can); give the output shapes explicitly",
                 self.inner.name
             ))),
         }
+    }
+
+    /// The one gate every output shape passes before it leaves rivet (an eager allocation,
+    /// XLA's result types, torch's fake tensors, a foreign library's answer): the answer
+    /// fits the signature (as many outputs, each of its rank, fixed dims, symbolic dims bound
+    /// as the inputs bind them, an allowed dtype) and each output's element count and byte
+    /// size are representable (`alloc::tensor_bytes`: over 2^63 elements or
+    /// `MAX_ALLOC_BYTES` is an `Error::Memory`, as the eager call's allocation would be).
+    fn check_rule_answer(&self, inputs: &[&[i64]], outs: &[(Vec<i64>, DType)]) -> Result<()> {
+        let name = &self.inner.name;
+        let broken = |what: String| {
+            let msg = format!("{name}: the output rule {what}");
+            if self.inner.foreign {
+                Error::Library(msg)
+            } else {
+                Error::Internal(msg)
+            }
+        };
+        if let Some(sig) = &self.inner.signature {
+            let tensors = || {
+                sig.params.iter().filter_map(|p| match &p.kind {
+                    ParamKind::Tensor(t) => Some((p, t)),
+                    _ => None,
+                })
+            };
+            // Symbolic dims as the inputs bind them (inputs that fit their declared rank).
+            let mut env: std::collections::HashMap<&str, i64> = Default::default();
+            for ((_, t), shape) in tensors().filter(|(_, t)| !t.output).zip(inputs) {
+                if let Some(dims) = t.shape.as_ref().filter(|d| d.len() == shape.len()) {
+                    for (d, &s) in dims.iter().zip(shape.iter()) {
+                        if let Dim::Var(v) = d {
+                            env.entry(v.as_str()).or_insert(s);
+                        }
+                    }
+                }
+            }
+            let wanted: Vec<_> = tensors().filter(|(_, t)| t.output).collect();
+            if wanted.len() != outs.len() {
+                return Err(broken(format!(
+                    "answered {} output{}, but the signature has {}",
+                    outs.len(),
+                    if outs.len() == 1 { "" } else { "s" },
+                    wanted.len()
+                )));
+            }
+            for ((p, t), (shape, dtype)) in wanted.into_iter().zip(outs) {
+                if !t.dtypes.is_empty() && !t.dtypes.contains(dtype) {
+                    return Err(broken(format!(
+                        "answered dtype {dtype} for output '{}', whose signature allows {}",
+                        p.name,
+                        one_of(&t.dtypes)
+                    )));
+                }
+                let Some(dims) = &t.shape else { continue };
+                if dims.len() != shape.len() {
+                    return Err(broken(format!(
+                        "answered the shape {shape:?} for output '{}', of rank {}; its signature has rank {}",
+                        p.name,
+                        shape.len(),
+                        dims.len()
+                    )));
+                }
+                for (k, (d, &s)) in dims.iter().zip(shape.iter()).enumerate() {
+                    let want = match d {
+                        Dim::Fixed(n) => Some(*n),
+                        Dim::Var(v) => env.get(v.as_str()).copied(),
+                        Dim::Any => None,
+                    };
+                    if want.is_some_and(|w| w != s) {
+                        return Err(broken(format!(
+                            "answered size {s} in dim {k} of output '{}', where its signature says {d:?} = {}",
+                            p.name,
+                            want.unwrap_or_default()
+                        )));
+                    }
+                }
+            }
+        }
+        for (i, (shape, dtype)) in outs.iter().enumerate() {
+            if let Some(d) = shape.iter().position(|&d| d < 0) {
+                return Err(broken(format!(
+                    "answered the negative size {} in dim {d} of output {i}",
+                    shape[d]
+                )));
+            }
+            if shape.len() > crate::layout::MAX_NDIM {
+                return Err(broken(format!(
+                    "answered {} dims for output {i}; at most {}",
+                    shape.len(),
+                    crate::layout::MAX_NDIM
+                )));
+            }
+            crate::alloc::tensor_bytes(shape, *dtype).map_err(|e| e.context(&format!("{name}: output {i}: ")))?;
+        }
+        Ok(())
+    }
+
+    /// This function marked as another library's (`capi_foreign`), before anyone else holds
+    /// it: a broken output rule is then `Error::Library`, not `Error::Internal`.
+    pub(crate) fn from_library(mut self) -> Function {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.foreign = true;
+        }
+        self
     }
 
     /// Whether `output_shapes` can answer (the function was made `with_output_rule`).

@@ -19,6 +19,7 @@ pub mod host;
 pub mod ipc;
 pub mod ipc_cuda;
 pub mod layout;
+pub mod library;
 pub mod parallel;
 pub mod registry;
 pub mod rust_data;

@@ -120,5 +120,6 @@ __all__ = [
     "IndexError",
     "NotDifferentiableError",
     "IPCError",
+    "LibraryError",
     "InternalError",
 ]

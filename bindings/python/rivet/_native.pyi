@@ -21,6 +21,7 @@ __all__ = [
     "_live_imports",
     "_exchange_api_stats",
     "_take_last_foreign_error",
+    "_load_library",
     "_ipc_share",
     "_ipc_share_fd",
     "_ipc_open",
@@ -359,6 +360,7 @@ def _kernel(
 ) -> Function: ...
 def _live_imports() -> int: ...
 def _take_last_foreign_error() -> BaseException | None: ...
+def _load_library(path: str, override_: bool) -> list[str]: ...
 
 # rivet.ipc's native half (rivet/ipc.py wraps them). A handle's fields, in rivet.ipc.Handle's
 # order: kind, device, pid, fd, st_dev, st_ino, size, offset, shape, strides, dtype, read_only.

@@ -76,6 +76,13 @@ class IPCError(Error, OSError):
     a malformed, stale or foreign handle, a sending process that is gone or closed the memory."""
 
 
+class LibraryError(Error, RuntimeError):
+    """A function of another library (``rivet.load_library``, the C ABI's
+    ``RivetFunctionCreate``) failed with what it calls an internal error, or broke the C ABI's
+    contract (a NULL string result, an output rule answering shapes or dtypes its signature
+    does not allow): a bug of that library, not of rivet nor of the caller."""
+
+
 class InternalError(Error):
     """A bug in rivet (never the caller's fault); please report it."""
 
@@ -97,5 +104,6 @@ __all__ = [
     "IndexError",
     "NotDifferentiableError",
     "IPCError",
+    "LibraryError",
     "InternalError",
 ]

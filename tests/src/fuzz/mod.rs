@@ -77,6 +77,7 @@ pub fn kind(e: &rivet_runtime::Error) -> &'static str {
         E::Index(_) => "Index",
         E::NotDifferentiable(_) => "NotDifferentiable",
         E::Ipc(_) => "Ipc",
+        E::Library(_) => "Library",
         E::Foreign(_) => "Foreign",
         E::Internal(_) => "Internal",
     }
