@@ -90,18 +90,14 @@ int32_t register_later(void) { return reg("boundary.later", seven, NULL, NULL); 
 int32_t deleted_count(void) { return deleted; }
 """
 
-CHILD = r"""
+PRELUDE = r"""
 import ctypes, gc, sys
 import rivet
 names = rivet.load_library(sys.argv[1])
 assert sorted(names) == ["boundary.null_string", "boundary.says_internal",
                          "boundary.tensor_and_failure", "boundary.wrong_dtype"], names
 lib = ctypes.CDLL(sys.argv[1])
-gc.collect()
-# Python work between the load and the later registration reuses freed memory.
-junk = [ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1) for _ in range(200)]
-assert lib.register_later() == 0, rivet._native.__file__
-assert rivet.get_global_func("boundary.later")() == 7
+get = rivet.get_global_func
 
 def expect(cls, text, fn, *args):
     try:
@@ -111,16 +107,32 @@ def expect(cls, text, fn, *args):
         assert text in str(e), str(e)
     else:
         raise AssertionError(f"no error from {fn}")
+"""
 
-get = rivet.get_global_func
+# One child per defect, so each is seen failing on its own before its fix.
+CHILDREN = {
+    "kept_host_table": r"""
+gc.collect()
+# Python work between the load and the later registration reuses freed memory.
+junk = [ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1) for _ in range(200)]
+assert lib.register_later() == 0
+assert get("boundary.later")() == 7
+""",
+    "null_string_result": r"""
 expect(rivet.LibraryError, "pointer is NULL", get("boundary.null_string"))
+""",
+    "callee_internal_error": r"""
 expect(rivet.LibraryError, "my own bug", get("boundary.says_internal"))
+""",
+    "tensor_with_failure_code": r"""
 before = lib.deleted_count()
 expect(rivet.ArgumentError, "failed with code", get("boundary.tensor_and_failure"))
 assert lib.deleted_count() == before + 1, "the deleter of a tensor returned with a failure ran"
+""",
+    "rule_breaks_signature": r"""
 expect(rivet.LibraryError, "float64", get("boundary.wrong_dtype").output_shapes, [[4]])
-print("ok")
-"""
+""",
+}
 
 
 def _run(args, timeout=300):
@@ -130,7 +142,9 @@ def _run(args, timeout=300):
     )
 
 
-def test_a_library_that_keeps_the_host_table_and_breaks_the_result_contract(tmp_path):
+@pytest.fixture(scope="module")
+def boundary_library(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("boundary")
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "no C compiler on PATH (rustc links with cc; install one)"
     incs = [x for d in _dlpack_include(tmp_path) for x in ("-I", d)]
@@ -142,9 +156,14 @@ def test_a_library_that_keeps_the_host_table_and_breaks_the_result_contract(tmp_
          str(src), "-o", str(so)],
         check=True,
     )
-    child = tmp_path / "child.py"
-    child.write_text(CHILD)
-    _run([str(child), str(so)])
+    return so
+
+
+@pytest.mark.parametrize("case", sorted(CHILDREN))
+def test_a_library_breaking_the_c_abi_contract_gets_a_typed_error(boundary_library, tmp_path, case):
+    child = tmp_path / f"{case}.py"
+    child.write_text(PRELUDE + CHILDREN[case] + 'print("ok")\n')
+    _run([str(child), str(boundary_library)])
 
 
 JAX_CHILD = textwrap.dedent(
