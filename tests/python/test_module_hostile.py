@@ -208,3 +208,107 @@ def test_huge_file_is_refused_before_reading(tmp_path):
         fh.truncate(1 << 40)  # sparse
     with pytest.raises(rivet.CompileError, match="MAX_MODULE_BYTES"):
         rivet.load_module(str(p))
+
+
+# Host callbacks (docs/callbacks.md): each entry of a function's callback table is called
+# exactly once per call, on whole buffers. A crafted file that calls one twice, carries an
+# entry nothing calls, or hands a callback part of a buffer is refused at load by the IR
+# verifier, before anything runs.
+
+CALLBACK = "tests.module_hostile.negate"
+
+
+def callback_module(path, seen):
+    def negate(a, out):
+        seen.append(1)
+        np.from_dlpack(out)[...] = -np.from_dlpack(a)
+
+    rivet.register_func(CALLBACK, negate, override=True)
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    E = te.extern((n,), [A], CALLBACK, name="E")
+    C = te.compute((n,), lambda i: E[i] + A[i], name="C")
+    rivet.build(te.create_schedule(C), [A, C], target="cpu", name="cb").save(str(path))
+    return path.read_bytes()
+
+
+def callback_call(ir):
+    calls = []
+    walk(ir["body"], lambda d: calls.append(d["Call"]) if "Call" in d else None)
+    calls = [c for c in calls if "Callback" in c["intrin"]]
+    assert len(calls) == 1, calls
+    return calls[0]
+
+
+def load_callback_module(tmp_path, data, name, seen):
+    """The refusal's message, or (when the file loads) a failure saying how often one call
+    ran the callback."""
+    p = tmp_path / name
+    p.write_bytes(data)
+    try:
+        mod = rivet.load_module(str(p))
+    except rivet.CompileError as e:
+        msg = str(e)
+        assert msg.startswith(f"cannot load rivet module {p}"), msg
+        assert "internal compiler error" not in msg, msg
+        return msg
+    seen.clear()
+    try:
+        mod["cb"](np.arange(8, dtype=np.float32))
+        ran = f"ran the callback {len(seen)} times in one call"
+    except Exception as e:  # noqa: BLE001 - a rivet error, or the callback's own
+        ran = f"failed only at call time ({type(e).__name__}: {e})"
+    pytest.fail(f"{name} loaded and {ran}")
+
+
+def test_callback_module_unmodified_loads_and_calls_once(tmp_path):
+    seen = []
+    head, payload = split(callback_module(tmp_path / "cb.rivet", seen))
+    p = tmp_path / "same.rivet"
+    p.write_bytes(join(head, payload))
+    f = rivet.load_module(str(p))["cb"]
+    seen.clear()
+    a = np.arange(8, dtype=np.float32)
+    np.testing.assert_array_equal(np.from_dlpack(f(a)), np.zeros(8, np.float32))
+    assert len(seen) == 1
+
+
+def test_a_callback_called_twice_is_refused(tmp_path):
+    seen = []
+    head, payload = split(callback_module(tmp_path / "cb.rivet", seen))
+    ir = payload["functions"][0]["ir"]
+    call = callback_call(ir)
+    seqs = []
+    walk(ir["body"], lambda d: seqs.append(d["Seq"]) if "Seq" in d else None)
+    seq = next(v for v in seqs if any(x.get("Call") is call for x in v))
+    # A second call right after the first (inside the allocation of `E`).
+    at = next(i for i, x in enumerate(seq) if x.get("Call") is call)
+    seq.insert(at + 1, {"Call": json.loads(json.dumps(call))})
+    msg = load_callback_module(tmp_path, join(head, payload), "twice.rivet", seen)
+    assert "callback 0" in msg and "stage 'E'" in msg, msg
+    assert "called 2 times" in msg and "exactly once" in msg, msg
+
+
+def test_an_unused_callback_entry_is_refused(tmp_path):
+    seen = []
+    head, payload = split(callback_module(tmp_path / "cb.rivet", seen))
+    ir = payload["functions"][0]["ir"]
+    ir["callbacks"].append(dict(ir["callbacks"][0], stage="E2"))
+    msg = load_callback_module(tmp_path, join(head, payload), "unused.rivet", seen)
+    assert "callback 1" in msg and "stage 'E2'" in msg, msg
+    assert "never called" in msg and "exactly once" in msg, msg
+
+
+@pytest.mark.parametrize("op,which", [("Sub", 0), ("Add", 0), ("Sub", 1)])
+def test_a_callback_region_that_is_not_the_whole_buffer_is_refused(tmp_path, op, which):
+    # `which`: the written region (E) or the read one (A); its extent `n` becomes `n -/+ 1`.
+    seen = []
+    head, payload = split(callback_module(tmp_path / "cb.rivet", seen))
+    ir = payload["functions"][0]["ir"]
+    axis = callback_call(ir)["regions"][which]["axes"][0]
+    one = {"kind": {"Const": {"Int": 1}}, "dtype": "int64"}
+    axis["extent"] = {"kind": {"Binary": [op, axis["extent"], one]}, "dtype": "int64"}
+    msg = load_callback_module(tmp_path, join(head, payload), "region.rivet", seen)
+    buf = "`E`" if which == 0 else "`A`"
+    assert "callback 0" in msg and "stage 'E'" in msg and buf in msg, msg
+    assert "whole buffer" in msg and "expected" in msg, msg

@@ -213,8 +213,8 @@ pub fn check_call(
 
 /// `check_call` for `Intrin::Callback(k)`: an entry of the table, regions of its kind (see
 /// `Intrin::Callback`), each walking every dim of its buffer in order from element 0 (the whole
-/// buffer: the bounds proof checks the extents against the buffer's shape), an output distinct
-/// from the inputs, no scalar.
+/// buffer: the verifier checks each extent equals the buffer's, and that each entry is called
+/// exactly once, in `verify_callbacks`), an output distinct from the inputs, no scalar.
 fn check_callback(
     func: &PrimFunc,
     k: u32,

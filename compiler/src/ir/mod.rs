@@ -19,6 +19,7 @@ pub mod stmt;
 pub(crate) mod test_util;
 pub mod uses;
 pub mod verify;
+pub mod verify_callbacks;
 pub mod verify_gpu;
 pub mod verify_parallel;
 

@@ -43,6 +43,11 @@
 //! - `func.checks` conditions are bool and use only dims and parameter stride variables.
 //! - a cross-thread reduction (`AllReduce`) combines a non-bool value into a live
 //!   one-element buffer of kind `Local`, scope `Local` and the value's dtype (shape all 1s).
+//! - host callbacks (`verify_callbacks`): each entry of `func.callbacks` is called exactly
+//!   once on every path through the body (never twice, never unused; both branches of an `if`
+//!   call the same entries; none in a loop or outlined body, `callback::check_placement`), and
+//!   every region of a callback call is its whole buffer (base 0, every dim in order, each
+//!   extent the buffer's).
 //! - GPU constructs (thread-bound loops, barriers, cross-thread reductions, storage scopes):
 //!   the rules of `verify_gpu`, run after these.
 //!
@@ -68,6 +73,7 @@ pub fn verify(func: &PrimFunc, flattened: bool) -> Result<()> {
     // for the race its whole-buffer write would be.
     super::callback::check_placement(func).map_err(Error::Compile)?;
     v.stmt(&func.body)?;
+    v.callbacks()?;
     super::verify_gpu::check(func)
 }
 
@@ -85,6 +91,7 @@ pub fn verify_loaded(func: &PrimFunc) -> Result<()> {
     // for the race its whole-buffer write would be.
     super::callback::check_placement(func).map_err(Error::Compile)?;
     v.stmt(&func.body)?;
+    v.callbacks()?;
     super::verify_gpu::check(func)
 }
 
@@ -383,6 +390,14 @@ impl<'a> Verifier<'a> {
             stmt_depth: 0,
             loaded: false,
         }
+    }
+
+    /// The host-callback rules (`verify_callbacks`), after the statement walk has checked
+    /// each call and bounded the program's size and depth.
+    fn callbacks(&self) -> Result<()> {
+        super::verify_callbacks::check(self.func).map_err(|m| {
+            Error::Internal(format!("IR verifier, function `{}`: {m}", self.func.name))
+        })
     }
 
     /// An `Internal` error naming the function, the rule, and the current statement.
