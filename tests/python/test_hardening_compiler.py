@@ -297,6 +297,28 @@ def test_shared_dags_are_refused_before_the_default_schedule(stage):
         rivet.build(rivet.create_schedule(B), [_M, B], target="cpu", name="f")
 
 
+def _extern_of_dag_shape(n, levels):
+    A = te.placeholder((n,), "float32", name="A")
+    return [A], te.extern((_int_dag(n, levels),), [A], lambda a, out: None, name="E")
+
+
+def _compute_of_dag_shape(n, levels):
+    A = te.placeholder((n,), "float32", name="A")
+    return [A], te.compute((_int_dag(n, levels),), lambda i: A[0], name="E")
+
+
+@pytest.mark.parametrize("levels", [9, 40])
+@pytest.mark.parametrize("make", [_extern_of_dag_shape, _compute_of_dag_shape],
+                         ids=["extern_shape", "compute_shape"])
+def test_shared_dag_shapes_are_refused_quickly(make, levels):
+    # A shape of shared terms (3^40 nodes as a tree): build's free-variable check walked it
+    # as a tree and never finished; at 3^10 the bounds prover's simplifications did not
+    # finish in a minute. Refused, in time linear in the DAG.
+    inputs, E = make(te.var("n"), levels)
+    with pytest.raises(rivet.CompileError, match="MAX_SHAPE_NODES"):
+        rivet.build(rivet.create_schedule(E), [*inputs, E], target="cpu", name="f")
+
+
 # ---- 7. huge split factors ------------------------------------------------------------------
 
 

@@ -21,6 +21,11 @@ pub const MAX_STMT_DEPTH: u32 = 2048;
 pub const MAX_NEST_DEPTH: u32 = MAX_STMT_DEPTH - 64;
 /// Most expression and statement nodes, counted as a tree, in one lowered function.
 pub const MAX_FUNC_NODES: usize = 2_000_000;
+/// Most nodes, counted as a tree, of one shape dim or axis range of a stage. They are index
+/// arithmetic (`n`, `2 * n + 1`); the passes simplify and substitute them into every bound
+/// and check of the nest, so their cost multiplies (a shape of 6,561 tree nodes took 16 s to
+/// build, one of 59,049 did not finish in a minute). Real programs stay far below.
+pub const MAX_SHAPE_NODES: usize = 4096;
 /// Largest module file `load_module` reads.
 pub const MAX_MODULE_BYTES: usize = 64 << 20;
 /// Stack of the thread that lowers and compiles (deep recursion stays far from its end).

@@ -416,9 +416,11 @@ impl<'a> Verifier<'a> {
 
     /// A resource-limit error: like `fail`, without printing the statement (which may be the
     /// oversized thing itself).
+    /// A program over one of rivet's size limits: the program's size is the user's to change,
+    /// so this is a `CompileError` even after rivet's own passes (never "a bug in rivet").
     fn fail_limit(&self, rule: &str, detail: impl std::fmt::Display) -> Error {
-        Error::Internal(format!(
-            "IR verifier, function `{}`: {rule}: {detail}",
+        Error::Compile(format!(
+            "function `{}`: {rule}: {detail}; split the computation into smaller stages or compute shared terms into buffers",
             self.func.name
         ))
     }

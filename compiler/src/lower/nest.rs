@@ -1004,8 +1004,10 @@ impl Ctx<'_> {
             let mut acc: Vec<Option<Interval>> = vec![None; ndim];
             let mut unknown = false;
             let mut found = false;
+            // Each distinct load once (a union of intervals is the same for repeats), so a
+            // shared DAG costs its size, not its size as a tree.
             consumer_body_ro.visit_exprs(&mut |e| {
-                e.visit(&mut |n| {
+                e.visit_unique(&mut |n| {
                     if let ExprKind::Load { buf, indices } = n.kind() {
                         if *buf == pbuf {
                             found = true;
@@ -1148,7 +1150,7 @@ impl Ctx<'_> {
         for (d, iv) in acc.into_iter().enumerate() {
             let iv = iv.expect("found");
             let mut uses_relaxed = None;
-            iv.lo.visit(&mut |n| {
+            iv.lo.visit_unique(&mut |n| {
                 if let Some(v) = n.as_var() {
                     if relaxed.contains(v) {
                         uses_relaxed.get_or_insert(v.clone());
@@ -1343,6 +1345,27 @@ fn check_sizes(all: &[Tensor], inlined: &HashSet<u32>) -> Result<()> {
             ));
         }
         stage.insert(t.id(), got);
+    }
+    // Shapes and axis ranges are rewritten (simplified, substituted) as trees, into every
+    // bound of the nest: one over MAX_SHAPE_NODES as a tree is refused here, counted with a
+    // bounded walk (a shared DAG of 2^40 tree nodes costs MAX_SHAPE_NODES steps, not 2^40).
+    use crate::ir::limits::MAX_SHAPE_NODES;
+    let limit = MAX_SHAPE_NODES + 1;
+    for t in all {
+        let dims = t.shape().iter().map(|d| (d, "its shape"));
+        let ranges = t
+            .axis()
+            .iter()
+            .chain(t.reduce_axis())
+            .flat_map(|a| [(&a.min, "an axis range"), (&a.extent, "an axis range")]);
+        for (e, what) in dims.chain(ranges) {
+            if e.depth() > MAX_IR_DEPTH || e.tree_size_upto(limit) >= limit {
+                return cerr(format!(
+                    "'{}': {what} has an expression of more than {MAX_SHAPE_NODES} nodes or nested over {MAX_IR_DEPTH} deep once shared terms are counted each time they occur; rivet accepts at most {MAX_SHAPE_NODES} (MAX_SHAPE_NODES) and depth {MAX_IR_DEPTH} (MAX_IR_DEPTH) in a shape or axis range",
+                    t.name()
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -1543,9 +1566,11 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
         axis_vars.extend(t.axis().iter().map(|a| a.var.clone()));
         axis_vars.extend(t.reduce_axis().iter().map(|a| a.var.clone()));
     }
+    // Which variables occur: each distinct node once (linear on shared DAGs; a plain `visit`
+    // of `e = e + e - e` nested 40 deep never finished).
     let check_free = |e: &Expr, what: &str| -> Result<()> {
         let mut bad = None;
-        e.visit(&mut |n| {
+        e.visit_unique(&mut |n| {
             if let Some(v) = n.as_var() {
                 if !dims.contains(v) && !axis_vars.contains(v) {
                     bad.get_or_insert(v.clone());
