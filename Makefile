@@ -100,7 +100,8 @@ test: venv mxvenv build
 fuzz: venv build
 	cargo run --release -q -p rivet-tests --bin fuzz -- \
 	  --seconds $$(( $(FUZZ_SECONDS) * 9 / 10 )) $(FUZZ_ARGS)
-	RIVET_HYPOTHESIS_PROFILE=large RIVET_CHECKED=1 $(VPY) -m pytest -q tests/python/test_fuzz_hypothesis.py
+	RIVET_HYPOTHESIS_PROFILE=large RIVET_CHECKED=1 $(VPY) -m pytest -q tests/python/test_fuzz_hypothesis.py \
+	  tests/python/test_fuzz_torch_ops.py
 
 # TVM (apache-tvm, about 100 MB) only for the benchmarks: it is the peer they compare with.
 bench: venv build

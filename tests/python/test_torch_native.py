@@ -263,6 +263,41 @@ def test_an_output_too_large_to_allocate_is_a_memory_error(bridge):
     torch.testing.assert_close(op(x, y), x[:, None] * y[None, :])
 
 
+def test_sparse_inputs_are_the_python_paths_dlpack_error(bridge, rng):
+    """The kernel read data_ptr() of a sparse tensor: torch's RuntimeError, where the Python
+    path gave rivet.DLPackError. Both now refuse it in the op's words before the call."""
+    x, w, b = randn(rng, 3, 4), randn(rng, 4), randn(rng, 4)
+    for native in (True, False):
+        name = opname("bt_sparse")
+        op = rt.custom_op(bias_tanh("float32"), name, native=native)
+        for t in (x.to_sparse(), x.to_sparse_csr(), x.to_mkldnn()):
+            with pytest.raises(rivet.DLPackError, match=rf"{name}: argument 0 \('X'\) is a "):
+                op(t, w, b)
+        with pytest.raises(rivet.DLPackError, match=r"argument 2 \('b'\) is a sparse_coo tensor"):
+            op(x, w, b.to_sparse())
+        # The direct entry of compiled graphs refuses it the same way.
+        if native:
+            from rivet._torch_native import compiled_kernel
+
+            with pytest.raises(rivet.DLPackError, match=r"argument 0 \('X'\) is a sparse_coo"):
+                compiled_kernel(name, ("float32",))(x.to_sparse(), w, b)
+
+
+def test_unsigned_dtypes_beyond_uint8(bridge):
+    """uint16/32/64 are rivet dtypes; the bridge knew only uint8, so a function with a uint16
+    output could not be registered at all (ValueError "unknown dtype uint16")."""
+    for dtype in ("uint16", "uint32", "uint64"):
+        n = te.var("n")
+        A = te.placeholder((n,), dtype, name="A")
+        C = te.compute((n,), lambda i: A[i] + A[i], name="C")
+        f = rivet.build(rivet.create_schedule(C), [A, C], name=f"dbl_{dtype}")[f"dbl_{dtype}"]
+        op = rt.custom_op(f, opname(f"dbl_{dtype}"), native=True)
+        x = torch.tensor([0, 1, 7, 300], dtype=getattr(torch, dtype))
+        got = op(x)
+        assert got.dtype == x.dtype
+        assert got.to(torch.int64).tolist() == [0, 2, 14, 600]
+
+
 # ---- inside torch.compile: inductor's generated code calls the kernel directly ---------------
 
 

@@ -502,6 +502,165 @@ def test_eager_errors(ops, rng):
         out(randn(rng, 3, 4), randn(rng, 4, 2), torch.empty(3, 3))
 
 
+# ---- one rivet error on both paths, whatever the tensor -------------------------------------
+# Found by a probe: the Python path raised a builtin IndexError for an input of the wrong rank
+# and torch's RuntimeError for an output too large to allocate, the native path torch's
+# RuntimeError for a sparse input, both torch's NotImplementedError for a nested one, and a
+# parameter named 'α' failed in torch's schema parser. tests/python/test_fuzz_torch_ops.py
+# draws many more combinations.
+
+
+def build_outer():
+    m, n = te.var("m"), te.var("n")
+    A = te.placeholder((m,), "float32", name="A")
+    B = te.placeholder((n,), "float32", name="B")
+    C = te.compute((m, n), lambda i, j: A[i] * B[j], name="C")
+    return rivet.build(rivet.create_schedule(C), [A, B, C], target="cpu", name="outer")["outer"]
+
+
+def test_wrong_rank_is_a_shape_error(ops, rng):
+    mm = ops["mm"]
+    name = mm.default.name()
+    with pytest.raises(rivet.ShapeError, match=rf"{name}: argument 0 \('A'\) expected a 2-d tensor, got 1-d"):
+        mm(randn(rng, 4), randn(rng, 4, 2))
+    with pytest.raises(rivet.ShapeError, match=r"argument 1 \('B'\) expected a 2-d tensor, got 1-d"):
+        mm(randn(rng, 3, 4), randn(rng, 4))
+    with pytest.raises(rivet.ShapeError, match=r"argument 0 \('A'\) expected a 2-d tensor, got 0-d"):
+        mm(torch.tensor(1.0), randn(rng, 4, 2))
+
+
+def test_an_output_too_large_is_a_memory_error_eager_and_fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = rt.custom_op(build_outer(), opname("outer"))
+    name = op.default.name()
+    # Stride-0 views of 2^40, 2^31 and 2^24 elements (no memory behind them): the outer
+    # product's bytes overflow int64, or are 2^50, over rivet.MAX_ALLOC_BYTES (2^48).
+    for m, n, size in [(2**40, 2**31, "more than 2\\^63 bytes"), (2**24, 2**24, f"{2**50} bytes")]:
+        a, b = torch.ones(1).expand(m), torch.ones(1).expand(n)
+        msg = (
+            rf"{name} .*: cannot allocate output 0 of shape \[{m}, {n}\] \(float32\): {size}, "
+            r"over rivet's limit of 281474976710656 bytes \(rivet.MAX_ALLOC_BYTES\)"
+        )
+        with pytest.raises(rivet.MemoryError, match=msg):
+            op(a, b)
+        with FakeTensorMode() as mode:  # the fake implementation (torch.compile) says the same
+            with pytest.raises(rivet.MemoryError, match=msg):
+                op(mode.from_tensor(a), mode.from_tensor(b))
+    x, y = torch.arange(3.0), torch.arange(4.0)
+    torch.testing.assert_close(op(x, y), x[:, None] * y[None, :])
+
+
+def overcommit_always():
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return True  # not Linux: unknown, so assume the worst
+
+
+@pytest.mark.skipif(
+    overcommit_always(),
+    reason="where the system grants any allocation, the kernel's write to 4 TB would kill the process",
+)
+def test_an_output_the_system_refuses_is_a_memory_error():
+    # 4 TB: under rivet's limit, so torch's allocator is asked, and refuses.
+    op = rt.custom_op(build_outer(), opname("outer"))
+    a = torch.ones(1).expand(2**20)
+    with pytest.raises(rivet.MemoryError, match=r"cannot allocate output 0 of shape \[1048576, 1048576\]"):
+        op(a, a)
+
+
+def test_sparse_mkldnn_and_nested_inputs_are_dlpack_errors(ops, rng):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mm = ops["mm"]
+    name = mm.default.name()
+    x, w = randn(rng, 3, 4), randn(rng, 4, 2)
+    for kind, t in [
+        ("a sparse_coo", x.to_sparse()),
+        ("a sparse_csr", x.to_sparse_csr()),
+        ("a _mkldnn", x.to_mkldnn()),
+        ("a sparse_coo", x.to_sparse().requires_grad_()),
+        ("a nested", torch.nested.nested_tensor([x[0], x[1]])),
+        ("a nested", torch.nested.nested_tensor([x, x[:2]], layout=torch.jagged)),
+    ]:
+        msg = rf"{name}: argument 0 \('A'\) is {kind} tensor, but rivet takes dense strided"
+        with pytest.raises(rivet.DLPackError, match=msg):
+            mm(t, w)
+    with pytest.raises(rivet.DLPackError, match=r"argument 1 \('B'\) is a sparse_coo tensor"):
+        mm(x, w.to_sparse())
+    # Nested and dense together: the first bad argument is named, whichever kernel runs.
+    with pytest.raises(rivet.DTypeError, match=r"argument 0 \('A'\) expected dtype float32"):
+        mm(x.double(), torch.nested.nested_tensor([w[0], w[1]], layout=torch.jagged))
+    xs = x.to_sparse()
+    with FakeTensorMode() as mode:  # the fake implementation (torch.compile) says the same
+        with pytest.raises(rivet.DLPackError, match=r"argument 0 \('A'\) is a sparse_coo tensor"):
+            mm(mode.from_tensor(xs), mode.from_tensor(w))
+    # Quantized and complex tensors: their dtypes are not the signature's.
+    q = torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+    with pytest.raises(rivet.DTypeError, match=r"argument 0 \('A'\) expected dtype float32, got qint8"):
+        mm(q, w)
+    with pytest.raises(rivet.DTypeError, match=r"argument 1 \('B'\) expected dtype float32, got complex64"):
+        mm(x, w.to(torch.complex64))
+
+
+def test_negative_views_compute_and_huge_ones_are_memory_errors(ops, rng):
+    """torch resolves a negative view (a copy) before any kernel of the op: of a huge
+    stride-0 tensor that copy was torch's RuntimeError from its allocator (found by the
+    fuzzer), now the op's checks come first and the copy is checked against rivet's limit."""
+    mm = ops["mm"]
+    name = mm.default.name()
+    x, w = randn(rng, 3, 4), randn(rng, 4, 2)
+    torch.testing.assert_close(mm(torch._neg_view(x), w), -x @ w)
+    torch.testing.assert_close(mm(x, torch._neg_view(w)), -x @ w)
+    xg = x.clone().requires_grad_()
+    mm(torch._neg_view(xg), w).sum().backward()
+    torch.testing.assert_close(xg.grad, -torch.ones(3, 2) @ w.t())
+    with pytest.raises(rivet.DTypeError, match=r"argument 1 \('B'\) expected dtype float32"):
+        mm(torch._neg_view(x), w.double())
+    big = torch.ones(1, 1).expand(2**47, 4)  # the output, 2^47 x 2 floats, is over the limit
+    msg = rf"{name} .*cannot allocate output 0 of shape \[{2**47}, 2\]"
+    with pytest.raises(rivet.MemoryError, match=msg):
+        mm(torch._neg_view(big), w)
+    # The output is small, but the copy of the input is 2^50 bytes.
+    huge_k = torch.ones(1, 1).expand(2, 2**47)
+    msg = r"argument 0 \('A'\) is a negative or conjugate view.*copy of shape \[2, 140737488355328\]"
+    with pytest.raises(rivet.MemoryError, match=msg):
+        mm(torch._neg_view(huge_k), torch.ones(1, 1).expand(2**47, 2))
+
+
+def test_meta_tensors_give_shapes_and_mixed_devices_are_device_errors(ops, rng):
+    mm = ops["mm"]
+    out = mm(torch.empty(3, 4, device="meta"), torch.empty(4, 2, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3, 2)
+    # A meta tensor with a CPU one used to give a meta result (the op's Meta kernel ran).
+    msg = r"different devices: argument 0 \('A'\) is on meta but argument 1 \('B'\) is on cpu"
+    with pytest.raises(rivet.DeviceError, match=msg):
+        mm(torch.empty(3, 4, device="meta"), randn(rng, 4, 2))
+    with pytest.raises(rivet.DeviceError, match=r"\('A'\) is on cpu but argument 1 \('B'\) is on meta"):
+        mm(randn(rng, 3, 4), torch.empty(4, 2, device="meta"))
+
+
+def test_parameter_names_torch_cannot_parse_get_argN(rng):
+    # 'α' is a Python identifier, but torch's schema takes ASCII ones; 'Ellipsis' is reserved
+    # by torch's parser. A real parameter named 'arg0' keeps its name: the replacement moves.
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="α")
+    B = te.placeholder((n,), "float32", name="arg0")
+    E = te.placeholder((n,), "float32", name="Ellipsis")
+    C = te.compute((n,), lambda i: A[i] * 2.0 + B[i] - E[i], name="γ")
+    f = rivet.build(rivet.create_schedule(C), [A, B, E, C], target="cpu", name="greek")["greek"]
+    op = rt.custom_op(f, opname("greek"))
+    assert str(op.default._schema).endswith("(Tensor arg0_1, Tensor arg0, Tensor arg2) -> Tensor")
+    x, y, z = randn(rng, 5), randn(rng, 5), randn(rng, 5)
+    torch.testing.assert_close(op(x, y, z), x * 2 + y - z)
+    torch.testing.assert_close(op(arg0_1=x, arg0=y, arg2=z), x * 2 + y - z)
+    # Errors name the rivet parameter.
+    with pytest.raises(rivet.DTypeError, match=r"argument 0 \('α'\) expected dtype float32"):
+        op(x.double(), y, z)
+
+
 def test_mutates_under_compile(rng, poison):
     torch._dynamo.reset()
     op = rt.custom_op(build_gemm(), opname("gemm_out"), mutates=True)
@@ -522,7 +681,7 @@ def test_mutates_under_compile(rng, poison):
 
 def test_bad_registrations(uname):
     gemm = build_gemm()
-    for bad in ["gemm", "a::b::c", "ns::", "1ns::op", "ns::op.default", 3]:
+    for bad in ["gemm", "a::b::c", "ns::", "1ns::op", "ns::op.default", "ns::op\n", 3]:
         with pytest.raises(rivet.ArgumentError, match="'namespace::op_name'"):
             rt.custom_op(gemm, bad)
     with pytest.raises(rivet.ArgumentError, match=r"\('func'\) must be a rivet.Function"):

@@ -15,10 +15,13 @@
 //   code calls it (rivet/_torch_native.py installs the inductor code generator), because the
 //   OpOverload's argument parsing and the boxed dispatch cost more than a small kernel and,
 //   after the compiled call's own machinery has evicted them from the caches, twice that.
-// Errors: a rivet failure, or a tensor on a device other than the CPU, calls the op's Python
+// Errors: a rivet failure, a tensor on a device other than the CPU or without strided storage
+// (sparse, mkldnn, nested), or an output over rivet.MAX_ALLOC_BYTES calls the op's Python
 // error hook (which rewords signature violations with the op's name and raises the rivet
 // error class of the failure's kind); the Python exception crosses the dispatcher as torch's
-// python_error, so callers see the same exception types as on the Python path.
+// python_error, so callers see the same exception types as on the Python path (never torch's
+// own: the checks come before every torch call here that could throw;
+// tests/python/test_fuzz_torch_ops.py).
 // Invariants: a kernel never reads a tensor it did not check is on the CPU; a slot always calls
 // what the dispatcher would (its live registration, else the op's OpOverload); ops are never
 // unregistered while a call runs (an op's state lives until its torch::Library is dropped,
@@ -35,6 +38,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <string>
@@ -65,6 +69,9 @@ struct Api {
   CallFn call = nullptr;
   AnyFreeFn any_free = nullptr;
   LastErrorFn last_error = nullptr;
+  // rivet.MAX_ALLOC_BYTES: the outputs are refused over it, as rivet's own allocations and
+  // the Python kernel refuse them (rivet/torch.py `check_size`).
+  int64_t max_alloc_bytes = 0;
 };
 Api api;
 
@@ -94,7 +101,11 @@ constexpr std::pair<const char*, c10::ScalarType> kDTypes[] = {
     {"float16", c10::ScalarType::Half},  {"bfloat16", c10::ScalarType::BFloat16},
     {"int32", c10::ScalarType::Int},     {"int64", c10::ScalarType::Long},
     {"int16", c10::ScalarType::Short},   {"int8", c10::ScalarType::Char},
-    {"uint8", c10::ScalarType::Byte},    {"bool", c10::ScalarType::Bool}};
+    {"uint8", c10::ScalarType::Byte},    {"bool", c10::ScalarType::Bool},
+    // rivet's unsigned types beyond uint8 (rivet_runtime::DType): without them a function
+    // with a uint16 output could not be registered on this path at all.
+    {"uint16", c10::ScalarType::UInt16}, {"uint32", c10::ScalarType::UInt32},
+    {"uint64", c10::ScalarType::UInt64}};
 
 bool parse_dtype(const std::string& name, c10::ScalarType* out) {
   for (const auto& [n, t] : kDTypes) {
@@ -137,6 +148,9 @@ bool to_dl_dtype(c10::ScalarType t, DLDataType* out) {
     case S::Short: *out = {kDLInt, 16, 1}; return true;
     case S::Char: *out = {kDLInt, 8, 1}; return true;
     case S::Byte: *out = {kDLUInt, 8, 1}; return true;
+    case S::UInt16: *out = {kDLUInt, 16, 1}; return true;
+    case S::UInt32: *out = {kDLUInt, 32, 1}; return true;
+    case S::UInt64: *out = {kDLUInt, 64, 1}; return true;
     case S::Bool: *out = {kDLBool, 8, 1}; return true;
     default: return false;
   }
@@ -213,6 +227,21 @@ Outs run_kernel(const OpState& s, const c10::IValue* args) {
       if (d >= t.dim()) fail(s, "ShapeError", "", args);
       shape.push_back(t.size(d));
     }
+    // The size in bytes, checked: over rivet's limit is the same MemoryError, in the same
+    // words, as the Python kernel's (an overflowing size would be torch's own error, and a
+    // size under the overflow but over the limit an attempt to allocate terabytes).
+    // A zero dim makes it empty whatever the others are (as the Python kernel's exact count).
+    const bool empty = std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end();
+    int64_t nbytes = empty ? 0 : static_cast<int64_t>(c10::elementSize(o.dtype));
+    bool overflow = false;
+    for (int64_t d : shape) overflow = overflow || __builtin_mul_overflow(nbytes, d, &nbytes);
+    if (overflow || nbytes > api.max_alloc_bytes) {
+      fail(s, "MemoryError", "cannot allocate output " + std::to_string(k) + " of shape " +
+               c10::str(c10::IntArrayRef(shape)) + " (" + dtype_name(o.dtype) + "): " +
+               (overflow ? std::string("more than 2^63 bytes") : std::to_string(nbytes) + " bytes") +
+               ", over rivet's limit of " + std::to_string(api.max_alloc_bytes) +
+               " bytes (rivet.MAX_ALLOC_BYTES)", args);
+    }
     try {
       // at::detail::empty_cpu: the CPU allocation without a trip through the dispatcher (the
       // kernel only ever runs on CPU tensors, checked above).
@@ -232,6 +261,13 @@ Outs run_kernel(const OpState& s, const c10::IValue* args) {
     const Kind kind = s.params[i];
     if (kind == Kind::TensorIn || kind == Kind::TensorOut) {
       const at::Tensor& t = kind == Kind::TensorOut ? outs[next_out++] : args[s.arg_of[i]].toTensor();
+      // Sparse, mkldnn and nested tensors have no strided storage for a DLTensor to view
+      // (data_ptr() would throw torch's RuntimeError): rivet's DLPackError, as the Python
+      // kernel gets from the export (the hook's signature check words it).
+      if (t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) {
+        fail(s, "DLPackError", std::string("a ") + c10::str(t.layout()) +
+                 " tensor cannot be passed to rivet (DLPack describes dense strided tensors only)", args);
+      }
       DLTensor& d = dl[i];
       if (!to_dl_dtype(t.scalar_type(), &d.dtype)) {
         fail(s, "DTypeError", std::string("unsupported dtype ") + c10::toString(t.scalar_type()), args);
@@ -355,7 +391,8 @@ bool live(long long reg) {
 
 PyObject* py_init(PyObject*, PyObject* args) {
   unsigned long long call, any_free, last_error, version;
-  if (!PyArg_ParseTuple(args, "KKKK", &call, &any_free, &last_error, &version)) return nullptr;
+  long long max_alloc_bytes;
+  if (!PyArg_ParseTuple(args, "KKKKL", &call, &any_free, &last_error, &version, &max_alloc_bytes)) return nullptr;
   const int32_t v = reinterpret_cast<VersionFn>(version)();
   if ((v >> 16) != 1) {
     PyErr_Format(PyExc_ImportError, "rivet's C ABI is version %d.%d; this torch bridge needs 1.x", v >> 16, v & 0xffff);
@@ -364,6 +401,7 @@ PyObject* py_init(PyObject*, PyObject* args) {
   api.call = reinterpret_cast<CallFn>(call);
   api.any_free = reinterpret_cast<AnyFreeFn>(any_free);
   api.last_error = reinterpret_cast<LastErrorFn>(last_error);
+  api.max_alloc_bytes = static_cast<int64_t>(max_alloc_bytes);
   Py_RETURN_NONE;
 }
 
@@ -634,7 +672,7 @@ PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
 }
 
 PyMethodDef methods[] = {
-    {"init", py_init, METH_VARARGS, "init(call, any_free, last_error, abi_version): rivet's C ABI entry points"},
+    {"init", py_init, METH_VARARGS, "init(call, any_free, last_error, abi_version, max_alloc_bytes): rivet's C ABI entry points and allocation limit"},
     {"register", py_register, METH_VARARGS, "register a rivet op's CPU and Autograd kernels"},
     {"unregister", py_unregister, METH_VARARGS, "drop a registration's kernels"},
     {"slot", py_slot, METH_VARARGS, "slot(name, fallback) -> the op's slot for call"},

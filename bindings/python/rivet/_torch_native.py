@@ -101,7 +101,10 @@ def _load(torch):
     loader.exec_module(ext)
     lib = ctypes.CDLL(_native.__file__)
     addr = lambda sym: ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value  # noqa: E731
-    ext.init(addr("RivetFunctionCall"), addr("RivetAnyFree"), addr("RivetGetLastError"), addr("RivetAbiVersion"))
+    ext.init(
+        addr("RivetFunctionCall"), addr("RivetAnyFree"), addr("RivetGetLastError"),
+        addr("RivetAbiVersion"), _native.MAX_ALLOC_BYTES,
+    )  # fmt: skip
     return ext
 
 

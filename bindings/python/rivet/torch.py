@@ -19,22 +19,32 @@ autograd see through it with no user code:
   (either way registered as the op ``<name>_backward``, so it is traced like the forward) or
   a Python callable. Where there is none (``backward=None``, or a function rivet cannot
   differentiate), backward raises ``rivet.NotDifferentiableError`` naming the op and why.
+- errors: whatever the tensors (sparse, nested, quantized, meta, negative views, huge
+  stride-0 views...), a call raises the same rivet error class on both kernel paths and in
+  the fake implementation: every failure is first put to ``_Op.check`` (the native path's
+  error hook runs it too), outputs are refused over ``rivet.MAX_ALLOC_BYTES`` before any
+  allocation, and kernels for the nested and negative/conjugate dispatch keys keep torch's
+  own errors out (docs/torch.md "Errors"; tests/python/test_fuzz_torch_ops.py).
 
 Invariant: the fake and real implementations derive output shapes from one table
 (``_Op.out_shapes``), so they cannot disagree. torch is imported lazily: ``import rivet``
 never needs it. docs/torch.md is the user documentation.
 """
 
+import functools
 import itertools
 import keyword
+import math
 import re
 
-from ._native import Function
+from ._native import MAX_ALLOC_BYTES, Function
 from .error import (
     ArgumentError,
     DeviceError,
+    DLPackError,
     DTypeError,
     Error,
+    MemoryError,
     NotDifferentiableError,
     RegistryError,
     ShapeError,
@@ -45,6 +55,13 @@ __all__ = ["custom_op"]
 _SCALAR_SCHEMA = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
 _FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
+_ASCII_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The dtypes a rivet tensor can have (rivet_runtime::DType): a torch tensor of any other dtype
+# (complex, quantized, float8, ...) cannot reach a rivet function.
+_RIVET_DTYPES = {
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64",
+}  # fmt: skip
 
 
 def custom_op(
@@ -111,9 +128,14 @@ def custom_op(
         _NATIVE_OPS[name] = _torch_native.register(
             ext, op, bwd, name, op.no_backward, _setup_context
         )
+        _refuse_nested(op, _NATIVE_OPS[name][0], name)
+        _resolve_views(op, _NATIVE_OPS[name][0], name)
         return getattr(getattr(torch.ops, ns), opname)
     cdef = torch.library.custom_op(name, op.run, mutates_args=op.mutated, schema=op.schema)
     cdef.register_fake(op.fake)
+    _refuse_nested(op, cdef._lib, name)
+    if not mutates:
+        _resolve_views(op, cdef._lib, name)
     packet = getattr(getattr(torch.ops, ns), opname)
     if bwd is not None and bwd.saved is not None:
         # Autograd through the forward with residuals: an Autograd kernel of our own, as
@@ -142,7 +164,7 @@ class _Op:
                 "rivet.torch.custom_op: argument 0 ('func') must be a rivet.Function, got "
                 f"{type(func).__name__}"
             )
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ArgumentError(
                 "rivet.torch.custom_op: argument 1 ('name') must be 'namespace::op_name' "
                 f"(identifiers, e.g. 'mylib::gemm'), got {name!r}"
@@ -241,21 +263,58 @@ class _Op:
             for dtype, dims in self.out_table
         ]
 
+    def check_size(self, args, k, shape, dtype, fake):
+        """Refuses output ``k`` of ``shape`` when its bytes are over rivet's allocation limit
+        (``rivet.MAX_ALLOC_BYTES``, which rivet's own allocations and the native kernel
+        apply): a ``rivet.MemoryError`` worded as the native kernel words it, so both paths
+        and the fake implementation agree. torch.empty would give a RuntimeError instead
+        (an overflowing size) or try to allocate terabytes. Symbolic sizes (torch.compile
+        with dynamic shapes) are left to the kernel, which sees their values at run time: a
+        torch._check here would add a runtime assertion to every compiled graph."""
+        if not all(type(d) is int for d in shape):
+            return
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes <= MAX_ALLOC_BYTES:
+            return
+        if not fake:
+            self.check(args, fake=False)  # a signature violation is reported first, as natively
+        size = "more than 2^63 bytes" if nbytes >= 2**63 else f"{nbytes} bytes"
+        raise MemoryError(
+            f"{self.where}: cannot allocate output {k} of shape {list(shape)} "
+            f"({str(dtype).removeprefix('torch.')}): {size}, over rivet's limit of "
+            f"{MAX_ALLOC_BYTES} bytes (rivet.MAX_ALLOC_BYTES)"
+        )
+
     def check(self, args, fake):
         """The signature's checks with the op's name; torch._check so symbolic sizes only
         add the constraints (no specialisation on a size)."""
         import torch
 
         bound = {}
+        first = None  # (device, arg) of the first tensor argument
         for i, p in enumerate(self.params):
             k = self.pos[i]
             if k is None or p["kind"] != "tensor":
                 continue
             t, arg = args[k], f"argument {k} ('{p['name']}')"
+            # Tensors DLPack cannot describe, refused before anything reads their sizes
+            # (a nested tensor has none): the Python kernel would get rivet's DLPackError
+            # from the export, the native kernel torch's RuntimeError from data_ptr().
+            kind = _undescribable(t)
+            if kind is not None:
+                raise DLPackError(
+                    f"{self.name}: {arg} is {kind}, but rivet takes dense strided tensors "
+                    "only (DLPack cannot describe it); "
+                    + ("pass its components (.unbind())" if t.is_nested else "pass .to_dense()")
+                )
             dtype = str(t.dtype).removeprefix("torch.")
             if p["dtypes"] and dtype not in p["dtypes"]:
                 raise DTypeError(
                     f"{self.name}: {arg} expected dtype {' or '.join(p['dtypes'])}, got {dtype}"
+                )
+            if dtype not in _RIVET_DTYPES:
+                raise DTypeError(
+                    f"{self.name}: {arg} has dtype {dtype}, which rivet has no type for"
                 )
             dev = t.device.type
             if dev not in self.device_types and not (fake and dev == "meta"):
@@ -263,6 +322,15 @@ class _Op:
                     f"{self.name}: {arg} is on {t.device}, but the rivet function "
                     f"{self.func.name!r} runs on {' or '.join(self.device_types)} tensors; "
                     "rivet does not copy between devices (build the function for that device)"
+                )
+            if first is None:
+                first = (t.device, arg)
+            elif t.device != first[0]:
+                # Meta tensors mixed with real ones would otherwise reach the fake
+                # implementation (the op's Meta kernel) and give a meta result for CPU data.
+                raise DeviceError(
+                    f"{self.name}: tensors on different devices: {first[1]} is on "
+                    f"{first[0]} but {arg} is on {t.device}; rivet does not copy between devices"
                 )
             shape = p["shape"]
             if shape is None:
@@ -296,13 +364,37 @@ class _Op:
         self.check(args, fake=True)
         if self.mutates:
             return None
-        return self.allocate(args)
+        return self.allocate(args, fake=True)
 
-    def allocate(self, args):
+    def allocate(self, args, fake=False):
+        """The outputs, from the output table; ``fake``: under fake tensors (the arguments
+        checked already). The real kernel does not check before allocating (the success
+        path stays cheap), so a failure here is first put to the signature check: the
+        same error, worded the same, as the native kernel's (whose error hook runs the
+        check first too)."""
         import torch
 
         dev = _first_device(args)
-        outs = [torch.empty(s, dtype=dt, device=dev) for dt, s in self.out_shapes(args)]
+        try:
+            shapes = self.out_shapes(args)
+        except IndexError:
+            # An input of lower rank than the signature's: the check words it (ShapeError).
+            self.check(args, fake=fake)
+            raise ShapeError(f"{self.where}: an input has the wrong rank") from None
+        outs = []
+        for k, (dt, s) in enumerate(shapes):
+            self.check_size(args, k, s, dt, fake)
+            try:
+                outs.append(torch.empty(s, dtype=dt, device=dev))
+            except RuntimeError as e:
+                # The system refused the allocation (under rivet's limit): rivet's class, as
+                # the native kernel and rivet's own allocations give, never torch's.
+                if not fake:
+                    self.check(args, fake=False)
+                raise MemoryError(
+                    f"{self.where}: cannot allocate output {k} of shape {list(s)}: "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                ) from None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def run(self, *args):
@@ -575,16 +667,141 @@ def _schema_type(p, mutates, i):
 
 
 def _schema_names(params):
-    """Parameter names as schema identifiers: unique, not keywords; else 'argN'."""
-    names = []
+    """The parameters' names in the op's schema (what keyword arguments of the op use).
+
+    torch's schema parser takes ASCII identifiers only, and refuses words of its own besides
+    Python's keywords ('Ellipsis'): a rivet name such as 'α', a valid Python identifier, made
+    ``torch.library`` raise a RuntimeError at registration. A name torch accepts is kept
+    as it is; any other one (and a repeated one after its first use) becomes ``argN``, N
+    the parameter's position (``argN_1``, ``argN_2``, ... if a kept name is ``argN``).
+    Kept names are chosen first, so a replacement never takes a real parameter's name and
+    the result depends on the names alone."""
+    keep = [None] * len(params)
+    taken = set()
     for i, p in enumerate(params):
         n = p["name"]
-        if not n.isidentifier() or keyword.iskeyword(n) or n.startswith("__"):
-            n = f"arg{i}"
-        while n in names:
-            n = f"{n}_{i}"
+        if _schema_accepts(n) and n not in taken:
+            keep[i] = n
+            taken.add(n)
+    names = []
+    for i, n in enumerate(keep):
+        if n is None:
+            n, k = f"arg{i}", 0
+            while n in taken:
+                k += 1
+                n = f"arg{i}_{k}"
+            taken.add(n)
         names.append(n)
     return names
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_accepts(name):
+    """Whether ``name`` can be an argument's name in a torch schema (asked of torch's own
+    parser, so a word torch reserves is found whatever torch's version)."""
+    import torch
+
+    if not isinstance(name, str) or not _ASCII_IDENT.fullmatch(name):
+        return False
+    if keyword.iskeyword(name) or name.startswith("__"):
+        return False
+    try:
+        torch._C.parse_schema(f"rivet_probe::f(Tensor {name}) -> ()")
+    except RuntimeError:
+        return False
+    return True
+
+
+def _resolve_views(op, lib, name):
+    """Kernels of a functional op for tensors with the negative or conjugate bit
+    (``torch._neg_view``, ``.conj()``): what torch's fallback for those keys does, a copy of
+    each such input with the bit resolved, then the op, but with the op's checks first.
+
+    torch's fallback copies before any kernel of the op runs, so a negative view of a huge
+    stride-0 tensor (found by tests/python/test_fuzz_torch_ops.py) gave torch's RuntimeError
+    from its allocator, or a copy of terabytes where memory is overcommitted, instead of the
+    op's own error: here the signature and the outputs' sizes are checked first, and a copy
+    over rivet's allocation limit, or one the system refuses, is rivet's MemoryError. The
+    dispatcher reaches these keys only for such tensors: other calls never run this."""
+    import torch
+
+    ns, opname = name.split("::")
+    overload = getattr(getattr(torch.ops, ns), opname).default
+    bits = (torch._C.DispatchKey.Negative, torch._C.DispatchKey.Conjugate)
+    names = {k: p["name"] for k, p in zip(op.pos, op.params) if k is not None}
+
+    def kernel(keyset, *args):
+        from torch._subclasses.fake_tensor import is_fake
+
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        fake = any(t.is_meta or is_fake(t) for t in tensors)
+        op.check(args, fake=fake)
+        for k, (dt, s) in enumerate(op.out_shapes(args)):
+            op.check_size(args, k, s, dt, fake)
+        resolved = []
+        for k, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and (a.is_neg() or a.is_conj()):
+                nbytes = math.prod(a.shape) * a.dtype.itemsize
+                why = None
+                if nbytes > MAX_ALLOC_BYTES:
+                    why = f"{nbytes} bytes, over rivet's limit of {MAX_ALLOC_BYTES} bytes"
+                else:
+                    try:
+                        a = a.resolve_neg().resolve_conj()
+                    except RuntimeError as e:
+                        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if why is not None:
+                    raise MemoryError(
+                        f"{op.where}: argument {k} ('{names[k]}') is a negative or conjugate "
+                        "view, which torch copies to resolve before any kernel, and the copy "
+                        f"of shape {list(a.shape)} cannot be allocated: {why}"
+                    )
+            resolved.append(a)
+        for key in bits:
+            keyset = keyset.remove(key)
+        return overload.redispatch(keyset, *resolved)
+
+    for key in ("Negative", "Conjugate"):
+        lib.impl(opname, kernel, key, with_keyset=True)
+
+
+def _undescribable(t):
+    """What a torch tensor DLPack cannot describe is ("a nested tensor", "a sparse_coo
+    tensor", ...), or None for a dense strided one."""
+    import torch
+
+    if t.is_nested:
+        return "a nested tensor"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    return None
+
+
+def _refuse_nested(op, lib, name):
+    """Kernels refusing nested tensors (torch.nested) with the op's DLPackError. torch's
+    dispatcher has no kernel of the op for them (CompositeExplicitAutograd does not cover the
+    NestedTensor keys, and a jagged nested tensor is a Python subclass that knows only its
+    own ops), so the call would be torch's NotImplementedError on both paths."""
+    import torch
+
+    ns, opname = name.split("::")
+
+    def kernel(*args):
+        op.check(args, fake=False)  # raises DLPackError naming the argument
+        raise DLPackError(f"{op.where}: nested tensors cannot be passed to rivet")
+
+    for key in ("NestedTensorCPU", "NestedTensorCUDA", "NestedTensorMeta"):
+        if hasattr(torch._C.DispatchKey, key):
+            lib.impl(opname, kernel, key)
+    try:
+        from torch.nested._internal.nested_tensor import NestedTensor
+    except ImportError:
+        return
+
+    def rule(cls, func, types, args=(), kwargs=None):
+        return kernel(*args, *(kwargs or {}).values())
+
+    torch.library.register_torch_dispatch(name, NestedTensor, rule, lib=lib)
 
 
 def _dtype(name):
