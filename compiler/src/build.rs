@@ -480,10 +480,12 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
                     stream: rivet_runtime::stream::call_stream(),
                     work: fast.work,
                 };
-                // SAFETY: the plan made every check of the full path (module header of
-                // `call_plan`) on these arguments.
-                unsafe { c.kernel.launch(&fast.frame, &ctx) }
-                    .map_err(rivet_runtime::Error::from)?;
+                if !fast.nothing_to_do {
+                    // SAFETY: the plan made every check of the full path (module header of
+                    // `call_plan`) on these arguments.
+                    unsafe { c.kernel.launch(&fast.frame, &ctx) }
+                        .map_err(rivet_runtime::Error::from)?;
+                }
                 return Ok(Value::Null);
             }
             call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
@@ -717,9 +719,24 @@ fn call(
         work: c.work.eval(&|v| env.get(v).copied()).max(elements),
         ..ctx
     };
-    // SAFETY: the frame describes the argument tensors, checked above against the signature,
-    // the dims and the bounds checks; the backend applies its own execution policy.
-    unsafe { c.kernel.launch(&frame, &ctx) }?;
+    // Every output empty: nothing to compute, so nothing is launched. The loops would still
+    // run over the other dims (an output of shape [2^61, 0] is 2^61 empty outer iterations:
+    // a hang, found by the C ABI fuzzer, `tests/src/fuzz/capi_gen.rs`).
+    // A function with host callbacks is launched all the same: each runs exactly once per
+    // call (docs/callbacks.md), whatever the outputs' sizes.
+    let outputs_empty = n_out > 0
+        && f.callbacks.is_empty()
+        && tensors
+            .iter()
+            .zip(&f.params)
+            .filter(|(_, id)| f.buffer(**id).kind == (BufKind::Param { output: true }))
+            .all(|(t, _)| t.numel() == 0);
+    if !outputs_empty {
+        // SAFETY: the frame describes the argument tensors, checked above against the
+        // signature, the dims and the bounds checks; the backend applies its own execution
+        // policy.
+        unsafe { c.kernel.launch(&frame, &ctx) }?;
+    }
     if allocate {
         let outs: Vec<Tensor> = tensors
             .into_iter()

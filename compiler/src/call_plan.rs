@@ -44,6 +44,9 @@ pub struct CallPlan {
     n_dims: usize,
     /// Bounds checks or temporaries exist: their conditions need the dims by variable.
     needs_env: bool,
+    /// The function calls host callbacks: it is launched even when every output is empty, so
+    /// each callback still runs exactly once per call (docs/callbacks.md).
+    has_callbacks: bool,
     /// The iteration count when it does not depend on the dims (static shapes): then no
     /// expression is evaluated per call.
     work_const: Option<i64>,
@@ -60,6 +63,9 @@ pub struct FastCall {
     pub frame: CallFrame,
     pub device: rivet_runtime::Device,
     pub work: i64,
+    /// Every output is empty: the call computes nothing and launches nothing (the loops
+    /// would still run over the other dims: [2^61, 0] is 2^61 empty iterations).
+    pub nothing_to_do: bool,
 }
 
 impl CallPlan {
@@ -102,6 +108,7 @@ impl CallPlan {
             params,
             n_dims: f.dims.len(),
             needs_env: !f.checks.is_empty() || !c.temps.is_empty(),
+            has_callbacks: !f.callbacks.is_empty(),
             work_const: c.work.constant(),
             memo: Mutex::new(None),
         })
@@ -122,6 +129,8 @@ impl CallPlan {
         let mut ranges: SmallVec<[(usize, usize, bool); 8]> = SmallVec::new();
         let mut elements = 0i64;
         let mut device = None;
+        // Whether every output is empty: then nothing is launched (as on the full path).
+        let mut outputs_empty = true;
         for (p, a) in self.params.iter().zip(args) {
             let Value::Tensor(t) = a else { return None };
             if t.dtype() != p.dtype || !t.device().is_host() || t.ndim() != p.shape.len() {
@@ -147,6 +156,9 @@ impl CallPlan {
             }
             if let Some((lo, hi)) = t.byte_range() {
                 ranges.push((lo, hi, p.output));
+            }
+            if p.output && t.numel() != 0 {
+                outputs_empty = false;
             }
             // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's
             // strides.
@@ -186,6 +198,9 @@ impl CallPlan {
             frame: CallFrame { ptrs, ints },
             device: device.unwrap_or(rivet_runtime::Device::Cpu),
             work,
+            nothing_to_do: outputs_empty
+                && !self.has_callbacks
+                && self.params.iter().any(|p| p.output),
         })
     }
 

@@ -561,6 +561,8 @@ pub unsafe extern "C" fn RivetAnyFree(v: *mut RivetAny) -> i32 {
                         }
                     }
                 }
+                // A NULL handle owns nothing, as for `RivetFunctionFree(NULL)`.
+                RIVET_FUNCTION if a.value.v_ptr.is_null() => {}
                 RIVET_FUNCTION => free_handle(a.value.v_ptr, "RivetAnyFree: the value's function handle")?,
                 _ => {}
             }

@@ -21,7 +21,14 @@
 //!   checked before use, and an entry of XLA's API table is called only when the table's
 //!   `struct_size` says the table has it (an older XLA's is shorter): a missing entry is an
 //!   error naming it (XLA is trusted to pass a frame of its own making, not to be free of
-//!   bugs).
+//!   bugs). A malformed frame (a struct too small, a count out of range, a NULL array, a rank
+//!   past 64, a negative device ordinal) is an `ArgumentError` (`DeviceError` for the
+//!   ordinal) naming what is wrong, never an `InternalError`: that kind is kept for rivet's own
+//!   bugs. Nothing is written past a struct's `struct_size` (the metadata query of an older
+//!   XLA, whose struct ends at `traits`, gets no `state_type_id`).
+//! - An error the frame gives no way to report (no API table, or one without
+//!   `XLA_FFI_Error_Create`) aborts the process: returning NULL would tell XLA the results
+//!   are there. `tests/src/fuzz/xla_gen.rs` fuzzes all of this on hand-made frames.
 //!
 //! The function is looked up in the registry by the attribute's name on every call. XLA's
 //! FFI (0.3) could keep it per call site instead: an `instantiate` handler in a handler
@@ -276,6 +283,8 @@ pub struct MetadataExtension {
 const CALL_FRAME_SIZE: usize = std::mem::offset_of!(CallFrame, future);
 /// The struct sizes of the metadata query (offset of the last field plus its size).
 const METADATA_SIZE: usize = std::mem::offset_of!(Metadata, traits) + 4;
+/// The size of a metadata struct that has `state_type_id` (a newer XLA's).
+const METADATA_STATE_SIZE: usize = std::mem::offset_of!(Metadata, state_type_id) + 8;
 const METADATA_EXTENSION_SIZE: usize = std::mem::size_of::<MetadataExtension>();
 const API_VERSION_SIZE: usize = std::mem::offset_of!(ApiVersion, minor_version) + 4;
 const BUFFER_SIZE: usize = std::mem::size_of::<Buffer>();
@@ -384,7 +393,7 @@ unsafe fn xla_error(api: *const Api, e: &Error) -> *mut c_void {
 /// # Safety
 /// `frame` is XLA's.
 unsafe fn handle(frame: &mut CallFrame, platform: Platform) -> Result<()> {
-    let bad = |m: String| Error::Internal(format!("malformed XLA FFI call frame: {m}"));
+    let bad = |m: String| Error::Argument(format!("malformed XLA FFI call frame: {m}"));
     if frame.struct_size < CALL_FRAME_SIZE {
         return Err(bad(format!(
             "struct_size {} < {CALL_FRAME_SIZE}",
@@ -412,7 +421,10 @@ unsafe fn handle(frame: &mut CallFrame, platform: Platform) -> Result<()> {
                 minor_version: API_MINOR,
             };
             md.traits = 0;
-            md.state_type_id = 0;
+            // An older XLA's metadata ends at `traits`: nothing is written past its size.
+            if md.struct_size >= METADATA_STATE_SIZE {
+                md.state_type_id = 0;
+            }
             return Ok(());
         }
     }
@@ -458,7 +470,7 @@ unsafe fn handle(frame: &mut CallFrame, platform: Platform) -> Result<()> {
 unsafe fn cuda_context(api: *const Api, ctx: *mut c_void) -> Result<(Device, Option<u64>)> {
     // SAFETY: the caller's promise.
     let api = unsafe { api.as_ref() }
-        .ok_or_else(|| Error::Internal("malformed XLA FFI call frame: NULL API table".into()))?;
+        .ok_or_else(|| Error::Argument("malformed XLA FFI call frame: NULL API table".into()))?;
     let missing = |what: &str| {
         Error::Device(format!(
             "the XLA FFI API table (version {}.{}, {} bytes) has no {what}, which rivet's CUDA handler needs; use a newer jaxlib (XLA FFI API >= 0.3)",
@@ -479,7 +491,7 @@ unsafe fn cuda_context(api: *const Api, ctx: *mut c_void) -> Result<(Device, Opt
     // SAFETY: `err` is NULL or XLA's error, from this table.
     unsafe { xla_failure(api, err, "XLA_FFI_DeviceOrdinal_Get") }?;
     if ord.device_ordinal < 0 {
-        return Err(Error::Internal(format!(
+        return Err(Error::Device(format!(
             "XLA_FFI_DeviceOrdinal_Get gave device ordinal {}",
             ord.device_ordinal
         )));
@@ -548,7 +560,7 @@ unsafe fn function_attr(attrs: &Attrs) -> Result<&str> {
         || attrs.size > 0
             && (attrs.types.is_null() || attrs.names.is_null() || attrs.attrs.is_null())
     {
-        return Err(Error::Internal(format!(
+        return Err(Error::Argument(format!(
             "malformed XLA FFI attributes (size {})",
             attrs.size
         )));
@@ -612,7 +624,7 @@ unsafe fn buffers(
     if !(0..=MAX_COUNT).contains(&list.size)
         || list.size > 0 && (list.types.is_null() || list.items.is_null())
     {
-        return Err(Error::Internal(format!(
+        return Err(Error::Argument(format!(
             "malformed XLA FFI {what} list (size {})",
             list.size
         )));
@@ -627,10 +639,11 @@ unsafe fn buffers(
         }
         // SAFETY: a buffer-typed entry points at an XLA_FFI_Buffer.
         let b = unsafe { (item as *const Buffer).as_ref() }
-            .ok_or_else(|| Error::Internal(format!("XLA {what} {i}: NULL buffer")))?;
+            .ok_or_else(|| Error::Argument(format!("XLA {what} {i}: NULL buffer")))?;
         if b.struct_size < BUFFER_SIZE {
-            return Err(Error::Internal(format!(
-                "XLA {what} {i}: buffer struct too small"
+            return Err(Error::Argument(format!(
+                "XLA {what} {i}: buffer struct too small ({} bytes, expected {BUFFER_SIZE})",
+                b.struct_size
             )));
         }
         let dtype = dtype_of(b.dtype).ok_or_else(|| {
@@ -640,7 +653,16 @@ unsafe fn buffers(
             ))
         })?;
         if !(0..=layout::MAX_NDIM as i64).contains(&b.rank) || b.rank > 0 && b.dims.is_null() {
-            return Err(Error::Internal(format!("XLA {what} {i}: rank {}", b.rank)));
+            return Err(Error::Argument(format!(
+                "XLA {what} {i}: rank {}{}; expected 0..={}",
+                b.rank,
+                if b.rank > 0 && b.dims.is_null() {
+                    " with NULL dims"
+                } else {
+                    ""
+                },
+                layout::MAX_NDIM
+            )));
         }
         let shape: Dims = if b.rank == 0 {
             Dims::new()

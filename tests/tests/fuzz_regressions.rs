@@ -190,3 +190,130 @@ fn a_check_shared_by_two_nests_keeps_both_forms() {
 fn huge_loops_in_outlined_bodies_are_skipped() {
     replay("module", 0xedf39788887d5291);
 }
+
+/// C ABI fuzzer finding (a hang): a compiled kernel called on an empty tensor of shape
+/// [2^61, 0] ran 2^61 empty outer iterations, so `RivetFunctionCall` (or any call) never
+/// returned. A call whose outputs are all empty now launches nothing, on the full path and
+/// the fast path alike.
+#[test]
+fn empty_outputs_with_a_huge_dim_launch_nothing() {
+    checked_mode();
+    replay("capi", 0x9dbafc167dc51eba);
+    let (n0, n1) = (te::var("n0"), te::var("n1"));
+    let a = te::placeholder([&n0, &n1], DType::F32, "A").unwrap();
+    let c = te::compute([&n0, &n1], |[i, j]| a.at([i, j]) * 2.0, "C").unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let f = build(&s, &[a, c], "cpu", "f")
+        .unwrap()
+        .get_function("f")
+        .unwrap();
+    for shape in [[1i64 << 61, 0], [0, 1 << 61], [i64::MAX, 0]] {
+        // Zero-size views cost no memory, whatever the other dim.
+        let base = rivet_runtime::Tensor::zeros(&[1], DType::F32).unwrap();
+        let a = base.as_strided(&shape, &[1, 1], 0).unwrap();
+        let out = base.as_strided(&shape, &[1, 1], 0).unwrap();
+        let start = std::time::Instant::now();
+        // Inputs only (the output allocated, empty: or refused when its compact byte strides
+        // overflow) and in place (the fast path).
+        let r = f.call(&[a.clone().into()]);
+        assert!(
+            r.is_ok() || matches!(r, Err(rivet_runtime::Error::Shape(_))),
+            "{shape:?}: {r:?}"
+        );
+        let b = rivet_runtime::Tensor::zeros(&[1], DType::F32).unwrap();
+        let out2 = b.as_strided(&shape, &[1, 1], 0).unwrap();
+        let r = f.call(&[a.into(), out2.into()]);
+        assert!(r.is_ok(), "{shape:?}: {r:?}");
+        drop(out);
+        assert!(
+            start.elapsed().as_secs() < 5,
+            "{shape:?} took {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+/// XLA FFI fuzzer finding (a write outside): the metadata query of an XLA whose
+/// `XLA_FFI_Metadata` ends at `traits` (`struct_size` 36) had `state_type_id` written past
+/// the struct's end. Malformed frames were `InternalError`s (XLA's mistake, not rivet's):
+/// they are `ArgumentError`s now.
+#[test]
+fn xla_metadata_of_an_older_xla_is_not_written_past_its_size() {
+    use rivet_runtime::xla_ffi::*;
+    #[repr(C)]
+    struct Guarded {
+        md: Metadata,
+        guard: [u64; 2],
+    }
+    let mut g = Guarded {
+        md: Metadata {
+            struct_size: std::mem::offset_of!(Metadata, traits) + 4,
+            api_version: ApiVersion {
+                struct_size: 0,
+                extension_start: std::ptr::null_mut(),
+                major_version: -1,
+                minor_version: -1,
+            },
+            traits: 77,
+            state_type_id: 9,
+        },
+        guard: [0xC0C0_C0C0_C0C0_C0C0; 2],
+    };
+    let mut ext = MetadataExtension {
+        extension_base: ExtensionBase {
+            struct_size: std::mem::size_of::<MetadataExtension>(),
+            type_: 1,
+            next: std::ptr::null_mut(),
+        },
+        metadata: &mut g.md,
+    };
+    let api = Api::empty();
+    let empty = || List {
+        struct_size: std::mem::size_of::<List>(),
+        extension_start: std::ptr::null_mut(),
+        size: 0,
+        types: std::ptr::null_mut(),
+        items: std::ptr::null_mut(),
+    };
+    let mut frame = CallFrame {
+        struct_size: std::mem::size_of::<CallFrame>(),
+        extension_start: &mut ext.extension_base,
+        api: &api,
+        ctx: std::ptr::null_mut(),
+        stage: 0,
+        args: empty(),
+        rets: empty(),
+        attrs: Attrs {
+            struct_size: std::mem::size_of::<Attrs>(),
+            extension_start: std::ptr::null_mut(),
+            size: 0,
+            types: std::ptr::null_mut(),
+            names: std::ptr::null_mut(),
+            attrs: std::ptr::null_mut(),
+        },
+        future: std::ptr::null_mut(),
+    };
+    // SAFETY: a well-formed metadata query (an older XLA's struct size).
+    assert!(unsafe { rivet_xla_ffi_handler(&mut frame) }.is_null());
+    assert_eq!(
+        (g.md.api_version.major_version, g.md.traits),
+        (API_MAJOR, 0),
+        "answered"
+    );
+    assert_eq!(
+        g.md.state_type_id, 9,
+        "state_type_id lies past the struct's size"
+    );
+    assert_eq!(g.guard, [0xC0C0_C0C0_C0C0_C0C0; 2]);
+}
+
+/// The C ABI and XLA FFI generators' cases that pass: kept so that they keep passing (they
+/// also replay every kind of case the generators draw: foreign callees, freed handles,
+/// metadata queries, unreportable frames in a forked child).
+#[test]
+fn capi_and_xla_cases_that_must_keep_passing() {
+    for i in 0..64u64 {
+        replay("capi", fuzz::rng::case_seed(5, i));
+        replay("xla", fuzz::rng::case_seed(5, i));
+    }
+}

@@ -1,7 +1,7 @@
 //! `fuzz`: rivet's stable-Rust fuzzer (README "Fuzzing").
 //!
 //! ```text
-//! cargo run --release -p rivet-tests --bin fuzz -- --seconds 60 [--seed S] [--generator te,module,dlpack]
+//! cargo run --release -p rivet-tests --bin fuzz -- --seconds 60 [--seed S] [--generator te,module,dlpack,capi,xla]
 //! cargo run --release -p rivet-tests --bin fuzz -- --generator te --replay 0x1234   # one case, described
 //! ```
 //!
@@ -59,7 +59,7 @@ fn parse_u64(s: &str) -> u64 {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("fuzz: {msg}\nusage: fuzz [--seconds N] [--seed S] [--generator te,module,dlpack] [--replay SEED] [--hang-seconds N] [--mem-mib N] [--unchecked] [--verbose] [--start CASE] [--only GENERATOR]");
+    eprintln!("fuzz: {msg}\nusage: fuzz [--seconds N] [--seed S] [--generator te,module,dlpack,capi,xla] [--replay SEED] [--hang-seconds N] [--mem-mib N] [--unchecked] [--verbose] [--start CASE] [--only GENERATOR]");
     std::process::exit(2)
 }
 

@@ -1,19 +1,22 @@
 //! The fuzzing harness behind `cargo run -p rivet-tests --bin fuzz` (see README "Fuzzing").
 //!
 //! Stable Rust only: no libFuzzer. Each generator is structure-aware: it draws a whole
-//! program, module mutation or DLPack capsule from a seeded RNG (one `u64` per case, so any
-//! case replays exactly with `--replay SEED`), runs it, and classifies the outcome. The
+//! program, module mutation, DLPack capsule, C ABI call or XLA FFI call frame from a seeded
+//! RNG (one `u64` per case, so any case replays exactly with `--replay SEED`), runs it, and
+//! classifies the outcome. The
 //! supervisor in `bin/fuzz.rs` runs the cases in a child process, so a crash or a hang is
 //! recorded with its seed and the soak goes on.
 //!
 //! The modules are shared with `tests/tests/fuzz_regressions.rs` through `#[path]` includes
 //! (the tests crate's library is not ours to extend), hence the `allow(dead_code)`s there.
 
+pub mod capi_gen;
 pub mod dlpack_gen;
 pub mod guarded;
 pub mod module_gen;
 pub mod rng;
 pub mod te_gen;
+pub mod xla_gen;
 
 use std::fmt;
 
@@ -55,6 +58,14 @@ pub fn generators() -> Vec<Generator> {
         Generator {
             name: "dlpack",
             run: dlpack_gen::run_case,
+        },
+        Generator {
+            name: "capi",
+            run: capi_gen::run_case,
+        },
+        Generator {
+            name: "xla",
+            run: xla_gen::run_case,
         },
     ]
 }
