@@ -317,3 +317,26 @@ def test_wrong_calls_are_reported(tmp_path):
     assert set(got) == set(want), "\n".join(out)
     for no, code in want.items():
         assert code in got[no], f"line {no}: want [{code}], got {got[no]}\n" + "\n".join(out)
+
+
+def test_framework_submodules_load_on_first_use():
+    # `import rivet` alone, then rivet.torch / rivet.jax: imported lazily (a fresh interpreter,
+    # so no earlier test imported them), and `import rivet` itself imports neither framework.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rivet\n"
+        "assert 'torch' not in sys.modules and 'jax' not in sys.modules, 'import rivet imported a framework'\n"
+        "assert callable(rivet.torch.custom_op) and callable(rivet.jax.ffi_func)\n"
+        "assert 'torch' in dir(rivet) and 'jax' in dir(rivet)\n"
+        "try:\n"
+        "    rivet.no_such_thing\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_thing' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -42,6 +42,23 @@ from .library import load_library  # noqa: E402  (functions a Rust crate built: 
 
 _F = _TypeVar("_F", bound=_Callable[..., _Any])
 
+# Framework glue imported on first use, so ``import rivet`` then ``rivet.torch.custom_op(...)``
+# works as it does for numpy's submodules, while ``import rivet`` stays as fast as it was (it
+# never imports torch or jax itself: those imports cost seconds).
+_LAZY_SUBMODULES = ("torch", "jax")
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'rivet' has no attribute {name!r}")
+
+
+def __dir__() -> "list[str]":
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+
 
 @_overload
 def register_func(name: str, f: None = None, override: bool = False) -> _Callable[[_F], _F]: ...
