@@ -6,7 +6,7 @@
 #   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed) and
 #                benches/grad_bench.py
 #   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
-#                Hypothesis suite with its large profile (README "Fuzzing")
+#                Hypothesis suite with its large profile (docs/testing.md, "Fuzzing")
 # Venvs are created once; stamp files inside them record the installed package list, so a
 # second run does not reinstall (edit the lists below and the venv is updated on the next run).
 

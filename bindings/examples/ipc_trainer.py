@@ -7,7 +7,7 @@ between `consumed` and `published`, the inference process reads only between `pu
 kernel's writes and waiting on it before the reads is a release / acquire pair between the
 processes, the reads see every write. The inference process reports a checksum of each version
 it saw, which must equal the trainer's. Prints "ipc trainer ok" (tests/python/test_ipc.py runs
-this file; README "Cross-process tensors" shows it).
+this file; docs/ipc.md shows it).
 
     .venv/bin/python bindings/examples/ipc_trainer.py
 """

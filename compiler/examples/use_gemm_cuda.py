@@ -76,7 +76,7 @@ except rivet.DeviceError as e:
     print("  calling it here: rivet.DeviceError:", e)
 
 # The same IR on the interpreter: the saved file with its target rewritten from "cuda" to
-# "interp" (format in README "Compiler: saved modules": magic, version, length, CRC-32, JSON).
+# "interp" (format in docs/saved_modules.md: magic, version, length, CRC-32, JSON).
 with open(path, "rb") as f:
     raw = f.read()
 magic, version, length, crc = struct.unpack("<8sIQI", raw[:24])

@@ -2,7 +2,7 @@
 //!
 //! User errors (bad arguments, bad DLPack input, unknown names) are kept apart from
 //! [`Error::Internal`], which always means a bug in rivet. Each user variant maps to one
-//! Python exception class in the bindings (see README "Errors"), so the variant is the
+//! Python exception class in the bindings (README "Errors", docs/python_api.md), so the variant is the
 //! contract and the message is free text that names the argument, the expectation and what
 //! came.
 

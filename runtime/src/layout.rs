@@ -252,7 +252,7 @@ pub fn span(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
 
 /// True when two different indices may address the same element. Conservative: with the
 /// dims sorted by |stride|, each stride must exceed the span of all smaller dims; layouts
-/// that fail this rule are treated as overlapping (documented in the README).
+/// that fail this rule are treated as overlapping (documented in docs/safety.md).
 pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
     if is_compact(shape, strides) {
         return false; // the common case, without the sort below

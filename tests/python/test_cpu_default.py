@@ -1,4 +1,4 @@
-"""The default CPU schedule (README "The default CPU schedule"): an untouched schedule built
+"""The default CPU schedule (docs/default_schedules.md): an untouched schedule built
 for the CPU gets parallel, vectorised loops and, for matmul-like stages, the packed,
 tensorized GEMM; results checked against torch / numpy on fresh random data with poisoned
 outputs; the user's schedule, `default_schedule=False` and `RIVET_DEFAULT_SCHEDULE=0` build

@@ -1,4 +1,4 @@
-"""Hypothesis property tests of rivet's Python surface (README "Fuzzing").
+"""Hypothesis property tests of rivet's Python surface (docs/testing.md, "Fuzzing").
 
 - rivet.te programs built from drawn elementwise expressions and shapes, on both targets,
   against a numpy reference on fresh random data, outputs poisoned first, inputs unchanged;

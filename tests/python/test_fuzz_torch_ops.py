@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of rivet.torch.custom_op's two kernel paths (README "Fuzzing";
+"""Hypothesis fuzzing of rivet.torch.custom_op's two kernel paths (docs/testing.md "Fuzzing";
 docs/torch.md "Errors: one rivet error on both paths").
 
 Each example draws a small rivet op (te programs: elementwise, outer product, a reduction, a

@@ -539,13 +539,3 @@ def test_the_trainer_example_runs():
     p = subprocess.run([sys.executable, EXAMPLE], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ipc trainer ok" in p.stdout, p.stdout
-
-
-def test_the_readme_shows_the_example_as_it_is():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## Cross-process tensors"):]
-    section = section[: section.index("\n## ", 5)]
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    example = open(EXAMPLE).read()
-    body = example[example.index('"""', 3) + 3:].lstrip("\n")
-    assert block == body, "README's 'Cross-process tensors' block differs from bindings/examples/ipc_trainer.py"

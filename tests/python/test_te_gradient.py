@@ -164,7 +164,7 @@ def test_gelu_erf(rng, dtype):
     y = te.compute(
         (4, 6), lambda i, j: X[i, j] * 0.5 * (1.0 + te.erf(X[i, j] * 0.7071067811865476)), name="gelu"
     )
-    # rivet's erf is accurate to 1.5e-7 (README), so float64 is compared at that level.
+    # rivet's erf is accurate to 1.5e-7 (docs/dsl.md), so float64 is compared at that level.
     fwd, bwd = build_pair([X], y)
     tdt = TORCH_DT[dtype]
     x = torch.from_numpy(rng.standard_normal((4, 6))).to(tdt)

@@ -1939,7 +1939,7 @@ fn run_case_with(
         let m = match build(&s1, &args, &target, "f") {
             Ok(m) => m,
             Err(e) if skip_known(&e.to_string(), false) => return Ok(()),
-            // Documented limitation (README "Compiler: memory safety"): with symbolic dims the
+            // Documented limitation (docs/safety.md): with symbolic dims the
             // proof may refuse a valid schedule it cannot bound (compute_at into fused/split
             // loops, division by a symbolic extent of unknown sign). A refusal is safe — never
             // wrong code — and only accepted for symbolic programs; static shapes must build.

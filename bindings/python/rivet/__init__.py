@@ -1,6 +1,6 @@
 """rivet: native kernels as packed functions on PyTorch, JAX, NumPy, CuPy and MXNet memory.
 
-Tensors cross in both directions through DLPack without copies; see README.md for the API.
+Tensors cross in both directions through DLPack without copies; see README.md and docs/python_api.md for the API.
 """
 
 from collections.abc import Callable as _Callable

@@ -6,7 +6,7 @@ native library, see ``runtime/src/xla_ffi.rs``) runs ``f`` directly on XLA's buf
 no DLPack round trip, no Python at run time. The output shapes come from the function itself
 (``Function.output_shapes``), so no ``ShapeDtypeStruct`` is written by hand.
 
-Rules (README "JAX"):
+Rules (docs/jax.md):
 - ``f`` is a compiled rivet function (``rivet.build``, ``rivet.kernels``): inputs first, outputs
   last, outputs written in place. XLA allocates the outputs; rivet checks every buffer against
   the signature at run time, as for any call.

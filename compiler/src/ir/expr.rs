@@ -94,7 +94,7 @@ pub enum UnOp {
     Abs,
     Floor,
     Ceil,
-    /// Error function; accuracy documented in README (max abs error 1.5e-7 in f64 maths).
+    /// Error function; accuracy documented in docs/dsl.md (max abs error 1.5e-7 in f64 maths).
     Erf,
 }
 

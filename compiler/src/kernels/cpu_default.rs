@@ -36,7 +36,7 @@
 //!    fusion can join it to the loop over those rows. A contraction that is not packed runs rows, the reduction, then its last
 //!    data axis, vectorized. Other reductions accumulate in registers (the loop nest's register accumulation,
 //!    in the definition's order, so results are those of the plain nest bit for bit).
-//! 6. (Checked before rule 5; README numbers it 5.) An injective stage that transposes a
+//! 6. (Checked before rule 5; docs/default_schedules.md numbers it 5.) An injective stage that transposes a
 //!    read (`transposed_axis`: the read's last index is a data axis `k` and another of its
 //!    indices walks the innermost, `B[i, j] = A[j, i]`) runs in `TILE` x `TILE` tiles of `k` and the innermost axis: the
 //!    other axes and the tiles of `k` parallel, the tile's inner axis vectorized. As written,

@@ -1,4 +1,4 @@
-//! `fuzz`: rivet's stable-Rust fuzzer (README "Fuzzing").
+//! `fuzz`: rivet's stable-Rust fuzzer (docs/testing.md, "Fuzzing").
 //!
 //! ```text
 //! cargo run --release -p rivet-tests --bin fuzz -- --seconds 60 [--seed S] [--generator te,module,dlpack,capi,xla]

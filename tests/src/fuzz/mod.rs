@@ -1,4 +1,4 @@
-//! The fuzzing harness behind `cargo run -p rivet-tests --bin fuzz` (see README "Fuzzing").
+//! The fuzzing harness behind `cargo run -p rivet-tests --bin fuzz` (docs/testing.md, "Fuzzing").
 //!
 //! Stable Rust only: no libFuzzer. Each generator is structure-aware: it draws a whole
 //! program, module mutation, DLPack capsule, C ABI call or XLA FFI call frame from a seeded
