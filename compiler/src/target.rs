@@ -369,3 +369,36 @@ mod tests {
         );
     }
 }
+
+/// Which code computes a sixteen-lane float32 `erf`/`exp` on this CPU (decided once per
+/// process): one AVX-512 computation, two AVX2 halves, or four portable `erff4` calls
+/// (`RIVET_ERF16=portable` forces the last, so tests cover both paths on one machine). A
+/// question about the CPU, asked by lowering (`erf16_wide`) and answered by the run-time
+/// library (`codegen::erff16`), so it lives here, not in either.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Erf16Path {
+    Avx512,
+    Avx2,
+    Fours,
+}
+
+pub fn erf16_path() -> Erf16Path {
+    static P: std::sync::OnceLock<Erf16Path> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        let portable = std::env::var("RIVET_ERF16").is_ok_and(|v| v == "portable");
+        let cpu = CpuFeatures::host();
+        match () {
+            _ if !portable && cpu.avx512f => Erf16Path::Avx512,
+            _ if !portable && cpu.avx2 => Erf16Path::Avx2,
+            _ => Erf16Path::Fours,
+        }
+    })
+}
+
+/// Whether the CPU's vectorize pass gives float32 `erf` loops sixteen lanes: only where the
+/// sixteen run as one AVX-512 computation or two AVX2 ones (with `erff4` four at a time, the
+/// 4-lane packed loop is faster: the rest of its body stays packed). Decided where the code is
+/// compiled, which is where it runs (modules are compiled when loaded).
+pub fn erf16_wide() -> bool {
+    erf16_path() != Erf16Path::Fours
+}

@@ -42,29 +42,7 @@ pub fn by_eights(x: [f32; 16]) -> [f32; 16] {
     by_fours(x)
 }
 
-/// Which code computes sixteen lanes here (decided once per process).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Path {
-    Avx512,
-    Avx2,
-    Fours,
-}
-
-fn path() -> Path {
-    static P: std::sync::OnceLock<Path> = std::sync::OnceLock::new();
-    *P.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if !portable() && std::arch::is_x86_feature_detected!("avx512f") {
-                return Path::Avx512;
-            }
-            if !portable() && std::arch::is_x86_feature_detected!("avx2") {
-                return Path::Avx2;
-            }
-        }
-        Path::Fours
-    })
-}
+use crate::target::{erf16_path as path, Erf16Path as Path};
 
 /// `expf` of each of the sixteen lanes, equal in bits to `libm::expf` (`expf4`'s sequence on
 /// AVX-512 registers, else four `expf4` calls).
@@ -123,14 +101,6 @@ pub unsafe fn erff16_in_place(p: *mut f32) {
     }
 }
 
-/// Whether the CPU's vectorize pass gives float32 `erf` loops sixteen lanes: only where the
-/// sixteen run as one AVX-512 computation or two AVX2 ones (with `erff4` four at a time, the
-/// 4-lane packed loop is faster: the rest of its body stays packed). Decided where the code is
-/// compiled, which is where it runs (modules are compiled when loaded).
-pub fn wide() -> bool {
-    path() != Path::Fours
-}
-
 /// Four `erff4` calls (machines without AVX2, or `RIVET_ERF16=portable`).
 pub fn by_fours(x: [f32; 16]) -> [f32; 16] {
     let mut out = [0f32; 16];
@@ -140,12 +110,6 @@ pub fn by_fours(x: [f32; 16]) -> [f32; 16] {
         out[4 * q..4 * q + 4].copy_from_slice(&super::erff4::erff4(v));
     }
     out
-}
-
-/// `RIVET_ERF16=portable` forces the four-call path (tests cover both on one machine).
-fn portable() -> bool {
-    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("RIVET_ERF16").is_ok_and(|v| v == "portable"))
 }
 
 #[cfg(target_arch = "x86_64")]

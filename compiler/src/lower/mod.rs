@@ -189,7 +189,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         vectorize::vectorize(
             &mut f,
             width.filter(|&w| w > 0),
-            target.kind != crate::target::TargetKind::Cuda && crate::codegen::erff16::wide(),
+            target.kind != crate::target::TargetKind::Cuda && crate::target::erf16_wide(),
         );
         f.body = simplify::simplify_stmt(&f.body);
         after(&f, 4, "vectorize", true)?;
