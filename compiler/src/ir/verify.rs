@@ -1182,6 +1182,18 @@ mod tests {
         }
     }
 
+    /// A size limit is the program's to change: a `CompileError` naming the limit and the
+    /// function, never "a bug in rivet".
+    fn expect_limit(f: &PrimFunc, flattened: bool, rule: &str) {
+        match verify(f, flattened) {
+            Err(Error::Compile(m)) => {
+                assert!(m.contains(rule), "expected `{rule}` in: {m}");
+                assert!(m.contains(&f.name), "message does not name the function: {m}");
+            }
+            other => panic!("expected a compile error for `{rule}`, got {other:?}"),
+        }
+    }
+
     #[test]
     fn base_is_valid() {
         let b = base();
@@ -1665,7 +1677,7 @@ mod tests {
         for _ in 0..MAX_IR_DEPTH {
             v = Expr::new(ExprKind::Unary(UnOp::Neg, v), DType::F32);
         }
-        expect_err(
+        expect_limit(
             &with_store(&b, vec![off(&b.c, &b.i)], v),
             true,
             "limit MAX_IR_DEPTH",
@@ -1675,13 +1687,13 @@ mod tests {
         for _ in 0..MAX_STMT_DEPTH {
             f.body = Stmt::Seq(vec![f.body]);
         }
-        expect_err(&f, true, "limit MAX_STMT_DEPTH");
+        expect_limit(&f, true, "limit MAX_STMT_DEPTH");
         // A DAG of 2^60 tree nodes (60 shared levels): refused at the limit, quickly.
         let mut v = Expr::constant(1.0, DType::F32);
         for _ in 0..60 {
             v = Expr::binary(BinOp::Add, v.clone(), v).unwrap();
         }
-        expect_err(
+        expect_limit(
             &with_store(&b, vec![off(&b.c, &b.i)], v),
             true,
             "limit MAX_FUNC_NODES",
