@@ -675,7 +675,7 @@ fn float32_erf_is_sixteen_lanes_per_call_and_exact() {
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let ir = m.get_source("ir").unwrap();
     // Sixteen lanes where the CPU has AVX-512 (and RIVET_ERF16 is not `portable`), else four.
-    let lanes = if rivet_compiler::codegen::erff16::wide() {
+    let lanes = if rivet_compiler::target::erf16_wide() {
         16
     } else {
         4
@@ -974,7 +974,7 @@ fn sixteen_lane_float32_loops_match_the_interpreter() {
     sch.stage(&y).unwrap().vectorize(&j).unwrap();
     let args = [x, s, y];
     let module = build_with(&sch, &args, "cpu", "f", Options::default()).unwrap();
-    if rivet_compiler::codegen::erff16::wide() {
+    if rivet_compiler::target::erf16_wide() {
         let ir = module.get_source("ir").unwrap();
         assert!(ir.contains(", 1, 16)]"), "{ir}");
         // Quads: the 16-lane loads are four f32x4 loads (lane by lane there would be none).

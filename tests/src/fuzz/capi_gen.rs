@@ -236,26 +236,9 @@ impl Region {
     }
 }
 
-/// The rivet dtype of a DLPack (code, bits, lanes), for those rivet has.
-pub fn supported(dt: (u8, u8, u16)) -> Option<DType> {
-    let d = match (dt.0, dt.1) {
-        (6, 8) => DType::Bool,
-        (0, 8) => DType::I8,
-        (0, 16) => DType::I16,
-        (0, 32) => DType::I32,
-        (0, 64) => DType::I64,
-        (1, 8) => DType::U8,
-        (1, 16) => DType::U16,
-        (1, 32) => DType::U32,
-        (1, 64) => DType::U64,
-        (2, 16) => DType::F16,
-        (2, 32) => DType::F32,
-        (2, 64) => DType::F64,
-        (4, 16) => DType::BF16,
-        _ => return None,
-    };
-    (dt.2 == 1).then_some(d)
-}
+/// The rivet dtype of a DLPack (code, bits, lanes): the fuzzers' own reading, shared with
+/// the DLPack generator (independent of the runtime's `DType::from_dlpack` it checks).
+pub use super::dlpack_gen::supported;
 
 const F32: (u8, u8, u16) = (2, 32, 1);
 const F64: (u8, u8, u16) = (2, 64, 1);

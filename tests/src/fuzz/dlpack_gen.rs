@@ -70,7 +70,7 @@ struct Spec {
     deleter: bool,
 }
 
-fn supported(dt: (u8, u8, u16)) -> Option<DType> {
+pub fn supported(dt: (u8, u8, u16)) -> Option<DType> {
     let d = match (dt.0, dt.1) {
         (6, 8) => DType::Bool,
         (0, 8) => DType::I8,
