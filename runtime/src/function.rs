@@ -198,8 +198,8 @@ impl Function {
         }
     }
 
-    /// The one gate every output shape passes before it leaves rivet (an eager allocation,
-    /// XLA's result types, torch's fake tensors, a foreign library's answer): the answer
+    /// The gate every rule's answer passes before it leaves rivet (XLA's result types, a
+    /// foreign library's answer, Python's `Function.output_shapes`): the answer
     /// fits the signature (as many outputs, each of its rank, fixed dims, symbolic dims bound
     /// as the inputs bind them, an allowed dtype) and each output's element count and byte
     /// size are representable (`alloc::tensor_bytes`: over 2^63 elements or
