@@ -29,8 +29,8 @@ use crate::registry;
 use crate::value::Value;
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
 use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -359,9 +359,7 @@ pub(crate) unsafe fn value_from_callee(name: &str, code: i32, result: RivetAny) 
         // SAFETY: the callee's contract: NUL-terminated, valid until its next call here.
         let bytes = unsafe { CStr::from_ptr(p as *const c_char) }.to_bytes();
         std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
-            Error::Library(format!(
-                "{name}: returned a string that is not UTF-8 ({e})"
-            ))
+            Error::Library(format!("{name}: returned a string that is not UTF-8 ({e})"))
         })
     };
     if code != RIVET_OK {
@@ -418,9 +416,7 @@ pub(crate) fn callee_error(name: &str, code: i32, text: Option<String>) -> Error
         } else {
             "an unknown return code"
         };
-        return Error::Library(format!(
-            "{name}: failed with {why} (code {code}): {text}"
-        ));
+        return Error::Library(format!("{name}: failed with {why} (code {code}): {text}"));
     }
     let message = format!("{name}: {message}");
     match Error::from_kind_name(kind, message.clone()) {
@@ -563,7 +559,9 @@ pub unsafe extern "C" fn RivetAnyFree(v: *mut RivetAny) -> i32 {
                 }
                 // A NULL handle owns nothing, as for `RivetFunctionFree(NULL)`.
                 RIVET_FUNCTION if a.value.v_ptr.is_null() => {}
-                RIVET_FUNCTION => free_handle(a.value.v_ptr, "RivetAnyFree: the value's function handle")?,
+                RIVET_FUNCTION => {
+                    free_handle(a.value.v_ptr, "RivetAnyFree: the value's function handle")?
+                }
                 _ => {}
             }
         }

@@ -27,8 +27,8 @@
 
 use crate::capi::{
     any_of, guard, new_handle, str_arg, value_from_callee, values_of, RivetAny,
-    RivetFunctionHandle, RivetValue, MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR,
-    RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL, RIVET_ERR_USER, RIVET_OK, RIVET_STR,
+    RivetFunctionHandle, RivetValue, MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR, RIVET_DLTENSOR_READONLY,
+    RIVET_ERR_INTERNAL, RIVET_ERR_USER, RIVET_OK, RIVET_STR,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};

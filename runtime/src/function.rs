@@ -288,7 +288,8 @@ impl Function {
                     crate::layout::MAX_NDIM
                 )));
             }
-            crate::alloc::tensor_bytes(shape, *dtype).map_err(|e| e.context(&format!("{name}: output {i}: ")))?;
+            crate::alloc::tensor_bytes(shape, *dtype)
+                .map_err(|e| e.context(&format!("{name}: output {i}: ")))?;
         }
         Ok(())
     }

@@ -72,7 +72,9 @@ unsafe extern "C" fn recording_set_global(
     let rc = unsafe { RivetFunctionSetGlobal(name, func, override_) };
     if rc == RIVET_OK {
         // SAFETY: RivetFunctionSetGlobal succeeded, so `name` is a NUL-terminated string.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
         RECORDING.with(|r| {
             if let Some(names) = r.borrow_mut().as_mut() {
                 names.push(name);
@@ -116,7 +118,13 @@ pub unsafe fn load(path: &str, override_: bool) -> Result<Vec<String>> {
     let mut err = vec![0u8; ERR_LEN];
     let previous = RECORDING.with(|r| r.borrow_mut().replace(Vec::new()));
     // SAFETY: the table is static; `err` is writable for ERR_LEN bytes.
-    let rc = unsafe { init(host_api_table(override_), err.as_mut_ptr() as *mut c_char, ERR_LEN) };
+    let rc = unsafe {
+        init(
+            host_api_table(override_),
+            err.as_mut_ptr() as *mut c_char,
+            ERR_LEN,
+        )
+    };
     let names = RECORDING.with(|r| std::mem::replace(&mut *r.borrow_mut(), previous));
     if rc == RIVET_OK {
         return Ok(names.unwrap_or_default());

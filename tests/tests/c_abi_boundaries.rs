@@ -79,8 +79,14 @@ unsafe extern "C" fn misbehaving(
         ),
         3 => (RIVET_ERR_INTERNAL, RivetAny::NULL),
         4 => (RIVET_OK, RivetAny::ptr(77, std::ptr::null_mut())),
-        5 => (RIVET_OK, RivetAny::ptr(RIVET_STR, NOT_UTF8.as_ptr() as *mut c_void)),
-        _ => (RIVET_OK, RivetAny::ptr(RIVET_MANAGED_TENSOR, std::ptr::null_mut())),
+        5 => (
+            RIVET_OK,
+            RivetAny::ptr(RIVET_STR, NOT_UTF8.as_ptr() as *mut c_void),
+        ),
+        _ => (
+            RIVET_OK,
+            RivetAny::ptr(RIVET_MANAGED_TENSOR, std::ptr::null_mut()),
+        ),
     };
     // SAFETY: the host passes a writable result.
     unsafe { *result = r };
@@ -125,7 +131,10 @@ fn a_null_string_result_is_a_library_error_not_a_segfault() {
     assert!(matches!(e, Error::Library(_)), "{e:?}");
     assert!(e.to_string().contains("pointer is NULL"), "{e}");
     let e = create(misbehaving, 6, None, None).call(&[]).unwrap_err();
-    assert!(matches!(e, Error::Library(_)) && e.to_string().contains("NULL"), "{e:?}");
+    assert!(
+        matches!(e, Error::Library(_)) && e.to_string().contains("NULL"),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -133,13 +142,19 @@ fn a_tensor_returned_with_a_failure_code_is_released() {
     let before = DELETED.load(Ordering::SeqCst);
     let e = create(misbehaving, 1, None, None).call(&[]).unwrap_err();
     assert!(!matches!(e, Error::Internal(_)), "{e:?}");
-    assert_eq!(DELETED.load(Ordering::SeqCst), before + 1, "the deleter ran once");
+    assert_eq!(
+        DELETED.load(Ordering::SeqCst),
+        before + 1,
+        "the deleter ran once"
+    );
 }
 
 #[test]
 fn a_callees_internal_error_is_a_library_error_not_rivets() {
     for which in [2, 3] {
-        let e = create(misbehaving, which, None, None).call(&[]).unwrap_err();
+        let e = create(misbehaving, which, None, None)
+            .call(&[])
+            .unwrap_err();
         assert!(matches!(e, Error::Library(_)), "{which}: {e:?}");
         assert!(e.to_string().starts_with("lib.f: "), "{e}");
         assert_eq!(e.kind_name(), "LibraryError");
@@ -149,9 +164,15 @@ fn a_callees_internal_error_is_a_library_error_not_rivets() {
 #[test]
 fn out_of_contract_results_are_library_errors() {
     let e = create(misbehaving, 4, None, None).call(&[]).unwrap_err();
-    assert!(matches!(e, Error::Library(_)) && e.to_string().contains("77"), "{e:?}");
+    assert!(
+        matches!(e, Error::Library(_)) && e.to_string().contains("77"),
+        "{e:?}"
+    );
     let e = create(misbehaving, 5, None, None).call(&[]).unwrap_err();
-    assert!(matches!(e, Error::Library(_)) && e.to_string().contains("UTF-8"), "{e:?}");
+    assert!(
+        matches!(e, Error::Library(_)) && e.to_string().contains("UTF-8"),
+        "{e:?}"
+    );
 }
 
 /// An output rule answering `ANSWERS[resource]`.
@@ -163,12 +184,12 @@ unsafe extern "C" fn answering(
     result: *mut RivetAny,
 ) -> i32 {
     static ANSWERS: [&[u8]; 6] = [
-        b"[[[4], \"float64\"]]\0",                                      // dtype not allowed
-        b"[[[65536, 65536, 65536, 65536], \"float32\"]]\0",             // 2^64 elements
-        b"[[[4294967296, 4294967296], \"float32\"]]\0",                 // 2^64 elements
-        b"[[[1099511627776, 1048576], \"float32\"]]\0",                 // 2^62 bytes
-        b"[[[4], \"float32\"], [[4], \"float32\"]]\0",                  // two outputs, one declared
-        b"[[[5], \"float32\"]]\0",                                      // n is 4
+        b"[[[4], \"float64\"]]\0",                          // dtype not allowed
+        b"[[[65536, 65536, 65536, 65536], \"float32\"]]\0", // 2^64 elements
+        b"[[[4294967296, 4294967296], \"float32\"]]\0",     // 2^64 elements
+        b"[[[1099511627776, 1048576], \"float32\"]]\0",     // 2^62 bytes
+        b"[[[4], \"float32\"], [[4], \"float32\"]]\0",      // two outputs, one declared
+        b"[[[5], \"float32\"]]\0",                          // n is 4
     ];
     let text = ANSWERS[resource as usize % ANSWERS.len()];
     // SAFETY: the host passes a writable result.
@@ -189,9 +210,19 @@ fn an_output_rules_answer_is_checked_against_the_signature_and_for_overflow() {
     let cases: [(usize, &str, fn(&Error) -> bool, &str); 6] = [
         (0, &any_rank, |e| matches!(e, Error::Library(_)), "float64"),
         (1, &any_rank, |e| matches!(e, Error::Memory(_)), "65536"),
-        (2, &any_rank, |e| matches!(e, Error::Memory(_)), "4294967296"),
+        (
+            2,
+            &any_rank,
+            |e| matches!(e, Error::Memory(_)),
+            "4294967296",
+        ),
         (3, &any_rank, |e| matches!(e, Error::Memory(_)), "bytes"),
-        (4, &any_rank, |e| matches!(e, Error::Library(_)), "2 outputs"),
+        (
+            4,
+            &any_rank,
+            |e| matches!(e, Error::Library(_)),
+            "2 outputs",
+        ),
         (5, &with_n, |e| matches!(e, Error::Library(_)), "size 5"),
     ];
     for (which, sig, ok, want) in cases {
@@ -225,13 +256,23 @@ fn freed_double_freed_and_made_up_handles_are_argument_errors() {
     let name = CString::new("boundaries.h").unwrap();
     let mut h: RivetFunctionHandle = std::ptr::null_mut();
     // SAFETY: valid arguments.
-    assert_eq!(unsafe { RivetFunctionGetGlobal(name.as_ptr(), &mut h) }, RIVET_OK);
+    assert_eq!(
+        unsafe { RivetFunctionGetGlobal(name.as_ptr(), &mut h) },
+        RIVET_OK
+    );
     let mut out = RivetAny::NULL;
     // SAFETY: a live handle, no arguments.
-    assert_eq!(unsafe { RivetFunctionCall(h, std::ptr::null(), 0, &mut out) }, RIVET_OK);
+    assert_eq!(
+        unsafe { RivetFunctionCall(h, std::ptr::null(), 0, &mut out) },
+        RIVET_OK
+    );
     // SAFETY: a live handle, freed once.
     assert_eq!(unsafe { RivetFunctionFree(h) }, RIVET_OK);
-    for made_up in [h, 1usize as RivetFunctionHandle, usize::MAX as RivetFunctionHandle] {
+    for made_up in [
+        h,
+        1usize as RivetFunctionHandle,
+        usize::MAX as RivetFunctionHandle,
+    ] {
         // SAFETY: handles are checked, never dereferenced.
         let rc = unsafe { RivetFunctionCall(made_up, std::ptr::null(), 0, &mut out) };
         assert_eq!(rc, RIVET_ERR_USER);

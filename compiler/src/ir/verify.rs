@@ -1188,7 +1188,10 @@ mod tests {
         match verify(f, flattened) {
             Err(Error::Compile(m)) => {
                 assert!(m.contains(rule), "expected `{rule}` in: {m}");
-                assert!(m.contains(&f.name), "message does not name the function: {m}");
+                assert!(
+                    m.contains(&f.name),
+                    "message does not name the function: {m}"
+                );
             }
             other => panic!("expected a compile error for `{rule}`, got {other:?}"),
         }
