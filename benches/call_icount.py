@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""N calls of one case in a loop, for instruction counts under callgrind (issue 9, abi3 or not).
+"""N calls of one case in a loop, for instruction counts under callgrind (abi3 or not).
 
     valgrind --tool=callgrind --callgrind-out-file=out.N python benches/call_icount.py CASE N
 

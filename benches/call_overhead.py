@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Python call overhead of packed functions: rivet vs apache-tvm-ffi vs torch (issue 2).
+"""Python call overhead of packed functions: rivet vs apache-tvm-ffi vs torch.
 
 Every case runs in its own subprocess (``--worker CASE``) with all thread pools set to one
 thread, so that no library's spinning pool competes with the timed loop on this 2-core VM
-(see ../shared/notes/benchmarking.md). In each child: build the arguments, check the result
+(benches/README.md). In each child: build the arguments, check the result
 once against a reference where that means something, warm up, then
 ``timeit.repeat(number=N, repeat=R)``; median / min / max are reported in microseconds per
 call. All tensors are 4-element float32 unless the case says otherwise.

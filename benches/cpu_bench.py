@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""CPU kernels side by side (issue 8): rivet against what users would pick instead.
+"""CPU kernels side by side: rivet against what users would pick instead.
 
 Every case runs in its own subprocess (``--worker CASE``) with every library's thread count
-set to the same value (benches/README.md, ../shared/notes/benchmarking.md): on a shared
+set to the same value (benches/README.md): on a shared
 2-vCPU VM, pools of different libraries in one process fight over the cores. In each child:
 build the kernel, check its result against numpy on the same data, warm up, then time
 repeated runs (a slow case runs fewer times, so the script stays within minutes); the median

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What importing a rivet tensor costs elsewhere (issue 9, rivet as a DLPack exchange producer).
+"""What importing a rivet tensor costs elsewhere (rivet as a DLPack exchange producer).
 
     PYTHONPATH=<dir with the rivet wheel installed> .venv/bin/python benches/dlpack_import.py LABEL
 

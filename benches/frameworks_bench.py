@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""rivet inside the frameworks' compilers (issue 9 targets): the cost of a rivet op on small
+"""rivet inside the frameworks' compilers (its targets): the cost of a rivet op on small
 arrays inside `jax.jit` over an empty jitted function, and inside a `torch.compile`d function
 against the same op called eagerly through `to_pytorch_func`.
 

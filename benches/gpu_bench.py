@@ -1,4 +1,4 @@
-"""The first CUDA benchmark of issue 7, for a lent GPU (one command, CUDA events, median).
+"""The first CUDA benchmark, for a lent GPU (one command, CUDA events, median).
 
 Cases, each against what a user would pick instead, measured side by side in this process:
   gemm N     rivet's default GPU schedule (a plain te matmul built for "cuda") vs torch.mm with

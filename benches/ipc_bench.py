@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Cross-process tensors (issue 10): what it costs another process to get a big CPU tensor, and
+"""Cross-process tensors: what it costs another process to get a big CPU tensor, and
 a handle's round trip.
 
     PYTHONPATH=<dir with the rivet wheel installed> .venv/bin/python benches/ipc_bench.py [--gib 1]
