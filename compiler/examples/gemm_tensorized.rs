@@ -44,7 +44,7 @@ fn main() {
     times.sort_by(f64::total_cmp);
     let med = times[times.len() / 2];
     let variant =
-        rivet_compiler::codegen::microkernel::selected().unwrap_or_else(|e| panic!("{e}"));
+        rivet_compiler::codegen::cpu_lib::microkernel::selected().unwrap_or_else(|e| panic!("{e}"));
     println!(
         "n={n} micro-kernel={} build {build_ms:.1} ms, median {:.2} ms, {:.1} GFLOP/s",
         variant.name(),

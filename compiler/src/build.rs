@@ -7,16 +7,16 @@
 //! binds the symbolic dims; checks dims given by expressions (`n - 2`); evaluates the
 //! function's bounds checks; sizes its temporaries against `MAX_ALLOC_BYTES`; refuses outputs
 //! sharing memory with another argument. Shapes, checks and sizes are evaluated exactly
-//! (`ir::checked`): an int64 overflow fails the check, it never wraps into a pass.
+//! (`arith::exact`): an int64 overflow fails the check, it never wraps into a pass.
 //!
 //! Lowering and code generation run on a thread of their own with a large stack
 //! (`limits::COMPILE_STACK`), so the recursion of the passes over deep (but within-limit)
 //! expressions never reaches the end of a caller's small stack.
 
+use crate::arith::exact::{eval_exact, EvalError};
 use crate::call_plan::CallPlan;
 use crate::codegen::{CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
-use crate::ir::checked::{eval_checked, EvalError};
 use crate::ir::expr::{Expr, Var};
 use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
@@ -110,7 +110,7 @@ pub(crate) fn eval_dims(
     if let Some(x) = e.as_var().and_then(lookup) {
         return Ok(Ok(x));
     }
-    match eval_checked(e, lookup) {
+    match eval_exact(e, lookup) {
         Ok(v) => Ok(Ok(v)),
         Err(EvalError::Overflow(what)) => Ok(Err(what)),
         Err(EvalError::Unsupported(what)) => Err(Error::Internal(format!(

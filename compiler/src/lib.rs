@@ -5,6 +5,7 @@
 //! nests, inlining, bounds proof, simplification, flattening; a verifier between passes) ->
 //! `ir::PrimFunc` -> a backend (`codegen`) -> a packed function with a typed signature.
 
+pub mod arith;
 pub mod backward;
 pub mod build;
 pub mod call_plan;

@@ -21,13 +21,13 @@
 //! `fuse_extent`, `loop_extents`): the loops lowering emits and the extents Python reports
 //! for `leaf_iter_vars` come from the same functions.
 
+use crate::arith::interval::smin;
+use crate::arith::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, Var};
 use crate::ir::expr::{ExprKind, IterVar};
 use crate::ir::intrin::Intrin;
 use crate::ir::stmt::{ForKind, Scope, ThreadTag};
-use crate::lower::interval::smin;
-use crate::lower::simplify::simplify;
 use crate::te::tensor::{inputs, post_order, Op, Tensor, TensorNode};
 use std::collections::HashMap;
 

@@ -374,7 +374,7 @@ mod tests {
 /// process): one AVX-512 computation, two AVX2 halves, or four portable `erff4` calls
 /// (`RIVET_ERF16=portable` forces the last, so tests cover both paths on one machine). A
 /// question about the CPU, asked by lowering (`erf16_wide`) and answered by the run-time
-/// library (`codegen::erff16`), so it lives here, not in either.
+/// library (`codegen::cpu_lib::erff16`), so it lives here, not in either.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Erf16Path {
     Avx512,

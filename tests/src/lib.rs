@@ -66,7 +66,7 @@ pub fn run_in_child(name: &str, env: &[(&str, &str)]) {
 /// Runs the test `name` once per micro-kernel variant this CPU has, each forced with
 /// `RIVET_MICROKERNEL` in a child process (`run_in_child`), with `PROPTEST_CASES=8`.
 pub fn run_per_microkernel_variant(name: &str) {
-    use rivet_compiler::codegen::microkernel::Variant;
+    use rivet_compiler::codegen::cpu_lib::microkernel::Variant;
     for v in Variant::ALL.into_iter().filter(|v| v.supported()) {
         run_in_child(
             name,

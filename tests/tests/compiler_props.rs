@@ -3,7 +3,7 @@
 //!
 //! Oracles, for every case:
 //! - a plain-Rust evaluation of the random expression tree (the scalar semantics of
-//!   `codegen::math`, with the very same libm functions) must equal the interpreter running
+//!   `codegen::cpu_lib::math`, with the very same libm functions) must equal the interpreter running
 //!   the UNSCHEDULED program on compact tensors, bit for bit;
 //! - every other backend (today the Cranelift backend, "cpu") must equal the interpreter
 //!   ("interp") bit for bit, both unscheduled and scheduled (NaNs compare equal to each other,
@@ -38,7 +38,7 @@
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::Config;
-use rivet_compiler::codegen::math::{self, ffi};
+use rivet_compiler::codegen::cpu_lib::math::{self, ffi};
 use rivet_compiler::ir::{BinOp, CmpOp, Expr, IterVar, LogicOp, ReduceOp, UnOp, Var};
 use rivet_compiler::te::{self, ok, Tensor as Te};
 use rivet_compiler::{build, Schedule};

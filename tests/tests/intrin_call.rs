@@ -206,7 +206,7 @@ fn child(variant: &str, refusal: bool) -> (bool, String) {
 
 #[test]
 fn every_supported_variant_forced_in_turn() {
-    use rivet_compiler::codegen::microkernel::Variant;
+    use rivet_compiler::codegen::cpu_lib::microkernel::Variant;
     for v in Variant::ALL {
         if v.supported() {
             let (ok, text) = child(v.name(), false);

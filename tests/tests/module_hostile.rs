@@ -470,8 +470,9 @@ fn measure_loading_sequential_nests() {
 #[test]
 #[ignore]
 fn profile_loading_sequential_nests() {
+    use rivet_compiler::arith::simplify;
     use rivet_compiler::ir::verify::verify;
-    use rivet_compiler::lower::{bounds, flatten, simplify};
+    use rivet_compiler::lower::{bounds, flatten};
     let n: usize = std::env::var("RIVET_CHAIN")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -499,7 +499,7 @@ fn assert_same_bits(x: &[f32], got: &[f32], want: impl Fn(usize) -> f32, what: &
     }
 }
 
-/// float32 `exp` under `vectorize` is rivet's `exp32` (`codegen::exp32`) in every path: one
+/// float32 `exp` under `vectorize` is rivet's `exp32` (`codegen::cpu_lib::exp32`) in every path: one
 /// `rivet_exp_run` call over the run where the CPU has AVX-512 (`cranelift/exp_run.rs`), else
 /// packed inline (`vector_exp.rs`: `exp32::fast` as f32x4 instructions, `rivet_expf4` only in
 /// a cold block for lanes outside the fast range). Computes the interpreter's bits: tails,
@@ -511,7 +511,7 @@ fn float32_exp_is_exact_in_every_path() {
     let (args, s) = vectorized_1d(1003, DType::F32, 1, |x| te::exp(&x[0]));
     let m = build_with(&s, &args, "cpu", "e", Options::default()).unwrap();
     let clif = m.get_source("cranelift").unwrap();
-    if rivet_compiler::codegen::exp32::run_wide() {
+    if rivet_compiler::codegen::cpu_lib::exp32::run_wide() {
         // One call with (y, x, n, s) and no packed exp code.
         assert!(clif.contains("(i64, i64, i64, f32) system_v"), "{clif}");
         assert!(!clif.contains("vall_true"), "{clif}");
@@ -540,7 +540,7 @@ fn float32_exp_is_exact_in_every_path() {
     );
     assert_same_bits(&x, &cpu, |k| interp[k], "the interpreter");
     // The fast range's edges, either side, then a sweep of it.
-    use rivet_compiler::codegen::exp32::{exp32, FAST_HI, FAST_LO};
+    use rivet_compiler::codegen::cpu_lib::exp32::{exp32, FAST_HI, FAST_LO};
     x.clear();
     for t in [
         FAST_LO.to_bits(),
@@ -638,11 +638,11 @@ fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
 /// Every float32 of `exp32`'s fast range, both signs (about two billion values, in 2^24
 /// chunks; minutes in release):
 /// `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
-/// The scalar `exp` of every backend and the interpreter is `exp32` (`codegen::math`).
+/// The scalar `exp` of every backend and the interpreter is `exp32` (`codegen::cpu_lib::math`).
 #[test]
 #[ignore]
 fn float32_exp_is_exact_on_every_fast_range_float() {
-    use rivet_compiler::codegen::exp32::{exp32, FAST_HI, FAST_LO};
+    use rivet_compiler::codegen::cpu_lib::exp32::{exp32, FAST_HI, FAST_LO};
     let mut x = Vec::with_capacity(1 << 24);
     let flush = |x: &mut Vec<f32>| {
         let cpu = vector_unary(UnOp::Exp, x, "cpu");
@@ -665,7 +665,7 @@ fn float32_exp_is_exact_on_every_fast_range_float() {
 }
 
 /// float32 `erf` under `vectorize` gets 16 lanes on a CPU with AVX-512 and one `rivet_erff16`
-/// call per sixteen (else four lanes, one `rivet_erff4` call each) (`codegen::erff16`: libm's `erff` bit for bit, AVX-512 where the CPU has it), and
+/// call per sixteen (else four lanes, one `rivet_erff4` call each) (`codegen::cpu_lib::erff16`: libm's `erff` bit for bit, AVX-512 where the CPU has it), and
 /// computes the interpreter's bits: each of libm's branches and their thresholds, lanes of
 /// different branches in one vector, the lanes libm treats apart (tiny, NaN, infinities), a
 /// tail, and a sweep of every 127th float32 from 2^-28 up.

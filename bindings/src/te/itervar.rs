@@ -6,8 +6,8 @@ use super::operand::{expr_or_int, new_expr};
 use super::{arg_err, type_name};
 use pyo3::prelude::*;
 use pyo3::PyClassInitializer;
+use rivet_compiler::arith::simplify::simplify;
 use rivet_compiler::ir::expr::{Expr, IterVar, Var};
-use rivet_compiler::lower::simplify::simplify;
 
 /// `rivet.te.IterVar`: a loop axis (data-parallel or reduction), usable as an int64 expression.
 #[pyclass(name = "IterVar", module = "rivet.te", extends = PyExpr, frozen)]

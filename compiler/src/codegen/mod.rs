@@ -1,5 +1,7 @@
-//! Code generation: one `Backend` trait, peers implementing it (the IR interpreter, Cranelift
-//! for the CPU; CUDA later), and the call ABI they share.
+//! Code generation: one `Backend` trait, one folder per backend implementing it (`interp`, the
+//! IR interpreter and oracle; `cranelift`, the CPU; `cuda`, CUDA C through NVRTC), the call
+//! ABI they share (below), and `cpu_lib`, the run-time library the CPU backends' code calls
+//! (scalar math, vector exp/erf, micro-kernels, host callbacks, the launch policy).
 //!
 //! ABI: a compiled kernel receives a `CallFrame`: `ptrs[i]` is the address of element (0, ...)
 //! of parameter buffer `i` (in `PrimFunc::params` order), `ints` holds the values of the
@@ -7,19 +9,10 @@
 //! stride variables of each parameter buffer in order. Bounds checks (`func.checks`) have run
 //! and passed before a kernel is launched; a kernel trusts its frame.
 
-pub mod callback;
+pub mod cpu_lib;
 pub mod cranelift;
 pub mod cuda;
-pub mod erff16;
-pub mod erff4;
-pub mod exp32;
-pub mod expf4;
-pub mod host;
 pub mod interp;
-#[cfg(test)]
-mod lanes_check;
-pub mod math;
-pub mod microkernel;
 
 use crate::error::Result;
 use crate::ir::{PrimFunc, Var};
@@ -54,7 +47,7 @@ pub struct LaunchContext {
     /// The stream to launch on (a CUDA `CUstream` handle; `None`: the device's default, and
     /// on the CPU). Launches are ordered on it and never synchronize the device.
     pub stream: Option<u64>,
-    /// The call's work, the CPU policy's measure (`codegen::host::policy`): the function's
+    /// The call's work, the CPU policy's measure (`codegen::cpu_lib::launch::policy`): the function's
     /// iteration count (`lower::work`), at least the elements its tensors hold.
     pub work: i64,
 }

@@ -11,7 +11,7 @@
 //! - `Tap` (a debug tap, like `jax.debug.callback`): one read region, `f(view)`; its return
 //!   value is ignored and nothing is written.
 //!
-//! What a callback receives owns its memory (`codegen::callback`): the inputs are compact
+//! What a callback receives owns its memory (`codegen::cpu_lib::callback`): the inputs are compact
 //! read-only copies and `out` is a fresh rivet tensor copied into the stage's buffer after the
 //! call, so a view the callback keeps after returning stays valid (it never aliases a
 //! temporary or an argument).

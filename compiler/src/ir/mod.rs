@@ -1,13 +1,13 @@
 //! The loop IR: typed expressions (shared with the DSL), statements, functions, and the
-//! tools every pass and backend uses: printer, verifier, exact evaluation of index expressions
-//! (`checked`). The interpreter that runs whole functions is a backend: `codegen::interp`.
+//! tools every pass and backend uses: printer and verifier. The arithmetic on index
+//! expressions (simplification, intervals, exact evaluation) is `arith`; the interpreter that
+//! runs whole functions is a backend, `codegen::interp`.
 //!
 //! GPU constructs: loops bound to launch dimensions, storage scopes, `Barrier`, and the one
 //! collective, the cross-thread reduction `Stmt::AllReduce` (its meaning and fixed combination
 //! order in `stmt`'s header); where each may stand is `verify_gpu`'s.
 
 pub mod callback;
-pub mod checked;
 pub mod deferred_drop;
 pub mod expr;
 pub mod float_serde;
@@ -21,6 +21,7 @@ pub mod uses;
 pub mod verify;
 pub mod verify_callbacks;
 pub mod verify_gpu;
+pub mod verify_intrin;
 pub mod verify_parallel;
 
 pub use callback::{Callback, CallbackKind};

@@ -55,10 +55,11 @@
 //! the file's fault (`CompileError`), not as an internal error.
 
 use super::expr::{BinOp, BufId, Const, Expr, ExprKind, UnOp};
-use super::intrin::{check_call, Intrin, Region};
+use super::intrin::{Intrin, Region};
 use super::limits::{MAX_FUNC_NODES, MAX_IR_DEPTH, MAX_STMT_DEPTH};
 use super::printer::stmt_to_string;
 use super::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt};
+use super::verify_intrin::check_call;
 use crate::error::{Error, Result};
 use rivet_runtime::DType;
 use std::cell::Cell;

@@ -12,8 +12,8 @@
 //!   first, with its own message). So an entry called twice, or never (an unused entry), is
 //!   refused.
 //! - **whole buffers**: every region of a callback call is its whole buffer: base 0 and
-//!   every dim in order (`intrin::check_call`), and each extent equal to the buffer's extent of
-//!   that dim — structurally, or as linear forms after simplification (`lower::simplify`),
+//!   every dim in order (`verify_intrin::check_call`), and each extent equal to the buffer's extent of
+//!   that dim — structurally, or as linear forms after simplification (`arith::simplify`),
 //!   because the passes simplify region extents and not buffer shapes. An extent that is
 //!   smaller would hand the callback part of a buffer and leave the rest as it was; one that
 //!   may be larger would be a per-call bounds check instead of a refusal.
@@ -29,7 +29,7 @@ use super::callback::{Callback, CallbackKind};
 use super::expr::{BufId, Expr};
 use super::intrin::{Intrin, Region};
 use super::stmt::{PrimFunc, Stmt};
-use crate::lower::simplify::{linear, simplify, Linear};
+use crate::arith::simplify::{linear, simplify, Linear};
 use std::collections::HashMap;
 
 /// Checks the rules of the module documentation; `Err` is the message (the rule, the

@@ -27,9 +27,10 @@
 //! Work is bounded: the walk stops after `budget` expression nodes.
 
 use super::expr::{BinOp, BufId, Expr, ExprKind};
-use super::intrin::{check_call, model};
+use super::intrin::model;
 use super::stmt::{BufKind, PrimFunc, Stmt};
-use crate::lower::simplify::{linear, simplify};
+use super::verify_intrin::check_call;
+use crate::arith::simplify::{linear, simplify};
 use std::collections::{HashMap, HashSet};
 
 /// A refusal: the buffer concerned and why.

@@ -27,9 +27,9 @@
 //! nest by reassociation, as `lane_reduce`'s do. The interpreter running the defaulted
 //! schedule computes the same bits.
 
+use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, Expr, IterVar, ReduceOp, Var};
-use crate::lower::simplify::simplify;
 use crate::schedule::{redefine, Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;

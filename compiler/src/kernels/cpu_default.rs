@@ -47,9 +47,9 @@
 
 use super::strategy::unscheduled;
 use super::{column_reduce, lane_reduce, packed_gemm};
+use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{Expr, ExprKind, IterVar, UnOp, Var};
-use crate::lower::simplify::simplify;
 use crate::schedule::Schedule;
 use crate::te::tensor::{inputs, Tensor};
 
@@ -160,7 +160,7 @@ pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
 fn worth_packing(t: &Tensor) -> bool {
     let mut work: i64 = 1;
     for a in t.axis().iter().chain(t.reduce_axis()) {
-        match crate::lower::simplify::simplify(&a.extent).as_int() {
+        match crate::arith::simplify::simplify(&a.extent).as_int() {
             Some(n) if n < 1 => return false,
             Some(n) => work = work.saturating_mul(n),
             None => return true,
@@ -215,7 +215,7 @@ pub(super) fn columns(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let red: Vec<Var> = t.reduce_axis().iter().map(|r| r.var.clone()).collect();
     let (outer_axes, last) = axes.split_at(axes.len() - 1);
     let last = last[0].clone();
-    let narrow = crate::lower::simplify::simplify(&t.axis()[axes.len() - 1].extent)
+    let narrow = crate::arith::simplify::simplify(&t.axis()[axes.len() - 1].extent)
         .as_int()
         .is_some_and(|n| n <= COLUMNS);
     let st = s.stage(t)?;

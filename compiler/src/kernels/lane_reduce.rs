@@ -21,9 +21,9 @@
 //! or parallel sum does (numpy's pairwise sum, torch's vectorised one); max and min are exact.
 //! The interpreter running the defaulted schedule computes the same bits.
 
+use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, IterVar, ReduceOp, Var};
-use crate::lower::simplify::simplify;
 use crate::schedule::{redefine, Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;

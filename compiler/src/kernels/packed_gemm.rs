@@ -25,10 +25,10 @@
 //! Invariant: the rewritten program computes C exactly as the definition does except for the
 //! fused rounding of each multiply-add (docs/cpu.md); padding adds exact zeros.
 
+use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, Expr, ExprKind, IterVar, ReduceOp, Var};
 use crate::ir::intrin::Intrin;
-use crate::lower::simplify::simplify;
 use crate::schedule::{redefine, Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;

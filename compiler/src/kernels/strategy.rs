@@ -16,10 +16,10 @@
 //!   above per stage after inlining injective intermediates.
 
 use super::defs::{Def, Pattern};
+use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{Expr, Var};
 use crate::ir::stmt::ThreadTag;
-use crate::lower::simplify::simplify;
 use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind};
 use crate::te::Tensor;

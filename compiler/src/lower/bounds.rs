@@ -21,13 +21,14 @@
 //!
 //! Runs before simplification, so guards still match the index expressions structurally.
 
-use super::interval::{interval, prove_le, Env, Interval, Record};
-use super::simplify::simplify;
+use crate::arith::exact::{always_in_i64, eval_exact, evaluable};
+use crate::arith::interval::{interval, prove_le, Env, Interval, Record};
+use crate::arith::simplify::simplify;
 use crate::error::{Error, Result};
-use crate::ir::checked::{always_in_i64, eval_checked, evaluable};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, UnOp, Var};
-use crate::ir::intrin::{check_call, model, Intrin, Region};
+use crate::ir::intrin::{model, Intrin, Region};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
+use crate::ir::verify_intrin::check_call;
 use crate::ir::BufId;
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -128,7 +129,7 @@ impl Prover<'_> {
                 end.visit(&mut |n| vars |= n.as_var().is_some());
                 if !vars {
                     // A constant that did not fold: folding stops at an overflow.
-                    if eval_checked(end, &|_| None).is_ok() {
+                    if eval_exact(end, &|_| None).is_ok() {
                         continue;
                     }
                     return Err(Error::Compile(format!(
@@ -254,7 +255,7 @@ impl Prover<'_> {
                         cond.visit(&mut |n| vars |= n.as_var().is_some());
                         if !vars {
                             // Constants the simplifier left alone (an overflow): decide now.
-                            if eval_checked(&cond, &|_| None) == Ok(1) {
+                            if eval_exact(&cond, &|_| None) == Ok(1) {
                                 continue;
                             }
                             return Err(Error::Compile(format!(

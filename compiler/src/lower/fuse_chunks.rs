@@ -26,12 +26,12 @@
 //! and come with it) and, like row fusion, only on the default CPU schedule, on the nest: saved
 //! modules keep the fused loop and loaded ones prove it again.
 
+use crate::arith::simplify::simplify;
 use crate::ir::expr::{Expr, ExprKind};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use crate::lower::fuse_rows::{
     as_parallel, at_root, bring_up, fuse_siblings, splice, Effects, Loop,
 };
-use crate::lower::simplify::simplify;
 use std::collections::VecDeque;
 
 /// Fuses each root-level parallel row loop of `f` with the first later chunk loop the rule

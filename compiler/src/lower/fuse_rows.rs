@@ -38,9 +38,9 @@
 //! Runs only on programs under the default CPU schedule (`Options::fuse_rows`); a schedule
 //! the user wrote keeps its loop structure.
 
+use crate::arith::simplify::simplify;
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
-use crate::lower::simplify::simplify;
 use std::collections::{HashSet, VecDeque};
 
 /// Fuses the groups of `f`'s root-level parallel loops that the rule (module doc) allows.

@@ -35,8 +35,8 @@
 //!   guarded where shorter than the block; block dimensions a shared cache does not bind are
 //!   left to thread 0. Barriers come later (`lower::sync`).
 
-use super::interval::{interval, smax, smin, Env, Interval};
-use super::simplify::simplify;
+use crate::arith::interval::{interval, smax, smin, Env, Interval};
+use crate::arith::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
 use crate::ir::limits::{MAX_NEST_DEPTH, MAX_STMT_DEPTH};
@@ -1830,7 +1830,7 @@ fn split_divides(parent: &Expr, outer: &Expr, inner: &Expr) -> bool {
     if ceil != o {
         return false;
     }
-    match crate::lower::simplify::linear(&p) {
+    match crate::arith::simplify::linear(&p) {
         Some(l) => l.constant % c == 0 && l.terms.iter().all(|(_, k)| k % c == 0),
         None => false,
     }

@@ -24,9 +24,9 @@
 //! CPU and the interpreter (not CUDA); `overwritten` is never read from a file (`#[serde(skip)]`): a loaded module is
 //! marked again by this pass, never by its file.
 
+use crate::arith::simplify::simplify;
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
 use crate::ir::stmt::{BufKind, PrimFunc, Stmt};
-use crate::lower::simplify::simplify;
 use std::collections::HashSet;
 
 /// Marks every local of `f` the rule (module doc) allows.

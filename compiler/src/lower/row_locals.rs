@@ -23,9 +23,9 @@
 //! inside the body as private to an iteration. Runs where row fusion runs (default CPU
 //! schedule only), on the nest, so saved modules keep it and loaded ones prove it again.
 
+use crate::arith::simplify::simplify;
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
-use crate::lower::simplify::simplify;
 use std::collections::{HashMap, HashSet};
 
 /// Shrinks every local of `f` that the rule (module doc) allows to one row per iteration.

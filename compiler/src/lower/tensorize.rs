@@ -25,11 +25,12 @@
 //! The loop found is the one (of the marked variable) whose nest updates its stage's tensor:
 //! a reduction's init nest reuses the data-parallel loop variables and is left alone.
 
-use super::simplify::{linear, simplify, Linear};
+use crate::arith::simplify::{linear, simplify, Linear};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, Var};
-use crate::ir::intrin::{check_call, Intrin, Region, RegionAxis};
+use crate::ir::intrin::{Intrin, Region, RegionAxis};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
+use crate::ir::verify_intrin::check_call;
 use rivet_runtime::DType;
 
 /// A marked loop: its variable, the intrinsic, and the stage's name (for messages).

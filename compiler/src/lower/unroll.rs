@@ -315,7 +315,7 @@ mod tests {
     /// simplification to a constant).
     fn trace(s: &Stmt, env: &mut HashMap<u32, i64>, out: &mut Vec<i64>) {
         let eval = |e: &Expr, env: &HashMap<u32, i64>| {
-            crate::lower::simplify::simplify(
+            crate::arith::simplify::simplify(
                 &e.substitute(&|x| env.get(&x.id).map(|&k| Expr::int(k))),
             )
             .as_int()

@@ -44,7 +44,7 @@
 //! A loop it cannot vectorize is left as it is, `Vectorized`, and backends run it as a plain
 //! loop. Checked mode (unflattened accesses) is not vectorized.
 
-use super::simplify::{linear, simplify, Linear};
+use crate::arith::simplify::{linear, simplify, Linear};
 use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use crate::ir::BufId;
@@ -54,7 +54,7 @@ use rivet_runtime::DType;
 /// `bytes` bytes (`Target::vectorize_bytes`); `None` leaves the function as it is.
 /// `wide_math`: a loop storing float32 values that compute float32 `erf` gets `WIDE_LANES`
 /// lanes instead (the CPU with AVX-512: one `rivet_erff16` call per sixteen lanes,
-/// `codegen::erff16`, the rest as four f32x4 registers).
+/// `codegen::cpu_lib::erff16`, the rest as four f32x4 registers).
 pub fn vectorize(func: &mut PrimFunc, bytes: Option<u32>, wide_math: bool) {
     let Some(bytes) = bytes else {
         return;

@@ -1,5 +1,5 @@
 //! How much work a call does: the iteration space of a function, counted from its loops,
-//! for the CPU's execution policy (`codegen::host::run_with_policy`: keep the host lock,
+//! for the CPU's execution policy (`codegen::cpu_lib::launch::run_with_policy`: keep the host lock,
 //! release it, use the thread pool).
 //!
 //! Counting the loops, not the arguments' elements, is what makes the decision right for
@@ -18,7 +18,7 @@
 //! - evaluation at call time is exact and saturating (`i64::MAX` on overflow), so no hostile
 //!   shape can wrap it into a small number; negative extents count as 0.
 
-use crate::ir::checked::eval_checked;
+use crate::arith::exact::eval_exact;
 use crate::ir::expr::{Expr, Var};
 use crate::ir::stmt::{PrimFunc, Stmt};
 use std::collections::HashSet;
@@ -58,7 +58,7 @@ impl Work {
         for (k, es) in &self.terms {
             let mut p = *k;
             for e in es {
-                let x = eval_checked(e, lookup).unwrap_or(i64::MAX).max(0);
+                let x = eval_exact(e, lookup).unwrap_or(i64::MAX).max(0);
                 p = p.saturating_mul(x);
             }
             total = total.saturating_add(p);
@@ -137,7 +137,7 @@ fn only_dims(e: &Expr, dims: &HashSet<u32>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codegen::host::{policy, Policy};
+    use crate::codegen::cpu_lib::launch::{policy, Policy};
     use crate::kernels::defs;
     use crate::kernels::strategy::{schedule, Strategy};
     use crate::lower::{lower, Options, Source};

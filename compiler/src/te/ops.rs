@@ -82,7 +82,7 @@ pub fn reduce_axis(lo: impl Into<Expr>, hi: impl Into<Expr>, name: &str) -> Resu
             )));
         }
     }
-    let extent = crate::lower::simplify::simplify(&hi.sub(&lo));
+    let extent = crate::arith::simplify::simplify(&hi.sub(&lo));
     Ok(IterVar {
         var: Var::new(name),
         min: lo,

@@ -460,7 +460,7 @@ fn huge_work(m: &Module) -> bool {
             if let rivet_compiler::ir::Stmt::For { extent, .. } = s {
                 // Variables at 4, the most the harness binds a dim to (loop variables too:
                 // a heuristic, only used to skip work).
-                let e = rivet_compiler::ir::checked::eval_checked(extent, &|_| Some(4));
+                let e = rivet_compiler::arith::exact::eval_exact(extent, &|_| Some(4));
                 huge |= e.map_or(true, |e| e > 1 << 20);
             }
         });

@@ -1,6 +1,6 @@
 //! Host callbacks in generated code (`Intrin::Callback`, `ir::callback`): a call of the
 //! `rivet_callback` helper with the kernel's callback table, the callback's index and a stack
-//! array describing its regions; the helper runs `codegen::callback::run`.
+//! array describing its regions; the helper runs `codegen::cpu_lib::callback::run`.
 //!
 //! Invariants:
 //! - the table is owned by the `CraneliftKernel` (boxed: its address, embedded in the code as
@@ -14,7 +14,7 @@
 
 use super::helpers::{set_fault, Fault};
 use super::{FnGen, PTR};
-use crate::codegen::callback::RegionArg;
+use crate::codegen::cpu_lib::callback::RegionArg;
 use crate::error::{Error, Result};
 use crate::ir::callback::Callback;
 use crate::ir::intrin::Region;
@@ -109,7 +109,7 @@ unsafe extern "C" fn rivet_callback(table: *const CallbackTable, k: i64, desc: *
             });
         }
         // SAFETY: the regions are the call's, proven inside their buffers.
-        unsafe { crate::codegen::callback::run(cb, &regions) }
+        unsafe { crate::codegen::cpu_lib::callback::run(cb, &regions) }
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|p| {
         let what = p

@@ -1,6 +1,6 @@
 //! Idiom: a 4-lane vector loop whose body only stores `exp(X[j] - s)` (or `exp(X[j])`) into
 //! `Y[j]`, both contiguous and float32, becomes one call of `rivet_exp_run` over the whole run
-//! (`codegen::exp32::exp_sub_run`: sixteen lanes per AVX-512 instruction) where
+//! (`codegen::cpu_lib::exp32::exp_sub_run`: sixteen lanes per AVX-512 instruction) where
 //! `exp32::run_wide()` says the CPU has AVX-512 — softmax's exponentials, which Cranelift's
 //! 128-bit vectors computed at a quarter of the machine's width.
 //!
@@ -15,11 +15,11 @@
 //! the loop runs at least once, as the loop would (it may load memory).
 
 use super::FnGen;
-use crate::codegen::exp32;
+use crate::arith::simplify::simplify;
+use crate::codegen::cpu_lib::exp32;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, UnOp, Var};
 use crate::ir::stmt::Stmt;
-use crate::lower::simplify::simplify;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, I64};
 use cranelift_codegen::ir::InstBuilder;

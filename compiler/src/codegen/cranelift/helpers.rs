@@ -1,4 +1,4 @@
-//! `extern "C"` helpers generated code calls, besides the maths of `codegen::math::symbols()`:
+//! `extern "C"` helpers generated code calls, besides the maths of `codegen::cpu_lib::math::symbols()`:
 //! local allocations, the fault slot through which generated code reports errors, float16/bfloat16 conversions (the `half` crate's, so that rounding
 //! matches the interpreter), and the parallel-loop driver.
 
@@ -233,7 +233,7 @@ unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
     unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(0) as usize) }
 }
 
-/// Four float32 `exp`s in place (`codegen::exp32`, lane by lane: the scalar `rivet_expf`), for
+/// Four float32 `exp`s in place (`codegen::cpu_lib::exp32`, lane by lane: the scalar `rivet_expf`), for
 /// the cold block of packed f32x4 code (a lane outside `exp32`'s fast range).
 ///
 /// # Safety
@@ -242,7 +242,7 @@ unsafe extern "C" fn rivet_zero(ptr: *mut u8, bytes: i64) {
 unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
     // SAFETY: the caller's contract.
     let x = unsafe { p.cast::<[f32; 4]>().read_unaligned() };
-    let y = x.map(crate::codegen::exp32::exp32);
+    let y = x.map(crate::codegen::cpu_lib::exp32::exp32);
     // SAFETY: as above.
     unsafe { p.cast::<[f32; 4]>().write_unaligned(y) };
     0
@@ -256,10 +256,10 @@ unsafe extern "C" fn rivet_expf4(p: *mut f32) -> i32 {
 /// code passes the addresses of a loop the bounds proof covered).
 unsafe extern "C" fn rivet_exp_run(y: *mut f32, x: *const f32, n: i64, s: f32) {
     // SAFETY: the caller's contract.
-    unsafe { crate::codegen::exp32::exp_sub_run(y, x, n.max(0) as usize, s) }
+    unsafe { crate::codegen::cpu_lib::exp32::exp_sub_run(y, x, n.max(0) as usize, s) }
 }
 
-/// Sixteen float32 `erf`s in place (`codegen::erff16`: bit for bit the scalar `rivet_erff`;
+/// Sixteen float32 `erf`s in place (`codegen::cpu_lib::erff16`: bit for bit the scalar `rivet_erff`;
 /// AVX-512 when the CPU has it), for 16-lane vector code.
 ///
 /// # Safety
@@ -267,11 +267,11 @@ unsafe extern "C" fn rivet_exp_run(y: *mut f32, x: *const f32, n: i64, s: f32) {
 /// stack slot).
 unsafe extern "C" fn rivet_erff16(p: *mut f32) -> i32 {
     // SAFETY: the caller's contract.
-    unsafe { crate::codegen::erff16::erff16_in_place(p) };
+    unsafe { crate::codegen::cpu_lib::erff16::erff16_in_place(p) };
     0
 }
 
-/// Four float32 `erf`s in place (`codegen::erff4`: bit for bit the scalar `rivet_erff`), for
+/// Four float32 `erf`s in place (`codegen::cpu_lib::erff4`: bit for bit the scalar `rivet_erff`), for
 /// packed f32x4 vector code.
 ///
 /// # Safety
@@ -279,7 +279,7 @@ unsafe extern "C" fn rivet_erff16(p: *mut f32) -> i32 {
 unsafe extern "C" fn rivet_erff4(p: *mut f32) -> i32 {
     // SAFETY: the caller's contract.
     let x = unsafe { p.cast::<[f32; 4]>().read_unaligned() };
-    let y = crate::codegen::erff4::erff4(x);
+    let y = crate::codegen::cpu_lib::erff4::erff4(x);
     // SAFETY: as above.
     unsafe { p.cast::<[f32; 4]>().write_unaligned(y) };
     0

@@ -249,7 +249,7 @@ pub(super) fn loop_carried(
                 refused.insert(*b1);
                 continue;
             };
-            let diff = crate::lower::simplify::simplify(&x.sub(y));
+            let diff = crate::arith::simplify::simplify(&x.sub(y));
             let apart = diff
                 .as_int()
                 .is_some_and(|d| d.unsigned_abs() >= u64::from(*lanes))
@@ -288,7 +288,7 @@ fn other_rows(func: &crate::ir::PrimFunc, buf: BufId, diff: &Expr) -> bool {
     // terms anyway); `c` is what the other dims contribute (here constants: the contiguous
     // dim's offsets, its stride made 1 by the layout test).
     let at = |s: &Var, v: i64| {
-        crate::lower::simplify::simplify(&diff.substitute(&|x| (x == s).then(|| Expr::int(v))))
+        crate::arith::simplify::simplify(&diff.substitute(&|x| (x == s).then(|| Expr::int(v))))
             .as_int()
     };
     b.strides

@@ -1,11 +1,11 @@
 //! Intrinsic calls: `Stmt::Call` becomes a call of the micro-kernel entry of the variant this
-//! process selected (`codegen::microkernel::selected`), with each region's base address and
+//! process selected (`codegen::cpu_lib::microkernel::selected`), with each region's base address and
 //! the element strides of its axes (the dims' stride variables) as arguments. The bounds
 //! proof has shown every element of every region inside its tensor, so the call needs no
 //! run-time check; in checked mode the base's indices are checked like any access.
 
 use super::{FnGen, PTR};
-use crate::codegen::microkernel;
+use crate::codegen::cpu_lib::microkernel;
 use crate::error::{Error, Result};
 use crate::ir::intrin::{gemm_extents, Intrin, Region};
 use crate::ir::{Expr, PrimFunc, Stmt};

@@ -16,7 +16,7 @@
 //! Checked mode (`CraneliftBackend::checked`): functions are not flattened; every load and
 //! store checks each index against its dim's extent before computing the address.
 //!
-//! Semantics follow the interpreter (`codegen/math.rs`, `ir/expr.rs`) bit for bit:
+//! Semantics follow the interpreter (`codegen/cpu_lib/math.rs`, `ir/expr.rs`) bit for bit:
 //! - ints are computed at their dtype's width with wrapping; uints use unsigned compares,
 //!   division and extension; bool is an `i8` holding 0 or 1;
 //! - float32/float64 are computed in `f32`/`f64`; float16/bfloat16 are loaded and widened to
@@ -42,7 +42,7 @@
 //! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
 //! `extern "C"` runtime helpers generated code calls besides `math::symbols()`), `intrin.rs`
-//! (intrinsic calls: a call of the micro-kernel `codegen::microkernel` selected for this
+//! (intrinsic calls: a call of the micro-kernel `codegen::cpu_lib::microkernel` selected for this
 //! process, through the symbols `rivet_gemm_f32` / `rivet_gemm_f64`, which each kernel's JIT
 //! module binds to the chosen variant's entry when it is built).
 
@@ -176,7 +176,7 @@ impl CraneliftBackend {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
         crate::ir::verify::verify(func, !self.checked)?;
         let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
-        for (name, addr) in crate::codegen::math::symbols() {
+        for (name, addr) in crate::codegen::cpu_lib::math::symbols() {
             jb.symbol(name, addr);
         }
         for (name, addr) in helpers::symbols().into_iter().chain(callback::symbols()) {
@@ -187,8 +187,11 @@ impl CraneliftBackend {
         }
         // Cranelift lowers `fma` to a libcall of `fmaf` / `fma` on an ISA without FMA: bind
         // them here (the JIT would otherwise fail to resolve them).
-        jb.symbol("fmaf", crate::codegen::math::ffi::fmaf as *const u8);
-        jb.symbol("fma", crate::codegen::math::ffi::fma as *const u8);
+        jb.symbol(
+            "fmaf",
+            crate::codegen::cpu_lib::math::ffi::fmaf as *const u8,
+        );
+        jb.symbol("fma", crate::codegen::cpu_lib::math::ffi::fma as *const u8);
         let module = JITModule::new(jb);
         let callbacks = Box::new(callback::CallbackTable::new(func));
         let mut cx = Compiler {
@@ -317,7 +320,7 @@ impl CraneliftKernel {
 impl Kernel for CraneliftKernel {
     unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
         // SAFETY: forwarded contract.
-        crate::codegen::host::run_with_policy(ctx, || unsafe { self.run(frame) })
+        crate::codegen::cpu_lib::launch::run_with_policy(ctx, || unsafe { self.run(frame) })
     }
 
     fn alloc_output(
@@ -326,7 +329,7 @@ impl Kernel for CraneliftKernel {
         dtype: rivet_runtime::DType,
         _: &LaunchContext,
     ) -> Result<rivet_runtime::Tensor> {
-        crate::codegen::host::alloc_output(shape, dtype)
+        crate::codegen::cpu_lib::launch::alloc_output(shape, dtype)
     }
 
     fn host_callbacks(&self) -> Vec<&crate::ir::callback::Callback> {

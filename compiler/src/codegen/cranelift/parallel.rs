@@ -173,7 +173,7 @@ pub(super) fn too_small_for_the_pool(s: &Stmt) -> bool {
                 ..
             } => None,
             Stmt::For { extent, body, .. } => {
-                let e = crate::lower::simplify::simplify(extent).as_int()?.max(0);
+                let e = crate::arith::simplify::simplify(extent).as_int()?.max(0);
                 if e == 0 {
                     return Some(0);
                 }

@@ -1,8 +1,9 @@
 //! Tests of the Cranelift backend on hand-built, flattened functions, against Rust reference
-//! formulas (`codegen::math`, `libm`, `half`, Rust's `as`).
+//! formulas (`codegen::cpu_lib::math`, `libm`, `half`, Rust's `as`).
 
 use super::CraneliftBackend;
-use crate::codegen::{math, Backend, CallFrame, Kernel, LaunchContext};
+use crate::codegen::cpu_lib::math;
+use crate::codegen::{Backend, CallFrame, Kernel, LaunchContext};
 use crate::ir::{BinOp, BufKind, Buffer, CmpOp, Expr, ForKind, LogicOp, PrimFunc, Stmt, UnOp, Var};
 use rivet_runtime::DType;
 
@@ -405,12 +406,12 @@ fn float_unary_ref(op: UnOp, x: f64, f64_: bool) -> f64 {
         let x = x as f32;
         (match op {
             UnOp::Neg => -x,
-            UnOp::Exp => crate::codegen::exp32::exp32(x),
+            UnOp::Exp => crate::codegen::cpu_lib::exp32::exp32(x),
             UnOp::Log => libm::logf(x),
             UnOp::Sqrt => x.sqrt(),
             UnOp::Rsqrt => 1.0 / x.sqrt(),
             UnOp::Tanh => libm::tanhf(x),
-            UnOp::Sigmoid => 1.0 / (1.0 + crate::codegen::exp32::exp32(-x)),
+            UnOp::Sigmoid => 1.0 / (1.0 + crate::codegen::cpu_lib::exp32::exp32(-x)),
             UnOp::Abs => x.abs(),
             UnOp::Floor => x.floor(),
             UnOp::Ceil => x.ceil(),
@@ -1278,7 +1279,7 @@ fn half_precision_arithmetic_is_computed_in_f32_and_rounded_on_store() {
             let (S::F32(x), S::F32(y)) = (read(dt, &a[2 * k..]), read(dt, &b[2 * k..])) else {
                 unreachable!()
             };
-            let r = x * y + crate::codegen::exp32::exp32(y);
+            let r = x * y + crate::codegen::cpu_lib::exp32::exp32(y);
             let want = cast_bytes(S::F32(r), DType::F32, dt);
             assert!(
                 same(dt, &data[2][2 * k..2 * k + 2], &want),

@@ -7,9 +7,9 @@
 //! float negation, `abs` and `sqrt` (IEEE operations, correctly rounded lane by lane, so
 //! bit-identical with the scalar code and the interpreter), float min / max (the scalar
 //! rule as masks and bit selects, `packed_minmax`), and float32 `exp` (inline,
-//! `vector_exp.rs`: `codegen::expf4`'s sequence, libm's `expf` bit for bit, checked on every
+//! `vector_exp.rs`: `codegen::cpu_lib::expf4`'s sequence, libm's `expf` bit for bit, checked on every
 //! float of its main range; other lanes call `rivet_expf4`), float32 `erf` (one call of
-//! `rivet_erff4` per four lanes: `codegen::erff4`, libm's `erff` bit for bit). Everything else — gathers
+//! `rivet_erff4` per four lanes: `codegen::cpu_lib::erff4`, libm's `erff` bit for bit). Everything else — gathers
 //! (other ramps, computed vector indices), casts, comparisons, selects, integer division, other transcendentals (libm calls),
 //! float16 / bfloat16 and bool — is computed lane by lane with the scalar code generation,
 //! extracting lanes from any packed operand, so its results are the scalar results.
@@ -332,7 +332,7 @@ impl FnGen<'_, '_> {
     }
 
     /// Float `max` / `min` of packed `x`, `y` with the scalar code's semantics lane by lane
-    /// (`expr.rs`, `fminmax`; `codegen::math::fmax`): `x > y ? x : y` (`<` for min), then NaN
+    /// (`expr.rs`, `fminmax`; `codegen::cpu_lib::math::fmax`): `x > y ? x : y` (`<` for min), then NaN
     /// where either lane is NaN: `cmpps` masks and bit selects.
     pub(super) fn packed_minmax(&mut self, max: bool, x: Value, y: Value, dt: DType) -> Value {
         use cranelift_codegen::ir::condcodes::FloatCC;

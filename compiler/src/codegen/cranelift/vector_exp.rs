@@ -1,4 +1,4 @@
-//! float32 `exp` on four packed lanes, inline: `codegen::exp32::fast` (rivet's float32 `exp`)
+//! float32 `exp` on four packed lanes, inline: `codegen::cpu_lib::exp32::fast` (rivet's float32 `exp`)
 //! written as Cranelift f32x4 instructions, so a vectorized loop computing `exp` keeps its
 //! values in registers instead of spilling them around a call per four lanes.
 //!
@@ -8,12 +8,12 @@
 //! false for NaN) sends all four to `rivet_expf4` (a cold block), which runs `exp32` per lane.
 //! Its constants are loaded from a static pool at each use (`POOL`: why there).
 //! float32 `erf` (libm's four branches and two `expf`s per lane) is one call of `rivet_erff4`
-//! per four lanes (`codegen::erff4`), `slot_call`; a 16-lane float32 `erf` (the CPU's
+//! per four lanes (`codegen::cpu_lib::erff4`), `slot_call`; a 16-lane float32 `erf` (the CPU's
 //! vectorize pass gives erf loops 16 lanes) one call of `rivet_erff16`, `erf16_lanes`.
 
 use super::expr::flags;
 use super::FnGen;
-use crate::codegen::exp32;
+use crate::codegen::cpu_lib::exp32;
 use crate::error::{Error, Result};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::types::{F32X4, I32, I32X4, I64};
@@ -177,7 +177,7 @@ impl FnGen<'_, '_> {
     }
 
     /// The sixteen float32 `erf`s of `a`'s lanes (`a` has `WIDE_LANES` lanes, computed lane by
-    /// lane): one `rivet_erff16` call (`codegen::erff16`, AVX-512 where the CPU has it),
+    /// lane): one `rivet_erff16` call (`codegen::cpu_lib::erff16`, AVX-512 where the CPU has it),
     /// libm's bits.
     pub(super) fn erf16_lanes(&mut self, a: &crate::ir::Expr) -> Result<Vec<Value>> {
         let lanes = (0..crate::lower::vectorize::WIDE_LANES)

@@ -1,7 +1,7 @@
 //! Sixteen-lane float32 vectors as four packed f32x4 registers ("quads"): what the CPU's
 //! vectorize pass makes of a float32 loop computing `exp` or `erf` on an AVX-512 machine
 //! (`lower::vectorize`'s wide lanes), so that one AVX-512 call computes the function for
-//! sixteen lanes (`rivet_erff16`: libm's bits, `codegen::erff16`; `exp` inline on each
+//! sixteen lanes (`rivet_erff16`: libm's bits, `codegen::cpu_lib::erff16`; `exp` inline on each
 //! quarter, `vector_exp.rs`) while the rest of the loop body stays packed SSE code.
 //!
 //! A 16-lane float32 expression is a quad when every node under it is: a broadcast, a

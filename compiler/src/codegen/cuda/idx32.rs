@@ -16,7 +16,7 @@
 //! `analyse` bounds every index node by an interval `[lo, hi]` whose endpoints are expressions
 //! over the kernel's captured variables (loop, thread and `let` variables are ranged; the
 //! captured ones are single values). The rules are exact-integer interval arithmetic that make
-//! no assumption on signs (strides can be negative: numpy views), unlike `lower::interval`,
+//! no assumption on signs (strides can be negative: numpy views), unlike `arith::interval`,
 //! whose folds assume every variable is a non-negative size — right for the proof over dims
 //! before flattening, wrong for flattened offsets over strides. Guards of enclosing `if`s are
 //! ignored (an index computed in a condition is computed whatever its outcome, and ignoring a
@@ -300,7 +300,7 @@ impl Walk {
                     _ => {
                         self.never.get_or_insert(format!(
                             "an index can reach {}, outside int32",
-                            crate::lower::simplify::simplify(e)
+                            crate::arith::simplify::simplify(e)
                         ));
                     }
                 }

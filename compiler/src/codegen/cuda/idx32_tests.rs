@@ -31,7 +31,7 @@ fn launches(f: &PrimFunc, env: &HashMap<u32, i64>) -> Vec<(usize, HashMap<u32, i
         out: &mut Vec<(usize, HashMap<u32, i64>)>,
     ) {
         let eval = |e: &Expr, env: &HashMap<u32, i64>| {
-            crate::ir::checked::eval_checked(e, &|v| env.get(&v.id).copied()).ok()
+            crate::arith::exact::eval_exact(e, &|v| env.get(&v.id).copied()).ok()
         };
         match s {
             Stmt::Seq(v) => v.iter().for_each(|s| walk(f, s, env, out)),

@@ -1,5 +1,5 @@
 //! The helper functions every generated CUDA source starts with: the interpreter's scalar
-//! semantics (`codegen::interp`, `codegen::math`) written in CUDA C++, in one string.
+//! semantics (`codegen::interp`, `codegen::cpu_lib::math`) written in CUDA C++, in one string.
 //!
 //! The prelude includes no header, so it compiles under NVRTC with no include path, and under
 //! a host C++ compiler too (`RIVET_FN` is `static inline` there, bit casts use
@@ -25,7 +25,7 @@
 //!   the includer emulates them (`RIVET_WARP_EMULATION`, the host tests).
 
 /// The prelude: typedefs and `rivet_*` helpers.
-pub const PRELUDE: &str = r#"// ---- rivet prelude: the interpreter's scalar semantics (codegen/interp, codegen/math) ----
+pub const PRELUDE: &str = r#"// ---- rivet prelude: the interpreter's scalar semantics (codegen/interp, codegen/cpu_lib/math) ----
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define RIVET_FN __device__ __forceinline__
 #define RIVET_DEVICE 1

@@ -101,7 +101,7 @@ pub(super) fn ceil_div(n: Expr, k: i64) -> Expr {
 pub(super) fn prepare(mut f: PrimFunc) -> PrimFunc {
     crate::ir::verify::verify(&f, false).unwrap();
     crate::lower::flatten::flatten(&mut f);
-    f.body = crate::lower::simplify::simplify_stmt(&f.body);
+    f.body = crate::arith::simplify::simplify_stmt(&f.body);
     crate::lower::split::split(&mut f);
     crate::ir::verify::verify(&f, true).unwrap();
     f

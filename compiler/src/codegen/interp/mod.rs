@@ -1,6 +1,6 @@
 //! The reference interpreter: runs a `PrimFunc` directly on memory. It is the oracle of the
 //! test suite, so it favours obvious correctness over speed, and it implements exactly the
-//! scalar semantics documented in `codegen::math` and `ir::expr`:
+//! scalar semantics documented in `codegen::cpu_lib::math` and `ir::expr`:
 //!
 //! - integers are held in an `i64`, normalised to their dtype after every operation: signed
 //!   types sign-extended, `uint8/16/32` zero-extended, `uint64` as its bit pattern (so its
@@ -12,7 +12,7 @@
 //!   `Cast` to them, and a constant of their dtype (a float constant is the value rounded
 //!   to the node's dtype, directly from the stored `f64`).
 //! - transcendentals (`exp`, `log`, `tanh`, `erf`, `pow`) are `libm`'s in the dtype, except
-//!   float32 `exp`: rivet's `codegen::exp32`; `sqrt`, `abs`, `floor`, `ceil` are native
+//!   float32 `exp`: rivet's `codegen::cpu_lib::exp32`; `sqrt`, `abs`, `floor`, `ceil` are native
 //!   (exact); `rsqrt = 1 / sqrt`, `sigmoid = 1 / (1 + exp(-x))`; float `min`/`max` propagate NaN (`math::fmin`/`fmax`);
 //!   float `//`/`%` are `math::floordiv_f32`/`floormod_f32` (and the f64 versions).
 //! - casts: int -> int wraps; float -> int saturates (Rust `as`, NaN -> 0); int -> float is
@@ -43,7 +43,8 @@
 //! on unflattened IR) an index outside its dim is the user's `Error::Index` instead; a local
 //! buffer over `MAX_ALLOC_BYTES`, or one the system refuses, is `Error::Memory`.
 
-use crate::codegen::{int_slots, math, Backend, CallFrame, Kernel, LaunchContext};
+use crate::codegen::cpu_lib::math;
+use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
 use crate::ir::intrin::{gemm_extents, Intrin, Region};
@@ -106,11 +107,11 @@ struct InterpKernel(Prepared);
 impl Kernel for InterpKernel {
     unsafe fn launch(&self, frame: &CallFrame, ctx: &LaunchContext) -> Result<()> {
         // SAFETY: forwarded contract: the frame matches the function (see `Kernel::launch`).
-        super::host::run_with_policy(ctx, || unsafe { self.0.run(frame) })
+        super::cpu_lib::launch::run_with_policy(ctx, || unsafe { self.0.run(frame) })
     }
 
     fn alloc_output(&self, shape: &[i64], dtype: DType, _: &LaunchContext) -> Result<Tensor> {
-        super::host::alloc_output(shape, dtype)
+        super::cpu_lib::launch::alloc_output(shape, dtype)
     }
 
     fn source(&self) -> String {
@@ -168,7 +169,7 @@ impl Value {
 
 /// Evaluates a memory-free expression (no `Load`) with the interpreter's semantics, looking
 /// variables up with `lookup`: a reference for simplifier and backend tests (shapes and checks
-/// are decided exactly by `ir::checked::eval_checked`).
+/// are decided exactly by `arith::exact::eval_exact`).
 pub fn eval_expr(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<Value> {
     let mut m = Machine::new("<expression>", &[], &[], true);
     let mut missing = None;
@@ -271,7 +272,7 @@ impl Prepared {
         for c in &f.checks {
             // Exactly as `build::call` decides them: an overflow fails the check.
             let env = &m.env;
-            let holds = crate::ir::checked::eval_checked(&c.cond, &|v| env.get(&v.id).copied());
+            let holds = crate::arith::exact::eval_exact(&c.cond, &|v| env.get(&v.id).copied());
             if holds.map_or(true, |x| x == 0) {
                 return Err(m.err(format!(
                     "launched although check `{}` fails ({}); checks must pass before a launch",
@@ -747,7 +748,7 @@ impl<'a> Machine<'a> {
                     if shape.iter().any(|&e| e <= 0) {
                         // No element: nothing to address (an empty buffer has no element 0).
                         let pos = self.buf_pos(r.buf.0)?;
-                        args.push(crate::codegen::callback::RegionArg {
+                        args.push(crate::codegen::cpu_lib::callback::RegionArg {
                             ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
                             shape: shape.iter().map(|&e| e.max(0)).collect(),
                             strides: vec![0; shape.len()],
@@ -758,7 +759,7 @@ impl<'a> Machine<'a> {
                     // Checked against the buffer's span, like any intrinsic region.
                     let (pos, base, steps) = self.region(r, &shape)?;
                     let b = &self.bufs[pos];
-                    args.push(crate::codegen::callback::RegionArg {
+                    args.push(crate::codegen::cpu_lib::callback::RegionArg {
                         ptr: b
                             .ptr
                             .wrapping_offset((base as isize).wrapping_mul(b.dtype.size() as isize)),
@@ -769,7 +770,7 @@ impl<'a> Machine<'a> {
                 }
                 // SAFETY: every region was checked inside its buffer above; the output is a
                 // buffer of its own (`check_call`).
-                unsafe { crate::codegen::callback::run(cb, &args) }.map_err(Error::Runtime)
+                unsafe { crate::codegen::cpu_lib::callback::run(cb, &args) }.map_err(Error::Runtime)
             }
             Intrin::GemmUpdate => {
                 if regions.len() != 3 {
@@ -1127,12 +1128,12 @@ fn unary(op: UnOp, dt: DType, x: Value) -> Option<Value> {
         }
         Value::F32(a) => Value::F32(match op {
             UnOp::Neg => -a,
-            UnOp::Exp => crate::codegen::exp32::exp32(a),
+            UnOp::Exp => crate::codegen::cpu_lib::exp32::exp32(a),
             UnOp::Log => libm::logf(a),
             UnOp::Sqrt => a.sqrt(),
             UnOp::Rsqrt => 1.0 / a.sqrt(),
             UnOp::Tanh => libm::tanhf(a),
-            UnOp::Sigmoid => 1.0 / (1.0 + crate::codegen::exp32::exp32(-a)),
+            UnOp::Sigmoid => 1.0 / (1.0 + crate::codegen::cpu_lib::exp32::exp32(-a)),
             UnOp::Abs => a.abs(),
             UnOp::Floor => a.floor(),
             UnOp::Ceil => a.ceil(),
@@ -1739,12 +1740,12 @@ mod tests {
         let u = |op, e: &Expr| ev(&Expr::unary(op, e.clone()).unwrap());
         assert_eq!(
             u(UnOp::Exp, &x32),
-            Value::F32(crate::codegen::exp32::exp32(0.7f32))
+            Value::F32(crate::codegen::cpu_lib::exp32::exp32(0.7f32))
         );
         assert_eq!(u(UnOp::Exp, &x64), Value::F64(libm::exp(0.7)));
         assert_eq!(
             u(UnOp::Sigmoid, &x32),
-            Value::F32(1.0 / (1.0 + crate::codegen::exp32::exp32(-0.7f32)))
+            Value::F32(1.0 / (1.0 + crate::codegen::cpu_lib::exp32::exp32(-0.7f32)))
         );
         assert_eq!(u(UnOp::Rsqrt, &x64), Value::F64(1.0 / 0.7f64.sqrt()));
         assert_eq!(u(UnOp::Erf, &x32), Value::F32(libm::erff(0.7f32)));

@@ -127,14 +127,14 @@ fn reference(op: ReduceOp, dt: DType, row: &[Value], threads: usize) -> Value {
             (Value::F32(x), Value::F32(y)) => Value::F32(match op {
                 ReduceOp::Sum => x + y,
                 ReduceOp::Prod => x * y,
-                ReduceOp::Max => crate::codegen::math::fmax(x, y),
-                ReduceOp::Min => crate::codegen::math::fmin(x, y),
+                ReduceOp::Max => crate::codegen::cpu_lib::math::fmax(x, y),
+                ReduceOp::Min => crate::codegen::cpu_lib::math::fmin(x, y),
             }),
             (Value::F64(x), Value::F64(y)) => Value::F64(match op {
                 ReduceOp::Sum => x + y,
                 ReduceOp::Prod => x * y,
-                ReduceOp::Max => crate::codegen::math::fmax(x, y),
-                ReduceOp::Min => crate::codegen::math::fmin(x, y),
+                ReduceOp::Max => crate::codegen::cpu_lib::math::fmax(x, y),
+                ReduceOp::Min => crate::codegen::cpu_lib::math::fmin(x, y),
             }),
             (Value::Int(x), Value::Int(y)) => {
                 let w = match op {

@@ -28,9 +28,9 @@ mod solve;
 #[cfg(test)]
 mod tests;
 
+use crate::arith::simplify::simplify;
 use crate::error::{Error, Result};
 use crate::ir::expr::{CmpOp, Expr, IterVar, ReduceOp, Var};
-use crate::lower::simplify::simplify;
 use crate::te::ops::reduce;
 use crate::te::tensor::{compute_from, inputs as reads_of, top_reduce, Op, Tensor};
 use algebra::{and_all, cmp, constant, div, is_float, mul, select, substitute, sum_balanced};

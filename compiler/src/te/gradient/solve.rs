@@ -2,7 +2,7 @@
 //! partial derivative a(i, r)" to "dX[j] = sum over the points with g(i, r) == j of a(i, r)".
 //!
 //! Method (exact for every index map; fast for the common ones):
-//! - each index of the read is put in linear form (`lower::simplify::linear`); where it is
+//! - each index of the read is put in linear form (`arith::simplify::linear`); where it is
 //!   `±v + rest` with `v` an iteration variable not otherwise in that index, `v` is solved:
 //!   `v = ±(j - rest)`, substituted everywhere, and guarded by `v`'s range
 //!   (`min <= v < min + extent`; left out when it is provably `j`'s own range). Data-parallel
@@ -20,9 +20,9 @@
 //! tensors happen only at iteration points of the forward stage (in bounds by its own proof).
 
 use super::algebra::{and_all, cmp, constant, select, substitute};
+use crate::arith::simplify::{linear, simplify};
 use crate::error::Result;
 use crate::ir::expr::{CmpOp, Expr, IterVar, Var};
-use crate::lower::simplify::{linear, simplify};
 use std::collections::HashMap;
 
 /// The gradient term for one read, over target indices `j`: `sum(body, raxes)` (or `body`

@@ -3,14 +3,14 @@
 //!
 //! Generated code computes int64 index arithmetic with wrapping (as the interpreter does).
 //! The bounds proof reasons about exact integers, so every check that guards memory must be
-//! decided exactly: `eval_checked` computes in checked int64 arithmetic and reports an
+//! decided exactly: `eval_exact` computes in checked int64 arithmetic and reports an
 //! overflow as `Err` — a check whose evaluation overflows has failed, never passed.
 //! `static_range` bounds an expression over the symbolic dims (each in `[0, i64::MAX]`, being
 //! sizes) in exact 128-bit arithmetic, so obligations that hold for every shape need no
 //! per-call check at all.
 
-use super::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
-use crate::codegen::math::{floordiv_i64, floormod_i64};
+use super::div::{floordiv_i64, floormod_i64};
+use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp, Var};
 use rivet_runtime::DType;
 
 /// Why an exact evaluation failed.
@@ -24,17 +24,17 @@ pub enum EvalError {
 
 /// Evaluates an int64 / bool expression exactly (`&&`, `||` and `select` evaluate only what
 /// they need, as generated code does).
-pub fn eval_checked(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i64, EvalError> {
+pub fn eval_exact(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i64, EvalError> {
     let ov = || EvalError::Overflow(e.to_string());
     match e.kind() {
         ExprKind::Const(Const::Int(v)) if !e.dtype().is_float() => Ok(*v),
         ExprKind::Var(v) => lookup(v)
             .ok_or_else(|| EvalError::Unsupported(format!("unbound variable `{}`", v.name))),
-        ExprKind::Unary(UnOp::Neg, a) => eval_checked(a, lookup)?.checked_neg().ok_or_else(ov),
-        ExprKind::Unary(UnOp::Abs, a) => eval_checked(a, lookup)?.checked_abs().ok_or_else(ov),
-        ExprKind::Unary(UnOp::Not, a) => Ok((eval_checked(a, lookup)? == 0) as i64),
+        ExprKind::Unary(UnOp::Neg, a) => eval_exact(a, lookup)?.checked_neg().ok_or_else(ov),
+        ExprKind::Unary(UnOp::Abs, a) => eval_exact(a, lookup)?.checked_abs().ok_or_else(ov),
+        ExprKind::Unary(UnOp::Not, a) => Ok((eval_exact(a, lookup)? == 0) as i64),
         ExprKind::Binary(op, a, b) if e.dtype() == DType::I64 => {
-            let (x, y) = (eval_checked(a, lookup)?, eval_checked(b, lookup)?);
+            let (x, y) = (eval_exact(a, lookup)?, eval_exact(b, lookup)?);
             match op {
                 BinOp::Add => x.checked_add(y).ok_or_else(ov),
                 BinOp::Sub => x.checked_sub(y).ok_or_else(ov),
@@ -48,7 +48,7 @@ pub fn eval_checked(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i6
             }
         }
         ExprKind::Cmp(op, a, b) if a.dtype() == DType::I64 => {
-            let (x, y) = (eval_checked(a, lookup)?, eval_checked(b, lookup)?);
+            let (x, y) = (eval_exact(a, lookup)?, eval_exact(b, lookup)?);
             Ok(match op {
                 CmpOp::Eq => x == y,
                 CmpOp::Ne => x != y,
@@ -59,25 +59,25 @@ pub fn eval_checked(e: &Expr, lookup: &dyn Fn(&Var) -> Option<i64>) -> Result<i6
             } as i64)
         }
         ExprKind::Logic(op, a, b) => {
-            let x = eval_checked(a, lookup)? != 0;
+            let x = eval_exact(a, lookup)? != 0;
             Ok(match (op, x) {
                 (LogicOp::And, false) => false,
                 (LogicOp::Or, true) => true,
-                _ => eval_checked(b, lookup)? != 0,
+                _ => eval_exact(b, lookup)? != 0,
             } as i64)
         }
         ExprKind::Select(c, a, b) => {
-            if eval_checked(c, lookup)? != 0 {
-                eval_checked(a, lookup)
+            if eval_exact(c, lookup)? != 0 {
+                eval_exact(a, lookup)
             } else {
-                eval_checked(b, lookup)
+                eval_exact(b, lookup)
             }
         }
         _ => Err(EvalError::Unsupported(e.to_string())),
     }
 }
 
-/// Whether [`eval_checked`] can evaluate every node of `e` (given its variables): int64 and
+/// Whether [`eval_exact`] can evaluate every node of `e` (given its variables): int64 and
 /// bool arithmetic, comparisons of int64s, logic and selects; no loads, floats or calls.
 pub fn evaluable(e: &Expr) -> bool {
     let mut ok = true;
@@ -158,21 +158,21 @@ mod tests {
         let big = Expr::int(1 << 61);
         let e = Expr::int(8).mul(&big);
         assert!(matches!(
-            eval_checked(&e, &|_| None),
+            eval_exact(&e, &|_| None),
             Err(EvalError::Overflow(_))
         ));
         let m = Expr::int(i64::MIN).floordiv(&Expr::int(-1));
         assert!(matches!(
-            eval_checked(&m, &|_| None),
+            eval_exact(&m, &|_| None),
             Err(EvalError::Overflow(_))
         ));
         let n = Var::new("n");
         let e = Expr::var(&n).mul(&big);
-        assert_eq!(eval_checked(&e, &|_| Some(3)), Ok(3 << 61));
-        assert!(eval_checked(&e, &|_| Some(4)).is_err());
+        assert_eq!(eval_exact(&e, &|_| Some(3)), Ok(3 << 61));
+        assert!(eval_exact(&e, &|_| Some(4)).is_err());
         // `||` does not evaluate its right side when the left one holds.
         let c = Expr::logic(LogicOp::Or, Expr::bool(true), Expr::int(0).lt(&e)).unwrap();
-        assert_eq!(eval_checked(&c, &|_| Some(i64::MAX)), Ok(1));
+        assert_eq!(eval_exact(&c, &|_| Some(i64::MAX)), Ok(1));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Four float32 `exp`s at once, bit for bit `libm::expf` (the scalar `exp` every backend and
-//! the interpreter use, `codegen::math`), so vectorized code keeps the oracle's exact results.
+//! the interpreter use, `codegen::cpu_lib::math`), so vectorized code keeps the oracle's exact results.
 //!
 //! libm's `expf` (FreeBSD's) reduces `x = k ln2 + r` with `k = trunc(x / ln2 +- 0.5)` (or
 //! `+-1`, or 0 by range), evaluates a rational approximation in float32, and scales by `2^k`.

@@ -1,5 +1,5 @@
 //! Four float32 `erf`s at once, bit for bit `libm::erff` (the scalar `erf` every backend and
-//! the interpreter use, `codegen::math`), so vectorized code keeps the oracle's exact results.
+//! the interpreter use, `codegen::cpu_lib::math`), so vectorized code keeps the oracle's exact results.
 //!
 //! libm's `erff` (FreeBSD's) picks one of four rational approximations by `|x|` (below
 //! 0.84375, below 1.25, below 1/0.35, below 6; `erfc` times two `expf`s for the last two) and

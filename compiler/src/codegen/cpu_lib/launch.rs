@@ -2,7 +2,7 @@
 //! policy and where their outputs live. Each backend owns these through `Kernel`; the
 //! generic call path in `build.rs` only decides *what* to launch.
 
-use super::LaunchContext;
+use crate::codegen::LaunchContext;
 use crate::error::Result;
 use rivet_runtime::{host, parallel, DType, Tensor};
 

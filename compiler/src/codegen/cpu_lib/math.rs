@@ -2,7 +2,7 @@
 //! generated code agree bit for bit.
 //!
 //! - Transcendentals come from the `libm` crate (a port of musl's libm), except float32 `exp`,
-//!   which is rivet's own (`codegen::exp32`: no division, so it vectorizes; <= 1 ulp): the
+//!   which is rivet's own (`codegen::cpu_lib::exp32`: no division, so it vectorizes; <= 1 ulp): the
 //!   interpreter calls these functions, and the Cranelift backend calls the very same ones
 //!   through the `extern "C"` wrappers below. `sqrt`, `abs`, `floor`, `ceil` are exact
 //!   (IEEE), so backends may use native instructions for them. float16/bfloat16 are computed in float32.
@@ -13,29 +13,11 @@
 //!   (no trap), and `MIN // -1` wraps. Integer arithmetic wraps at the dtype's width.
 //! - Float-to-int casts saturate (NaN gives 0), as Rust's `as`.
 
-pub fn floordiv_i64(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        return 0;
-    }
-    let q = a.wrapping_div(b);
-    if (a.wrapping_rem(b) != 0) && ((a < 0) != (b < 0)) {
-        q - 1
-    } else {
-        q
-    }
-}
-
-pub fn floormod_i64(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        return 0;
-    }
-    let r = a.wrapping_rem(b);
-    if r != 0 && ((r < 0) != (b < 0)) {
-        r + b
-    } else {
-        r
-    }
-}
+/// Python's `//` and `%` are arithmetic every layer shares (the simplifier folds them, exact
+/// evaluation decides with them), so they live in `arith::div`; the backends call them here.
+pub use crate::arith::div::{
+    floordiv_f32, floordiv_f64, floordiv_i64, floormod_f32, floormod_f64, floormod_i64,
+};
 
 pub fn fmin<T: num_like::Float>(a: T, b: T) -> T {
     if a.is_nan() || b.is_nan() {
@@ -55,20 +37,6 @@ pub fn fmax<T: num_like::Float>(a: T, b: T) -> T {
     } else {
         b
     }
-}
-
-/// Python's float `//` and `%`: floor(a / b) and a - floor(a / b) * b.
-pub fn floordiv_f64(a: f64, b: f64) -> f64 {
-    libm::floor(a / b)
-}
-pub fn floormod_f64(a: f64, b: f64) -> f64 {
-    a - libm::floor(a / b) * b
-}
-pub fn floordiv_f32(a: f32, b: f32) -> f32 {
-    libm::floorf(a / b)
-}
-pub fn floormod_f32(a: f32, b: f32) -> f32 {
-    a - libm::floorf(a / b) * b
 }
 
 pub mod num_like {
@@ -109,8 +77,8 @@ macro_rules! externs {
 }
 
 externs! {
-    // float32 `exp` is rivet's own (`codegen::exp32`), not libm's.
-    expf: fn(x: f32) -> f32 = crate::codegen::exp32::exp32(x);
+    // float32 `exp` is rivet's own (`codegen::cpu_lib::exp32`), not libm's.
+    expf: fn(x: f32) -> f32 = crate::codegen::cpu_lib::exp32::exp32(x);
     exp: fn(x: f64) -> f64 = libm::exp(x);
     logf: fn(x: f32) -> f32 = libm::logf(x);
     log: fn(x: f64) -> f64 = libm::log(x);
@@ -135,23 +103,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn python_floor_semantics() {
-        for (a, b) in [
-            (7i64, 2i64),
-            (-7, 2),
-            (7, -2),
-            (-7, -2),
-            (6, 3),
-            (-6, 3),
-            (0, 5),
-        ] {
-            let (q, r) = (floordiv_i64(a, b), floormod_i64(a, b));
-            assert_eq!(q * b + r, a, "{a} {b}");
-            assert!(r == 0 || (r < 0) == (b < 0), "{a} % {b} = {r}");
-        }
-        assert_eq!((floordiv_i64(5, 0), floormod_i64(5, 0)), (0, 0));
-        assert_eq!(floordiv_i64(i64::MIN, -1), i64::MIN);
-        assert_eq!(floormod_f64(-7.0, 2.0), 1.0);
+    fn float_min_max_propagate_nan() {
         assert!(fmin(f32::NAN, 1.0).is_nan() && fmax(1.0, f64::NAN).is_nan());
+        assert_eq!((fmin(1.0f32, 2.0), fmax(1.0f64, 2.0)), (1.0, 2.0));
     }
 }

@@ -10,7 +10,7 @@
 //! it), and a `select` of a constant condition becomes its arm (`te.gradient`'s guards on
 //! dims of extent 1 come out as `select(0 == 0, ..)`).
 
-use crate::codegen::math::{floordiv_i64, floormod_i64};
+use super::div::{floordiv_i64, floormod_i64};
 use crate::ir::expr::{BinOp, CmpOp, Const, Expr, ExprKind, LogicOp, UnOp};
 use crate::ir::stmt::Stmt;
 use rivet_runtime::DType;
