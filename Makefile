@@ -5,6 +5,8 @@
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
 #   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed) and
 #                benches/grad_bench.py
+#   make docs    the docs book (docs/, mdBook) in target/book; mdBook is installed into
+#                target/tools on first use (make test builds the book too)
 #   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
 #                Hypothesis suite with its large profile (docs/testing.md, "Fuzzing")
 # Venvs are created once; stamp files inside them record the installed package list, so a
@@ -43,7 +45,7 @@ PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBD
 NVRTC_DIR = $$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
 
 .DEFAULT_GOAL := build
-.PHONY: venv mxvenv build demo test bench fuzz gpu-wheel clean FORCE
+.PHONY: venv mxvenv build demo test bench fuzz docs gpu-wheel clean FORCE
 FORCE:
 
 # A stamp whose content differs from the current package list is out of date.
@@ -89,7 +91,19 @@ demo: venv build
 	  cargo run --release -p rivet-compiler --example gemm_cuda -- target/gemm_cuda.rivet
 	$(VPY) compiler/examples/use_gemm_cuda.py target/gemm_cuda.rivet
 
-test: venv mxvenv build
+# mdBook, pinned, built from crates.io without its server and file watcher (2 minutes once).
+MDBOOK_VERSION := 0.5.4
+MDBOOK        := target/tools/bin/mdbook
+$(MDBOOK):
+	cargo install --locked --quiet mdbook --version $(MDBOOK_VERSION) --no-default-features --root target/tools
+
+# The book must build without a warning (an unclosed HTML tag is one); its links and code
+# blocks are checked by tests/python/test_docs_*.py and the `rivet` crate's doctests.
+docs: $(MDBOOK)
+	$(MDBOOK) build > target/book.log 2>&1 || { cat target/book.log; exit 1; }
+	@if grep -q WARN target/book.log; then cat target/book.log; exit 1; fi
+
+test: venv mxvenv build docs
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
 	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 	  RIVET_REQUIRE_NVRTC=1 RIVET_VERIFY_CLIF=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" cargo test --workspace --release

@@ -1,6 +1,6 @@
 //! The seed GEMM, `C[i, j] = sum_k A[i, k] * B[k, j]` for any n, built for the CPU with the
 //! default schedule and saved; `rivet/examples/check.py` loads it from Python and checks it
-//! against torch (`tests/python/test_rust_examples.py` runs both). The README's Rust tutorial
+//! against torch (`tests/python/test_rust_examples.py` runs both). docs/rust.md's Rust tutorial
 //! is the block between the `tutorial` markers, checked by that test to match.
 //!
 //! Run: `cargo run --release -p rivet --example gemm -- gemm.rivet`
@@ -15,7 +15,7 @@ fn main() -> rivet::Result<()> {
     Ok(())
 }
 
-// Kept as written, one statement per line, as the README shows it next to its Python twin
+// Kept as written, one statement per line, as docs/rust.md shows it next to its Python twin
 // (rustfmt's call-width heuristic would spread `compute` over five lines).
 #[rustfmt::skip]
 fn gemm(path: &str) -> rivet::Result<()> {

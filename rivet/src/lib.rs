@@ -226,3 +226,15 @@ impl Run for Function {
         Ok(())
     }
 }
+
+/// The docs book's Rust blocks, compiled and run as doctests of this crate (`cargo test --doc
+/// -p rivet`, part of `make test`): a page with a ```` ```rust ```` block is listed here, which
+/// `tests/python/test_docs_examples.py` checks. Lines starting with `# ` are hidden by both
+/// rustdoc and mdBook, so a page shows only the lines that matter.
+#[cfg(doctest)]
+mod docs_book {
+    #[doc = include_str!("../../docs/rust.md")]
+    struct RustTutorial;
+    #[doc = include_str!("../../docs/rust_data.md")]
+    struct RustData;
+}

@@ -67,3 +67,54 @@ def test_make_demo_frameworks_example_runs():
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "torch.compile" in p.stdout and "jax.jit" in p.stdout
+
+
+def _rust_pages():
+    return sorted(p for p in DOCS if re.search(r"^\s*```rust\b", open(os.path.join(ROOT, p)).read(), re.M))
+
+
+def test_every_rust_block_of_the_book_is_compiled():
+    """A docs page with a ```rust block is a doctest of the `rivet` crate (rivet/src/lib.rs,
+    `docs_book`), so `cargo test` compiles and runs its blocks; the README's Rust quickstart is
+    the source of examples/quickstart, compiled as a crate (below)."""
+    lib = open(os.path.join(ROOT, "rivet", "src", "lib.rs")).read()
+    included = set(re.findall(r'include_str!\("\.\./\.\./(docs/[^"]+)"\)', lib))
+    assert _rust_pages() and set(_rust_pages()) <= included, (_rust_pages(), included)
+
+
+def _section_blocks(lang, section):
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index(section)
+    end = text.find("\n## ", start + len(section))
+    return re.findall(rf"```{lang}\n(.*?)```", text[start:end], re.S)
+
+
+def test_readme_rust_quickstart_runs():
+    """The README's Rust quickstart, the whole path a kernel author takes: its Rust block is
+    examples/quickstart/src/lib.rs as it is; the crate is built as a shared library, and the
+    Python block (load_library -> rivet.torch.custom_op -> checked against torch, eager and
+    under torch.compile) runs as written, from the repository root."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("cargo") is None:
+        pytest.skip("needs cargo (the Rust toolchain)")
+    (rust,) = _section_blocks("rust", "## Rust quickstart")
+    (python,) = _section_blocks("python", "## Rust quickstart")
+    assert rust == open(os.path.join(ROOT, "examples", "quickstart", "src", "lib.rs")).read()
+    assert len(rust.splitlines()) < 25 and len(python.splitlines()) < 25
+    p = subprocess.run(["cargo", "build", "--release", "-q", "-p", "rivet-quickstart"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    python = python.replace('"target/release/', f'"{target}/release/')
+    # Its own process: the op name and the library's functions are registered once per process.
+    p = subprocess.run([sys.executable, "-c", python], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def test_readme_python_quickstart_is_short():
+    (python,) = _section_blocks("python", "## Python quickstart")
+    assert len(python.splitlines()) < 25
