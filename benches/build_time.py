@@ -1,4 +1,4 @@
-"""Build time of a GEMM kernel for the CPU (DESIGN.md target: a few milliseconds).
+"""Build time of a GEMM kernel for the CPU (the target: a few milliseconds).
 
 Builds the seed GEMM (symbolic n) unscheduled and with the split/reorder/parallel schedule
 of the README tutorial, N times each in one process, and prints first / median / min in ms.

@@ -14,8 +14,7 @@ is reported with min and max.
 
 Cases (f32):
   gemm n x n x n, n in --sizes, at 1 and 2 threads: numpy (OpenBLAS), torch, TVM's hand
-    schedule (../shared/anchors/tvm_sched.py, AVX-512 target; skipped when TVM or the anchor
-    is missing), rivet with no schedule, rivet.kernels.matmul, rivet's tensorized blocked GEMM
+    schedule (benches/tvm_peer.py, AVX-512 or AVX2 by CPU; skipped when TVM is missing), rivet with no schedule, rivet.kernels.matmul, rivet's tensorized blocked GEMM
     (compiler/examples/gemm_tensorized.py; micro-kernel chosen by CPU features) and the same
     with RIVET_MICROKERNEL=portable (no SIMD micro-kernel), and the same blocked GEMM with
     tensorize off (rivet_cranelift: the register tile is Cranelift f32x4 code);
@@ -40,7 +39,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_JSON = os.path.join(HERE, "out", "cpu_bench.json")
 DEFAULT_PNG = os.path.join(HERE, "cpu_bench.png")
-ANCHOR = os.path.join(ROOT, "..", "shared", "anchors")
 
 GEMM_LIBS = ["numpy", "torch", "tvm_hand", "rivet_default", "rivet_matmul", "rivet_tensorized",
              "rivet_tensorized_portable", "rivet_cranelift"]
@@ -87,12 +85,11 @@ def gemm_case(lib, n, threads):
         ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c)
         run = lambda: torch.mm(ta, tb, out=tc)  # noqa: E731
     elif lib == "tvm_hand":
-        sys.path.insert(0, ANCHOR)
+        sys.path.insert(0, HERE)
         import tvm
-        import tvm_sched
+        import tvm_peer
 
-        target = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mattr": ["+avx512f", "+fma"]}
-        f = tvm_sched.build(tvm_sched.gemm_scheduled(n), target)
+        f = tvm_peer.gemm_hand_scheduled(n)
         ta, tb, tc = (tvm.runtime.tensor(x) for x in (a, b, c))
         run = lambda: f(ta, tb, tc)  # noqa: E731
         run()

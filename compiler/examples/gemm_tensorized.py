@@ -21,7 +21,7 @@ def gemm(m, n, k, a_t=False, b_t=False, tensorize=True, target="cpu", module=Fal
     for Cranelift: 12 rows (unrolled) by one f32x4 of columns, the 12 accumulators in
     registers across the k loop, A broadcast from the packed panel, fused multiply-adds
     (`fma=True`: the micro-kernel's own rounding, so both give the same bits) — the
-    pure-Cranelift figure of the benchmarks (../shared/notes/cranelift.md's 12x4 tile)."""
+    pure-Cranelift figure of the benchmarks (a 12x4 tile: what Cranelift's register allocator keeps in registers)."""
     mo, no = -(-m // MR), -(-n // NR)
     kc = min(KC, max(k, 1))
     kp = -(-k // kc) * kc

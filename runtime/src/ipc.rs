@@ -1,4 +1,4 @@
-//! Cross-process tensors on the CPU (issue 10, `docs/ipc.md`): a [`Handle`] is plain data
+//! Cross-process tensors on the CPU (`docs/ipc.md`): a [`Handle`] is plain data
 //! naming a view of a shared-memory segment (`shm`); [`share`] makes one of a tensor in shared
 //! memory, [`open`] / [`open_fd`] give a tensor over the same memory in another process.
 //!

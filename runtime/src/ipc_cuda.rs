@@ -1,4 +1,4 @@
-//! CUDA cross-process handles (issue 10, CUDA half; `docs/ipc.md` "CUDA"): the handle format
+//! CUDA cross-process handles (`docs/ipc.md` "CUDA"): the handle format
 //! and its validation. Opening needs the CUDA driver, which lives in the compiler crate
 //! (`codegen::cuda::driver`); this module is the part that runs, and is tested, without a GPU.
 //!

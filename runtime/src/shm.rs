@@ -1,4 +1,4 @@
-//! CPU shared memory: segments that other processes can map (issue 10, `docs/ipc.md`).
+//! CPU shared memory: segments that other processes can map (`docs/ipc.md`).
 //!
 //! A segment is a memfd (`memfd_create`, `MFD_CLOEXEC`) mapped `MAP_SHARED` (memmap2), or, in a
 //! receiving process, any shared-memory file it was handed (another rivet's memfd, torch's

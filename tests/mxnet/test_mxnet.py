@@ -272,7 +272,7 @@ def test_no_leak_mx_imports(rss_bytes):
 
 
 def test_seed_gemm_to_mxnet_func(rng, random_array, target):
-    """Issue 3's seed: the te GEMM through to_mxnet_func against numpy's dot."""
+    """The seed GEMM: the te GEMM through to_mxnet_func against numpy's dot."""
     from rivet import te
 
     n = te.var("n")

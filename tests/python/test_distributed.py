@@ -1,4 +1,4 @@
-"""Beyond one process (issue 9): the runnable examples train a model with a rivet custom op
+"""Beyond one process: the runnable examples train a model with a rivet custom op
 under DistributedDataParallel (2 gloo processes, CPU) and run a rivet FFI op per shard under
 jax.shard_map (2 host devices). Each example checks itself against the single-process /
 unsharded computation and exits non-zero otherwise; they run in fresh interpreters because

@@ -1,4 +1,4 @@
-"""Hostile programs against the compiler's memory-safety promise (issue 6, cases 1-3, 6, 7):
+"""Hostile programs against the compiler's memory-safety promise:
 index arithmetic that would wrap int64, temporaries whose size wraps or cannot be allocated,
 expressions too deep for the passes' recursion, huge split factors, and checked mode.
 

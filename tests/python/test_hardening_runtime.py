@@ -1,4 +1,4 @@
-"""Hardening of the runtime surface (issue 6): hostile hand-made DLPack capsules, huge
+"""Hardening of the runtime surface: hostile hand-made DLPack capsules, huge
 allocations, exceptions that must not be swallowed, the bounded type cache and torch
 tensors that require grad. Every case ends in a typed rivet error or a correct result,
 with the producer's memory unchanged and its deleter run exactly once.

@@ -1,4 +1,4 @@
-"""Cross-process tensors on the CPU (issue 10, docs/ipc.md): rivet.ipc handles and rivet
+"""Cross-process tensors on the CPU (docs/ipc.md): rivet.ipc handles and rivet
 tensors through multiprocessing share memory (proved by writing on one side and reading on the
 other, in spawned processes), torch tensors after share_memory_() are shared without a copy,
 memory is released when the last process lets go (also when a receiver is SIGKILLed), and

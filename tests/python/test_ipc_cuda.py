@@ -1,4 +1,4 @@
-"""CUDA cross-process handles (issue 10, CUDA half; docs/ipc.md "CUDA"): the handle format and
+"""CUDA cross-process handles (docs/ipc.md "CUDA"): the handle format and
 its validation, which run without a GPU. The gpu-marked two-process tests are written for a GPU
 session and have not run yet. Every hostile field is a rivet.IPCError naming it
 before the driver is touched; a well-formed handle where there is no CUDA is a

@@ -460,7 +460,7 @@ def test_compute_inline_of_output_raises():
 
 
 def test_vectorize_symbolic_extent_builds_and_matches(target, rng):
-    # DESIGN.md's example vectorizes a loop of symbolic extent: allowed (strip-mined).
+    # The classic TVM example vectorizes a loop of symbolic extent: allowed (strip-mined).
     n = te.var("n")
     A = te.placeholder((n,), "float32", name="A")
     C = te.compute((n,), lambda i: A[i] * 2, name="C")

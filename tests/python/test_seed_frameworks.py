@@ -1,4 +1,4 @@
-"""The seed GEMM (issue 3) through each framework wrapper: torch in place, JAX (immutable:
+"""The seed GEMM through each framework wrapper: torch in place, JAX (immutable:
 inputs only, the output comes back as a jax.Array), numpy; built once with symbolic n."""
 
 import jax.numpy as jnp

@@ -1,6 +1,6 @@
 """rivet.torch.custom_op: rivet functions as torch custom operators.
 
-What must hold (issue 9, "torch"): torch.compile(fullgraph=True) with no graph break, also
+What must hold: torch.compile(fullgraph=True) with no graph break, also
 dynamic=True over two sizes with one graph; torch.export captures the op; gradcheck in
 float64 with a backward given as a rivet function (and as a Python callable);
 torch.library.opcheck with its default test utils; a clear error on backward without a

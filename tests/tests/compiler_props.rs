@@ -1795,7 +1795,7 @@ fn conservative_refusal(err: &str) -> bool {
         "and rivet cannot prove it",
         "cannot bound the region it reads",
         // A symbolic compute_at region clamped to its tensor (`max`/`min` of outer loops):
-        // the no-overflow proof may not bound the clamped form (issue 6's soak fix).
+        // the no-overflow proof may not bound the clamped form (a case the soak found).
         "rivet cannot prove that the int64 arithmetic",
     ]
     .iter()
@@ -2230,7 +2230,7 @@ fn run_gpu_case(p: &Prog, g: &GpuS, views: &[ViewS], seed: u64) -> Result<(), Te
     for target in rivet_tests::gpu_schedule_backends() {
         run_gpu_case_on(&target, p, g, views, seed)?;
     }
-    // One case in four is also compiled by NVRTC for sm_80 and sm_90 (issue 7: every kernel
+    // One case in four is also compiled by NVRTC for sm_80 and sm_90 (every kernel
     // of the test suite compiles; NVRTC costs ~50 ms per case, so not every case).
     if seed.is_multiple_of(4) {
         nvrtc_compiles(p, g)?;

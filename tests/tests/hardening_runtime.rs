@@ -1,4 +1,4 @@
-//! Hardening of the runtime against hostile sizes (issue 6): layout validation cannot wrap,
+//! Hardening of the runtime against hostile sizes: layout validation cannot wrap,
 //! allocations are fallible and size-limited, and every view — imported or made by rivet —
 //! either is refused with a typed error or addresses only memory its layout promises.
 //!

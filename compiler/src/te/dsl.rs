@@ -1,4 +1,4 @@
-//! The Rust DSL's conversions: what lets a kernel read like its maths (issue 11). Indices,
+//! The Rust DSL's conversions: what lets a kernel read like its maths. Indices,
 //! dims and reduction axes accept expressions (owned or borrowed), axes (`IterVar`, owned or
 //! borrowed) and integers alike, in arrays (`a.at([i, j])`), tuples when the kinds differ
 //! (`a.at((i, &k))`) or slices (`a.at(&idx[..])`), so no `.clone()`, `ax(&k)` or wrapper is

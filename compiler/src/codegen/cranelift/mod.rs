@@ -553,7 +553,7 @@ struct FnGen<'a, 'f> {
     /// the parameters and ints it uses from them (`frame_stmt`), so no value is live across
     /// the whole function: with one binding per parameter made at entry, a module of N
     /// sequential nests had O(N^2) live ranges, and register allocation time and memory with
-    /// them (issue 6, point 8).
+    /// them.
     frame: Option<(cranelift_codegen::ir::Value, cranelift_codegen::ir::Value)>,
     /// Variables whose scope ended, by type, for reuse (`fresh_var`).
     free_vars: HashMap<Type, Vec<Variable>>,

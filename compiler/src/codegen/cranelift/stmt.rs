@@ -218,7 +218,7 @@ impl<'f> FnGen<'_, 'f> {
 
     /// The loop itself. `Top`: tested at the top (the exit reads the header's state, so no
     /// branch carries block arguments: what keeps a splat of a load fused into
-    /// `vbroadcastss`, `../shared/notes/cranelift.md`). `Rotated`: entered only when
+    /// `vbroadcastss`: Cranelift fuses a load into an instruction only within one block). `Rotated`: entered only when
     /// `lo < hi` (the caller's preheader tested it), `var + 1 < hi` tested at its bottom; for loops
     /// whose invariant arithmetic `hoist.rs` computed before them: Cranelift's egraph
     /// elaboration walks the dominator tree keeping a stack of the loops it is in, pops a loop

@@ -1,4 +1,4 @@
-//! CUDA IPC (issue 10, CUDA half; docs/ipc.md "CUDA"): sharing a device allocation with
+//! CUDA IPC (docs/ipc.md "CUDA"): sharing a device allocation with
 //! another process and opening one shared with this process. The handle format and its
 //! validation are `rivet_runtime::ipc_cuda`; this is the driver half. It compiles on machines
 //! without CUDA and has NOT yet run on a GPU (docs/ipc.md says what a GPU session must check).
