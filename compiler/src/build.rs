@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::ir::expr::{Expr, Var};
 use crate::ir::limits::{COMPILE_STACK, MAX_ALLOC_BYTES};
 use crate::ir::stmt::{BufKind, PrimFunc};
-use crate::kernels::strategy;
 use crate::lower;
 use crate::schedule::Schedule;
 use crate::target::{Target, TargetKind, ToTarget};
@@ -195,18 +194,20 @@ pub fn build_with<T: ToTarget + ?Sized>(
         }
     }
     // A schedule that binds nothing gets the default GPU schedule on a GPU target; one left
-    // untouched gets the default CPU schedule on the CPU (`kernels::cpu_default`). Oversized
+    // untouched gets the default CPU schedule on the CPU (`schedule::cpu_default`). Oversized
     // expressions are refused first: the defaults' rewrites walk stage bodies as trees.
     crate::lower::nest::check_expr_sizes(sched)?;
     let defaulted;
-    let sched = if target.kind == TargetKind::Cuda && !strategy::binds_anything(sched) {
+    let sched = if target.kind == TargetKind::Cuda
+        && !crate::schedule::gpu_default::binds_anything(sched)
+    {
         let mut s = sched.clone();
-        strategy::apply_default_gpu(&mut s)?;
+        crate::schedule::gpu_default::apply_default_gpu(&mut s)?;
         defaulted = s;
         &defaulted
     } else if target.kind == TargetKind::Cpu && !opts.as_written {
         let mut s = sched.clone();
-        crate::kernels::cpu_default::apply_default_cpu(&mut s)?;
+        crate::schedule::cpu_default::apply_default_cpu(&mut s)?;
         // A program the default cannot build (a dim no argument binds, an access proven out
         // of bounds, a temporary over the limit...) is built as written: the error, if any,
         // then names the user's stages and indices, never the default's packed or lane stages.

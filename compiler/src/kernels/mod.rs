@@ -18,11 +18,7 @@
 //! | `reduce_sum/reduce_max(dtype, ndim, axis)` | `X, Y` with `axis` removed |
 //! | `transpose(dtype, perm)` | `X, Y` with `Y[i_perm] = X[i]` |
 
-pub mod column_reduce;
-pub mod cpu_default;
 pub mod defs;
-pub mod lane_reduce;
-pub mod packed_gemm;
 pub mod strategy;
 pub mod tensorized;
 
