@@ -22,7 +22,8 @@ pub mod defs;
 pub mod strategy;
 pub mod tensorized;
 
-use crate::build::{build, make_function};
+use crate::build::build;
+use crate::call::make_function;
 use crate::error::Result;
 use crate::target::Target;
 use rivet_runtime::{DType, Function};
