@@ -38,8 +38,8 @@
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
-use rivet_compiler::backward::Source;
-use rivet_compiler::build::Compiled;
+use rivet_compiler::artifact::source::Source;
+use rivet_compiler::artifact::Compiled;
 use rivet_compiler::ir::callback::Callback;
 use rivet_compiler::ir::expr::{Expr, ExprKind};
 use rivet_compiler::te::tensor::{Op, TensorNode};

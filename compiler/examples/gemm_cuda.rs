@@ -1,7 +1,7 @@
 //! The user's workflow for the GPU, Rust half: define `C = A @ B` with the Rust DSL, build it
 //! for `target="cuda"` with no schedule (the default GPU schedule gives it the shared-memory
 //! tiled GEMM: 64 x 64 outputs per block of 16 x 16 threads, 4 x 4 per thread, k tiles in
-//! shared memory; `kernels::strategy`) and save the module. `compiler/examples/use_gemm_cuda.py` loads it from
+//! shared memory; `schedule::gpu_default`) and save the module. `compiler/examples/use_gemm_cuda.py` loads it from
 //! Python and runs it on torch CUDA tensors against `torch.mm`, or, on a machine without a
 //! GPU, runs the same IR on the interpreter against numpy.
 //!

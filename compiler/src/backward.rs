@@ -1,77 +1,28 @@
-//! The backward function of a te-built function: its vector-Jacobian product, derived with
-//! `te::gradient` and built like any other program. This is what `rivet.torch.custom_op` and
+//! The backward function of a te-built function: its backward program (`vjp.rs`, whose
+//! header gives the argument convention) built like any other program, and the
+//! saved-activations pair (`residuals.rs`). This is what `rivet.torch.custom_op` and
 //! `rivet.jax.ffi_func` use when no backward is given.
-//!
-//! Convention (the one those integrations take from a user-given backward, docs/gradient.md):
-//! the backward's arguments are
-//! 1. the forward's inputs: its placeholder arguments, in argument order;
-//! 2. one cotangent per forward output (its computed arguments, in argument order), of that
-//!    output's shape and dtype; an int or bool output's cotangent is taken and ignored;
-//! 3. one gradient per differentiable input (a float placeholder), in order, written by the
-//!    backward: `sum over outputs k of VJP(output_k, cotangent_k)`.
 //!
 //! Invariants: the backward is built for the forward's target with the forward's options, so
 //! a CPU function gets a CPU backward under the default schedule unless the forward was built
 //! as written. A function rivet cannot differentiate (loaded from a file, so its te program
 //! is gone; a host callback on the path; a construct with no derivative rule) is a
 //! `NotDifferentiable` error naming the function and why, never a silently zero gradient.
-//! The backward is built once per compiled function and cached (`Source::backward`).
+//! The backward is built once per compiled function and cached in what the artefact records
+//! it was built from (`artifact::source::Source`): the pipeline stores that record and never
+//! depends on this module, which sits above it.
 
-use crate::build::{build_with, make_function, Compiled, Options};
+use crate::artifact::source::{Saved, Source};
+use crate::artifact::Compiled;
+use crate::build::{build_with, Options};
+use crate::call::make_function;
 use crate::error::{Error, Result};
 use crate::schedule::Schedule;
 use crate::target::Target;
-use crate::te::{self, Tensor};
+use crate::te::Tensor;
+use crate::vjp::{backward_program, not_diff};
 use rivet_runtime::Function;
-use std::sync::{Arc, OnceLock};
-
-/// What a function was built from: enough to build its backward.
-pub struct Source {
-    args: Vec<Tensor>,
-    target: Target,
-    opts: Options,
-    backward: OnceLock<std::result::Result<Function, rivet_runtime::Error>>,
-    saved: OnceLock<std::result::Result<Saved, rivet_runtime::Error>>,
-}
-
-/// The saved-activations pair of a function (`residuals.rs`): the forward that also writes
-/// `residuals` extra outputs, and the backward that reads them.
-#[derive(Clone)]
-pub struct Saved {
-    pub forward: Function,
-    pub backward: Function,
-    pub residuals: usize,
-}
-
-impl Source {
-    /// The build's arguments (te tensors), in order.
-    pub fn args(&self) -> &[Tensor] {
-        &self.args
-    }
-
-    /// The functions derived from this one so far (`backward`, `saved`).
-    pub fn built_functions(&self) -> Vec<&Function> {
-        let mut out = Vec::new();
-        if let Some(Ok(f)) = self.backward.get() {
-            out.push(f);
-        }
-        if let Some(Ok(s)) = self.saved.get() {
-            out.push(&s.forward);
-            out.push(&s.backward);
-        }
-        out
-    }
-
-    pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Source> {
-        Arc::new(Source {
-            args: args.to_vec(),
-            target: target.clone(),
-            opts,
-            backward: OnceLock::new(),
-            saved: OnceLock::new(),
-        })
-    }
-}
+use std::sync::Arc;
 
 /// The te program `f` was built from, or why rivet cannot differentiate `f`.
 fn source_of(f: &Function) -> Result<Arc<Source>> {
@@ -181,60 +132,6 @@ fn build_one(
     Ok(make_function(c))
 }
 
-/// The backward program of the function whose build arguments are `args`: its arguments in
-/// the module header's convention, and the gradient stages (the last of those arguments).
-pub struct BackwardProgram {
-    pub args: Vec<Tensor>,
-    pub grads: Vec<Tensor>,
-}
-
-/// A build's argument list split into its inputs (placeholders) and outputs, in order.
-pub(crate) fn inputs_and_outputs(args: &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>) {
-    args.iter().cloned().partition(|t| t.is_placeholder())
-}
-
-/// Derives the backward program of `args` (a build's argument list).
-pub fn backward_program(args: &[Tensor]) -> Result<BackwardProgram> {
-    let (inputs, outputs) = inputs_and_outputs(args);
-    let diff: Vec<Tensor> = inputs
-        .iter()
-        .filter(|t| t.dtype().is_float())
-        .cloned()
-        .collect();
-    let heads = outputs
-        .iter()
-        .map(|o| te::placeholder(o.shape(), o.dtype(), &format!("grad_{}", o.name())))
-        .collect::<Result<Vec<_>>>()?;
-    // Per differentiable input, the VJP of each float output (te::gradient refuses int ones:
-    // they carry no derivative, and contribute nothing).
-    let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); diff.len()];
-    if !diff.is_empty() {
-        for (o, h) in outputs.iter().zip(&heads) {
-            if !o.dtype().is_float() {
-                continue;
-            }
-            let gs = te::gradient(o, &diff, Some(h)).map_err(|e| match e {
-                Error::Runtime(rivet_runtime::Error::NotDifferentiable(m)) => {
-                    not_diff(format!("output '{}' is not differentiable: {m}", o.name()))
-                }
-                e => e,
-            })?;
-            for (p, g) in parts.iter_mut().zip(gs) {
-                p.push(g);
-            }
-        }
-    }
-    let grads = diff
-        .iter()
-        .zip(parts)
-        .map(|(x, p)| sum_of(x, p))
-        .collect::<Result<Vec<_>>>()?;
-    let mut bargs = inputs;
-    bargs.extend(heads);
-    bargs.extend(grads.iter().cloned());
-    Ok(BackwardProgram { args: bargs, grads })
-}
-
 /// Builds the backward of the function whose build arguments are `args`, for `target`.
 pub fn build_backward(
     args: &[Tensor],
@@ -249,37 +146,4 @@ pub fn build_backward(
         ));
     }
     build_one(&p.grads, &p.args, target, name, opts)
-}
-
-/// The sum of one input's VJP parts: the part itself when there is one (a stage of its own
-/// unless it is an argument already), zeros when no output reaches the input.
-fn sum_of(x: &Tensor, parts: Vec<Tensor>) -> Result<Tensor> {
-    let name = format!("{}_grad", x.name());
-    match parts.len() {
-        // A gradient stage that is an input tensor itself (the head of `y = x`) must be
-        // copied: a build argument is either read or written, not both.
-        1 if !parts[0].is_placeholder() => {
-            Ok(parts.into_iter().next().unwrap_or_else(|| x.clone()))
-        }
-        0 => te::compute_dyn(x.shape(), |_| zero(x), &name),
-        _ => te::compute_dyn(
-            x.shape(),
-            |j| {
-                parts
-                    .iter()
-                    .map(|p| p.idx(j))
-                    .reduce(|a, b| a + b)
-                    .unwrap_or_else(|| zero(x))
-            },
-            &name,
-        ),
-    }
-}
-
-fn zero(x: &Tensor) -> crate::ir::expr::Expr {
-    crate::ir::expr::Expr::constant(0.0, x.dtype())
-}
-
-fn not_diff(m: String) -> Error {
-    Error::Runtime(rivet_runtime::Error::NotDifferentiable(m))
 }

@@ -1,5 +1,5 @@
 //! Saved activations: the forward/backward split autograd frameworks use in training (JAX's
-//! `custom_vjp` residuals, torch's `save_for_backward`). `backward.rs`'s backward takes only
+//! `custom_vjp` residuals, torch's `save_for_backward`). `vjp.rs`'s backward program takes only
 //! the forward's inputs and recomputes every forward value its gradient reads (a softmax's
 //! max, exp and sum: more work than torch's whole softmax backward); here the forward also
 //! writes the values worth keeping, and the backward reads them.
@@ -10,7 +10,7 @@
 //! - the *saved backward*: the forward's inputs (placeholders, in argument order), its outputs
 //!   (one per computed argument, in order), the residuals (in the forward's order), one
 //!   cotangent per output, then one gradient per differentiable input (written), as
-//!   `backward.rs`'s convention with outputs and residuals inserted after the inputs.
+//!   `vjp.rs`'s convention with outputs and residuals inserted after the inputs.
 //!
 //! Which forward values the backward reads, and how (the policy, one function: `keep`):
 //! - a forward output: read from the output argument (never recomputed, never a residual);
@@ -24,14 +24,14 @@
 //! Invariants: the saved backward's program reads no forward stage that is a residual or an
 //! output (each is replaced by its argument, at the same indices), so it never recomputes
 //! one; a stage recomputed is rebuilt only when something it reads was replaced (otherwise
-//! shared). The saved backward computes the same values as `backward.rs`'s, up to rounding:
+//! shared). The saved backward computes the same values as `vjp.rs`'s, up to rounding:
 //! tests/tests/backward.rs compares both with central differences.
 
-use crate::backward::backward_program;
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, ExprKind, UnOp};
 use crate::te::tensor::{inputs as reads_of, post_order, post_order_by, top_reduce};
 use crate::te::{self, Op, Tensor};
+use crate::vjp::{backward_program, inputs_and_outputs};
 use std::collections::{HashMap, HashSet};
 
 /// The saved-activation programs of one forward (module doc).
@@ -86,7 +86,7 @@ fn keep(t: &Tensor, outputs: &HashSet<u32>) -> Keep {
 /// Derives the saved-activation programs of the function whose build arguments are `args`.
 pub fn saved_program(args: &[Tensor]) -> Result<SavedProgram> {
     let plain = backward_program(args)?;
-    let (inputs, outputs) = crate::backward::inputs_and_outputs(args);
+    let (inputs, outputs) = inputs_and_outputs(args);
     let heads = plain.args[inputs.len()..inputs.len() + outputs.len()].to_vec();
     let forward: HashSet<u32> = post_order(&outputs)
         .iter()

@@ -1,12 +1,12 @@
-//! The call fast path (`rivet_compiler::call_plan`) accepts exactly the calls the full path
+//! The call fast path (`rivet_compiler::call::plan`) accepts exactly the calls the full path
 //! accepts, and they compute the same thing: every case below is called through a function
 //! with the fast path and through one without (`make_function_full_path`), on fresh copies of
 //! the same arguments; both must succeed with bit-identical outputs, or fail with the same
 //! error. Hostile arguments included: sizes near 2^62 through stride-0 views, self-overlapping
 //! and aliased outputs, read-only outputs, wrong dtypes, ranks, sizes, failed bounds checks.
 
-use rivet_compiler::build::{make_function, make_function_full_path};
-use rivet_compiler::call_plan::CallPlan;
+use rivet_compiler::call::plan::CallPlan;
+use rivet_compiler::call::{make_function, make_function_full_path};
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::{DType, Function, Tensor, Value};

@@ -716,7 +716,7 @@ fn compiled_functions_show_every_handle_they_hold() {
         assert_eq!(cb.handles(), 2 + seen, "{target}");
         assert!(compiled.source.is_some(), "{target}");
         let before = Arc::strong_count(&compiled);
-        let f = rivet_compiler::build::make_function(compiled.clone());
+        let f = rivet_compiler::call::make_function(compiled.clone());
         let parts = f.parts().expect("a compiled function shows its code");
         assert_eq!(
             Arc::strong_count(&compiled),
@@ -725,7 +725,7 @@ fn compiled_functions_show_every_handle_they_hold() {
         );
         let shown = parts
             .object
-            .downcast_ref::<rivet_compiler::build::Compiled>()
+            .downcast_ref::<rivet_compiler::artifact::Compiled>()
             .expect("the parts are the compiled function");
         assert!(std::ptr::eq(shown, &*compiled));
         drop(f);

@@ -2204,7 +2204,8 @@ fn bind_stage(s: &mut Schedule, t: &Te, g: &GpuS) {
 
 fn gpu_schedule(p: &Prog, g: &GpuS) -> Schedule {
     if g.default {
-        return rivet_compiler::kernels::strategy::default_gpu_schedule(&[p.out.clone()]).unwrap();
+        return rivet_compiler::schedule::gpu_default::default_gpu_schedule(&[p.out.clone()])
+            .unwrap();
     }
     let mut s = Schedule::new(&[p.out.clone()]).unwrap();
     let others: Vec<Te> = s

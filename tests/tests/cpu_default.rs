@@ -1,4 +1,4 @@
-//! The default CPU schedule (`kernels::cpu_default`) against the interpreter oracle.
+//! The default CPU schedule (`schedule::cpu_default`) against the interpreter oracle.
 //!
 //! - Matmul-like stages become the packed, tensorized GEMM: the CPU build of an untouched
 //!   schedule equals, bit for bit, the interpreter running the same defaulted schedule (both
@@ -10,7 +10,7 @@
 //!   schedule as written, bit for bit: the default changes no operation order.
 
 use rivet_compiler::ir::Expr;
-use rivet_compiler::kernels::cpu_default::apply_default_cpu;
+use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, compute_dyn, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
@@ -271,7 +271,7 @@ fn check(g: &Gemm) {
     );
     check_maths(g, &cpu, &av, &bv);
     let work = g.m * g.n * g.k * g.batch.max(1);
-    if g.symbolic || work >= rivet_compiler::kernels::cpu_default::MIN_GEMM_WORK {
+    if g.symbolic || work >= rivet_compiler::schedule::cpu_default::MIN_GEMM_WORK {
         assert!(ir.contains("call gemm_update"), "{g:?}: not packed:\n{ir}");
     }
 }
@@ -564,8 +564,8 @@ fn default_injective_and_reductions_equal_the_interpreter() {
 /// transposes and no other stage.
 #[test]
 fn transposes_run_in_tiles_and_equal_the_input_permuted() {
-    use rivet_compiler::kernels::cpu_default::{transposed_axis, TILE};
     use rivet_compiler::kernels::defs;
+    use rivet_compiler::schedule::cpu_default::{transposed_axis, TILE};
     let t = TILE;
     let cases: Vec<(Vec<usize>, Vec<i64>, bool)> = vec![
         (vec![1, 0], vec![0, 5], true),

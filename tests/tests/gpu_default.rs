@@ -1,10 +1,12 @@
-//! The default GPU schedule (`kernels::strategy::apply_default_gpu`, what `build(..,
+//! The default GPU schedule (`schedule::gpu_default::apply_default_gpu`, what `build(..,
 //! "cuda")` applies to a schedule that binds nothing): which stages it inlines, how it binds
 //! the rest, and that the result computes what the unscheduled program computes, run by the
 //! interpreter with GPU semantics (every block and thread, races reported).
 
 use rivet_compiler::ir::{ForKind, ThreadTag};
-use rivet_compiler::kernels::strategy::{apply_default_gpu, default_gpu_schedule, is_contraction};
+use rivet_compiler::schedule::gpu_default::{
+    apply_default_gpu, default_gpu_schedule, is_contraction,
+};
 use rivet_compiler::schedule::Attach;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule};

@@ -15,7 +15,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rivet_compiler::ir::Expr;
-use rivet_compiler::kernels::cpu_default::apply_default_cpu;
+use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};

@@ -6,7 +6,8 @@
 //! call by the verifier; every micro-kernel variant the CPU has is forced in turn
 //! (`RIVET_MICROKERNEL`, one child process each).
 
-use rivet_compiler::build::{compile_loaded, make_function};
+use rivet_compiler::build::compile_loaded;
+use rivet_compiler::call::make_function;
 use rivet_compiler::ir::{
     BufId, BufKind, Buffer, Expr, Intrin, PrimFunc, Region, RegionAxis, Scope, Stmt, Var,
 };

@@ -1182,7 +1182,7 @@ fn default_cpu_disassembly(outs: &[Te], args: &[Te], name: &str) -> String {
     use rivet_compiler::codegen::cranelift::CraneliftBackend;
     use rivet_compiler::lower::{lower, Source};
     let mut s = Schedule::new(outs).unwrap();
-    rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut s).unwrap();
+    rivet_compiler::schedule::cpu_default::apply_default_cpu(&mut s).unwrap();
     let opts = Options {
         fuse_rows: true,
         ..Options::default()
@@ -1234,7 +1234,7 @@ fn sin_data(len: i64, s: f32) -> Vec<f32> {
 /// arguments' shapes), with the outputs' bits.
 fn run_bits(outs: &[Te], args: &[Te], inputs: &[Vec<f32>], target: &str) -> Vec<Vec<u32>> {
     let mut s = Schedule::new(outs).unwrap();
-    rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut s).unwrap();
+    rivet_compiler::schedule::cpu_default::apply_default_cpu(&mut s).unwrap();
     let f = rivet_compiler::build(&s, &args.iter().collect::<Vec<_>>(), target, "f")
         .unwrap()
         .get_function("f")

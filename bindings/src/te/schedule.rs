@@ -31,13 +31,13 @@ pub fn create_schedule(py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<P
 }
 
 /// The default GPU schedule of `outputs`: what `build(..., target="cuda")` applies to a
-/// schedule that binds no loop (`kernels::strategy::apply_default_gpu`), as a schedule to
+/// schedule that binds no loop (`schedule::gpu_default::apply_default_gpu`), as a schedule to
 /// inspect, extend or build for `interp` (which runs GPU schedules on the CPU).
 #[pyfunction]
 pub fn default_gpu_schedule(py: Python<'_>, outputs: &Bound<'_, PyAny>) -> PyResult<PySchedule> {
     let outs = tensors_arg(outputs, "default_gpu_schedule: argument 0 ('outputs')")?;
     Ok(PySchedule {
-        sched: rivet_compiler::kernels::strategy::default_gpu_schedule(&outs).cpy(py)?,
+        sched: rivet_compiler::schedule::gpu_default::default_gpu_schedule(&outs).cpy(py)?,
     })
 }
 

@@ -18,15 +18,12 @@
 //! | `reduce_sum/reduce_max(dtype, ndim, axis)` | `X, Y` with `axis` removed |
 //! | `transpose(dtype, perm)` | `X, Y` with `Y[i_perm] = X[i]` |
 
-pub mod column_reduce;
-pub mod cpu_default;
 pub mod defs;
-pub mod lane_reduce;
-pub mod packed_gemm;
 pub mod strategy;
 pub mod tensorized;
 
-use crate::build::{build, make_function};
+use crate::build::build;
+use crate::call::make_function;
 use crate::error::Result;
 use crate::target::Target;
 use rivet_runtime::{DType, Function};

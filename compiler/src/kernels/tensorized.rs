@@ -29,8 +29,8 @@ use crate::te::{self, compute, placeholder, Tensor};
 use rivet_runtime::DType;
 
 /// The register tile (rows, columns) and slice depth: the default schedule's
-/// (`packed_gemm`), which does the same as a schedule rewrite for any sizes.
-pub use super::packed_gemm::{KC, MR, NR};
+/// (`schedule::cpu_default::packed_gemm`), which does the same as a schedule rewrite for any sizes.
+pub use crate::schedule::cpu_default::packed_gemm::{KC, MR, NR};
 
 /// The tensors `[A, B, C]` (call order) and the schedule of `C = A @ B` for `(m, k) x (k, n)`.
 pub fn gemm(

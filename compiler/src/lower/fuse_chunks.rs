@@ -1,8 +1,8 @@
 //! Chunk fusion: a parallel loop over rows is taken into a later column reduction's chunk
 //! loop, so each chunk of rows is read once for both.
 //!
-//! The default CPU schedule sums down columns in chunks of rows (`kernels::column_reduce`):
-//! `parallel for c in [0, C): { init(c); for q in [0, R): update(c, lo + c*R + q) }`. A
+//! The default CPU schedule sums down columns in chunks of rows
+//! (`schedule::cpu_default::column_reduce`): `parallel for c in [0, C): { init(c); for q in [0, R): update(c, lo + c*R + q) }`. A
 //! layer_norm backward is a row loop (the row sums, then the input gradient, row by row) and
 //! two such column sums (weight and bias) over the same rows: three sweeps of `x` and `dy`
 //! where one would do. After this pass the row loop's body runs for row `lo + c*R + q` right

@@ -1,7 +1,7 @@
 //! Row fusion: consecutive root-level parallel loops over the same range whose iterations
 //! each touch only their own row of every buffer the loops write become one parallel loop.
 //!
-//! What the default CPU schedule (`kernels::cpu_default`) makes of a row-wise program —
+//! What the default CPU schedule (`schedule::cpu_default`) makes of a row-wise program —
 //! softmax's maximum (its lane partials, tail and combination), exponentials, sum and
 //! quotient; layer_norm's two sums and the normalisation — is one parallel loop over the rows
 //! per stage: each sweeps the whole tensor, so a 4096 x 1024 softmax read or wrote 16 MiB ten

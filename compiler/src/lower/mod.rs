@@ -61,7 +61,7 @@ pub struct Options {
     /// `Some(16)` with the interpreter runs the vector IR lane by lane (tests).
     pub vector_bytes: Option<u32>,
     /// Build a CPU schedule exactly as written: no default CPU schedule
-    /// (`kernels::cpu_default`) for a schedule the user left untouched
+    /// (`schedule::cpu_default`) for a schedule the user left untouched
     /// (`RIVET_DEFAULT_SCHEDULE=0`, `build(..., default_schedule=False)`).
     pub as_written: bool,
     /// Fuse consecutive root-level parallel loops over the same rows (`lower::fuse_rows`):

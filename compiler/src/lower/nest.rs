@@ -41,7 +41,8 @@ use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, ReduceOp, Var};
 use crate::ir::limits::{MAX_NEST_DEPTH, MAX_STMT_DEPTH};
 use crate::ir::stmt::{BufKind, Buffer, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
-use crate::schedule::{Attach, Relation, Schedule, Stage, SMALL_SPLIT};
+use crate::schedule::loops::{loop_extents, Relation, SMALL_SPLIT};
+use crate::schedule::{Attach, Schedule, Stage};
 use crate::te::tensor::{inputs, top_reduce, Tensor};
 use rivet_runtime::DType;
 use std::cell::RefCell;
@@ -239,7 +240,7 @@ impl Ctx<'_> {
             base.insert(r.var.clone(), r.min.clone());
         }
         // Leaf extents, through the relations in order (the rule Python reports too).
-        let ext = crate::schedule::loop_extents(&stage.relations, ext);
+        let ext = loop_extents(&stage.relations, ext);
         let kc = match place {
             Place::Kernel(kc) => Some(kc),
             _ => None,

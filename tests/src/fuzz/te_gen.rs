@@ -556,7 +556,7 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     // in tests/tests/cpu_default.rs).
     let mut defaulted = s.clone();
     let built: Vec<_> =
-        match rivet_compiler::kernels::cpu_default::apply_default_cpu(&mut defaulted) {
+        match rivet_compiler::schedule::cpu_default::apply_default_cpu(&mut defaulted) {
             Ok(()) => rivet_tests::backend_names()
                 .iter()
                 .map(|t| build(&defaulted, &args_te, t, "f"))

@@ -1,6 +1,6 @@
 //! What the CPU backends (Cranelift and the interpreter) share at launch: their execution
 //! policy and where their outputs live. Each backend owns these through `Kernel`; the
-//! generic call path in `build.rs` only decides *what* to launch.
+//! generic call path in `call/` only decides *what* to launch.
 
 use crate::codegen::LaunchContext;
 use crate::error::Result;

@@ -370,7 +370,7 @@ impl<'f> FnGen<'_, 'f> {
     ///   no system allocation per call once warm), checked against `MAX_ALLOC_BYTES`.
     ///
     /// A symbolic size was checked against `MAX_ALLOC_BYTES` before the launch
-    /// (`build::call`) and a constant one at build, so the products below cannot wrap.
+    /// (`call::allocate`) and a constant one at build, so the products below cannot wrap.
     fn local_memory(&mut self, buf: &crate::ir::Buffer) -> Result<LocalPlan> {
         let mut extents = Vec::with_capacity(buf.shape.len());
         for s in &buf.shape {
@@ -379,7 +379,7 @@ impl<'f> FnGen<'_, 'f> {
         }
         // Compact (row-major) strides; a negative extent counts as 0 elements. The element
         // count is exact: an overflowing product (possible only for a function launched
-        // without `build::call`'s size check, which refuses it first) asks `rivet_alloc` for
+        // without `call::allocate`'s size check, which refuses it first) asks `rivet_alloc` for
         // -1 bytes, a `MemoryError`, never a wrapped small size.
         let mut strides = vec![self.iconst(types::I64, 1); extents.len()];
         let mut count = self.iconst(types::I64, 1);

@@ -130,7 +130,7 @@ fn a_local_that_cannot_be_allocated_is_a_memory_error() {
 }
 
 /// Local sizes whose element or byte count leaves int64 (2^62 floats, 2^31 x 2^31 x 2^31)
-/// are a memory error on both backends even when launched directly (no `build::call` size
+/// are a memory error on both backends even when launched directly (no `call::allocate` size
 /// check in front), never a wrapped small allocation.
 #[test]
 fn locals_near_2_pow_62_are_memory_errors_not_overflows() {

@@ -415,7 +415,7 @@ impl Kernel for CudaKernel {
 
 impl CudaKernel {
     /// Allocates the global temporary `buf` of an `Allocate` on the device: compact, zeroed,
-    /// stream-ordered (as the interpreter's `Allocate`, which build::call has already sized
+    /// stream-ordered (as the interpreter's `Allocate`, which `call::allocate` has already sized
     /// against MAX_ALLOC_BYTES); binds its strides in `env`.
     fn host_alloc(
         &self,

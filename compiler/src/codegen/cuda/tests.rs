@@ -407,7 +407,7 @@ pub(super) fn statements() -> PrimFunc {
     prepare(func("statements", vec![a, c, d, s, l], vec![], body))
 }
 
-/// The library's GPU matmul as the schedule makes it (`kernels::strategy::gpu_gemm`: 64x64
+/// The library's GPU matmul as the schedule makes it (`schedule::gpu_default::gpu_gemm`: 64x64
 /// tiles of 16x16 threads, 4x4 outputs per thread in a local cache, A and B staged through
 /// shared memory, barriers from `lower::sync`), lowered for CUDA.
 pub(super) fn gemm_shared_tiled() -> PrimFunc {

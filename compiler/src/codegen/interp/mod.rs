@@ -270,7 +270,7 @@ impl Prepared {
             m.bufs.push(st);
         }
         for c in &f.checks {
-            // Exactly as `build::call` decides them: an overflow fails the check.
+            // Exactly as `call::allocate` decides them: an overflow fails the check.
             let env = &m.env;
             let holds = crate::arith::exact::eval_exact(&c.cond, &|v| env.get(&v.id).copied());
             if holds.map_or(true, |x| x == 0) {

@@ -514,7 +514,7 @@ fn gpu_gemm_recipe_on_a_square_of_one_tensor() {
     )
     .unwrap();
     let mut s = Schedule::new(std::slice::from_ref(&c)).unwrap();
-    crate::kernels::strategy::gpu_gemm(&mut s, &c).unwrap();
+    crate::schedule::gpu_default::gpu_gemm(&mut s, &c).unwrap();
     let f = lowered(&s, &[a, c], "sq").unwrap();
     assert!(!f
         .buffers

@@ -1,18 +1,21 @@
-//! The fast path of a compiled function's call: what `build::call` decides from the IR on
-//! every call, decided once when the function is made (`CallPlan::new`), so that a call
-//! with well-formed arguments costs a few comparisons per dimension.
+//! The fast path of a compiled function's call: what the full path (`bind`, `allocate`,
+//! `launch`) decides from the IR on every call, decided once when the function is made
+//! (`CallPlan::new`), so that a call with well-formed arguments costs a few comparisons per
+//! dimension.
 //!
-//! Invariant: the fast path accepts a call only when the full path (`build::call`) would
-//! accept it and build the same frame. It never reports an error: on anything unusual (a
-//! non-tensor argument, a wrong dtype, rank, size, device, a read-only or self-overlapping
-//! output, overlapping arguments, a failed bounds check, an oversized temporary, omitted
-//! outputs, a CUDA target, dims given by expressions) it returns `None` and the full path
-//! runs, finds the problem and words the error. So there is one set of error messages, and
-//! the fast path can only be stricter than the full one, never looser: every check the full
-//! path makes is made here too (the `fast_path_*` tests in `tests/tests/call_fast_path.rs`
-//! compare the two on hostile arguments).
+//! Invariant: the fast path accepts a call only when the full path would accept it and build
+//! the same frame. It never reports an error: on anything unusual (a non-tensor argument, a
+//! wrong dtype, rank, size, device, a read-only or self-overlapping output, overlapping
+//! arguments, a failed bounds check, an oversized temporary, omitted outputs, a CUDA target,
+//! dims given by expressions) it returns `None` and the full path runs, finds the problem and
+//! words the error. So there is one set of error messages, and the fast path can only be
+//! stricter than the full one, never looser: every check the full path makes is made here too
+//! (the `fast_path_*` tests in `tests/tests/call_fast_path.rs` compare the two on hostile
+//! arguments).
 
-use crate::build::Compiled;
+use super::allocate::temp_fits;
+use super::dims::eval_dims;
+use crate::artifact::Compiled;
 use crate::codegen::{CallFrame, FrameInts, FramePtrs};
 use crate::ir::expr::Var;
 use crate::ir::stmt::BufKind;
@@ -220,7 +223,7 @@ impl CallPlan {
         }
     }
 
-    /// The loops' iteration count for these dims (`lower::work`), as `build::call` counts it.
+    /// The loops' iteration count for these dims (`lower::work`), as the full path (`launch`) counts it.
     fn work(&self, c: &Compiled, dims: &[i64]) -> i64 {
         if let Some(w) = self.work_const {
             return w;
@@ -233,7 +236,7 @@ impl CallPlan {
     fn checks_pass(&self, c: &Compiled, dims: &[i64]) -> bool {
         let f = &c.func;
         let lookup = |v: &Var| dim_value(c, dims, v);
-        let eval = |e| crate::build::eval_dims(e, &lookup);
+        let eval = |e| eval_dims(e, &lookup);
         for k in &f.checks {
             if !matches!(eval(&k.cond), Ok(Ok(v)) if v != 0) {
                 return false;
@@ -247,7 +250,7 @@ impl CallPlan {
                     _ => return false,
                 }
             }
-            if crate::build::temp_fits(&f.name, buf, &vals, *size).is_err() {
+            if temp_fits(&f.name, buf, &vals, *size).is_err() {
                 return false;
             }
         }

@@ -27,10 +27,12 @@
 //! nest by reassociation, as `lane_reduce`'s do. The interpreter running the defaulted
 //! schedule computes the same bits.
 
+use super::chunked::{fresh, Chunked};
 use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, Expr, IterVar, ReduceOp, Var};
-use crate::schedule::{redefine, Schedule, Stage};
+use crate::schedule::definitions::redefine;
+use crate::schedule::{Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;
 
@@ -49,53 +51,23 @@ pub fn matches(t: &Tensor) -> bool {
         && matches!(t.dtype(), DType::F32 | DType::F64)
         && body.dtype() == t.dtype()
         && simplify(&r.extent).as_int().is_none_or(|k| k >= 2 * ROWS)
-        && super::cpu_default::column_reduction(t)
-}
-
-fn fresh(name: &str, min: Expr, extent: Expr, reduce: bool) -> IterVar {
-    IterVar {
-        var: Var::new(name),
-        min,
-        extent,
-        reduce,
-    }
+        && super::column_reduction(t)
 }
 
 /// Rewrites stage `t` (unscheduled, at root, `matches(t)`) as the module header says and
 /// schedules the new stages.
 pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let int = Expr::int;
-    let cur = s.current(t);
-    let (op, body, r) = match cur.body().and_then(top_reduce) {
-        Some((op, body, [r])) => (op, body.clone(), r.clone()),
-        _ => return Ok(()),
+    let Some(red) = Chunked::of(s, t, ROWS) else {
+        return Ok(());
     };
-    let axes: Vec<IterVar> = cur.axis().to_vec();
-    // A negative extent is an empty reduction: clamp it, so the tail stays empty too.
-    let k = simplify(&r.extent.max_(&int(0)));
-    let full = simplify(&k.floordiv(&int(ROWS)));
-    let split = simplify(&r.min.add(&full.mul(&int(ROWS))));
-    let no_tail = k.as_int().is_some_and(|k| k % ROWS == 0);
-    let rename = || -> Vec<IterVar> {
-        axes.iter()
-            .map(|a| fresh(&a.var.name, int(0), a.extent.clone(), false))
-            .collect()
-    };
-    let with = |own: &[IterVar], rv: Expr| {
-        body.substitute(&|v| {
-            if *v == r.var {
-                return Some(rv.clone());
-            }
-            axes.iter()
-                .position(|a| a.var == *v)
-                .map(|d| Expr::var(&own[d].var))
-        })
-    };
+    let (cur, op, r, axes, full) = (&red.cur, red.op, &red.r, &red.axes, &red.full);
+    let no_tail = red.k.as_int().is_some_and(|k| k % ROWS == 0);
     // The chunks: `c` first, then G's axes.
     let c = fresh("c", int(0), full.clone(), false);
     let q = fresh("q", int(0), int(ROWS), true);
-    let own = rename();
-    let cbody = with(
+    let own = red.fresh_axes();
+    let cbody = red.term(
         &own,
         r.min
             .add(&Expr::var(&c.var).mul(&int(ROWS)))
@@ -118,24 +90,12 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let mut new_stages = vec![Stage::new(&chunks)];
     let mut columns_of: Vec<Tensor> = Vec::new();
     let combined = if no_tail {
-        redefine(&cur, combine(&axes)?)
+        redefine(cur, combine(axes)?)
     } else {
         // The tail, and the chunks' combination as a stage of its own.
-        let tax = rename();
-        let tr = fresh(
-            "t",
-            split.clone(),
-            simplify(&r.min.add(&k).sub(&split)),
-            true,
-        );
-        let tbody = crate::te::reduce(
-            op,
-            with(&tax, Expr::var(&tr.var)),
-            std::slice::from_ref(&tr),
-        )?;
+        let tail = red.tail()?;
         let shape: Vec<Expr> = axes.iter().map(|a| a.extent.clone()).collect();
-        let tail = compute_from(&shape, tax, tbody, &format!("{}.tail", cur.name()))?;
-        let rax = rename();
+        let rax = red.fresh_axes();
         let rows = compute_from(
             &shape,
             rax.clone(),
@@ -151,7 +111,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
         new_stages.push(Stage::new(&tail));
         new_stages.push(Stage::new(&rows));
         columns_of.extend([tail.clone(), rows.clone()]);
-        redefine(&cur, Expr::binary(bop, rows.idx(&at), tail.idx(&at))?)
+        redefine(cur, Expr::binary(bop, rows.idx(&at), tail.idx(&at))?)
     };
     s.restart_stage(ti, &combined);
     s.set_definition(ti, combined.clone());
@@ -170,12 +130,12 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
         st.vectorize(&last)?;
     }
     for x in &columns_of {
-        super::cpu_default::columns(s, x)?;
+        super::columns(s, x)?;
     }
     if no_tail {
-        super::cpu_default::columns(s, &combined)?;
+        super::columns(s, &combined)?;
     } else {
-        super::cpu_default::plain(s, &combined)?;
+        super::plain(s, &combined)?;
     }
     Ok(())
 }

@@ -21,10 +21,12 @@
 //! or parallel sum does (numpy's pairwise sum, torch's vectorised one); max and min are exact.
 //! The interpreter running the defaulted schedule computes the same bits.
 
+use super::chunked::{fresh, Chunked};
 use crate::arith::simplify::simplify;
 use crate::error::Result;
-use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, IterVar, ReduceOp, Var};
-use crate::schedule::{redefine, Schedule, Stage};
+use crate::ir::expr::{BinOp, CmpOp, Expr, ExprKind, ReduceOp, Var};
+use crate::schedule::definitions::redefine;
+use crate::schedule::{Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;
 
@@ -56,56 +58,19 @@ pub fn matches(t: &Tensor) -> bool {
     contiguous
 }
 
-fn fresh(name: &str, min: Expr, extent: Expr, reduce: bool) -> IterVar {
-    IterVar {
-        var: Var::new(name),
-        min,
-        extent,
-        reduce,
-    }
-}
-
 /// Rewrites stage `t` (unscheduled, at root, `matches(t)`) as the module header says and
 /// schedules the new stages.
 pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let int = Expr::int;
-    let cur = s.current(t);
-    let (op, body, r) = match cur.body().and_then(top_reduce) {
-        Some((op, body, [r])) => (op, body.clone(), r.clone()),
-        _ => return Ok(()),
+    let Some(red) = Chunked::of(s, t, LANES) else {
+        return Ok(());
     };
-    let axes: Vec<IterVar> = cur.axis().to_vec();
-    // A negative extent is an empty reduction: clamp it, so the tail stays empty too.
-    let k = simplify(&r.extent.max_(&int(0)));
-    let full = simplify(&k.floordiv(&int(LANES)));
-    let split = simplify(&r.min.add(&full.mul(&int(LANES))));
-    let rename = |prefix: &str| -> Vec<IterVar> {
-        axes.iter()
-            .map(|a| {
-                fresh(
-                    &format!("{prefix}{}", a.var.name),
-                    int(0),
-                    a.extent.clone(),
-                    false,
-                )
-            })
-            .collect()
-    };
-    let with = |own: &[IterVar], rv: Expr| {
-        body.substitute(&|v| {
-            if *v == r.var {
-                return Some(rv.clone());
-            }
-            axes.iter()
-                .position(|a| a.var == *v)
-                .map(|d| Expr::var(&own[d].var))
-        })
-    };
+    let (cur, op, r, axes) = (&red.cur, red.op, &red.r, &red.axes);
     // The lane partials.
-    let mut lax = rename("");
+    let mut lax = red.fresh_axes();
     let l = fresh("l", int(0), int(LANES), false);
-    let ko = fresh("ko", int(0), full.clone(), true);
-    let lbody = with(
+    let ko = fresh("ko", int(0), red.full.clone(), true);
+    let lbody = red.term(
         &lax,
         r.min
             .add(&Expr::var(&ko.var).mul(&int(LANES)))
@@ -116,20 +81,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let shape: Vec<Expr> = lax.iter().map(|a| a.extent.clone()).collect();
     let lanes = compute_from(&shape, lax, lanes_body, &format!("{}.lanes", cur.name()))?;
     // The tail.
-    let tax = rename("");
-    let tr = fresh(
-        "t",
-        split.clone(),
-        simplify(&r.min.add(&k).sub(&split)),
-        true,
-    );
-    let tbody = crate::te::reduce(
-        op,
-        with(&tax, Expr::var(&tr.var)),
-        std::slice::from_ref(&tr),
-    )?;
-    let tshape: Vec<Expr> = tax.iter().map(|a| a.extent.clone()).collect();
-    let tail = compute_from(&tshape, tax, tbody, &format!("{}.tail", cur.name()))?;
+    let tail = red.tail()?;
     // The combination, on S's own axes.
     let own: Vec<Expr> = axes.iter().map(|a| Expr::var(&a.var)).collect();
     let l2 = fresh("l", int(0), int(LANES), true);
@@ -146,10 +98,7 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor) -> Result<()> {
         ReduceOp::Max => Expr::binary(BinOp::Max, part, tl)?,
         _ => Expr::binary(BinOp::Min, part, tl)?,
     };
-    let combined = redefine(
-        &cur,
-        crate::te::reduce(op, term, std::slice::from_ref(&l2))?,
-    );
+    let combined = redefine(cur, crate::te::reduce(op, term, std::slice::from_ref(&l2))?);
     let ti = s.stage_index(t)?;
     s.restart_stage(ti, &combined);
     s.set_definition(ti, combined.clone());

@@ -45,12 +45,16 @@
 //!    while it is still in L1. Every element is computed once by the same expression: the
 //!    same bits as the plain nest.
 
-use super::strategy::unscheduled;
-use super::{column_reduce, lane_reduce, packed_gemm};
+mod chunked;
+pub mod column_reduce;
+pub mod lane_reduce;
+pub mod packed_gemm;
+
 use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{Expr, ExprKind, IterVar, UnOp, Var};
-use crate::schedule::Schedule;
+use crate::schedule::gpu_default::is_contraction;
+use crate::schedule::{Attach, Schedule, Stage};
 use crate::te::tensor::{inputs, Tensor};
 
 /// The side of rule 6's tiles: eight float32 are half a cache line, eight rows of a tile
@@ -90,7 +94,7 @@ fn expensive(t: &Tensor) -> bool {
 
 /// Applies the default CPU schedule to `s` when every stage is unscheduled (module header).
 pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
-    if !s.stages.iter().all(unscheduled) {
+    if !s.stages.iter().all(Stage::unscheduled) {
         return Ok(());
     }
     // 1. Inline injective intermediates.
@@ -125,7 +129,7 @@ pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
     let roots: Vec<Tensor> = s
         .stages
         .iter()
-        .filter(|st| st.attach == crate::schedule::Attach::Root)
+        .filter(|st| st.attach == Attach::Root)
         .map(|st| st.tensor.clone())
         .collect();
     for t in &roots {
@@ -174,13 +178,13 @@ fn worth_packing(t: &Tensor) -> bool {
 /// reduction axis in its last index together with `j` (a read such as `mean[r]`, broadcast
 /// along `j`, is fine). The gradients of layer_norm's weight and bias (`sum_r head[r, j] *
 /// xhat[r, j]`) are such stages; as written, every term is a load a row apart. Contractions
-/// (`strategy::is_contraction`, at least two data axes) are not: the packed GEMM or rule 5's
+/// (`gpu_default::is_contraction`, at least two data axes) are not: the packed GEMM or rule 5's
 /// contraction order (rows, the reduction, then the last axis vectorized) handles them.
 pub fn column_reduction(t: &Tensor) -> bool {
     let (Some(body), Some(last)) = (t.body(), t.axis().last()) else {
         return false;
     };
-    if super::strategy::is_contraction(t) {
+    if is_contraction(t) {
         return false;
     }
     let red: Vec<&Var> = t.reduce_axis().iter().map(|r| &r.var).collect();
@@ -302,7 +306,7 @@ fn tiles(s: &mut Schedule, t: &Tensor, k: usize) -> Result<()> {
 /// Whether the 1-d stage `t` holds a value per row of a stage of `stages` with two or more axes:
 /// one reads it, every read of it there is at that stage's first axis, and that axis has `t`'s
 /// extent.
-fn per_row(stages: &[crate::schedule::Stage], t: &Tensor) -> bool {
+fn per_row(stages: &[Stage], t: &Tensor) -> bool {
     let [n] = t.shape() else { return false };
     let n = simplify(n);
     stages.iter().map(|st| &st.tensor).any(|c| {
@@ -356,7 +360,7 @@ pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
         // A contraction that is not packed (integers, little work): rows, the reduction, then
         // the last data axis, vectorized (it streams along rows of B and C).
         ([first, .., last], false)
-            if super::strategy::is_contraction(t) && t.body().is_some_and(|b| b.uses(last)) =>
+            if is_contraction(t) && t.body().is_some_and(|b| b.uses(last)) =>
         {
             let mut order: Vec<Var> = axes[..axes.len() - 1].to_vec();
             order.extend(t.reduce_axis().iter().map(|r| r.var.clone()));

@@ -3,12 +3,12 @@
 //! a launch. Frameworks that trace shapes before running (XLA through `rivet.jax.ffi_func`,
 //! torch's fake tensors) ask it.
 //!
-//! Invariant: it accepts exactly the input shapes `build::call`'s inputs-only path accepts
-//! (ranks, fixed dims, symbolic dims bound consistently, dims given by expressions, no dim
-//! known only from an output, no overflowing size) and answers the shapes that path would
-//! allocate; the `output_shapes_*` tests compare the two.
+//! Invariant: it accepts exactly the input shapes the full call path accepts when given only
+//! the inputs (ranks, fixed dims, symbolic dims bound consistently, dims given by
+//! expressions, no dim known only from an output, no overflowing size) and answers the shapes
+//! that path would allocate; the `output_shapes_*` tests compare the two.
 
-use crate::build::eval_dims;
+use super::dims::eval_dims;
 use crate::error::{Error, Result};
 use crate::ir::expr::Var;
 use crate::ir::stmt::{BufKind, PrimFunc};

@@ -29,7 +29,8 @@ use crate::arith::simplify::simplify;
 use crate::error::Result;
 use crate::ir::expr::{BinOp, Expr, ExprKind, IterVar, ReduceOp, Var};
 use crate::ir::intrin::Intrin;
-use crate::schedule::{redefine, Schedule, Stage};
+use crate::schedule::definitions::redefine;
+use crate::schedule::{Schedule, Stage};
 use crate::te::tensor::{compute_from, top_reduce, Tensor};
 use rivet_runtime::DType;
 
@@ -84,7 +85,7 @@ pub fn match_matmul(t: &Tensor) -> Option<Matmul> {
     })
 }
 
-/// `ceil(e / k)` for `k > 0`, written `(e - 1) // k + 1` as `schedule::split_extents` writes a
+/// `ceil(e / k)` for `k > 0`, written `(e - 1) // k + 1` as `schedule::loops::split_extents` writes a
 /// split's outer extent, so that `nest::split_divides` recognises `ceil_div(e, k) * k` split by
 /// `k` (0 for `e = 0`; negative for a negative `e`, where every loop over it is empty).
 fn ceil_div(e: &Expr, k: i64) -> Expr {

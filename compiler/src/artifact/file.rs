@@ -1,4 +1,6 @@
-//! Saved modules: `Module::save(path)` / `Module::load(path)`.
+//! A module's saved form: `Module::save(path)` writes it; `Module::load(path)` (the pipeline,
+//! `build.rs`) reads it here and hands each function's checked loop nest to the pipeline's
+//! `compile_loaded`, so this file knows the format, never how to compile.
 //!
 //! File format (version 1), all integers little-endian:
 //!
@@ -33,10 +35,11 @@
 //! later pass's — is a `CompileError` "cannot load rivet module `<path>`: ...", never an
 //! internal error: the file is at fault, not rivet.
 
-use crate::build::{compile_loaded, Module};
+use super::{Compiled, Module};
 use crate::error::{Error, Result};
 use crate::ir::limits::{COMPILE_STACK, MAX_IR_DEPTH, MAX_MODULE_BYTES, MAX_STMT_DEPTH};
 use crate::ir::stmt::PrimFunc;
+use crate::target::Target;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -116,139 +119,148 @@ impl Module {
             .and_then(|_| std::fs::rename(&tmp, path))
             .map_err(|e| Error::Compile(format!("cannot save module to {}: {e}", path.display())))
     }
+}
 
-    /// Parses and re-compiles a module; `origin` names the source in errors. Runs on a
-    /// thread with a `COMPILE_STACK` stack (see the module documentation).
-    pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Module> {
-        std::thread::scope(|sc| {
-            std::thread::Builder::new()
-                .name("rivet-load".into())
-                .stack_size(COMPILE_STACK)
-                .spawn_scoped(sc, || Module::from_bytes_here(bytes, origin))
-                .map_err(|e| bad(origin, format!("cannot start the loading thread: {e}")))?
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
+/// How a loaded function's loop nest is compiled: the pipeline's `build::compile_loaded`
+/// (passed in, so that the pipeline depends on the artefact and not the other way round).
+pub(crate) type Compile = fn(PrimFunc, &Target) -> Result<Compiled>;
+
+/// Parses and re-compiles a module; `origin` names the source in errors. Runs on a
+/// thread with a `COMPILE_STACK` stack (see the module documentation).
+pub(crate) fn from_bytes(bytes: &[u8], origin: &str, compile: Compile) -> Result<Module> {
+    std::thread::scope(|sc| {
+        std::thread::Builder::new()
+            .name("rivet-load".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(sc, || from_bytes_here(bytes, origin, compile))
+            .map_err(|e| bad(origin, format!("cannot start the loading thread: {e}")))?
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+fn from_bytes_here(bytes: &[u8], origin: &str, compile: Compile) -> Result<Module> {
+    if bytes.len() > MAX_MODULE_BYTES + HEADER {
+        return Err(too_large(origin, bytes.len() as u64));
     }
-
-    fn from_bytes_here(bytes: &[u8], origin: &str) -> Result<Module> {
-        if bytes.len() > MAX_MODULE_BYTES + HEADER {
-            return Err(too_large(origin, bytes.len() as u64));
-        }
-        if bytes.len() < HEADER {
+    if bytes.len() < HEADER {
+        return Err(bad(
+            origin,
+            format!(
+                "the file is truncated ({} bytes, a module has at least {HEADER})",
+                bytes.len()
+            ),
+        ));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(bad(origin, "not a rivet module (wrong magic bytes)".into()));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version != FORMAT_VERSION {
+        return Err(bad(
+            origin,
+            format!("format version {version}; this rivet reads version {FORMAT_VERSION}"),
+        ));
+    }
+    let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    let payload = &bytes[HEADER..];
+    if payload.len() as u64 != len {
+        return Err(bad(
+            origin,
+            format!(
+                "the file is truncated or has trailing data (payload {} bytes, header says {len})",
+                payload.len()
+            ),
+        ));
+    }
+    if crc32fast::hash(payload) != crc {
+        return Err(bad(origin, "checksum mismatch: the file is corrupt".into()));
+    }
+    let p = parse_payload(payload).map_err(|e| bad(origin, format!("malformed payload: {e}")))?;
+    let mut funcs = Vec::new();
+    for f in p.functions {
+        let mut max_id = 0;
+        let mut note = |v: &crate::ir::Var| max_id = max_id.max(v.id);
+        f.ir.dims.iter().for_each(&mut note);
+        f.ir.buffers
+            .iter()
+            .flat_map(|b| &b.strides)
+            .for_each(&mut note);
+        f.ir.body.visit(&mut |s| match s {
+            crate::ir::Stmt::For { var, .. } | crate::ir::Stmt::Let { var, .. } => note(var),
+            _ => {}
+        });
+        if max_id > MAX_VAR_ID {
             return Err(bad(
                 origin,
                 format!(
-                    "the file is truncated ({} bytes, a module has at least {HEADER})",
-                    bytes.len()
+                    "invalid IR in function '{}': variable id {max_id} is above {MAX_VAR_ID}",
+                    f.ir.name
                 ),
             ));
         }
-        if &bytes[..8] != MAGIC {
-            return Err(bad(origin, "not a rivet module (wrong magic bytes)".into()));
-        }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        if version != FORMAT_VERSION {
+        // A loop nest is saved before the host/device split: outlined bodies in the file
+        // would reach the backend without passing the bounds proof (which reads the body),
+        // so a file that carries them is refused, whatever they hold.
+        let mut launches = 0usize;
+        f.ir.body.visit(&mut |s| {
+            if matches!(s, crate::ir::Stmt::Launch { .. }) {
+                launches += 1;
+            }
+        });
+        if !f.ir.kernels.is_empty() || launches > 0 {
             return Err(bad(
                 origin,
-                format!("format version {version}; this rivet reads version {FORMAT_VERSION}"),
+                format!(
+                    "invalid IR in function '{}': a saved loop nest has no outlined kernels or launches (the file has {} kernels and {launches} launches; they are made again at load)",
+                    f.ir.name,
+                    f.ir.kernels.len()
+                ),
             ));
         }
-        let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
-        let payload = &bytes[HEADER..];
-        if payload.len() as u64 != len {
-            return Err(bad(origin, format!("the file is truncated or has trailing data (payload {} bytes, header says {len})", payload.len())));
+        crate::ir::Var::reserve(max_id);
+        let name = f.ir.name.clone();
+        // Verifier and pass errors are about the file's content: its fault, not rivet's.
+        let blame = |e: Error| match e {
+            Error::Internal(m) => bad(origin, format!("invalid IR in function '{name}': {m}")),
+            Error::Compile(m) => bad(origin, format!("function '{name}': {m}")),
+            other => other,
+        };
+        let target =
+            Target::parse(&f.target).map_err(|e| bad(origin, format!("function '{name}': {e}")))?;
+        // Host callbacks are found by their registered names in this process.
+        let mut ir = f.ir;
+        for cb in &mut ir.callbacks {
+            cb.resolve()
+                .map_err(|m| bad(origin, format!("function '{name}': {m}")))?;
         }
-        if crc32fast::hash(payload) != crc {
-            return Err(bad(origin, "checksum mismatch: the file is corrupt".into()));
-        }
-        let p =
-            parse_payload(payload).map_err(|e| bad(origin, format!("malformed payload: {e}")))?;
-        let mut funcs = Vec::new();
-        for f in p.functions {
-            let mut max_id = 0;
-            let mut note = |v: &crate::ir::Var| max_id = max_id.max(v.id);
-            f.ir.dims.iter().for_each(&mut note);
-            f.ir.buffers
-                .iter()
-                .flat_map(|b| &b.strides)
-                .for_each(&mut note);
-            f.ir.body.visit(&mut |s| match s {
-                crate::ir::Stmt::For { var, .. } | crate::ir::Stmt::Let { var, .. } => note(var),
-                _ => {}
-            });
-            if max_id > MAX_VAR_ID {
-                return Err(bad(
-                    origin,
-                    format!(
-                        "invalid IR in function '{}': variable id {max_id} is above {MAX_VAR_ID}",
-                        f.ir.name
-                    ),
-                ));
-            }
-            // A loop nest is saved before the host/device split: outlined bodies in the file
-            // would reach the backend without passing the bounds proof (which reads the body),
-            // so a file that carries them is refused, whatever they hold.
-            let mut launches = 0usize;
-            f.ir.body.visit(&mut |s| {
-                if matches!(s, crate::ir::Stmt::Launch { .. }) {
-                    launches += 1;
-                }
-            });
-            if !f.ir.kernels.is_empty() || launches > 0 {
-                return Err(bad(
-                    origin,
-                    format!(
-                        "invalid IR in function '{}': a saved loop nest has no outlined kernels or launches (the file has {} kernels and {launches} launches; they are made again at load)",
-                        f.ir.name,
-                        f.ir.kernels.len()
-                    ),
-                ));
-            }
-            crate::ir::Var::reserve(max_id);
-            let name = f.ir.name.clone();
-            // Verifier and pass errors are about the file's content: its fault, not rivet's.
-            let blame = |e: Error| match e {
-                Error::Internal(m) => bad(origin, format!("invalid IR in function '{name}': {m}")),
-                Error::Compile(m) => bad(origin, format!("function '{name}': {m}")),
-                other => other,
-            };
-            let target = crate::target::Target::parse(&f.target)
-                .map_err(|e| bad(origin, format!("function '{name}': {e}")))?;
-            // Host callbacks are found by their registered names in this process.
-            let mut ir = f.ir;
-            for cb in &mut ir.callbacks {
-                cb.resolve()
-                    .map_err(|m| bad(origin, format!("function '{name}': {m}")))?;
-            }
-            let c = compile_loaded(ir, &target).map_err(blame)?;
-            funcs.push(Arc::new(c));
-        }
-        Ok(Module { funcs })
+        let c = compile(ir, &target).map_err(blame)?;
+        funcs.push(Arc::new(c));
     }
+    Ok(Module { funcs })
+}
 
-    pub fn load(path: impl AsRef<Path>) -> Result<Module> {
-        use std::io::Read;
-        let path = path.as_ref();
-        let origin = path.display().to_string();
-        let mut file = std::fs::File::open(path).map_err(|e| bad(&origin, e.to_string()))?;
-        let size = file
-            .metadata()
-            .map_err(|e| bad(&origin, e.to_string()))?
-            .len();
-        let limit = (MAX_MODULE_BYTES + HEADER) as u64;
-        if size > limit {
-            return Err(too_large(&origin, size));
-        }
-        // Read at most one byte past the limit: the file may grow after the size check.
-        let mut bytes = Vec::with_capacity(size as usize);
-        file.by_ref()
-            .take(limit + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| bad(&origin, e.to_string()))?;
-        Module::from_bytes(&bytes, &origin)
+/// Reads the file at `path` (its size checked first) and loads it as `from_bytes` does.
+pub(crate) fn load(path: &Path, compile: Compile) -> Result<Module> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let mut file = std::fs::File::open(path).map_err(|e| bad(&origin, e.to_string()))?;
+    let size = file
+        .metadata()
+        .map_err(|e| bad(&origin, e.to_string()))?
+        .len();
+    let limit = (MAX_MODULE_BYTES + HEADER) as u64;
+    if size > limit {
+        return Err(too_large(&origin, size));
     }
+    // Read at most one byte past the limit: the file may grow after the size check.
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.by_ref()
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(&origin, e.to_string()))?;
+    from_bytes(&bytes, &origin, compile)
 }
 
 fn too_large(origin: &str, size: u64) -> Error {
