@@ -1,5 +1,5 @@
 //! GPU semantics in the interpreter: how a kernel (the subtree of an outermost loop bound to
-//! a launch dimension, `ir::verify_gpu`) runs, so that CI checks GPU-scheduled IR on the CPU.
+//! a launch dimension, `ir::verify::gpu`) runs, so that CI checks GPU-scheduled IR on the CPU.
 //!
 //! - Blocks run one after another, in grid order (x fastest); each gets fresh `shared`
 //!   buffers.

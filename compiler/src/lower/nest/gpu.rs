@@ -125,7 +125,7 @@ impl Ctx<'_> {
     /// Also the variable of its reduction loop bound to `threadIdx.x`, if it has one (a
     /// cross-thread reduction), which needs its serial data-parallel loops outside its serial
     /// reduction loops (one accumulator per thread), and a power-of-two `threadIdx.x` extent
-    /// when the block has `threadIdx.y` / `z` threads (`ir::verify_gpu`).
+    /// when the block has `threadIdx.y` / `z` threads (`ir::verify::gpu`).
     pub(super) fn gpu_stage(
         &self,
         stage: &Stage,
