@@ -163,7 +163,7 @@ pub enum Stmt {
         dst: BufId,
     },
     /// Runs `func.kernels[kernel]` here: a body outlined by the host/device split
-    /// (`lower::split`), with the buffers and variables it captures (only in split
+    /// (`lower::outline`), with the buffers and variables it captures (only in outlined
     /// functions, never in saved ones).
     Launch {
         kernel: usize,

@@ -1,4 +1,4 @@
-//! CUDA C source from a lowered, split `PrimFunc`: one `extern "C" __global__` function per
+//! CUDA C source from a lowered, outlined `PrimFunc`: one `extern "C" __global__` function per
 //! GPU kernel (`DeviceFunc` of kind `Gpu`), and the host plan that launches them.
 //!
 //! Layout of a generated file: a header comment, the prelude (`prelude::PRELUDE`), then one
