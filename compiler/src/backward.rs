@@ -15,7 +15,7 @@
 //! as written. A function rivet cannot differentiate (loaded from a file, so its te program
 //! is gone; a host callback on the path; a construct with no derivative rule) is a
 //! `NotDifferentiable` error naming the function and why, never a silently zero gradient.
-//! The backward is built once per compiled function and cached (`Source::backward`).
+//! The backward is built once per compiled function and cached (`Recipe::backward`).
 
 use crate::build::{build_with, make_function, Compiled, Options};
 use crate::error::{Error, Result};
@@ -25,14 +25,18 @@ use crate::te::{self, Tensor};
 use rivet_runtime::Function;
 use std::sync::{Arc, OnceLock};
 
-/// What a function was built from: enough to build its backward.
-pub struct Source {
+/// What a function was built from: enough to build its backward. (Not `lower::Source`, the
+/// schedule or loaded nest one lowering starts from.)
+pub struct Recipe {
     args: Vec<Tensor>,
     target: Target,
     opts: Options,
     backward: OnceLock<std::result::Result<Function, rivet_runtime::Error>>,
     saved: OnceLock<std::result::Result<Saved, rivet_runtime::Error>>,
 }
+
+/// `Recipe`'s former name, still used by `build.rs`; goes once that file says `Recipe`.
+pub type Source = Recipe;
 
 /// The saved-activations pair of a function (`residuals.rs`): the forward that also writes
 /// `residuals` extra outputs, and the backward that reads them.
@@ -43,7 +47,7 @@ pub struct Saved {
     pub residuals: usize,
 }
 
-impl Source {
+impl Recipe {
     /// The build's arguments (te tensors), in order.
     pub fn args(&self) -> &[Tensor] {
         &self.args
@@ -62,8 +66,8 @@ impl Source {
         out
     }
 
-    pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Source> {
-        Arc::new(Source {
+    pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Recipe> {
+        Arc::new(Recipe {
             args: args.to_vec(),
             target: target.clone(),
             opts,
@@ -74,7 +78,7 @@ impl Source {
 }
 
 /// The te program `f` was built from, or why rivet cannot differentiate `f`.
-fn source_of(f: &Function) -> Result<Arc<Source>> {
+fn source_of(f: &Function) -> Result<Arc<Recipe>> {
     let compiled = f
         .parts()
         .and_then(|p| p.object.clone().downcast::<Compiled>().ok())
@@ -126,7 +130,7 @@ pub fn saved(f: &Function) -> Result<Saved> {
         .map_err(Error::Runtime)
 }
 
-fn build_saved(src: &Source, name: &str) -> Result<Saved> {
+fn build_saved(src: &Recipe, name: &str) -> Result<Saved> {
     let p = crate::residuals::saved_program(&src.args)?;
     if p.grads.is_empty() {
         return Err(not_diff(
