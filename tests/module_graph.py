@@ -38,8 +38,7 @@ LAYERS: list[list[str]] = [
      "ir::deferred_drop", "ir::float_serde", "ir::printer", "ir::uses"],
     ["arith"],
     # the IR's verifiers decide some facts up to simplification
-    ["ir::verify", "ir::verify_callbacks", "ir::verify_gpu", "ir::verify_intrin",
-     "ir::verify_parallel"],
+    ["ir::verify"],
     ["te"],
     # programs derived from te programs (a backward, its saved-activations form): no schedule
     ["vjp"],

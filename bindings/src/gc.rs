@@ -38,7 +38,7 @@
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
-use rivet_compiler::artifact::source::Source;
+use rivet_compiler::artifact::recipe::Recipe;
 use rivet_compiler::artifact::Compiled;
 use rivet_compiler::ir::callback::Callback;
 use rivet_compiler::ir::expr::{Expr, ExprKind};
@@ -116,7 +116,7 @@ enum Node<'a> {
     Function(&'a Function),
     Compiled(&'a Compiled),
     /// The te program a compiled function was built from (`rivet_compiler::backward`).
-    Source(&'a Source),
+    Recipe(&'a Recipe),
     Callable(&'a PyCallable),
 }
 
@@ -248,12 +248,12 @@ impl<'a> Graph<'a> {
                 {
                     self.callback(p, cb);
                 }
-                if let Some(src) = &c.source {
+                if let Some(src) = &c.recipe {
                     let k = Arc::as_ptr(src) as *const () as usize;
-                    self.edge(p, k, Arc::strong_count(src), 1, || Node::Source(src));
+                    self.edge(p, k, Arc::strong_count(src), 1, || Node::Recipe(src));
                 }
             }
-            Node::Source(src) => {
+            Node::Recipe(src) => {
                 for t in src.args() {
                     self.tensor(p, t);
                 }

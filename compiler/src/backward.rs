@@ -9,10 +9,10 @@
 //! is gone; a host callback on the path; a construct with no derivative rule) is a
 //! `NotDifferentiable` error naming the function and why, never a silently zero gradient.
 //! The backward is built once per compiled function and cached in what the artefact records
-//! it was built from (`artifact::source::Source`): the pipeline stores that record and never
+//! it was built from (`artifact::recipe::Recipe`): the pipeline stores that record and never
 //! depends on this module, which sits above it.
 
-use crate::artifact::source::{Saved, Source};
+use crate::artifact::recipe::{Recipe, Saved};
 use crate::artifact::Compiled;
 use crate::build::{build_with, Options};
 use crate::call::make_function;
@@ -25,7 +25,7 @@ use rivet_runtime::Function;
 use std::sync::Arc;
 
 /// The te program `f` was built from, or why rivet cannot differentiate `f`.
-fn source_of(f: &Function) -> Result<Arc<Source>> {
+fn recipe_of(f: &Function) -> Result<Arc<Recipe>> {
     let compiled = f
         .parts()
         .and_then(|p| p.object.clone().downcast::<Compiled>().ok())
@@ -35,7 +35,7 @@ fn source_of(f: &Function) -> Result<Arc<Source>> {
                 f.name()
             ))
         })?;
-    compiled.source.clone().ok_or_else(|| {
+    compiled.recipe.clone().ok_or_else(|| {
         not_diff(format!(
             "function '{}' was loaded from a saved module, which keeps the loop IR but not the te program rivet differentiates; build it from its te program, or give the backward explicitly",
             f.name()
@@ -55,7 +55,7 @@ fn named(f: &Function, e: Error) -> rivet_runtime::Error {
 
 /// The backward function of `f` (module header), built on first use and cached.
 pub fn backward(f: &Function) -> Result<Function> {
-    let src = source_of(f)?;
+    let src = recipe_of(f)?;
     src.backward
         .get_or_init(|| {
             let name = format!("{}_backward", f.name());
@@ -70,14 +70,14 @@ pub fn backward(f: &Function) -> Result<Function> {
 /// options under the default schedule (a function built "as written" gets a default-scheduled
 /// forward with residuals).
 pub fn saved(f: &Function) -> Result<Saved> {
-    let src = source_of(f)?;
+    let src = recipe_of(f)?;
     src.saved
         .get_or_init(|| build_saved(&src, f.name()).map_err(|e| named(f, e)))
         .clone()
         .map_err(Error::Runtime)
 }
 
-fn build_saved(src: &Source, name: &str) -> Result<Saved> {
+fn build_saved(src: &Recipe, name: &str) -> Result<Saved> {
     let p = crate::residuals::saved_program(&src.args)?;
     if p.grads.is_empty() {
         return Err(not_diff(

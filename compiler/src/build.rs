@@ -10,7 +10,7 @@
 //! stack. A temporary whose size is known at build time and too large is refused here, the
 //! others on each call.
 
-use crate::artifact::source::Source;
+use crate::artifact::recipe::Recipe;
 use crate::artifact::{file, Compiled, Module};
 use crate::call::allocate::temp_fits;
 use crate::error::{Error, Result};
@@ -114,7 +114,7 @@ pub fn build_with<T: ToTarget + ?Sized>(
     crate::lower::nest::check_expr_sizes(sched)?;
     let mut c = compile_schedule(sched, args, &target, name, opts)?;
     // What the function was built from, for the functions derived from it (`backward`).
-    c.source = Some(Source::new(args, &target, opts));
+    c.recipe = Some(Recipe::new(args, &target, opts));
     Ok(Module {
         funcs: vec![Arc::new(c)],
     })
@@ -224,7 +224,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         checked: opts.checked,
         temps,
         kernel,
-        source: None,
+        recipe: None,
     })
 }
 

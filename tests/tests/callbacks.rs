@@ -714,7 +714,7 @@ fn compiled_functions_show_every_handle_they_hold() {
         // that too.
         drop(e);
         assert_eq!(cb.handles(), 2 + seen, "{target}");
-        assert!(compiled.source.is_some(), "{target}");
+        assert!(compiled.recipe.is_some(), "{target}");
         let before = Arc::strong_count(&compiled);
         let f = rivet_compiler::call::make_function(compiled.clone());
         let parts = f.parts().expect("a compiled function shows its code");

@@ -1,6 +1,6 @@
 //! The compiled artefact: what the pipeline (`build.rs`) produces and what a saved module
 //! holds. A `Compiled` is one function (its IR before and after the proof, its kernel, what
-//! each call must size); a `Module` a set of them; `Source` what a function was built from,
+//! each call must size); a `Module` a set of them; `Recipe` what a function was built from,
 //! for the functions derived from it (`backward.rs`); `file` the saved form.
 //!
 //! Invariants: a `Compiled` is immutable once built (calls share it through an `Arc`); its
@@ -10,7 +10,7 @@
 //! artefact depends on neither (their `impl Module` blocks add `get_function` and `load`).
 
 pub mod file;
-pub mod source;
+pub mod recipe;
 
 use crate::codegen::Kernel;
 use crate::error::{Error, Result};
@@ -18,7 +18,7 @@ use crate::ir::expr::Expr;
 use crate::ir::stmt::PrimFunc;
 use crate::lower;
 use crate::target::{Target, TargetKind};
-use source::Source;
+use recipe::Recipe;
 use std::sync::Arc;
 
 /// One compiled function: its IR before flattening (what modules save), the final IR, and
@@ -38,7 +38,7 @@ pub struct Compiled {
     pub kernel: Box<dyn Kernel>,
     /// The te program and options it was built from (`build`; None for a loaded module):
     /// `backward` differentiates it.
-    pub source: Option<Arc<Source>>,
+    pub recipe: Option<Arc<Recipe>>,
 }
 
 /// A set of compiled functions (one per `build` call, or as many as a loaded file holds).

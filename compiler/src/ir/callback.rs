@@ -3,7 +3,7 @@
 //!
 //! Two kinds, both whole-buffer calls at the top level of the host program (never inside a
 //! loop, so each runs exactly once per call, on the calling thread, in program order;
-//! `ir::verify` refuses any other place, and `ir::verify_callbacks` any table entry called
+//! `ir::verify` refuses any other place, and `ir::verify::callbacks` any table entry called
 //! other than exactly once on every path, or on a region other than its whole buffer):
 //! - `Extern` (TVM's `te.extern`): regions `[out (written), in_0, ..., in_k (read)]`; the
 //!   function is called as `f(in_0, ..., in_k, out)` and either fills `out` and returns None,

@@ -16,7 +16,7 @@
 //! - `tensorize` replaces a loop nest only when it *is* the model, up to the names of the loop
 //!   variables (`schedule`'s tensorize), so a wrong match is a `CompileError`.
 //!
-//! A call's shape against its intrinsic's signature is checked by `verify_intrin::check_call`.
+//! A call's shape against its intrinsic's signature is checked by `verify::intrin::check_call`.
 //!
 //! The model computes `C = C + A * B` with two roundings; the intrinsic itself (the
 //! interpreter's reference and every micro-kernel, `codegen::cpu_lib::microkernel`) fuses each

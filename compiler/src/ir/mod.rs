@@ -5,7 +5,7 @@
 //!
 //! GPU constructs: loops bound to launch dimensions, storage scopes, `Barrier`, and the one
 //! collective, the cross-thread reduction `Stmt::AllReduce` (its meaning and fixed combination
-//! order in `stmt`'s header); where each may stand is `verify_gpu`'s.
+//! order in `stmt`'s header); where each may stand is `verify::gpu`'s.
 
 pub mod callback;
 pub mod deferred_drop;
@@ -19,10 +19,6 @@ pub mod stmt;
 pub(crate) mod test_util;
 pub mod uses;
 pub mod verify;
-pub mod verify_callbacks;
-pub mod verify_gpu;
-pub mod verify_intrin;
-pub mod verify_parallel;
 
 pub use callback::{Callback, CallbackKind};
 pub use expr::{BinOp, BufId, CmpOp, Const, Expr, ExprKind, IterVar, LogicOp, ReduceOp, UnOp, Var};

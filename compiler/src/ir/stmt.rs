@@ -9,7 +9,7 @@
 //! - after `flatten`, every `Load`/`Store` has exactly one index (an element offset computed
 //!   with the buffer's stride variables), and no te-only node (`Read`, `Reduce`) remains;
 //! - GPU constructs (thread-bound loops, `Barrier`, `AllReduce`, `shared`/`local` scopes)
-//!   form kernels as `ir::verify_gpu` describes.
+//!   form kernels as `ir::verify::gpu` describes.
 //!
 //! The cross-thread reduction (`AllReduce`) is the one collective statement: every thread of
 //! the block evaluates `value`, the values of the threads that differ only in their
@@ -37,7 +37,7 @@ pub enum ForKind {
     Unrolled,
     /// GPU: the loop is a launch dimension (TVM's `bind`): its variable is the block or
     /// thread index `tag`, its min is 0 and its extent the size of that dimension. The
-    /// outermost bound loop of a nest starts a kernel (see `ir::verify_gpu`).
+    /// outermost bound loop of a nest starts a kernel (see `ir::verify::gpu`).
     Thread(ThreadTag),
 }
 
@@ -150,10 +150,10 @@ pub enum Stmt {
     Seq(Vec<Stmt>),
     /// GPU: every thread of the block waits here until all have arrived, and their writes
     /// to shared and global memory before it are visible to all after it (`__syncthreads`).
-    /// Reached by all threads of a block or by none (`ir::verify_gpu`).
+    /// Reached by all threads of a block or by none (`ir::verify::gpu`).
     Barrier,
     /// GPU: `dst[0] = op-reduction of value over the threads of the group along tag` (module
-    /// header). `tag` is `threadIdx.x` (`ir::verify_gpu`); `dst` is a `local` buffer of one
+    /// header). `tag` is `threadIdx.x` (`ir::verify::gpu`); `dst` is a `local` buffer of one
     /// element of `value`'s dtype. Reached by all threads of a block or by none, like a
     /// barrier, and only inside the loop bound to `tag`.
     AllReduce {
@@ -163,7 +163,7 @@ pub enum Stmt {
         dst: BufId,
     },
     /// Runs `func.kernels[kernel]` here: a body outlined by the host/device split
-    /// (`lower::split`), with the buffers and variables it captures (only in split
+    /// (`lower::outline`), with the buffers and variables it captures (only in outlined
     /// functions, never in saved ones).
     Launch {
         kernel: usize,

@@ -1,5 +1,5 @@
 //! What a statement uses from its surroundings: the buffers it touches and the variables it
-//! reads. The host/device split (`lower::split`) records this for each body it outlines, the
+//! reads. The host/device split (`lower::outline`) records this for each body it outlines, the
 //! verifier checks the record, and the CPU backend loads from a call frame only what each
 //! statement uses.
 //!

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, UnOp, Var};
 use crate::ir::intrin::{model, Intrin, Region};
 use crate::ir::stmt::{Check, PrimFunc, Stmt};
-use crate::ir::verify_intrin::check_call;
+use crate::ir::verify::intrin::check_call;
 use crate::ir::BufId;
 use rivet_runtime::DType;
 use std::collections::{HashMap, HashSet};
@@ -435,7 +435,7 @@ impl Prover<'_> {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.stmt(s, env)),
             // The split runs after the proof; barriers touch no memory.
             Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
-            // Its destination is element 0 of a one-element local buffer (`verify_gpu`); what
+            // Its destination is element 0 of a one-element local buffer (`verify::gpu`); what
             // the value reads is proved as any expression's loads.
             Stmt::AllReduce { value, .. } => self.exprs(value, env),
             // The declared computation has exactly the accesses the intrinsic may make (every

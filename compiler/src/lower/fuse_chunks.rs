@@ -19,7 +19,7 @@
 //! left over (none when `M` is a constant multiple of `R`; an empty loop when `M <= 0`, since
 //! then `C = 0` and the extent `M` is not positive). Each iteration of the fused loop touches
 //! what one iteration of `B` did plus rows `c*R + q` of `A`'s buffers: disjoint between
-//! chunks (`verify_parallel`'s rule with coefficient `R` and window `[0, R)`).
+//! chunks (`verify::parallel`'s rule with coefficient `R` and window `[0, R)`).
 //!
 //! Taken only where it pays: `B`'s row loop must load some buffer at row `lo + c*R + q` (the
 //! same rows as `A`). Runs after `row_locals` (a row's locals are allocated inside `A`'s body

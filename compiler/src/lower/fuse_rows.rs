@@ -14,7 +14,7 @@
 //! running the loops one after the other does — same operations on the same values in the
 //! same order per element; buffers no loop writes cannot change. A loop with an intrinsic
 //! call (whose regions are not plain indexed accesses) is never fused. The fused loop is still
-//! race-free by `verify_parallel`'s disjointness rule (a slot holding `v` in every access), and
+//! race-free by `verify::parallel`'s disjointness rule (a slot holding `v` in every access), and
 //! the bounds proof runs after this pass, on the fused loop.
 //!
 //! A serial or vectorized loop over the same range joins a group of parallel loops on the same

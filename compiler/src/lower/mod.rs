@@ -8,9 +8,9 @@ pub mod fma;
 pub mod fuse_chunks;
 pub mod fuse_rows;
 pub mod nest;
+pub mod outline;
 pub mod overwrite;
 pub mod row_locals;
-pub mod split;
 pub mod sync;
 pub mod tensorize;
 pub mod tile_fold;
@@ -206,7 +206,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     }
     // 5. The host/device split: parallel loops and GPU kernels outlined, with their captures.
     //    Every target runs the same passes; backends differ in how they run a `Launch`.
-    split::split(&mut f);
+    outline::outline(&mut f);
     // 6. Barriers in GPU kernels where shared memory is written and read by different threads.
     sync::insert_barriers(&mut f);
     after(&f, 5, "split", !opts.checked)?;

@@ -19,7 +19,7 @@
 //! Then iteration `v` reads and writes only row `v` of `b`, which before the pass started zeroed
 //! (`Allocate`) and was touched by no one else: giving each iteration a fresh zeroed row
 //! (shape `[1, ...]`, first index `0`) computes the same values in the same order. The bounds
-//! proof runs after this pass, on the new shapes; `verify_parallel` treats a buffer allocated
+//! proof runs after this pass, on the new shapes; `verify::parallel` treats a buffer allocated
 //! inside the body as private to an iteration. Runs where row fusion runs (default CPU
 //! schedule only), on the nest, so saved modules keep it and loaded ones prove it again.
 

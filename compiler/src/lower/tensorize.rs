@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, BufId, Expr, ExprKind, Var};
 use crate::ir::intrin::{Intrin, Region, RegionAxis};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
-use crate::ir::verify_intrin::check_call;
+use crate::ir::verify::intrin::check_call;
 use rivet_runtime::DType;
 
 /// A marked loop: its variable, the intrinsic, and the stage's name (for messages).

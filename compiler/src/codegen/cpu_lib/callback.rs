@@ -55,7 +55,7 @@ impl RegionArg {
 /// # Safety
 /// Each region must address valid memory of its dtype, shape and strides, and the first
 /// region of an extern callback must be writable and not read by the other regions' views
-/// during the call (it is a distinct buffer: `ir::verify_intrin::check_call`).
+/// during the call (it is a distinct buffer: `ir::verify::intrin::check_call`).
 pub unsafe fn run(cb: &Callback, regions: &[RegionArg]) -> Result<()> {
     let func = cb.function().map_err(Error::Internal)?;
     match cb.kind {

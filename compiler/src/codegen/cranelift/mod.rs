@@ -248,7 +248,7 @@ impl Backend for CraneliftBackend {
         &self.target
     }
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
-        if crate::ir::verify_gpu::uses_gpu(func) {
+        if crate::ir::verify::gpu::uses_gpu(func) {
             return Err(Error::Compile(format!(
                 "function '{}' is scheduled for a GPU (loops bound to block or thread indices, shared memory or barriers): target 'cpu' cannot run it; build it for target 'cuda', or 'interp' to run its GPU semantics on the CPU",
                 func.name

@@ -1,5 +1,5 @@
 //! Parallel loops: the body of a `ForKind::Parallel` loop outlined by the host/device split
-//! (`lower::split`, which records its captures) is compiled into its own function
+//! (`lower::outline`, which records its captures) is compiled into its own function
 //! `body(ctx: *const i64, lo: i64, hi: i64)` running iterations `[lo, hi)`. `ctx` is an
 //! array of 8-byte slots, in a stack slot of the caller, holding every buffer pointer and
 //! variable the body uses from outside (sorted by buffer id, then variable id). The caller

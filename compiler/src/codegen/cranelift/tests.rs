@@ -71,7 +71,7 @@ fn compile(f: &PrimFunc) -> super::CraneliftKernel {
     let mut b = CraneliftBackend::new().unwrap();
     b.set_disassembly(true);
     let mut f = f.clone();
-    crate::lower::split::split(&mut f);
+    crate::lower::outline::outline(&mut f);
     let f = &f;
     match b.compile_kernel(f) {
         Ok(k) => k,
@@ -1164,7 +1164,7 @@ fn fma_rounds_once_with_and_without_native_fma() {
                 crate::lower::vectorize::vectorize(&mut g, Some(16), false);
                 assert!(g.to_string().contains("ramp("), "{g}");
             }
-            crate::lower::split::split(&mut g);
+            crate::lower::outline::outline(&mut g);
             let k = b.compile_kernel(&g).unwrap();
             if vectorized && matches!(dt, DType::F32 | DType::F64) {
                 assert!(k.source().contains("fma v"), "{}", k.source());

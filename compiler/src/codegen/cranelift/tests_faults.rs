@@ -41,7 +41,7 @@ fn shifted(shift: i64, kind: ForKind) -> PrimFunc {
 
 /// As `lower::lower` hands functions to backends: parallel loops outlined.
 fn split(mut f: PrimFunc) -> PrimFunc {
-    crate::lower::split::split(&mut f);
+    crate::lower::outline::outline(&mut f);
     f
 }
 

@@ -553,7 +553,7 @@ fn cache_serves_compile_cuda_and_survives_a_corrupt_entry() {
     let f = {
         let mut f = f;
         crate::lower::flatten::flatten(&mut f);
-        crate::lower::split::split(&mut f);
+        crate::lower::outline::outline(&mut f);
         f
     };
     let backend = |cache: Option<DiskCache>| {

@@ -2,10 +2,10 @@
 //!
 //! 64-bit integer multiplies and adds cost several 32-bit instructions on NVIDIA GPUs and
 //! twice the registers, so every kernel is generated with 32-bit index arithmetic where this
-//! analysis proves it exact, and with the 64-bit arithmetic of `source.rs` elsewhere.
+//! analysis proves it exact, and with the 64-bit arithmetic of `source` elsewhere.
 //!
 //! *Index nodes* are the int64 nodes the generator emits as plain signed arithmetic (see
-//! `source.rs`): each node of a load/store offset, of a serial loop's `min`, `extent` and end
+//! `source::expr`): each node of a load/store offset, of a serial loop's `min`, `extent` and end
 //! `min + extent`, of an int64 `let` value, of an operand of an int64 comparison that reads no
 //! memory, the loop, thread and block variables, and the kernel's captured int64 variables
 //! (dims, strides, host `let`s: in the 32-bit variant they are `int` parameters). The 32-bit

@@ -1,4 +1,4 @@
-//! The CUDA backend: CUDA C generated from the loop IR (`source.rs`, helpers in
+//! The CUDA backend: CUDA C generated from the loop IR (`source/`, helpers in
 //! `prelude.rs`), compiled at run time by NVRTC (`nvrtc.rs`, loaded by full path) to PTX and
 //! to a cubin, launched through the driver (`driver.rs`, cudarc; untested on a GPU so far).
 //!

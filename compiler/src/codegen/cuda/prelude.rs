@@ -279,7 +279,7 @@ RIVET_FN T rivet_shfl_tree(T v, F op, unsigned mask, int m, int len, int width) 
    when the group spans several warps, the runs' results through `scratch` (shared memory,
    ceil(nx / 32) elements per group) by the group's first warp, broadcast back through
    `scratch` between barriers. nx, ny: blockDim.x, blockDim.y; nthreads: the block's size.
-   With several groups nx is a power of two (ir::verify_gpu), so a warp holds whole groups
+   With several groups nx is a power of two (ir::verify::gpu), so a warp holds whole groups
    (nx <= 32) or a 32-thread share of one. Masks name exactly the warp's threads. */
 template <typename T, typename F>
 RIVET_FN T rivet_allreduce_x(T v, F op, T* scratch, int nx, int ny, int nthreads) {

@@ -102,7 +102,7 @@ pub(super) fn prepare(mut f: PrimFunc) -> PrimFunc {
     crate::ir::verify::verify(&f, false).unwrap();
     crate::lower::flatten::flatten(&mut f);
     f.body = crate::arith::simplify::simplify_stmt(&f.body);
-    crate::lower::split::split(&mut f);
+    crate::lower::outline::outline(&mut f);
     crate::ir::verify::verify(&f, true).unwrap();
     f
 }

@@ -1,5 +1,5 @@
 //! GPU semantics in the interpreter: how a kernel (the subtree of an outermost loop bound to
-//! a launch dimension, `ir::verify_gpu`) runs, so that CI checks GPU-scheduled IR on the CPU.
+//! a launch dimension, `ir::verify::gpu`) runs, so that CI checks GPU-scheduled IR on the CPU.
 //!
 //! - Blocks run one after another, in grid order (x fastest); each gets fresh `shared`
 //!   buffers.
@@ -23,7 +23,8 @@
 //!   group gets the result in its own copy of the `local` destination. It is not a barrier:
 //!   the phase does not change.
 
-use super::{IdMap, Machine, Value};
+use super::machine::Machine;
+use super::{IdMap, Value};
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, Expr, ReduceOp, Var};
 use crate::ir::stmt::{ForKind, Scope, Stmt};
@@ -376,7 +377,7 @@ impl Machine<'_> {
                 // Threads are in x-fastest order (`run_kernel`): a group is `x` consecutive ones.
                 let pos = self.buf_pos(dst.0)?;
                 for (g, group) in values.chunks(x.max(1)).enumerate() {
-                    let r = allreduce_group(group, |a, b| super::binary(bop, dt, a, b))
+                    let r = allreduce_group(group, |a, b| super::scalar::binary(bop, dt, a, b))
                         .ok_or_else(|| {
                             self.err(format!("cross-thread {op:?} of {dt} values in `{value}`"))
                         })?;
@@ -415,7 +416,7 @@ impl Machine<'_> {
             )));
         }
         // SAFETY: element 0 is within the live buffer's span (checked above).
-        if !unsafe { super::write_elem(b.ptr, b.dtype, v) } {
+        if !unsafe { super::machine::write_elem(b.ptr, b.dtype, v) } {
             return Err(self.err(format!(
                 "cross-thread reduction stores {v:?} into `{}` which is {}",
                 b.name, b.dtype

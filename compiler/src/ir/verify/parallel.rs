@@ -26,11 +26,11 @@
 //! variables of the body in an index — is refused: the rule is sufficient, not complete.
 //! Work is bounded: the walk stops after `budget` expression nodes.
 
-use super::expr::{BinOp, BufId, Expr, ExprKind};
-use super::intrin::model;
-use super::stmt::{BufKind, PrimFunc, Stmt};
-use super::verify_intrin::check_call;
+use super::intrin::check_call;
 use crate::arith::simplify::{linear, simplify};
+use crate::ir::expr::{BinOp, BufId, Expr, ExprKind};
+use crate::ir::intrin::model;
+use crate::ir::stmt::{BufKind, PrimFunc, Stmt};
 use std::collections::{HashMap, HashSet};
 
 /// A refusal: the buffer concerned and why.
@@ -66,7 +66,7 @@ struct Body<'a> {
 /// (an error once exhausted, so a hostile function cannot make verification slow).
 pub fn check_loop(
     func: &PrimFunc,
-    v: &super::expr::Var,
+    v: &crate::ir::expr::Var,
     body: &Stmt,
     budget: &mut usize,
 ) -> std::result::Result<(), Race> {
@@ -223,7 +223,7 @@ impl<'a> Body<'a> {
             Stmt::Seq(v) => v.iter().try_for_each(|s| self.collect(s)),
             // Loaded functions are never split (files hold the IR before the split).
             Stmt::Barrier | Stmt::Launch { .. } => Ok(()),
-            // Only inside a kernel, which no parallel loop holds (`verify_gpu` refuses it
+            // Only inside a kernel, which no parallel loop holds (`verify::gpu` refuses it
             // there); its loads are still accesses of the loop body.
             Stmt::AllReduce { value, .. } => self.loads(value),
             Stmt::Call { scalars, .. } => {

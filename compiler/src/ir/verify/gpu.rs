@@ -33,9 +33,9 @@
 //! Violations are `Error::Internal` like every verifier rule (the loader turns them into the
 //! file's fault).
 
-use super::expr::{BufId, Expr, ExprKind, Var};
-use super::stmt::{BufKind, DeviceFunc, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use crate::error::{Error, Result};
+use crate::ir::expr::{BufId, Expr, ExprKind, Var};
+use crate::ir::stmt::{BufKind, DeviceFunc, ForKind, PrimFunc, Scope, Stmt, ThreadTag};
 use std::collections::{HashMap, HashSet};
 
 /// Whether `func` uses any GPU construct (a bound loop, a barrier, a shared buffer).

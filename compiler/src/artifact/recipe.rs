@@ -2,7 +2,7 @@
 //! options, and the functions derived from it so far (its backward, its saved-activations
 //! pair), cached here so that each is built once per compiled function.
 //!
-//! Invariants: only `build` makes a `Source` (a loaded module has none: its te program is
+//! Invariants: only `build` makes a `Recipe` (a loaded module has none: its te program is
 //! gone); the caches are filled by `backward.rs`, at most once each, and hold the outcome,
 //! an error included, so a function rivet cannot differentiate is not derived again on every
 //! request. The artefact stores this so that the pipeline never depends on `backward`.
@@ -14,7 +14,7 @@ use rivet_runtime::Function;
 use std::sync::{Arc, OnceLock};
 
 /// What a function was built from: enough to build its backward.
-pub struct Source {
+pub struct Recipe {
     pub(crate) args: Vec<Tensor>,
     pub(crate) target: Target,
     pub(crate) opts: Options,
@@ -31,7 +31,7 @@ pub struct Saved {
     pub residuals: usize,
 }
 
-impl Source {
+impl Recipe {
     /// The build's arguments (te tensors), in order.
     pub fn args(&self) -> &[Tensor] {
         &self.args
@@ -50,8 +50,8 @@ impl Source {
         out
     }
 
-    pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Source> {
-        Arc::new(Source {
+    pub(crate) fn new(args: &[Tensor], target: &Target, opts: Options) -> Arc<Recipe> {
+        Arc::new(Recipe {
             args: args.to_vec(),
             target: target.clone(),
             opts,

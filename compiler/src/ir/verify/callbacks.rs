@@ -12,7 +12,7 @@
 //!   first, with its own message). So an entry called twice, or never (an unused entry), is
 //!   refused.
 //! - **whole buffers**: every region of a callback call is its whole buffer: base 0 and
-//!   every dim in order (`verify_intrin::check_call`), and each extent equal to the buffer's extent of
+//!   every dim in order (`verify::intrin::check_call`), and each extent equal to the buffer's extent of
 //!   that dim — structurally, or as linear forms after simplification (`arith::simplify`),
 //!   because the passes simplify region extents and not buffer shapes. An extent that is
 //!   smaller would hand the callback part of a buffer and leave the rest as it was; one that
@@ -25,11 +25,11 @@
 //! already counted against `MAX_FUNC_NODES` as trees; each buffer dim's shape is simplified
 //! once, however many regions name it.
 
-use super::callback::{Callback, CallbackKind};
-use super::expr::{BufId, Expr};
-use super::intrin::{Intrin, Region};
-use super::stmt::{PrimFunc, Stmt};
 use crate::arith::simplify::{linear, simplify, Linear};
+use crate::ir::callback::{Callback, CallbackKind};
+use crate::ir::expr::{BufId, Expr};
+use crate::ir::intrin::{Intrin, Region};
+use crate::ir::stmt::{PrimFunc, Stmt};
 use std::collections::HashMap;
 
 /// Checks the rules of the module documentation; `Err` is the message (the rule, the

@@ -5,10 +5,10 @@
 //! simplification (`arith::simplify`), which is why it sits above the IR's data types rather
 //! than beside them in `intrin`.
 
-use super::callback::CallbackKind;
-use super::expr::Expr;
-use super::intrin::{Intrin, Region};
-use super::stmt::PrimFunc;
+use crate::ir::callback::CallbackKind;
+use crate::ir::expr::Expr;
+use crate::ir::intrin::{Intrin, Region};
+use crate::ir::stmt::PrimFunc;
 use rivet_runtime::DType;
 
 /// Checks the shape of a call against its intrinsic's signature: region count, access kinds,
@@ -100,7 +100,7 @@ pub fn check_call(
 /// `check_call` for `Intrin::Callback(k)`: an entry of the table, regions of its kind (see
 /// `Intrin::Callback`), each walking every dim of its buffer in order from element 0 (the whole
 /// buffer: the verifier checks each extent equals the buffer's, and that each entry is called
-/// exactly once, in `verify_callbacks`), an output distinct from the inputs, no scalar.
+/// exactly once, in `verify::callbacks`), an output distinct from the inputs, no scalar.
 fn check_callback(
     func: &PrimFunc,
     k: u32,

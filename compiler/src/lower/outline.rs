@@ -1,9 +1,9 @@
-//! The host/device split: each outermost `Parallel` loop and each GPU kernel (the outermost
-//! loop bound to a launch dimension) is outlined into `func.kernels` and replaced by a
-//! `Launch`, together with what it captures from the host (`ir::uses::free_uses`): the
-//! buffers it touches and the variables it reads. Backends compile each outlined body on its
-//! own — the CPU runs a parallel body on its thread pool, CUDA compiles a kernel — and the
-//! host code passes the captures. This is the last pass; saved modules hold the IR before it.
+//! The host/device split (outlining; not the `split` schedule primitive): each outermost
+//! `Parallel` loop and each GPU kernel (the outermost loop bound to a launch dimension) is
+//! outlined into `func.kernels` and replaced by a `Launch`, together with what it captures
+//! from the host (`ir::uses::free_uses`): the buffers it touches and the variables it reads.
+//! Backends compile each outlined body on its own — the CPU runs a parallel body on its
+//! thread pool, CUDA compiles a kernel — and the host code passes the captures. This is the last pass; saved modules hold the IR before it.
 //!
 //! Invariants after it: no `Parallel` loop and no bound loop is left in `func.body` outside a
 //! `Launch`d body (parallel loops nested in a parallel body stay, and run serially there);
@@ -15,7 +15,7 @@ use crate::ir::uses::free_uses;
 use std::collections::HashMap;
 
 /// Outlines the parallel loops and kernels of `f` (see the module documentation).
-pub fn split(f: &mut PrimFunc) {
+pub fn outline(f: &mut PrimFunc) {
     // Every variable by id, for the captures' names.
     let mut names: HashMap<u32, Var> = HashMap::new();
     for v in f
@@ -31,13 +31,19 @@ pub fn split(f: &mut PrimFunc) {
         }
     });
     let mut kernels = std::mem::take(&mut f.kernels);
-    let body = outline(&f.body, f, &names, &mut kernels);
+    let body = outline_stmt(&f.body, f, &names, &mut kernels);
     f.body = body;
     f.kernels = kernels;
 }
 
-fn outline(s: &Stmt, f: &PrimFunc, names: &HashMap<u32, Var>, out: &mut Vec<DeviceFunc>) -> Stmt {
-    let rec = |s: &Stmt, out: &mut Vec<DeviceFunc>| Box::new(outline(s, f, names, out));
+/// `s` with its outermost parallel loops and kernels outlined into `out`.
+fn outline_stmt(
+    s: &Stmt,
+    f: &PrimFunc,
+    names: &HashMap<u32, Var>,
+    out: &mut Vec<DeviceFunc>,
+) -> Stmt {
+    let rec = |s: &Stmt, out: &mut Vec<DeviceFunc>| Box::new(outline_stmt(s, f, names, out));
     match s {
         Stmt::For {
             kind: kind @ (ForKind::Parallel | ForKind::Thread(_)),
@@ -93,7 +99,7 @@ fn outline(s: &Stmt, f: &PrimFunc, names: &HashMap<u32, Var>, out: &mut Vec<Devi
             bufs: bufs.clone(),
             body: rec(body, out),
         },
-        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| outline(s, f, names, out)).collect()),
+        Stmt::Seq(v) => Stmt::Seq(v.iter().map(|s| outline_stmt(s, f, names, out)).collect()),
         Stmt::Store { .. }
         | Stmt::Barrier
         | Stmt::AllReduce { .. }
@@ -161,7 +167,7 @@ mod tests {
     #[test]
     fn outermost_parallel_loops_and_kernels_are_outlined_with_their_captures() {
         let mut f = program();
-        split(&mut f);
+        outline(&mut f);
         verify(&f, false).unwrap();
         assert_eq!(f.kernels.len(), 2, "{f}");
         let (p, k) = (&f.kernels[0], &f.kernels[1]);
@@ -203,7 +209,7 @@ mod tests {
     #[test]
     fn the_verifier_checks_the_captures() {
         let mut f = program();
-        split(&mut f);
+        outline(&mut f);
         let mut short = f.clone();
         short.kernels[0].vars.pop();
         let e = verify(&short, false).unwrap_err().to_string();
