@@ -167,6 +167,52 @@ def target(request):
     return request.param
 
 
+# ---- C libraries --------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# rivet's C header (rivet/c_api.h).
+HEADER_DIR = os.path.join(ROOT, "runtime", "include")
+
+
+def dlpack_include(tmp_path):
+    """A directory holding dlpack/dlpack.h: tvm-ffi's copy when installed (optional), else a
+    shim over torch's `ATen/dlpack.h` (torch is a required test dependency)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec and spec.origin:
+        d = os.path.join(os.path.dirname(spec.origin), "include")
+        if os.path.exists(os.path.join(d, "dlpack", "dlpack.h")):
+            return [d]
+    import torch
+
+    inc = os.path.join(os.path.dirname(torch.__file__), "include")
+    assert os.path.exists(os.path.join(inc, "ATen", "dlpack.h")), "torch ships no ATen/dlpack.h"
+    (tmp_path / "shim" / "dlpack").mkdir(parents=True)
+    (tmp_path / "shim" / "dlpack" / "dlpack.h").write_text("#include <ATen/dlpack.h>\n")
+    return [str(tmp_path / "shim"), inc]
+
+
+def compile_c_library(tmp_path, source, name):
+    """Compiles the C11 `source` (warnings are errors) against rivet's header and DLPack's into
+    tmp_path/lib<name>.so, and returns its path."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    # Rust's linker on Linux is `cc`: a machine that built rivet has one.
+    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
+    incs = [x for d in dlpack_include(tmp_path) for x in ("-I", d)]
+    src = tmp_path / ("%s.c" % name)
+    src.write_text(source)
+    so = tmp_path / ("lib%s.so" % name)
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs, str(src), "-o", str(so)],
+        check=True,
+    )
+    return so
+
+
 def rss_bytes():
     """Resident set size in bytes (second field of /proc/self/statm, in pages)."""
     with open("/proc/self/statm") as f:
