@@ -5,6 +5,7 @@ use rivet_compiler::te::{self, compute, placeholder, Tensor};
 use rivet_runtime::DType;
 
 pub mod backends;
+pub mod ffi;
 pub use backends::{
     backend_names, backends, cuda_usable, gpu_schedule_backends, Backend, Needs, BACKENDS,
 };

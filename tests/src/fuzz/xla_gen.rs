@@ -38,6 +38,7 @@
 use super::capi_gen::{ensure_kernels, Region, ISUB_N, K_ADD, K_ISUB, K_SCALE1, K_SCALE2};
 use super::rng::Rng;
 use super::Outcome;
+use rivet_tests::ffi::call_frame;
 use rivet_runtime::xla_ffi::{
     rivet_xla_ffi_handler, rivet_xla_ffi_handler_cuda, Api, ApiVersion, Attrs, Buffer, ByteSpan,
     CallFrame, DeviceOrdinalGetArgs, ErrorCreateArgs, ErrorDestroyArgs, ErrorGetMessageArgs,
@@ -1002,21 +1003,7 @@ fn build_frame(f: &FrameD, c: &Case) -> Built {
         }),
         frame: Box::new(CallFrame {
             struct_size: f.struct_size,
-            extension_start: std::ptr::null_mut(),
-            api: std::ptr::null(),
-            ctx: f.ctx as *mut c_void,
-            stage: f.stage,
-            args: empty_list(),
-            rets: empty_list(),
-            attrs: Attrs {
-                struct_size: std::mem::size_of::<Attrs>(),
-                extension_start: std::ptr::null_mut(),
-                size: 0,
-                types: std::ptr::null_mut(),
-                names: std::ptr::null_mut(),
-                attrs: std::ptr::null_mut(),
-            },
-            future: std::ptr::null_mut(),
+            ..call_frame(std::ptr::null(), f.ctx as *mut c_void, f.stage)
         }),
     };
     if f.ext != 3 {
@@ -1154,16 +1141,6 @@ fn build_frame(f: &FrameD, c: &Case) -> Built {
         _ => &mut built.ext.extension_base,
     };
     built
-}
-
-fn empty_list() -> List {
-    List {
-        struct_size: std::mem::size_of::<List>(),
-        extension_start: std::ptr::null_mut(),
-        size: 0,
-        types: std::ptr::null_mut(),
-        items: std::ptr::null_mut(),
-    }
 }
 
 /// The reference results of a compiled kernel on the frame's inputs (compact buffers).
