@@ -7,7 +7,7 @@
 //!
 //! NVRTC: found as the backend finds it, else in the workspace's `.venv` (the torch wheel);
 //! when it is nowhere, the NVRTC tests print why and pass, unless `RIVET_REQUIRE_NVRTC=1`,
-//! where they fail with the reason (CI sets it). Goldens live in `codegen/cuda/golden/`;
+//! where they fail with the reason (CI sets it). Goldens live in the workspace's `tests/golden/` (`*.cu`);
 //! `RIVET_BLESS=1` rewrites them.
 
 use super::nvrtc::{self, Nvrtc};
@@ -594,30 +594,19 @@ fn compiles_cleanly(nv: &Nvrtc, f: &PrimFunc) -> CudaKernel {
 
 // ---- goldens ------------------------------------------------------------------------------
 
+// The golden check shared with the cross-crate tests (rivet-tests cannot be a dependency of
+// this crate: it depends on it).
+#[path = "../../../../tests/src/golden.rs"]
+mod golden_file;
+
 /// The generated source with the prelude replaced by a marker (it has its own tests).
 fn golden_text(src: &str) -> String {
     src.replace(PRELUDE, "// <the rivet prelude: codegen/cuda/prelude.rs>\n")
 }
 
+/// The workspace's one golden check (`tests/golden/<name>.cu`; `RIVET_BLESS=1` rewrites).
 fn golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("src/codegen/cuda/golden")
-        .join(format!("{name}.cu"));
-    if std::env::var("RIVET_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, text).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
-            "{} is missing: run with RIVET_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    assert!(
-        want == text,
-        "{name} differs from the golden file (RIVET_BLESS=1 to update):\n--- golden\n{want}\n--- now\n{text}"
-    );
+    golden_file::check_golden(&format!("{name}.cu"), text);
 }
 
 #[test]
