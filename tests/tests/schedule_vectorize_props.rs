@@ -637,7 +637,7 @@ fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
 
 /// Every float32 of `exp32`'s fast range, both signs (about two billion values, in 2^24
 /// chunks; minutes in release):
-/// `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
+/// `cargo test --release -p rivet-tests --test schedule_vectorize_props -- --ignored`.
 /// The scalar `exp` of every backend and the interpreter is `exp32` (`codegen::cpu_lib::math`).
 #[test]
 #[ignore]

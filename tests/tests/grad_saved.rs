@@ -4,7 +4,7 @@
 //! backend, float64, random data and cotangents, outputs NaN-poisoned: the forward with
 //! residuals writes the forward's outputs and the residual stages' values; the saved backward
 //! gives the plain backward's gradients (itself checked against central differences in
-//! backward.rs). The policy: softmax keeps its exponentials and row sums (not its max, which
+//! grad_backward.rs). The policy: softmax keeps its exponentials and row sums (not its max, which
 //! `stop_gradient` removes from the backward), layer_norm its two row sums (the centred input
 //! is recomputed); a function whose backward needs no forward value keeps none. And
 //! `stop_gradient`: same values, no gradient through it. CUDA builds of the pair compile with
