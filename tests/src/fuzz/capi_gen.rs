@@ -41,7 +41,6 @@
 
 use super::rng::Rng;
 use super::{short, Outcome};
-use rivet_tests::ffi::try_last_error;
 use dlpack_rs::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor};
 use rivet_compiler::ir::Expr;
 use rivet_compiler::{build, te, Schedule};
@@ -55,6 +54,7 @@ use rivet_runtime::capi_foreign::{
     RivetFunctionCreate, RivetFunctionCreateTyped, RivetFunctionSetGlobal,
 };
 use rivet_runtime::{registry, DType, Error, Function};
+use rivet_tests::ffi::try_last_error;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};

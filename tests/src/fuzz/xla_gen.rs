@@ -38,7 +38,6 @@
 use super::capi_gen::{ensure_kernels, Region, ISUB_N, K_ADD, K_ISUB, K_SCALE1, K_SCALE2};
 use super::rng::Rng;
 use super::Outcome;
-use rivet_tests::ffi::call_frame;
 use rivet_runtime::xla_ffi::{
     rivet_xla_ffi_handler, rivet_xla_ffi_handler_cuda, Api, ApiVersion, Attrs, Buffer, ByteSpan,
     CallFrame, DeviceOrdinalGetArgs, ErrorCreateArgs, ErrorDestroyArgs, ErrorGetMessageArgs,
@@ -46,6 +45,7 @@ use rivet_runtime::xla_ffi::{
     FUNCTION_ATTR,
 };
 use rivet_runtime::Error;
+use rivet_tests::ffi::call_frame;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::fmt::Write;
