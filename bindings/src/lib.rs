@@ -61,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor::zeros, m)?)?;
     m.add_function(wrap_pyfunction!(tensor::empty, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(targets, m)?)?;
     m.add_function(wrap_pyfunction!(function::_register, m)?)?;
     m.add_function(wrap_pyfunction!(function::get_global_func, m)?)?;
     m.add_function(wrap_pyfunction!(function::list_global_funcs, m)?)?;
@@ -96,6 +97,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn num_threads() -> usize {
     rivet_runtime::parallel::num_threads()
+}
+
+/// `rivet.targets()`: the target kinds `build` accepts, the interpreter (the oracle) first;
+/// the Python test suite runs once per entry.
+#[pyfunction]
+fn targets() -> Vec<&'static str> {
+    use rivet_compiler::Target;
+    [Target::interp(), Target::cpu(), Target::cuda(None)]
+        .iter()
+        .map(Target::kind_name)
+        .collect()
 }
 
 /// `rivet.cuda_device_count()`: the number of CUDA devices rivet can launch on; raises

@@ -25,7 +25,7 @@
 //! output (each is replaced by its argument, at the same indices), so it never recomputes
 //! one; a stage recomputed is rebuilt only when something it reads was replaced (otherwise
 //! shared). The saved backward computes the same values as `vjp.rs`'s, up to rounding:
-//! tests/tests/backward.rs compares both with central differences.
+//! tests/tests/grad_backward.rs compares both with central differences.
 
 use crate::error::{Error, Result};
 use crate::ir::expr::{BinOp, ExprKind, UnOp};

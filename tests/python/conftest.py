@@ -1,8 +1,9 @@
 """Shared helpers for the rivet Python test suite.
 
-Backends (the one list of them; every backend-parametrised test uses it):
+Backends (rivet's own list, rivet.targets(); every backend-parametrised test uses it):
   BACKENDS           -- pytest params, one per backend, the oracle ("interp") first
-  backend_names()    -- their names; runnable=True drops those this machine cannot run
+  backend_params(**caps) -- the subset with given capabilities (host_memory, gpu_schedules)
+  backend_names()    -- their names; runnable=True keeps those this machine runs on host arrays
   target             -- fixture parametrised over BACKENDS (ids "interp", "cpu", ...)
   gpu_present(), cuda_usable() -- whether a CUDA GPU exists / rivet can run kernels on it;
                         tests marked ``gpu`` are skipped (never failed) unless cuda_usable()
@@ -49,29 +50,44 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # ---- backends -------------------------------------------------------------------------------
 #
-# The one definition of the backends the suite runs (CubeCL's model: one parametrised suite).
-# Adding a backend is one line here. A backend that needs a GPU carries the ``gpu`` mark, so
-# its cases are collected everywhere and skipped (never failed) where no usable GPU is:
-#     _backend("cuda", gpu=True, gpu_schedules=True),
+# The backends the suite runs (CubeCL's model: one parametrised suite) are rivet's own list,
+# ``rivet.targets()`` (every target kind ``rivet.build`` accepts), the oracle ("interp") first.
+# What each can do is written here; a kind rivet lists but this table lacks fails the
+# collection, so a new backend is never silently left out. A backend that needs a GPU carries
+# the ``gpu`` mark: its cases are collected everywhere and skipped (never failed), with the
+# reason, where no usable GPU is; one whose functions take device memory carries
+# ``device_memory``: the suite passes host arrays, so its cases are skipped with that reason
+# even where a GPU is.
 
-
-# What each backend can do, beyond the common suite (filled by _backend).
-_CAPS = {}
-
-
-def _backend(name, gpu=False, gpu_schedules=False):
-    """One backend: `gpu` -- runs only where a usable CUDA GPU is (marked ``gpu``);
-    `gpu_schedules` -- runs GPU-scheduled programs (loops bound to blockIdx / threadIdx)."""
-    _CAPS[name] = dict(gpu=gpu, gpu_schedules=gpu_schedules)
-    return pytest.param(name, id=name, marks=[pytest.mark.gpu] if gpu else [])
-
-
-BACKENDS = [
+_CAPS = {
     # The IR interpreter: the oracle every other backend is compared with; it runs GPU
     # schedules with CUDA's semantics (blocks, threads phase by phase, races reported).
-    _backend("interp", gpu_schedules=True),
-    _backend("cpu"),  # Cranelift; refuses GPU schedules
-]
+    "interp": dict(gpu=False, host_memory=True, gpu_schedules=True),
+    # Cranelift; refuses GPU schedules.
+    "cpu": dict(gpu=False, host_memory=True, gpu_schedules=False),
+    # CUDA C through NVRTC: a GPU, device memory.
+    "cuda": dict(gpu=True, host_memory=False, gpu_schedules=True),
+}
+
+
+def _backend(name):
+    """One backend's pytest param: marked ``gpu`` / ``device_memory`` per _CAPS."""
+    if name not in _CAPS:
+        raise RuntimeError(
+            "rivet.targets() lists %r, which tests/python/conftest.py's _CAPS does not describe" % name
+        )
+    caps = _CAPS[name]
+    marks = ([pytest.mark.gpu] if caps["gpu"] else []) + ([] if caps["host_memory"] else [pytest.mark.device_memory])
+    return pytest.param(name, id=name, marks=marks)
+
+
+def _targets():
+    import rivet
+
+    return rivet.targets()
+
+
+BACKENDS = [_backend(name) for name in _targets()]
 
 
 def backend_params(**caps):
@@ -109,20 +125,26 @@ def cuda_usable():
     return gpu_present() and rivet_cuda_launch()
 
 
-def _needs_gpu(param):
-    return any(m.name == "gpu" for m in param.marks)
+def _runnable(name):
+    caps = _CAPS[name]
+    return caps["host_memory"] and (not caps["gpu"] or cuda_usable())
 
 
 def backend_names(runnable=False):
     """The backends' names (for Hypothesis strategies and loops); with runnable=True only those
-    this machine can run."""
-    return [p.values[0] for p in BACKENDS if not (runnable and _needs_gpu(p) and not cuda_usable())]
+    this machine can run on the host arrays the suite passes."""
+    return [p.values[0] for p in BACKENDS if not runnable or _runnable(p.values[0])]
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "gpu: needs a CUDA GPU that rivet can launch on; skipped (never failed) without one",
+    )
+    config.addinivalue_line(
+        "markers",
+        "device_memory: a backend whose functions take device memory; the suite's host arrays "
+        "do not fit it, so its cases are skipped with that reason",
     )
 
 
@@ -135,12 +157,60 @@ def pytest_runtest_setup(item):
             else "a GPU is present but rivet cannot use it (rivet.cuda_device_count() raised)"
         )
         pytest.skip(why)
+    if item.get_closest_marker("device_memory") is not None:
+        pytest.skip("the test passes host arrays; this backend's functions take device memory")
 
 
 @pytest.fixture(params=BACKENDS)
 def target(request):
     """Each backend in turn (ids: the target spelling)."""
     return request.param
+
+
+# ---- C libraries --------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# rivet's C header (rivet/c_api.h).
+HEADER_DIR = os.path.join(ROOT, "runtime", "include")
+
+
+def dlpack_include(tmp_path):
+    """A directory holding dlpack/dlpack.h: tvm-ffi's copy when installed (optional), else a
+    shim over torch's `ATen/dlpack.h` (torch is a required test dependency)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec and spec.origin:
+        d = os.path.join(os.path.dirname(spec.origin), "include")
+        if os.path.exists(os.path.join(d, "dlpack", "dlpack.h")):
+            return [d]
+    import torch
+
+    inc = os.path.join(os.path.dirname(torch.__file__), "include")
+    assert os.path.exists(os.path.join(inc, "ATen", "dlpack.h")), "torch ships no ATen/dlpack.h"
+    (tmp_path / "shim" / "dlpack").mkdir(parents=True)
+    (tmp_path / "shim" / "dlpack" / "dlpack.h").write_text("#include <ATen/dlpack.h>\n")
+    return [str(tmp_path / "shim"), inc]
+
+
+def compile_c_library(tmp_path, source, name):
+    """Compiles the C11 `source` (warnings are errors) against rivet's header and DLPack's into
+    tmp_path/lib<name>.so, and returns its path."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    # Rust's linker on Linux is `cc`: a machine that built rivet has one.
+    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
+    incs = [x for d in dlpack_include(tmp_path) for x in ("-I", d)]
+    src = tmp_path / ("%s.c" % name)
+    src.write_text(source)
+    so = tmp_path / ("lib%s.so" % name)
+    subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs, str(src), "-o", str(so)],
+        check=True,
+    )
+    return so
 
 
 def rss_bytes():

@@ -4,9 +4,6 @@ checked against the library, not just the Rust side). Results are compared with 
 fresh random data; outputs are poisoned with NaN first."""
 
 import ctypes
-import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,11 +11,8 @@ import pytest
 import rivet
 from rivet import te
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADER_DIR = os.path.join(ROOT, "runtime", "include")
-
-
-from dlpack_abi import DLDataType, DLDevice, DLTensor  # noqa: E402
+from conftest import compile_c_library
+from dlpack_abi import DLDataType, DLDevice, DLTensor
 
 
 class _Value(ctypes.Union):
@@ -142,38 +136,8 @@ int run(const Api* api, float* a, float* b, float* c, int64_t n, int64_t m, char
 """
 
 
-def _dlpack_include(tmp_path):
-    """A directory holding dlpack/dlpack.h: tvm-ffi's copy when installed (optional), else a
-    shim over torch's `ATen/dlpack.h` (torch is a required test dependency)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("tvm_ffi")
-    if spec and spec.origin:
-        d = os.path.join(os.path.dirname(spec.origin), "include")
-        if os.path.exists(os.path.join(d, "dlpack", "dlpack.h")):
-            return [d]
-    import torch
-
-    inc = os.path.join(os.path.dirname(torch.__file__), "include")
-    assert os.path.exists(os.path.join(inc, "ATen", "dlpack.h")), "torch ships no ATen/dlpack.h"
-    (tmp_path / "shim" / "dlpack").mkdir(parents=True)
-    (tmp_path / "shim" / "dlpack" / "dlpack.h").write_text("#include <ATen/dlpack.h>\n")
-    return [str(tmp_path / "shim"), inc]
-
-
 def test_c_code_compiled_against_the_header_runs_a_kernel(capi, scale_add, rng, tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    # Rust's linker on Linux is `cc`: a machine that built rivet has one.
-    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
-    incs = [x for d in _dlpack_include(tmp_path) for x in ("-I", d)]
-    src = tmp_path / "user.c"
-    src.write_text(C_SOURCE)
-    so = tmp_path / "libuser.so"
-    subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs,
-         str(src), "-o", str(so)],
-        check=True,
-    )
+    so = compile_c_library(tmp_path, C_SOURCE, "user")
     user = ctypes.CDLL(str(so))
 
     def fp(name):
@@ -277,17 +241,7 @@ def test_a_c_library_hands_over_a_typed_function(rng, tmp_path):
     torch = pytest.importorskip("torch")
     import rivet.torch
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
-    incs = [x for d in _dlpack_include(tmp_path) for x in ("-I", d)]
-    src = tmp_path / "typed.c"
-    src.write_text(TYPED_LIBRARY)
-    so = tmp_path / "libtyped.so"
-    subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs,
-         str(src), "-o", str(so)],
-        check=True,
-    )
+    so = compile_c_library(tmp_path, TYPED_LIBRARY, "typed")
     assert rivet.load_library(str(so), override=True) == ["c_lib.twice"]
     f = rivet.get_global_func("c_lib.twice")
     assert f.signature == "(x: Tensor[float64, (n)], y: Tensor[float64, (n)])", f.signature

@@ -11,18 +11,15 @@ process (where the old behaviour was a crash, the child's death is the failure):
   65,536 elements: 2^64 output elements (XLA check-failed and aborted)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADER_DIR = os.path.join(ROOT, "runtime", "include")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_c_abi import _dlpack_include  # noqa: E402
+from conftest import compile_c_library  # noqa: E402
 
 LIBRARY = r"""
 #include <rivet/c_api.h>
@@ -145,18 +142,7 @@ def _run(args, timeout=300):
 @pytest.fixture(scope="module")
 def boundary_library(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("boundary")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler on PATH (rustc links with cc; install one)"
-    incs = [x for d in _dlpack_include(tmp_path) for x in ("-I", d)]
-    src = tmp_path / "boundary.c"
-    src.write_text(LIBRARY)
-    so = tmp_path / "libboundary.so"
-    subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Werror", "-shared", "-fPIC", "-I", HEADER_DIR, *incs,
-         str(src), "-o", str(so)],
-        check=True,
-    )
-    return so
+    return compile_c_library(tmp_path, LIBRARY, "boundary")
 
 
 @pytest.mark.parametrize("case", sorted(CHILDREN))

@@ -15,8 +15,11 @@ import torch
 import rivet
 from rivet import te
 
-# The backends that run host callbacks (CUDA refuses them: test_cuda_refuses_callbacks).
-CPU_TARGETS = ["interp", "cpu"]
+from conftest import backend_names, backend_params
+
+# The backends that run host callbacks: those on host memory (CUDA refuses them:
+# test_cuda_refuses_callbacks).
+CPU_TARGETS = backend_params(host_memory=True)
 JOIN_TIMEOUT = 120  # only a guard against deadlock, never a timing assertion
 
 
@@ -99,7 +102,7 @@ def test_an_exception_comes_out_unchanged_with_its_traceback(h, rng):
         np.from_dlpack(out)[...] = np.from_dlpack(b)
 
     # Small (the GIL kept through the call) and large (released around the compiled work).
-    for target, shape in [(t, s) for t in CPU_TARGETS for s in [(40, 30), (400, 300)]]:
+    for target, shape in [(t, s) for t in backend_names(runnable=True) for s in [(40, 30), (400, 300)]]:
         A, _, _, C = _program(failing_callback)
         f = _build(te.create_schedule(C), [A, C], target)
         a = h.random_array(rng, shape, np.float32)

@@ -1,5 +1,5 @@
 """Numbers mixed with expressions in the Python DSL: every case of ``tests/mixed_types.txt``,
-the table that ``tests/tests/mixed_types.rs`` runs through the Rust DSL, so both languages are
+the table that ``tests/tests/te_mixed_types.rs`` runs through the Rust DSL, so both languages are
 seen to refuse and accept the same cases (``i * 0.5`` is an error in both, never ``i * 0``).
 The rule itself lives once, in Rust (``rivet_compiler::te::number``).
 """

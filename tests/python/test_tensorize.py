@@ -16,7 +16,7 @@ import pytest
 import rivet
 from rivet import te
 
-from conftest import poison
+from conftest import backend_names, poison
 
 
 def tiled(m, n, kk, body=lambda a, b: a * b, dtype="float32", axis=0):
@@ -40,7 +40,7 @@ def test_tensorized_tile_matches_interp_bitwise_and_float64(kk):
     a = rng.standard_normal((24, kk), dtype=np.float32)
     b = rng.standard_normal((kk, 64), dtype=np.float32)
     outs = {}
-    for target in ("interp", "cpu"):
+    for target in backend_names(runnable=True):
         A, B, C, s = tiled(24, 64, kk)
         f = rivet.build(s, [A, B, C], target=target, name="t")["t"]
         c = poison(np.empty((24, 64), np.float32))

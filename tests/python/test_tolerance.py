@@ -66,7 +66,7 @@ def test_reduction_bound_is_relative_to_the_terms():
 
 
 def test_backend_pairs():
-    for name in ("interp", "cpu"):
+    for name in [p.values[0] for p in backend_params(host_memory=True)]:
         for op in ("exact", "transcendental", "reduction", "contraction", "composite"):
             assert tolerance(op, "interp", "float32", backend=name) == ("exact", 0)
     # CUDA: exact but for the math library (provisional bounds, docs/tolerance.md).
@@ -81,4 +81,7 @@ def test_backends_are_defined_once():
     assert names[0] == "interp" and len(set(names)) == len(names) == len(BACKENDS)
     assert [p.id for p in BACKENDS] == names
     assert set(backend_names(runnable=True)) <= set(names)
-    assert [p.values[0] for p in backend_params(gpu_schedules=True)] == ["interp"]
+    assert [p.values[0] for p in backend_params(gpu_schedules=True)] == ["interp", "cuda"]
+    import rivet
+
+    assert names == rivet.targets()

@@ -1,13 +1,25 @@
 //! The backends every cross-crate test runs: the one list (CubeCL's model: one suite,
 //! parametrised by backend, instead of a list in each test file).
 //!
-//! Adding a backend is one line in `BACKENDS`. A backend that needs a GPU says so
-//! (`needs_gpu`): `backends()` leaves it out where no usable GPU is, so the suite passes (and
-//! skips it) on CPU-only machines, as the Python suite's `gpu` marker does:
+//! A suite is a set of functions taking the backend's `&Target`; [`for_each_backend!`]
+//! instantiates each of them once per backend, as `#[test]`s in one module per backend
+//! (`interp::name`, `cpu::name`, `cuda::name`):
 //!
-//! ```text
-//!     Backend { name: "cuda", needs_gpu: true, gpu_schedules: true },
+//! ```ignore
+//! fn gemm_matches_naive(target: &Target) { /* build for `target`, call, compare */ }
+//! rivet_tests::for_each_backend!(host_memory: gemm_matches_naive);
 //! ```
+//!
+//! Before the list of tests, the capabilities the suite needs (`host_memory`: it passes host
+//! tensors; `gpu_schedules`: it builds GPU-scheduled programs); an instantiation on a backend
+//! without them, or on `cuda` where rivet finds no usable device, passes after printing
+//! `SKIPPED <backend>::<test>: <why>` (run with `--nocapture` to see it), so the cuda entry
+//! is always compiled and listed, and says why it did not run.
+//!
+//! Adding a backend is one entry in `BACKENDS` and one line in `for_each_backend!` (a test
+//! checks that the two agree). Loops over backends inside a test (comparisons of every
+//! backend with the interpreter) use `backends()` / `backend_names()`, which hold the
+//! backends of `BACKENDS` that run here on host tensors.
 //!
 //! How results are compared across backends is docs/tolerance.md: the CPU backend equals the
 //! interpreter bit for bit; CUDA will too but for transcendentals (ulp bounds).
@@ -17,13 +29,23 @@ use rivet_compiler::Target;
 /// One backend of the suite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backend {
-    /// The target spelling (`Target::parse` accepts it).
+    /// The target spelling (`Target::parse` accepts it) and the suite's module name.
     pub name: &'static str,
-    /// Runs only where a CUDA GPU rivet can launch on is present (`cuda_usable`).
+    /// Runs only where a CUDA device rivet can launch on is present (`cuda_usable`).
     pub needs_gpu: bool,
+    /// Its functions take tensors in host memory (CUDA's take device memory).
+    pub host_memory: bool,
     /// Runs GPU-scheduled programs (loops bound to blockIdx / threadIdx); the CPU backend
     /// refuses them.
     pub gpu_schedules: bool,
+}
+
+/// A capability a suite needs of a backend (`for_each_backend!(host_memory: ...)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum Needs {
+    host_memory,
+    gpu_schedules,
 }
 
 /// Every backend, the oracle (the interpreter) first: tests compare the others with it.
@@ -31,50 +53,146 @@ pub const BACKENDS: &[Backend] = &[
     Backend {
         name: "interp",
         needs_gpu: false,
+        host_memory: true,
         gpu_schedules: true,
     },
     Backend {
         name: "cpu",
         needs_gpu: false,
+        host_memory: true,
         gpu_schedules: false,
+    },
+    Backend {
+        name: "cuda",
+        needs_gpu: true,
+        host_memory: false,
+        gpu_schedules: true,
     },
 ];
 
-/// Whether rivet can run kernels on a CUDA GPU here. False for now: rivet's CUDA launch
-/// (`codegen::cuda::driver`) has never run on a GPU, and there is no probe of a usable device
-/// yet (`driver_present` only says that libcuda loads). Replace with that probe when the launch
-/// path has been checked on a GPU.
-pub fn cuda_usable() -> bool {
-    false
+/// Instantiates the suite functions `fn name(target: &Target)` once per backend of
+/// `BACKENDS`, as `#[test] fn name()` in modules `interp`, `cpu` and `cuda` (the module
+/// docs above). `for_each_backend!(a, b)` runs on every backend; groups with the
+/// capabilities they need run only on backends that have them, the others printing why they
+/// skip (one invocation per file: it writes the modules):
+///
+/// ```ignore
+/// rivet_tests::for_each_backend! {
+///     host_memory: a, b;
+///     host_memory, gpu_schedules: c;
+/// }
+/// ```
+#[macro_export]
+macro_rules! for_each_backend {
+    // The one list of backends (the same names as `BACKENDS`, in its order).
+    (@list $($groups:tt)+) => {
+        $crate::for_each_backend!(@backend interp $($groups)+);
+        $crate::for_each_backend!(@backend cpu $($groups)+);
+        $crate::for_each_backend!(@backend cuda $($groups)+);
+    };
+    (@backend $b:ident $($needs:tt [$($test:ident),+])+) => {
+        mod $b {
+            $($(
+                #[test]
+                pub fn $test() {
+                    if let Some(target) = $crate::backends::target_or_skip(
+                        stringify!($b),
+                        stringify!($test),
+                        &$crate::for_each_backend!(@needs $needs),
+                    ) {
+                        super::$test(&target);
+                    }
+                }
+            )+)+
+        }
+    };
+    (@needs [$($need:ident),*]) => {
+        [$($crate::backends::Needs::$need),*]
+    };
+    ($($($need:ident),+ : $($test:ident),+);+ $(;)?) => {
+        $crate::for_each_backend!(@list $([$($need),+] [$($test),+])+);
+    };
+    ($($test:ident),+ $(,)?) => {
+        $crate::for_each_backend!(@list [] [$($test),+]);
+    };
 }
 
-fn runnable(b: &Backend) -> bool {
-    !b.needs_gpu || cuda_usable()
-}
-
-/// The backends this machine can run, as targets, the oracle first.
-pub fn backends() -> Vec<Target> {
+/// The backend named `name` (a `BACKENDS` entry; panics otherwise).
+pub fn backend(name: &str) -> &'static Backend {
     BACKENDS
         .iter()
-        .filter(|b| runnable(b))
-        .map(|b| Target::parse(b.name).expect("BACKENDS holds target spellings"))
+        .find(|b| b.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in rivet_tests::BACKENDS"))
+}
+
+/// Why the CUDA backend cannot run kernels here (`None`: it can): rivet's own probe
+/// (`codegen::cuda::driver::device_count`: the driver library loads and reports a device).
+pub fn cuda_unusable_reason() -> Option<String> {
+    match rivet_compiler::codegen::cuda::driver::device_count() {
+        Ok(0) => Some("the CUDA driver reports no device".into()),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// Whether rivet can run kernels on a CUDA device here.
+pub fn cuda_usable() -> bool {
+    cuda_unusable_reason().is_none()
+}
+
+/// Why `b` cannot run a suite needing `needs` here (`None`: it can).
+pub fn skip_reason(b: &Backend, needs: &[Needs]) -> Option<String> {
+    if b.needs_gpu {
+        if let Some(why) = cuda_unusable_reason() {
+            return Some(why);
+        }
+    }
+    needs.iter().find_map(|n| {
+        let has = match n {
+            Needs::host_memory => b.host_memory,
+            Needs::gpu_schedules => b.gpu_schedules,
+        };
+        (!has).then(|| format!("the suite needs {n:?}, which {} lacks", b.name))
+    })
+}
+
+/// The target of backend `name` for the test `test`, or `None` after printing why the
+/// backend skips it (the body of each test `for_each_backend!` writes).
+pub fn target_or_skip(name: &str, test: &str, needs: &[Needs]) -> Option<Target> {
+    let b = backend(name);
+    if let Some(why) = skip_reason(b, needs) {
+        eprintln!("SKIPPED {name}::{test}: {why}");
+        return None;
+    }
+    Some(Target::parse(name).expect("BACKENDS holds target spellings"))
+}
+
+fn runnable_on_host(b: &Backend) -> bool {
+    skip_reason(b, &[Needs::host_memory]).is_none()
+}
+
+/// The backends this machine runs on host tensors, as targets, the oracle first.
+pub fn backends() -> Vec<Target> {
+    backend_names()
+        .into_iter()
+        .map(|n| Target::parse(n).expect("BACKENDS holds target spellings"))
         .collect()
 }
 
-/// Names of the backends this machine can run (for messages and APIs taking a spelling).
+/// Names of `backends()` (for messages and APIs taking a spelling).
 pub fn backend_names() -> Vec<&'static str> {
     BACKENDS
         .iter()
-        .filter(|b| runnable(b))
+        .filter(|b| runnable_on_host(b))
         .map(|b| b.name)
         .collect()
 }
 
-/// The runnable backends that run GPU schedules: the explicit subset for those tests.
+/// The `backends()` that run GPU schedules: the explicit subset for those tests.
 pub fn gpu_schedule_backends() -> Vec<Target> {
     BACKENDS
         .iter()
-        .filter(|b| runnable(b) && b.gpu_schedules)
+        .filter(|b| runnable_on_host(b) && b.gpu_schedules)
         .map(|b| Target::parse(b.name).expect("BACKENDS holds target spellings"))
         .collect()
 }
@@ -82,6 +200,15 @@ pub fn gpu_schedule_backends() -> Vec<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    static RAN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    fn record(target: &Target) {
+        RAN.lock().unwrap().push(target.kind_name().to_string());
+    }
+
+    crate::for_each_backend!(record);
 
     #[test]
     fn the_oracle_comes_first_and_every_name_parses() {
@@ -91,5 +218,38 @@ mod tests {
             assert_eq!(t.kind_name(), b.name);
         }
         assert_eq!(backends().len(), backend_names().len());
+        assert_eq!(backend_names()[..2], ["interp", "cpu"]);
+    }
+
+    #[test]
+    fn the_macro_instantiates_every_backend_of_backends() {
+        interp::record();
+        cpu::record();
+        cuda::record();
+        let ran = RAN.lock().unwrap().clone();
+        let mut want: Vec<&str> = BACKENDS
+            .iter()
+            .filter(|b| skip_reason(b, &[]).is_none())
+            .map(|b| b.name)
+            .collect();
+        // The test harness may also have run the instantiations themselves.
+        for r in &ran {
+            assert!(want.contains(&r.as_str()), "{r} ran but is not runnable");
+        }
+        want.dedup();
+        for w in want {
+            assert!(ran.iter().any(|r| r == w), "{w} never ran: {ran:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_capability_is_a_reason_to_skip() {
+        let cpu = backend("cpu");
+        assert!(skip_reason(cpu, &[Needs::host_memory]).is_none());
+        assert!(skip_reason(cpu, &[Needs::gpu_schedules])
+            .unwrap()
+            .contains("gpu_schedules"));
+        let cuda = backend("cuda");
+        assert!(skip_reason(cuda, &[Needs::host_memory]).is_some());
     }
 }

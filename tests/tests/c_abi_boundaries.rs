@@ -11,20 +11,9 @@ use rivet_compiler::{build, Schedule};
 use rivet_runtime::capi::*;
 use rivet_runtime::capi_foreign::*;
 use rivet_runtime::{DType, Error, Function};
-use std::ffi::{c_char, c_void, CStr, CString};
+use rivet_tests::ffi::last_error;
+use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-fn last_error() -> (String, String) {
-    let mut kind: *const c_char = std::ptr::null();
-    // SAFETY: the out pointer is valid; both strings are NUL-terminated.
-    unsafe {
-        let msg = RivetGetLastError(&mut kind);
-        (
-            CStr::from_ptr(kind).to_string_lossy().into_owned(),
-            CStr::from_ptr(msg).to_string_lossy().into_owned(),
-        )
-    }
-}
 
 /// A foreign function `func` (with `resource` and, if given, a typed signature and rule),
 /// as this runtime's `Function`; the handle is freed.

@@ -5,7 +5,7 @@
 use rivet_compiler::ir::Expr;
 use rivet_compiler::kernels::{self, DimSpec};
 use rivet_compiler::te::{self, compute, placeholder};
-use rivet_compiler::{build, Module, Schedule, ToTarget};
+use rivet_compiler::{build, Module, Schedule, Target, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use rivet_tests::{backends, SeedGemm};
 
@@ -62,56 +62,50 @@ fn seed_gemm<T: ToTarget + ?Sized>(target: &T, split: bool) -> Function {
         .unwrap()
 }
 
-#[test]
-fn seed_gemm_symbolic_every_size_every_backend() {
-    for target in backends() {
-        for split in [false, true] {
-            let f = seed_gemm(&target, split);
-            // 160: 3 * 160^2 elements pass PARALLEL_GRAIN, so parallel loops use the pool.
-            for n in [1usize, 7, 56, 61, 160] {
-                let (av, bv) = (data(n * n, 1), data(n * n, 2));
-                let got = call1(
-                    &f,
-                    vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])],
-                );
-                assert_eq!(
-                    got,
-                    naive_mm(&av, &bv, n, n, n),
-                    "{target} split={split} n={n}"
-                );
-            }
+fn seed_gemm_symbolic_every_size_every_backend(target: &Target) {
+    for split in [false, true] {
+        let f = seed_gemm(&target, split);
+        // 160: 3 * 160^2 elements pass PARALLEL_GRAIN, so parallel loops use the pool.
+        for n in [1usize, 7, 56, 61, 160] {
+            let (av, bv) = (data(n * n, 1), data(n * n, 2));
+            let got = call1(
+                &f,
+                vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])],
+            );
+            assert_eq!(
+                got,
+                naive_mm(&av, &bv, n, n, n),
+                "{target} split={split} n={n}"
+            );
         }
     }
 }
 
-#[test]
-fn outputs_written_in_place_through_strides() {
-    for target in backends() {
-        let f = seed_gemm(&target, true);
-        let n = 9i64;
-        let (av, bv) = (data(81, 3), data(81, 4));
-        // C is the transpose of a view with a gap column: C[i, j] lives at base[j, 2 * i].
-        let base = Tensor::from_slice(&vec![7.5f32; (n * 2 * n) as usize], &[n, 2 * n]).unwrap();
-        let c = base.as_strided(&[n, n], &[2, 2 * n], 0).unwrap();
-        // A transposed view as input.
-        let at = t(&av, &[n, n]).as_strided(&[n, n], &[1, n], 0).unwrap();
-        f.call(&[
-            Value::Tensor(at.clone()),
-            Value::Tensor(t(&bv, &[n, n])),
-            Value::Tensor(c.clone()),
-        ])
-        .unwrap();
-        let a_logical = at.to_vec::<f32>().unwrap();
-        assert_eq!(
-            c.to_vec::<f32>().unwrap(),
-            naive_mm(&a_logical, &bv, 9, 9, 9),
-            "{target}"
-        );
-        let all = base.to_vec::<f32>().unwrap();
-        for (idx, v) in all.iter().enumerate() {
-            if idx % 2 == 1 {
-                assert_eq!(*v, 7.5, "{target}: gap element {idx} was written");
-            }
+fn outputs_written_in_place_through_strides(target: &Target) {
+    let f = seed_gemm(&target, true);
+    let n = 9i64;
+    let (av, bv) = (data(81, 3), data(81, 4));
+    // C is the transpose of a view with a gap column: C[i, j] lives at base[j, 2 * i].
+    let base = Tensor::from_slice(&vec![7.5f32; (n * 2 * n) as usize], &[n, 2 * n]).unwrap();
+    let c = base.as_strided(&[n, n], &[2, 2 * n], 0).unwrap();
+    // A transposed view as input.
+    let at = t(&av, &[n, n]).as_strided(&[n, n], &[1, n], 0).unwrap();
+    f.call(&[
+        Value::Tensor(at.clone()),
+        Value::Tensor(t(&bv, &[n, n])),
+        Value::Tensor(c.clone()),
+    ])
+    .unwrap();
+    let a_logical = at.to_vec::<f32>().unwrap();
+    assert_eq!(
+        c.to_vec::<f32>().unwrap(),
+        naive_mm(&a_logical, &bv, 9, 9, 9),
+        "{target}"
+    );
+    let all = base.to_vec::<f32>().unwrap();
+    for (idx, v) in all.iter().enumerate() {
+        if idx % 2 == 1 {
+            assert_eq!(*v, 7.5, "{target}: gap element {idx} was written");
         }
     }
 }
@@ -193,89 +187,86 @@ fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     }
 }
 
-#[test]
-fn kernel_library_matches_references() {
-    for target in &backends() {
-        let (m, k, n) = (5usize, 7usize, 3usize);
-        let (av, bv) = (data(m * k, 5), data(k * n, 6));
-        let mm = kernels::matmul(DType::F32, target).unwrap();
-        assert_eq!(
-            call1(&mm, vec![t(&av, &[5, 7]), t(&bv, &[7, 3])]),
-            naive_mm(&av, &bv, m, k, n)
-        );
-        let bmm = kernels::batch_matmul(DType::F32, target).unwrap();
-        let (a2, b2) = (data(2 * m * k, 7), data(2 * k * n, 8));
-        let mut want = naive_mm(&a2[..m * k], &b2[..k * n], m, k, n);
-        want.extend(naive_mm(&a2[m * k..], &b2[k * n..], m, k, n));
-        assert_eq!(
-            call1(&bmm, vec![t(&a2, &[2, 5, 7]), t(&b2, &[2, 7, 3])]),
-            want
-        );
-        // add with broadcasting: (n, 1) + (1, m)
-        let nm = |s: &str| DimSpec::Name(s.into());
-        let add = kernels::add(
-            DType::F32,
-            &[nm("n"), DimSpec::Size(1)],
-            &[DimSpec::Size(1), nm("m")],
-            target,
-        )
-        .unwrap();
-        let (x, y) = (data(4, 9), data(3, 10));
-        let got = call1(&add, vec![t(&x, &[4, 1]), t(&y, &[1, 3])]);
-        let want: Vec<f32> = (0..12).map(|q| x[q / 3] + y[q % 3]).collect();
-        assert_eq!(got, want);
-        let relu = kernels::relu(DType::F32, 2, target).unwrap();
-        let xv = data(12, 11);
-        assert_eq!(
-            call1(&relu, vec![t(&xv, &[3, 4])]),
-            xv.iter().map(|v| v.max(0.0)).collect::<Vec<_>>()
-        );
-        let gelu = kernels::gelu(DType::F32, 1, target).unwrap();
-        let want: Vec<f32> = xv
-            .iter()
-            .map(|&v| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2)))
-            .collect();
-        close(&call1(&gelu, vec![t(&xv, &[12])]), &want, 1e-6, "gelu");
-        let sm = kernels::softmax(DType::F32, 2, -1, target).unwrap();
-        let got = call1(&sm, vec![t(&xv, &[3, 4])]);
-        for r in 0..3 {
-            let row = &xv[r * 4..r * 4 + 4];
-            let mx = row.iter().cloned().fold(f32::MIN, f32::max);
-            let s: f32 = row.iter().map(|v| (v - mx).exp()).sum();
-            let want: Vec<f32> = row.iter().map(|v| (v - mx).exp() / s).collect();
-            close(&got[r * 4..r * 4 + 4], &want, 1e-6, "softmax");
-        }
-        let ln = kernels::layer_norm(DType::F32, 2, 1e-5, target).unwrap();
-        let (g, b) = (data(4, 12), data(4, 13));
-        let got = call1(&ln, vec![t(&xv, &[3, 4]), t(&g, &[4]), t(&b, &[4])]);
-        for r in 0..3 {
-            let row = &xv[r * 4..r * 4 + 4];
-            let mean = row.iter().sum::<f32>() / 4.0;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 4.0;
-            let want: Vec<f32> = (0..4)
-                .map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c])
-                .collect();
-            close(&got[r * 4..r * 4 + 4], &want, 1e-5, "layer_norm");
-        }
-        let rs = kernels::reduce_sum(DType::F32, 2, 0, target).unwrap();
-        let want: Vec<f32> = (0..4)
-            .map(|c| (0..3).map(|r| xv[r * 4 + c]).sum())
-            .collect();
-        assert_eq!(call1(&rs, vec![t(&xv, &[3, 4])]), want);
-        let rm = kernels::reduce_max(DType::F32, 2, 1, target).unwrap();
-        let want: Vec<f32> = (0..3)
-            .map(|r| {
-                xv[r * 4..r * 4 + 4]
-                    .iter()
-                    .cloned()
-                    .fold(f32::MIN, f32::max)
-            })
-            .collect();
-        assert_eq!(call1(&rm, vec![t(&xv, &[3, 4])]), want);
-        let tr = kernels::transpose(DType::F32, &[1, 0], target).unwrap();
-        let want: Vec<f32> = (0..12).map(|q| xv[(q % 3) * 4 + q / 3]).collect();
-        assert_eq!(call1(&tr, vec![t(&xv, &[3, 4])]), want);
+fn kernel_library_matches_references(target: &Target) {
+    let (m, k, n) = (5usize, 7usize, 3usize);
+    let (av, bv) = (data(m * k, 5), data(k * n, 6));
+    let mm = kernels::matmul(DType::F32, target).unwrap();
+    assert_eq!(
+        call1(&mm, vec![t(&av, &[5, 7]), t(&bv, &[7, 3])]),
+        naive_mm(&av, &bv, m, k, n)
+    );
+    let bmm = kernels::batch_matmul(DType::F32, target).unwrap();
+    let (a2, b2) = (data(2 * m * k, 7), data(2 * k * n, 8));
+    let mut want = naive_mm(&a2[..m * k], &b2[..k * n], m, k, n);
+    want.extend(naive_mm(&a2[m * k..], &b2[k * n..], m, k, n));
+    assert_eq!(
+        call1(&bmm, vec![t(&a2, &[2, 5, 7]), t(&b2, &[2, 7, 3])]),
+        want
+    );
+    // add with broadcasting: (n, 1) + (1, m)
+    let nm = |s: &str| DimSpec::Name(s.into());
+    let add = kernels::add(
+        DType::F32,
+        &[nm("n"), DimSpec::Size(1)],
+        &[DimSpec::Size(1), nm("m")],
+        target,
+    )
+    .unwrap();
+    let (x, y) = (data(4, 9), data(3, 10));
+    let got = call1(&add, vec![t(&x, &[4, 1]), t(&y, &[1, 3])]);
+    let want: Vec<f32> = (0..12).map(|q| x[q / 3] + y[q % 3]).collect();
+    assert_eq!(got, want);
+    let relu = kernels::relu(DType::F32, 2, target).unwrap();
+    let xv = data(12, 11);
+    assert_eq!(
+        call1(&relu, vec![t(&xv, &[3, 4])]),
+        xv.iter().map(|v| v.max(0.0)).collect::<Vec<_>>()
+    );
+    let gelu = kernels::gelu(DType::F32, 1, target).unwrap();
+    let want: Vec<f32> = xv
+        .iter()
+        .map(|&v| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2)))
+        .collect();
+    close(&call1(&gelu, vec![t(&xv, &[12])]), &want, 1e-6, "gelu");
+    let sm = kernels::softmax(DType::F32, 2, -1, target).unwrap();
+    let got = call1(&sm, vec![t(&xv, &[3, 4])]);
+    for r in 0..3 {
+        let row = &xv[r * 4..r * 4 + 4];
+        let mx = row.iter().cloned().fold(f32::MIN, f32::max);
+        let s: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+        let want: Vec<f32> = row.iter().map(|v| (v - mx).exp() / s).collect();
+        close(&got[r * 4..r * 4 + 4], &want, 1e-6, "softmax");
     }
+    let ln = kernels::layer_norm(DType::F32, 2, 1e-5, target).unwrap();
+    let (g, b) = (data(4, 12), data(4, 13));
+    let got = call1(&ln, vec![t(&xv, &[3, 4]), t(&g, &[4]), t(&b, &[4])]);
+    for r in 0..3 {
+        let row = &xv[r * 4..r * 4 + 4];
+        let mean = row.iter().sum::<f32>() / 4.0;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 4.0;
+        let want: Vec<f32> = (0..4)
+            .map(|c| (row[c] - mean) / (var + 1e-5).sqrt() * g[c] + b[c])
+            .collect();
+        close(&got[r * 4..r * 4 + 4], &want, 1e-5, "layer_norm");
+    }
+    let rs = kernels::reduce_sum(DType::F32, 2, 0, target).unwrap();
+    let want: Vec<f32> = (0..4)
+        .map(|c| (0..3).map(|r| xv[r * 4 + c]).sum())
+        .collect();
+    assert_eq!(call1(&rs, vec![t(&xv, &[3, 4])]), want);
+    let rm = kernels::reduce_max(DType::F32, 2, 1, target).unwrap();
+    let want: Vec<f32> = (0..3)
+        .map(|r| {
+            xv[r * 4..r * 4 + 4]
+                .iter()
+                .cloned()
+                .fold(f32::MIN, f32::max)
+        })
+        .collect();
+    assert_eq!(call1(&rm, vec![t(&xv, &[3, 4])]), want);
+    let tr = kernels::transpose(DType::F32, &[1, 0], target).unwrap();
+    let want: Vec<f32> = (0..12).map(|q| xv[(q % 3) * 4 + q / 3]).collect();
+    assert_eq!(call1(&tr, vec![t(&xv, &[3, 4])]), want);
 }
 
 fn libm_erf(x: f32) -> f32 {
@@ -397,50 +388,47 @@ fn crc(b: &[u8]) -> u32 {
     !c
 }
 
-#[test]
-fn compute_at_and_padding_every_backend() {
-    for target in backends() {
-        // P computed inside loop i of C, over the rows C's iteration needs (a 3-row stencil).
-        let n = te::var("n");
-        let a = placeholder([&n], DType::F32, "A").unwrap();
-        let p = compute([&n], |[i]| a.at([i]) * 3.0 + 1.0, "P").unwrap();
-        let c = compute(
-            [&n],
-            |[i]| {
-                let last = &n - 1;
-                let left = te::if_then_else(te::gt(&i, 0), p.at([&i - 1]), 0.0);
-                let right = te::if_then_else(te::lt(&i, last), p.at([&i + 1]), 0.0);
-                left + p.at([i]) + right
-            },
-            "C",
-        )
-        .unwrap();
-        let mut s = Schedule::new(&[c.clone()]).unwrap();
-        let i = c.axis()[0].var.clone();
-        s.compute_at(&p, &c, &i).unwrap();
-        let m = build(&s, &[a, c], &target, "stencil").unwrap();
-        assert!(
-            !m.get_source("ir").unwrap().contains("check"),
-            "{}",
-            m.get_source("ir").unwrap()
+fn compute_at_and_padding_every_backend(target: &Target) {
+    // P computed inside loop i of C, over the rows C's iteration needs (a 3-row stencil).
+    let n = te::var("n");
+    let a = placeholder([&n], DType::F32, "A").unwrap();
+    let p = compute([&n], |[i]| a.at([i]) * 3.0 + 1.0, "P").unwrap();
+    let c = compute(
+        [&n],
+        |[i]| {
+            let last = &n - 1;
+            let left = te::if_then_else(te::gt(&i, 0), p.at([&i - 1]), 0.0);
+            let right = te::if_then_else(te::lt(&i, last), p.at([&i + 1]), 0.0);
+            left + p.at([i]) + right
+        },
+        "C",
+    )
+    .unwrap();
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    let i = c.axis()[0].var.clone();
+    s.compute_at(&p, &c, &i).unwrap();
+    let m = build(&s, &[a, c], &target, "stencil").unwrap();
+    assert!(
+        !m.get_source("ir").unwrap().contains("check"),
+        "{}",
+        m.get_source("ir").unwrap()
+    );
+    let f = m.get_function("stencil").unwrap();
+    for len in [1usize, 2, 9] {
+        let av = data(len, 21);
+        let pv: Vec<f32> = av.iter().map(|x| x * 3.0 + 1.0).collect();
+        let want: Vec<f32> = (0..len)
+            .map(|q| {
+                (if q > 0 { pv[q - 1] } else { 0.0 })
+                    + pv[q]
+                    + (if q + 1 < len { pv[q + 1] } else { 0.0 })
+            })
+            .collect();
+        assert_eq!(
+            call1(&f, vec![t(&av, &[len as i64])]),
+            want,
+            "{target} len={len}"
         );
-        let f = m.get_function("stencil").unwrap();
-        for len in [1usize, 2, 9] {
-            let av = data(len, 21);
-            let pv: Vec<f32> = av.iter().map(|x| x * 3.0 + 1.0).collect();
-            let want: Vec<f32> = (0..len)
-                .map(|q| {
-                    (if q > 0 { pv[q - 1] } else { 0.0 })
-                        + pv[q]
-                        + (if q + 1 < len { pv[q + 1] } else { 0.0 })
-                })
-                .collect();
-            assert_eq!(
-                call1(&f, vec![t(&av, &[len as i64])]),
-                want,
-                "{target} len={len}"
-            );
-        }
     }
 }
 
@@ -521,35 +509,32 @@ fn fma_option_contracts_the_gemm_and_survives_save_and_load() {
 /// sides of `PARALLEL_GRAIN`) runs its parallel loop on the pool; called from inside the pool (a parallel region in
 /// another) it runs inline instead of oversubscribing. Results equal the naive loop (exact
 /// data) and the interpreter's in every case.
-#[test]
-fn parallel_gemm_by_work_and_nested_in_the_pool() {
+fn parallel_gemm_by_work_and_nested_in_the_pool(target: &Target) {
     let n = 48usize;
     assert!(3 * n * n < rivet_runtime::parallel::PARALLEL_GRAIN as usize);
     assert!(n * n * n >= rivet_runtime::parallel::PARALLEL_GRAIN as usize);
     let (av, bv) = (data(n * n, 5), data(n * n, 6));
     let want = naive_mm(&av, &bv, n, n, n);
     let args = || vec![t(&av, &[n as i64, n as i64]), t(&bv, &[n as i64, n as i64])];
-    for target in backends() {
-        let f = seed_gemm(&target, true);
-        assert_eq!(call1(&f, args()), want, "{target}");
-        let pool = rivet_runtime::parallel::pool();
-        assert_eq!(
-            pool.install(|| call1(&f, args())),
-            want,
-            "{target} in the pool"
-        );
-        let got = std::sync::Mutex::new(Vec::new());
-        pool.scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|_| {
-                    let r = call1(&f, args());
-                    got.lock().unwrap().push(r);
-                });
-            }
-        });
-        for r in got.into_inner().unwrap() {
-            assert_eq!(r, want, "{target} concurrent, in the pool");
+    let f = seed_gemm(&target, true);
+    assert_eq!(call1(&f, args()), want, "{target}");
+    let pool = rivet_runtime::parallel::pool();
+    assert_eq!(
+        pool.install(|| call1(&f, args())),
+        want,
+        "{target} in the pool"
+    );
+    let got = std::sync::Mutex::new(Vec::new());
+    pool.scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|_| {
+                let r = call1(&f, args());
+                got.lock().unwrap().push(r);
+            });
         }
+    });
+    for r in got.into_inner().unwrap() {
+        assert_eq!(r, want, "{target} concurrent, in the pool");
     }
 }
 
@@ -665,4 +650,13 @@ fn register_accumulated_reductions_round_like_the_tensor() {
             }
         }
     }
+}
+
+rivet_tests::for_each_backend! {
+    host_memory:
+        seed_gemm_symbolic_every_size_every_backend,
+        outputs_written_in_place_through_strides,
+        kernel_library_matches_references,
+        compute_at_and_padding_every_backend,
+        parallel_gemm_by_work_and_nested_in_the_pool;
 }

@@ -1861,7 +1861,7 @@ fn run_case_with(
         o.fma = fma;
         // The schedules here, untouched ones included, are compared bit for bit with the
         // interpreter and the Rust reference as written; the default CPU schedule (which
-        // inlines and reassociates) has its own properties in tests/tests/cpu_default.rs.
+        // inlines and reassociates) has its own properties in tests/tests/schedule_cpu_default.rs.
         o.as_written = true;
         rivet_compiler::build::build_with(s, args, target, name, o)
     };

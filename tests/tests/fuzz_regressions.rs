@@ -268,31 +268,7 @@ fn xla_metadata_of_an_older_xla_is_not_written_past_its_size() {
         metadata: &mut g.md,
     };
     let api = Api::empty();
-    let empty = || List {
-        struct_size: std::mem::size_of::<List>(),
-        extension_start: std::ptr::null_mut(),
-        size: 0,
-        types: std::ptr::null_mut(),
-        items: std::ptr::null_mut(),
-    };
-    let mut frame = CallFrame {
-        struct_size: std::mem::size_of::<CallFrame>(),
-        extension_start: &mut ext.extension_base,
-        api: &api,
-        ctx: std::ptr::null_mut(),
-        stage: 0,
-        args: empty(),
-        rets: empty(),
-        attrs: Attrs {
-            struct_size: std::mem::size_of::<Attrs>(),
-            extension_start: std::ptr::null_mut(),
-            size: 0,
-            types: std::ptr::null_mut(),
-            names: std::ptr::null_mut(),
-            attrs: std::ptr::null_mut(),
-        },
-        future: std::ptr::null_mut(),
-    };
+    let mut frame = rivet_tests::ffi::metadata_query(&api, &mut ext.extension_base);
     // SAFETY: a well-formed metadata query (an older XLA's struct size).
     assert!(unsafe { rivet_xla_ffi_handler(&mut frame) }.is_null());
     assert_eq!(

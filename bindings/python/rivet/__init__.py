@@ -29,6 +29,7 @@ from ._native import (
     load_module,
     num_threads,
     remove_global_func,
+    targets,
     zeros,
 )
 from ._native import _register
@@ -112,6 +113,7 @@ __all__ = [
     "num_threads",
     "register_func",
     "remove_global_func",
+    "targets",
     "to_jax_func",
     "to_mxnet_func",
     "to_pytorch_func",

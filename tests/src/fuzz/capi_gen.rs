@@ -54,6 +54,7 @@ use rivet_runtime::capi_foreign::{
     RivetFunctionCreate, RivetFunctionCreateTyped, RivetFunctionSetGlobal,
 };
 use rivet_runtime::{registry, DType, Error, Function};
+use rivet_tests::ffi::try_last_error;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
@@ -988,22 +989,6 @@ struct Case {
     verbose: bool,
 }
 
-/// The thread's last error (kind, message); an error string when a pointer is NULL.
-fn last_error() -> Result<(String, String), String> {
-    let mut kind: *const c_char = std::ptr::null();
-    // SAFETY: a valid out pointer; both strings are NUL-terminated thread-local storage.
-    unsafe {
-        let msg = RivetGetLastError(&mut kind);
-        if msg.is_null() || kind.is_null() {
-            return Err("RivetGetLastError returned NULL".into());
-        }
-        Ok((
-            CStr::from_ptr(kind).to_string_lossy().into_owned(),
-            CStr::from_ptr(msg).to_string_lossy().into_owned(),
-        ))
-    }
-}
-
 impl Case {
     /// Sets the thread's last error to a known one (a lookup of a name nobody registers), so
     /// the next call's effect on it can be told.
@@ -1015,7 +1000,7 @@ impl Case {
         if rc != RIVET_ERR_USER || !h.is_null() {
             return Err(format!("the sentinel lookup gave {rc} / {h:p}"));
         }
-        self.sentinel = last_error()?;
+        self.sentinel = try_last_error()?;
         if self.sentinel.0 != "FunctionNotFoundError" {
             return Err(format!(
                 "the sentinel lookup's kind is {:?}",
@@ -1028,7 +1013,7 @@ impl Case {
     /// The checks of one return code: `Ok(None)` success (last error untouched), `Ok(Some(kind))`
     /// a typed user error, `Err` a failure of the contract.
     fn classify(&self, rc: i32, what: &str) -> Result<Option<String>, String> {
-        let le = last_error()?;
+        let le = try_last_error()?;
         match rc {
             RIVET_OK => {
                 if le != self.sentinel {
@@ -1079,7 +1064,7 @@ impl Case {
         if rc != RIVET_OK || h.is_null() {
             return Err(format!(
                 "RivetFunctionGetGlobal({name}) gave {rc}: {:?}",
-                last_error()
+                try_last_error()
             ));
         }
         self.handles.push(h);
@@ -1101,7 +1086,7 @@ impl Case {
             if RivetFunctionFree(h) != RIVET_OK {
                 return Err(format!(
                     "RivetFunctionFree of a live handle: {:?}",
-                    last_error()
+                    try_last_error()
                 ));
             }
         }
@@ -1399,7 +1384,7 @@ fn free_result(res: &mut RivetAny, what: &str) -> Result<(), String> {
     if rc != RIVET_OK {
         return Err(format!(
             "{what}: RivetAnyFree gave {rc}: {:?}",
-            last_error()
+            try_last_error()
         ));
     }
     if res.type_code != RIVET_NULL {
@@ -1507,7 +1492,7 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
         if rc != RIVET_OK && !matches!(out, Outcome::Fail(_)) {
             out = Outcome::fail(format!(
                 "RivetFunctionFree of a live handle gave {rc}: {:?}",
-                last_error()
+                try_last_error()
             ));
         }
     }

@@ -553,7 +553,7 @@ pub fn run_case(seed: u64, verbose: bool) -> Outcome {
     // The interpreter runs the program as written and the CPU applies its default schedule
     // to an untouched one (inlining, packing): the interpreter gets the same defaulted
     // schedule, so both run one program (the default itself is checked against plain nests
-    // in tests/tests/cpu_default.rs).
+    // in tests/tests/schedule_cpu_default.rs).
     let mut defaulted = s.clone();
     let built: Vec<_> =
         match rivet_compiler::schedule::cpu_default::apply_default_cpu(&mut defaulted) {

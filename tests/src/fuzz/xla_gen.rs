@@ -45,6 +45,7 @@ use rivet_runtime::xla_ffi::{
     FUNCTION_ATTR,
 };
 use rivet_runtime::Error;
+use rivet_tests::ffi::call_frame;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::fmt::Write;
@@ -1002,21 +1003,7 @@ fn build_frame(f: &FrameD, c: &Case) -> Built {
         }),
         frame: Box::new(CallFrame {
             struct_size: f.struct_size,
-            extension_start: std::ptr::null_mut(),
-            api: std::ptr::null(),
-            ctx: f.ctx as *mut c_void,
-            stage: f.stage,
-            args: empty_list(),
-            rets: empty_list(),
-            attrs: Attrs {
-                struct_size: std::mem::size_of::<Attrs>(),
-                extension_start: std::ptr::null_mut(),
-                size: 0,
-                types: std::ptr::null_mut(),
-                names: std::ptr::null_mut(),
-                attrs: std::ptr::null_mut(),
-            },
-            future: std::ptr::null_mut(),
+            ..call_frame(std::ptr::null(), f.ctx as *mut c_void, f.stage)
         }),
     };
     if f.ext != 3 {
@@ -1154,16 +1141,6 @@ fn build_frame(f: &FrameD, c: &Case) -> Built {
         _ => &mut built.ext.extension_base,
     };
     built
-}
-
-fn empty_list() -> List {
-    List {
-        struct_size: std::mem::size_of::<List>(),
-        extension_start: std::ptr::null_mut(),
-        size: 0,
-        types: std::ptr::null_mut(),
-        items: std::ptr::null_mut(),
-    }
 }
 
 /// The reference results of a compiled kernel on the frame's inputs (compact buffers).

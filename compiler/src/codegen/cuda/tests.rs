@@ -7,7 +7,7 @@
 //!
 //! NVRTC: found as the backend finds it, else in the workspace's `.venv` (the torch wheel);
 //! when it is nowhere, the NVRTC tests print why and pass, unless `RIVET_REQUIRE_NVRTC=1`,
-//! where they fail with the reason (CI sets it). Goldens live in `codegen/cuda/golden/`;
+//! where they fail with the reason (CI sets it). Goldens live in the workspace's `tests/golden/` (`*.cu`);
 //! `RIVET_BLESS=1` rewrites them.
 
 use super::nvrtc::{self, Nvrtc};
@@ -62,9 +62,6 @@ pub(super) fn st(b: &Buffer, idx: Vec<Expr>, value: Expr) -> Stmt {
 }
 pub(super) fn lt(a: Expr, b: Expr) -> Expr {
     Expr::cmp(CmpOp::Lt, a, b).unwrap()
-}
-fn and(a: Expr, b: Expr) -> Expr {
-    Expr::logic(LogicOp::And, a, b).unwrap()
 }
 pub(super) fn if_(c: Expr, then: Stmt) -> Stmt {
     Stmt::If {
@@ -160,99 +157,10 @@ pub(super) fn reverse() -> PrimFunc {
     prepare(func("reverse", vec![a, c, s], vec![], body))
 }
 
-/// `C = A @ B` for ragged M x K x N with 8 x 8 tiles in shared memory, a local accumulator.
+/// `C = A @ B` for ragged M x K x N with 8 x 8 tiles in shared memory, a local accumulator
+/// (`ir::test_util::tiled_matmul`, which the interpreter's GPU tests run too).
 pub(super) fn tiled_matmul() -> PrimFunc {
-    const T: i64 = 8;
-    let (m, k, n) = (Var::new("m"), Var::new("k"), Var::new("n"));
-    let (by, bx, ty, tx, kt, kk) = (
-        Var::new("by"),
-        Var::new("bx"),
-        Var::new("ty"),
-        Var::new("tx"),
-        Var::new("kt"),
-        Var::new("kk"),
-    );
-    let a = input(0, "A", F, vec![v(&m), v(&k)]);
-    let b = input(1, "B", F, vec![v(&k), v(&n)]);
-    let c = output(2, "C", F, vec![v(&m), v(&n)]);
-    let sa = local(3, "As", F, &[T, T], Scope::Shared);
-    let sb = local(4, "Bs", F, &[T, T], Scope::Shared);
-    let acc = local(5, "acc", F, &[1], Scope::Local);
-    let row = v(&by).mul(&int(T)).add(&v(&ty));
-    let col = v(&bx).mul(&int(T)).add(&v(&tx));
-    let ka = v(&kt).mul(&int(T)).add(&v(&tx));
-    let kb = v(&kt).mul(&int(T)).add(&v(&ty));
-    let zero = Expr::constant(0.0, F);
-    let load_a = Expr::select(
-        and(lt(row.clone(), v(&m)), lt(ka.clone(), v(&k))),
-        ld(&a, vec![row.clone(), ka]),
-        zero.clone(),
-    )
-    .unwrap();
-    let load_b = Expr::select(
-        and(lt(kb.clone(), v(&k)), lt(col.clone(), v(&n))),
-        ld(&b, vec![kb, col.clone()]),
-        zero.clone(),
-    )
-    .unwrap();
-    let step = Stmt::Seq(vec![
-        st(&sa, vec![v(&ty), v(&tx)], load_a),
-        st(&sb, vec![v(&ty), v(&tx)], load_b),
-        Stmt::Barrier,
-        looped(
-            &kk,
-            int(T),
-            ForKind::Unrolled,
-            st(
-                &acc,
-                vec![int(0)],
-                bin(
-                    BinOp::Add,
-                    ld(&acc, vec![int(0)]),
-                    bin(
-                        BinOp::Mul,
-                        ld(&sa, vec![v(&ty), v(&kk)]),
-                        ld(&sb, vec![v(&kk), v(&tx)]),
-                    ),
-                ),
-            ),
-        ),
-        Stmt::Barrier,
-    ]);
-    let thread = alloc(
-        &acc,
-        Stmt::Seq(vec![
-            st(&acc, vec![int(0)], zero),
-            looped(&kt, ceil_div(v(&k), T), ForKind::Serial, step),
-            if_(
-                and(lt(row.clone(), v(&m)), lt(col.clone(), v(&n))),
-                st(&c, vec![row, col], ld(&acc, vec![int(0)])),
-            ),
-        ]),
-    );
-    let body = bound(
-        &by,
-        ceil_div(v(&m), T),
-        ThreadTag::BlockY,
-        bound(
-            &bx,
-            ceil_div(v(&n), T),
-            ThreadTag::BlockX,
-            alloc(
-                &sa,
-                alloc(
-                    &sb,
-                    bound(
-                        &ty,
-                        int(T),
-                        ThreadTag::ThreadY,
-                        bound(&tx, int(T), ThreadTag::ThreadX, thread),
-                    ),
-                ),
-            ),
-        ),
-    );
-    prepare(func("mm", vec![a, b, c, sa, sb, acc], vec![m, k, n], body))
+    prepare(crate::ir::test_util::tiled_matmul())
 }
 
 /// Row sums of a [5, 256] matrix by 128 threads: a tree in shared memory.
@@ -686,30 +594,19 @@ fn compiles_cleanly(nv: &Nvrtc, f: &PrimFunc) -> CudaKernel {
 
 // ---- goldens ------------------------------------------------------------------------------
 
+// The golden check shared with the cross-crate tests (rivet-tests cannot be a dependency of
+// this crate: it depends on it).
+#[path = "../../../../tests/src/golden.rs"]
+mod golden_file;
+
 /// The generated source with the prelude replaced by a marker (it has its own tests).
 fn golden_text(src: &str) -> String {
     src.replace(PRELUDE, "// <the rivet prelude: codegen/cuda/prelude.rs>\n")
 }
 
+/// The workspace's one golden check (`tests/golden/<name>.cu`; `RIVET_BLESS=1` rewrites).
 fn golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("src/codegen/cuda/golden")
-        .join(format!("{name}.cu"));
-    if std::env::var("RIVET_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, text).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
-            "{} is missing: run with RIVET_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    assert!(
-        want == text,
-        "{name} differs from the golden file (RIVET_BLESS=1 to update):\n--- golden\n{want}\n--- now\n{text}"
-    );
+    golden_file::check_golden(&format!("{name}.cu"), text);
 }
 
 #[test]

@@ -49,9 +49,6 @@ fn st(b: &Buffer, idx: Vec<Expr>, value: Expr) -> Stmt {
 fn lt(a: Expr, b: Expr) -> Expr {
     Expr::cmp(CmpOp::Lt, a, b).unwrap()
 }
-fn and(a: Expr, b: Expr) -> Expr {
-    Expr::logic(crate::ir::expr::LogicOp::And, a, b).unwrap()
-}
 fn if_(c: Expr, then: Stmt) -> Stmt {
     Stmt::If {
         cond: c,
@@ -212,94 +209,11 @@ fn shared_memory_exchange_needs_its_barrier() {
 }
 
 /// `C = A @ B` for ragged M x K x N with 8 x 8 tiles staged in shared memory, a per-thread
-/// accumulator in local memory, and two barriers per k-tile.
+/// accumulator in local memory, and two barriers per k-tile (`ir::test_util::tiled_matmul`,
+/// which the CUDA backend's tests generate too).
 #[test]
 fn tiled_matmul_through_shared_memory() {
-    const T: i64 = 8;
-    let (m, k, n) = (Var::new("m"), Var::new("k"), Var::new("n"));
-    let (by, bx, ty, tx, kt, kk) = (
-        Var::new("by"),
-        Var::new("bx"),
-        Var::new("ty"),
-        Var::new("tx"),
-        Var::new("kt"),
-        Var::new("kk"),
-    );
-    let a = input(0, "A", F, vec![v(&m), v(&k)]);
-    let b = input(1, "B", F, vec![v(&k), v(&n)]);
-    let c = output(2, "C", F, vec![v(&m), v(&n)]);
-    let sa = local(3, "As", &[T, T], Scope::Shared);
-    let sb = local(4, "Bs", &[T, T], Scope::Shared);
-    let acc = local(5, "acc", &[1], Scope::Local);
-    let row = v(&by).mul(&int(T)).add(&v(&ty));
-    let col = v(&bx).mul(&int(T)).add(&v(&tx));
-    let ka = v(&kt).mul(&int(T)).add(&v(&tx));
-    let kb = v(&kt).mul(&int(T)).add(&v(&ty));
-    let zero = Expr::constant(0.0, F);
-    let load_a = Expr::select(
-        and(lt(row.clone(), v(&m)), lt(ka.clone(), v(&k))),
-        ld(&a, vec![row.clone(), ka]),
-        zero.clone(),
-    )
-    .unwrap();
-    let load_b = Expr::select(
-        and(lt(kb.clone(), v(&k)), lt(col.clone(), v(&n))),
-        ld(&b, vec![kb, col.clone()]),
-        zero.clone(),
-    )
-    .unwrap();
-    let step = Stmt::Seq(vec![
-        st(&sa, vec![v(&ty), v(&tx)], load_a),
-        st(&sb, vec![v(&ty), v(&tx)], load_b),
-        Stmt::Barrier,
-        serial(
-            &kk,
-            int(T),
-            st(
-                &acc,
-                vec![int(0)],
-                fadd(
-                    ld(&acc, vec![int(0)]),
-                    fmul(ld(&sa, vec![v(&ty), v(&kk)]), ld(&sb, vec![v(&kk), v(&tx)])),
-                ),
-            ),
-        ),
-        Stmt::Barrier,
-    ]);
-    let thread = alloc(
-        &acc,
-        Stmt::Seq(vec![
-            st(&acc, vec![int(0)], zero),
-            serial(&kt, ceil_div(v(&k), T), step),
-            if_(
-                and(lt(row.clone(), v(&m)), lt(col.clone(), v(&n))),
-                st(&c, vec![row, col], ld(&acc, vec![int(0)])),
-            ),
-        ]),
-    );
-    let body = bound(
-        &by,
-        ceil_div(v(&m), T),
-        ThreadTag::BlockY,
-        bound(
-            &bx,
-            ceil_div(v(&n), T),
-            ThreadTag::BlockX,
-            alloc(
-                &sa,
-                alloc(
-                    &sb,
-                    bound(
-                        &ty,
-                        int(T),
-                        ThreadTag::ThreadY,
-                        bound(&tx, int(T), ThreadTag::ThreadX, thread),
-                    ),
-                ),
-            ),
-        ),
-    );
-    let f = func("mm", vec![a, b, c, sa, sb, acc], vec![m, k, n], body);
+    let f = crate::ir::test_util::tiled_matmul();
     crate::ir::verify::verify(&f, false).unwrap();
     for (mm, kk, nn) in [(1usize, 1usize, 1usize), (37, 45, 29), (8, 16, 8)] {
         let mut av = data(mm * kk, 3);

@@ -1,6 +1,6 @@
 //! Unit tests of the gradient's pieces: the shape of what it builds (which index maps are
 //! inverted, which fall back to masked sums, which guards are left out), and its errors.
-//! Numerical correctness is checked end to end in tests/tests/te_gradient.rs.
+//! Numerical correctness is checked end to end in tests/tests/grad_numeric.rs.
 
 use super::*;
 use crate::te::{compute, placeholder, reduce_axis, sum};
@@ -174,7 +174,7 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
     );
     // A symbolic extent may be empty, where `(sum of nothing) * c` would be NaN for an
     // infinite `c`: the factored sum is taken under a guard that the extent is >= 1 (0
-    // otherwise, the empty sum's value). `te_gradient.rs` runs it at n = 0 with D = 0.
+    // otherwise, the empty sum's value). `tests/tests/grad_numeric.rs` runs it at n = 0 with D = 0.
     let n = crate::te::var("n");
     let xs = placeholder((3, &n), DType::F64, "Xs").unwrap();
     let ys = compute(
@@ -211,7 +211,7 @@ fn factors_free_of_the_summed_variables_are_taken_out_of_the_sum() {
 /// A keepdims row statistic `S[i, 0]` (shape `[n, 1]`, as `rivet.kernels` writes softmax and
 /// layer_norm): its adjoint needs no `0 == j1` guard (the dim has one index), and the adjoint
 /// of `X` through `S` has no sum over `S`'s axis of extent 1 (the term itself). Symbolic `n`
-/// and `m` as in the kernel library. Numbers: tests/tests/te_gradient.rs.
+/// and `m` as in the kernel library. Numbers: tests/tests/grad_numeric.rs.
 #[test]
 fn keepdims_row_statistics_need_no_guard_and_no_sum_of_one_term() {
     let (n, m) = (crate::te::var("n"), crate::te::var("m"));

@@ -10,19 +10,8 @@ use rivet_compiler::{build, Schedule};
 use rivet_runtime::capi::*;
 use rivet_runtime::xla_ffi::*;
 use rivet_runtime::{registry, DType};
+use rivet_tests::ffi::{attrs, call_frame, last_error, list, metadata_query};
 use std::ffi::{c_char, c_void, CStr, CString};
-
-fn last_error() -> (String, String) {
-    let mut kind: *const c_char = std::ptr::null();
-    // SAFETY: the out pointer is valid; both strings are NUL-terminated.
-    unsafe {
-        let msg = RivetGetLastError(&mut kind);
-        (
-            CStr::from_ptr(kind).to_string_lossy().into_owned(),
-            CStr::from_ptr(msg).to_string_lossy().into_owned(),
-        )
-    }
-}
 
 /// Registers C[i] = A[i] + B[i] (symbolic n, float32) under `name`.
 fn register_add(name: &str) {
@@ -385,16 +374,6 @@ fn buffer(dtype: i32, data: *mut c_void, dims: &mut [i64]) -> Buffer {
     }
 }
 
-fn list(types: &mut [i32], items: &mut [*mut c_void]) -> List {
-    List {
-        struct_size: std::mem::size_of::<List>(),
-        extension_start: std::ptr::null_mut(),
-        size: types.len() as i64,
-        types: types.as_mut_ptr(),
-        items: items.as_mut_ptr(),
-    }
-}
-
 /// Calls the handler with buffers and one attribute (`name` = `value`, a string unless
 /// `attr_type` says otherwise); returns the error message, or None for success.
 fn run_handler(
@@ -450,22 +429,10 @@ fn run_handler_on(
     let mut attr_names = [&mut name_span as *mut ByteSpan];
     let mut attr_values = [&mut value_span as *mut ByteSpan as *mut c_void];
     let mut frame = CallFrame {
-        struct_size: std::mem::size_of::<CallFrame>(),
-        extension_start: std::ptr::null_mut(),
-        api,
-        ctx: FAKE_CTX as *mut c_void,
-        stage: 3,
         args: list(&mut arg_types, &mut arg_items),
         rets: list(&mut ret_types, &mut ret_items),
-        attrs: Attrs {
-            struct_size: std::mem::size_of::<Attrs>(),
-            extension_start: std::ptr::null_mut(),
-            size: 1,
-            types: attr_types.as_mut_ptr(),
-            names: attr_names.as_mut_ptr(),
-            attrs: attr_values.as_mut_ptr(),
-        },
-        future: std::ptr::null_mut(),
+        attrs: attrs(&mut attr_types, &mut attr_names, &mut attr_values),
+        ..call_frame(api, FAKE_CTX as *mut c_void, 3)
     };
     // SAFETY: a well-formed frame whose pointers outlive the call.
     let err = unsafe { handler(&mut frame) };
@@ -598,31 +565,7 @@ fn the_xla_handler_answers_the_metadata_query() {
         },
         metadata: &mut md,
     };
-    let empty = || List {
-        struct_size: std::mem::size_of::<List>(),
-        extension_start: std::ptr::null_mut(),
-        size: 0,
-        types: std::ptr::null_mut(),
-        items: std::ptr::null_mut(),
-    };
-    let mut frame = CallFrame {
-        struct_size: std::mem::size_of::<CallFrame>(),
-        extension_start: &mut ext.extension_base,
-        api: &api,
-        ctx: std::ptr::null_mut(),
-        stage: 0,
-        args: empty(),
-        rets: empty(),
-        attrs: Attrs {
-            struct_size: std::mem::size_of::<Attrs>(),
-            extension_start: std::ptr::null_mut(),
-            size: 0,
-            types: std::ptr::null_mut(),
-            names: std::ptr::null_mut(),
-            attrs: std::ptr::null_mut(),
-        },
-        future: std::ptr::null_mut(),
-    };
+    let mut frame = metadata_query(&api, &mut ext.extension_base);
     // SAFETY: a well-formed metadata query.
     assert!(unsafe { rivet_xla_ffi_handler(&mut frame) }.is_null());
     assert_eq!(

@@ -371,7 +371,7 @@ fn float64_tensorized_gemm_equals_the_interpreter() {
             .map(|&x| x as f64 / 7.0)
             .collect();
         let mut outs = Vec::new();
-        for target in [Target::interp(), Target::cpu()] {
+        for target in rivet_tests::backends() {
             let (args, s) = gemm((m, n, k), DType::F64, false, false).unwrap();
             let f = build(&s, &args, &target, "g")
                 .unwrap()

@@ -1,30 +1,13 @@
-//! Golden text of the loop IR (and the backend's code) of canonical kernels.
-//! `RIVET_BLESS=1 cargo test -p rivet-tests --test golden` rewrites the files in
-//! `tests/golden/`; review the diff before committing it.
+//! Golden text of the loop IR (and the backend's code) of canonical kernels, in
+//! `tests/golden/` (`rivet_tests::golden`, the one golden check: `RIVET_BLESS=1` rewrites the
+//! files; review the diff before committing it).
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Module, Schedule};
 use rivet_runtime::DType;
+use rivet_tests::golden::check_golden as golden;
 use rivet_tests::SeedGemm;
-use std::path::PathBuf;
-
-fn golden(name: &str, text: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("golden")
-        .join(name);
-    if std::env::var("RIVET_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::write(&path, text).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
-            "{} is missing: run with RIVET_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    assert!(want == text, "{name} differs from the golden file (RIVET_BLESS=1 to update):\n--- golden\n{want}\n--- now\n{text}");
-}
 
 fn gemm(split: bool) -> Module {
     let SeedGemm { a, b, c, k } = SeedGemm::new();

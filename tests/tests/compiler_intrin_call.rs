@@ -144,7 +144,7 @@ fn check_all_cases() {
             reference(&av, &bv, &mut want, (mu, nu, ku), &|i, j| {
                 (i + 1) * row + j + 2
             });
-            for target in [Target::interp(), Target::cpu()] {
+            for target in rivet_tests::backends() {
                 let got = run(&f, &target, &a, &b, (&mem, &cs, &[cs[1], 1], 0));
                 assert_eq!(got, want, "{target} m={m} n={n} k={k} compact");
             }
@@ -153,7 +153,7 @@ fn check_all_cases() {
             let mem = data((3 + m * n) as usize, 9);
             let mut want = mem.clone();
             reference(&av, &bv, &mut want, (mu, nu, ku), &|i, j| 3 + j * mu + i);
-            for target in [Target::interp(), Target::cpu()] {
+            for target in rivet_tests::backends() {
                 let got = run(&f, &target, &a, &b, (&mem, &[m, n], &[1, m], 3));
                 assert_eq!(got, want, "{target} m={m} n={n} k={k} transposed");
             }
@@ -228,7 +228,7 @@ fn every_supported_variant_forced_in_turn() {
 fn a_region_past_its_tensor_is_refused_by_the_bounds_proof() {
     // C is 12 x 32; the region starts at row 1: its last row is 12.
     let f = gemm_func(12, 32, 4, [12, 32], [1, 0]);
-    for target in [Target::interp(), Target::cpu()] {
+    for target in rivet_tests::backends() {
         let e = compile_loaded(f.clone(), &target)
             .err()
             .expect("refused")

@@ -12,7 +12,7 @@
 
 use rivet_compiler::backward::backward;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
-use rivet_compiler::{build, Schedule};
+use rivet_compiler::{build, Schedule, Target, ToTarget};
 use rivet_runtime::{DType, Error, Function, Tensor, Value};
 use rivet_tests::uniform;
 
@@ -60,15 +60,14 @@ fn forward(f: &Function, x: &[f64], w: &[f64], idx: &[i64]) -> (Vec<f64>, Vec<f6
     (p.to_vec().unwrap(), s.to_vec().unwrap())
 }
 
-fn built(target: &str) -> Function {
+fn built(target: &(impl ToTarget + ?Sized)) -> Function {
     let (ins, outs) = program();
     let args: Vec<Te> = ins.iter().chain(&outs).cloned().collect();
     let m = build(&Schedule::new(&outs).unwrap(), &args, target, "fw").unwrap();
     m.get_function("fw").unwrap()
 }
 
-#[test]
-fn backward_matches_central_differences_with_two_outputs_and_int_arguments() {
+fn backward_matches_central_differences_with_two_outputs_and_int_arguments(target: &Target) {
     let oracle = built("interp");
     let x = uniform((N * M) as usize, 1, -1.0, 1.0);
     let w = uniform(M as usize, 2, -1.0, 1.0);
@@ -97,46 +96,44 @@ fn backward_matches_central_differences_with_two_outputs_and_int_arguments() {
             .collect()
     };
     let (want_x, want_w) = (numeric(&x, 0), numeric(&w, 1));
-    for target in ["interp", "cpu"] {
-        let f = built(target);
-        let b = backward(&f).unwrap();
-        let names: Vec<&str> = b
-            .signature()
-            .unwrap()
-            .params
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect();
-        assert_eq!(
-            &names[..6],
-            ["X", "W", "I", "grad_P", "grad_S", "grad_K"],
-            "{target}"
-        );
-        assert_eq!(names.len(), 8, "{target}: {names:?}");
-        let gx = f64_tensor(&vec![f64::NAN; (N * M) as usize], &[N, M]);
-        let gw = f64_tensor(&vec![f64::NAN; M as usize], &[M]);
-        b.call(&[
-            Value::Tensor(f64_tensor(&x, &[N, M])),
-            Value::Tensor(f64_tensor(&w, &[M])),
-            Value::Tensor(Tensor::from_slice(&idx, &[N]).unwrap()),
-            Value::Tensor(f64_tensor(&hp, &[N, M])),
-            Value::Tensor(f64_tensor(&hs, &[N])),
-            // The int output's cotangent: taken, ignored.
-            Value::Tensor(Tensor::from_slice(&[i64::MIN, i64::MAX, 0], &[N]).unwrap()),
-            Value::Tensor(gx.clone()),
-            Value::Tensor(gw.clone()),
-        ])
-        .unwrap();
-        for (got, want, what) in [
-            (gx.to_vec::<f64>().unwrap(), &want_x, "X"),
-            (gw.to_vec::<f64>().unwrap(), &want_w, "W"),
-        ] {
-            for (g, e) in got.iter().zip(want.iter()) {
-                assert!(
-                    (g - e).abs() <= 1e-6 * (1.0 + e.abs()),
-                    "{target} d{what}: {got:?} vs {want:?}"
-                );
-            }
+    let f = built(target);
+    let b = backward(&f).unwrap();
+    let names: Vec<&str> = b
+        .signature()
+        .unwrap()
+        .params
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(
+        &names[..6],
+        ["X", "W", "I", "grad_P", "grad_S", "grad_K"],
+        "{target}"
+    );
+    assert_eq!(names.len(), 8, "{target}: {names:?}");
+    let gx = f64_tensor(&vec![f64::NAN; (N * M) as usize], &[N, M]);
+    let gw = f64_tensor(&vec![f64::NAN; M as usize], &[M]);
+    b.call(&[
+        Value::Tensor(f64_tensor(&x, &[N, M])),
+        Value::Tensor(f64_tensor(&w, &[M])),
+        Value::Tensor(Tensor::from_slice(&idx, &[N]).unwrap()),
+        Value::Tensor(f64_tensor(&hp, &[N, M])),
+        Value::Tensor(f64_tensor(&hs, &[N])),
+        // The int output's cotangent: taken, ignored.
+        Value::Tensor(Tensor::from_slice(&[i64::MIN, i64::MAX, 0], &[N]).unwrap()),
+        Value::Tensor(gx.clone()),
+        Value::Tensor(gw.clone()),
+    ])
+    .unwrap();
+    for (got, want, what) in [
+        (gx.to_vec::<f64>().unwrap(), &want_x, "X"),
+        (gw.to_vec::<f64>().unwrap(), &want_w, "W"),
+    ] {
+        for (g, e) in got.iter().zip(want.iter()) {
+            assert!(
+                (g - e).abs() <= 1e-6 * (1.0 + e.abs()),
+                "{target} d{what}: {got:?} vs {want:?}"
+            );
         }
     }
 }
@@ -148,35 +145,32 @@ fn the_backward_is_built_once() {
     assert!(a.same(&b));
 }
 
-#[test]
-fn identity_gets_the_cotangent_copied() {
+fn identity_gets_the_cotangent_copied(target: &Target) {
     let n = te::var("n");
     let a = placeholder([&n], DType::F32, "A").unwrap();
     let c = compute([&n], |[i]| a.at([i]), "C").unwrap();
-    for target in ["interp", "cpu"] {
-        let m = build(
-            &Schedule::new(&[c.clone()]).unwrap(),
-            &[a.clone(), c.clone()],
-            target,
-            "id",
-        )
-        .unwrap();
-        let b = backward(&m.get_function("id").unwrap()).unwrap();
-        let head = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 0.0, 9.0], &[5]).unwrap();
-        let g = Tensor::from_slice(&[f32::NAN; 5], &[5]).unwrap();
-        let x = Tensor::from_slice(&[0f32; 5], &[5]).unwrap();
-        b.call(&[
-            Value::Tensor(x),
-            Value::Tensor(head.clone()),
-            Value::Tensor(g.clone()),
-        ])
-        .unwrap();
-        assert_eq!(
-            g.to_vec::<f32>().unwrap(),
-            head.to_vec::<f32>().unwrap(),
-            "{target}"
-        );
-    }
+    let m = build(
+        &Schedule::new(&[c.clone()]).unwrap(),
+        &[a.clone(), c.clone()],
+        target,
+        "id",
+    )
+    .unwrap();
+    let b = backward(&m.get_function("id").unwrap()).unwrap();
+    let head = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 0.0, 9.0], &[5]).unwrap();
+    let g = Tensor::from_slice(&[f32::NAN; 5], &[5]).unwrap();
+    let x = Tensor::from_slice(&[0f32; 5], &[5]).unwrap();
+    b.call(&[
+        Value::Tensor(x),
+        Value::Tensor(head.clone()),
+        Value::Tensor(g.clone()),
+    ])
+    .unwrap();
+    assert_eq!(
+        g.to_vec::<f32>().unwrap(),
+        head.to_vec::<f32>().unwrap(),
+        "{target}"
+    );
 }
 
 fn not_diff(r: rivet_compiler::Result<Function>) -> String {
@@ -271,4 +265,10 @@ fn a_cuda_function_gets_a_cuda_backward_compiled_by_nvrtc() {
     let b = backward(&f).unwrap();
     let sig = b.signature().unwrap().to_string();
     assert!(sig.contains("X_grad") || sig.contains("grad_S"), "{sig}");
+}
+
+rivet_tests::for_each_backend! {
+    host_memory:
+        backward_matches_central_differences_with_two_outputs_and_int_arguments,
+        identity_gets_the_cotangent_copied;
 }

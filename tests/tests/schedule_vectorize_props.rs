@@ -21,7 +21,7 @@ use rivet_compiler::build::build_with;
 use rivet_compiler::ir::{BinOp, CmpOp, Expr, UnOp};
 use rivet_compiler::lower::Options;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
-use rivet_compiler::Schedule;
+use rivet_compiler::{Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 
 const DTYPES: [DType; 7] = [
@@ -637,7 +637,7 @@ fn exp_runs_in_place_and_at_row_offsets_match_the_interpreter() {
 
 /// Every float32 of `exp32`'s fast range, both signs (about two billion values, in 2^24
 /// chunks; minutes in release):
-/// `cargo test --release -p rivet-tests --test vectorize_props -- --ignored`.
+/// `cargo test --release -p rivet-tests --test schedule_vectorize_props -- --ignored`.
 /// The scalar `exp` of every backend and the interpreter is `exp32` (`codegen::cpu_lib::math`).
 #[test]
 #[ignore]
@@ -1475,8 +1475,7 @@ fn an_invariant_select_over_loads_is_unswitched_and_vectorized() {
 /// the guard is false (`lower/bounds.rs`): `if_then_else(k >= 1, Z[0], ..)` runs with an empty
 /// `Z`. The same read outside the guard still gets its own check: `k = 0` is a `ShapeError`
 /// naming `Z`, never a read past an empty tensor.
-#[test]
-fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
+fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those(target: &Target) {
     let (n, k) = (te_var("n"), te_var("k"));
     let x = placeholder([&n], DType::F32, "X").unwrap();
     let z = placeholder([&k], DType::F32, "Z").unwrap();
@@ -1492,32 +1491,29 @@ fn a_dims_guard_makes_its_reads_check_vacuous_and_only_those() {
         "Y",
     )
     .unwrap();
-    for target in ["cpu", "interp"] {
-        for (y, ok_when_empty) in [(&guarded, true), (&both, false)] {
-            let s = Schedule::new(std::slice::from_ref(y)).unwrap();
-            let m =
-                rivet_compiler::build(&s, &[x.clone(), z.clone(), y.clone()], target, "g").unwrap();
-            let out = Tensor::from_slice(&[f32::NAN; 3], &[3]).unwrap();
-            let r = m.get_function("g").unwrap().call(&[
-                Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap()),
-                Value::Tensor(Tensor::from_slice::<f32>(&[], &[0]).unwrap()),
-                Value::Tensor(out.clone()),
-            ]);
-            if ok_when_empty {
-                r.unwrap();
-                assert_eq!(
-                    out.to_vec::<f32>().unwrap(),
-                    vec![1.0, 2.0, 3.0],
-                    "{target}"
-                );
-            } else {
-                let e = r.expect_err("an unguarded read of an empty Z").to_string();
-                assert!(
-                    e.contains("tensor 'Z'") && e.contains("k=0"),
-                    "{target}: {e}"
-                );
-                assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
-            }
+    for (y, ok_when_empty) in [(&guarded, true), (&both, false)] {
+        let s = Schedule::new(std::slice::from_ref(y)).unwrap();
+        let m = rivet_compiler::build(&s, &[x.clone(), z.clone(), y.clone()], target, "g").unwrap();
+        let out = Tensor::from_slice(&[f32::NAN; 3], &[3]).unwrap();
+        let r = m.get_function("g").unwrap().call(&[
+            Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap()),
+            Value::Tensor(Tensor::from_slice::<f32>(&[], &[0]).unwrap()),
+            Value::Tensor(out.clone()),
+        ]);
+        if ok_when_empty {
+            r.unwrap();
+            assert_eq!(
+                out.to_vec::<f32>().unwrap(),
+                vec![1.0, 2.0, 3.0],
+                "{target}"
+            );
+        } else {
+            let e = r.expect_err("an unguarded read of an empty Z").to_string();
+            assert!(
+                e.contains("tensor 'Z'") && e.contains("k=0"),
+                "{target}: {e}"
+            );
+            assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
         }
     }
 }
@@ -1646,7 +1642,7 @@ fn a_load_under_a_float_condition_is_vectorized_and_still_proven() {
         assert_eq!(bits(&got), bits(&want), "len {len}");
         // One element short for W[i + 5]: refused before any code runs, on both backends.
         if len > 0 {
-            for target in ["cpu", "interp"] {
+            for target in rivet_tests::backend_names() {
                 let (r, out) = run(target, len + 4);
                 let e = r.expect_err("W too short").to_string();
                 assert!(e.contains("tensor 'W'"), "{target}: {e}");
@@ -1655,3 +1651,5 @@ fn a_load_under_a_float_condition_is_vectorized_and_still_proven() {
         }
     }
 }
+
+rivet_tests::for_each_backend!(host_memory: a_dims_guard_makes_its_reads_check_vacuous_and_only_those);

@@ -6,12 +6,10 @@
 
 use rivet_compiler::ir::{ForKind, Stmt, Var};
 use rivet_compiler::te::{self, compute, placeholder, CallbackFn, Tensor as TeTensor};
-use rivet_compiler::{build, Error as CError, Module, Schedule, Target};
+use rivet_compiler::{build, Error as CError, Module, Schedule, Target, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-const BACKENDS: [&str; 2] = ["interp", "cpu"];
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -92,38 +90,34 @@ fn run(f: &Function, a: &[f32], shape: &[i64]) -> Result<Vec<f32>, RtError> {
     out.as_tensor().unwrap().to_vec::<f32>()
 }
 
-fn built(s: &Schedule, args: &[TeTensor], target: &str) -> Function {
+fn built<T: ToTarget + ?Sized>(s: &Schedule, args: &[TeTensor], target: &T) -> Function {
     build(s, args, target, "f")
         .unwrap()
         .get_function("f")
         .unwrap()
 }
 
-#[test]
-fn extern_stages_compute_what_the_same_maths_as_computes_does() {
+fn extern_stages_compute_what_the_same_maths_as_computes_does(target: &Target) {
     let (ra, _, _, rc) = program(None);
-    for target in BACKENDS {
-        let reference = built(
-            &Schedule::new(&[rc.clone()]).unwrap(),
-            &[ra.clone(), rc.clone()],
-            target,
-        );
-        for returns in [false, true] {
-            let (a, _, _, c) = program(Some(CallbackFn::Function(square_minus(returns))));
-            let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
-            // Small (the lock kept, serial) and large (parallel loops around the callback).
-            for shape in [[3i64, 5], [1, 1], [0, 4], [300, 130]] {
-                let x = data((shape[0] * shape[1]) as usize, 7);
-                let got = run(&f, &x, &shape).unwrap();
-                let want = run(&reference, &x, &shape).unwrap();
-                assert_eq!(got, want, "{target} returns={returns} {shape:?}");
-            }
+    let reference = built(
+        &Schedule::new(&[rc.clone()]).unwrap(),
+        &[ra.clone(), rc.clone()],
+        target,
+    );
+    for returns in [false, true] {
+        let (a, _, _, c) = program(Some(CallbackFn::Function(square_minus(returns))));
+        let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
+        // Small (the lock kept, serial) and large (parallel loops around the callback).
+        for shape in [[3i64, 5], [1, 1], [0, 4], [300, 130]] {
+            let x = data((shape[0] * shape[1]) as usize, 7);
+            let got = run(&f, &x, &shape).unwrap();
+            let want = run(&reference, &x, &shape).unwrap();
+            assert_eq!(got, want, "{target} returns={returns} {shape:?}");
         }
     }
 }
 
-#[test]
-fn an_extern_stage_can_be_an_output_written_through_strides() {
+fn an_extern_stage_can_be_an_output_written_through_strides(target: &Target) {
     let (n, m) = (te::var("n"), te::var("m"));
     let a = placeholder(&[n.clone(), m.clone()], DType::F32, "A").unwrap();
     let e = te::extern_(
@@ -138,22 +132,20 @@ fn an_extern_stage_can_be_an_output_written_through_strides() {
         "E",
     )
     .unwrap();
-    for target in BACKENDS {
-        let f = built(
-            &Schedule::new(&[e.clone()]).unwrap(),
-            &[a.clone(), e.clone()],
-            target,
-        );
-        let x = data(12, 3);
-        let ta = Tensor::from_slice(&x, &[3, 4]).unwrap();
-        // A transposed view of a (4, 3) buffer as the (3, 4) output.
-        let base = Tensor::zeros(&[4, 3], DType::F32).unwrap();
-        let out = base.as_strided(&[3, 4], &[1, 3], 0).unwrap();
-        f.call(&[Value::Tensor(ta), Value::Tensor(out.clone())])
-            .unwrap();
-        let want: Vec<f32> = x.iter().map(|v| -v).collect();
-        assert_eq!(out.to_vec::<f32>().unwrap(), want, "{target}");
-    }
+    let f = built(
+        &Schedule::new(&[e.clone()]).unwrap(),
+        &[a.clone(), e.clone()],
+        target,
+    );
+    let x = data(12, 3);
+    let ta = Tensor::from_slice(&x, &[3, 4]).unwrap();
+    // A transposed view of a (4, 3) buffer as the (3, 4) output.
+    let base = Tensor::zeros(&[4, 3], DType::F32).unwrap();
+    let out = base.as_strided(&[3, 4], &[1, 3], 0).unwrap();
+    f.call(&[Value::Tensor(ta), Value::Tensor(out.clone())])
+        .unwrap();
+    let want: Vec<f32> = x.iter().map(|v| -v).collect();
+    assert_eq!(out.to_vec::<f32>().unwrap(), want, "{target}");
 }
 
 /// A function that logs `name` and returns None (a tap, or an extern that leaves zeros).
@@ -176,55 +168,52 @@ fn logger(
     })
 }
 
-#[test]
-fn callbacks_and_taps_run_once_per_call_in_stage_order_and_taps_change_nothing() {
+fn callbacks_and_taps_run_once_per_call_in_stage_order_and_taps_change_nothing(target: &Target) {
     let (ra, _, _, rc) = program(None);
-    for target in BACKENDS {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let seen_b = Arc::new(Mutex::new(Vec::new()));
-        let inner = square_minus(false);
-        let log2 = log.clone();
-        let ext = Function::new("ext", move |args| {
-            log2.lock().unwrap().push("E".to_string());
-            inner.call(args)
-        });
-        let (a, b, _, c) = program(Some(CallbackFn::Function(ext)));
-        let mut s = Schedule::new(&[c.clone()]).unwrap();
-        s.stage(&c)
-            .unwrap()
-            .debug_tap(CallbackFn::Function(logger(&log, "tapC", None)))
-            .unwrap();
-        s.stage(&b)
-            .unwrap()
-            .debug_tap(CallbackFn::Function(logger(
-                &log,
-                "tapB1",
-                Some(seen_b.clone()),
-            )))
-            .unwrap();
-        s.stage(&b)
-            .unwrap()
-            .debug_tap(CallbackFn::Function(logger(&log, "tapB2", None)))
-            .unwrap();
-        let f = built(&s, &[a, c], target);
-        let reference = built(
-            &Schedule::new(&[rc.clone()]).unwrap(),
-            &[ra.clone(), rc.clone()],
-            target,
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen_b = Arc::new(Mutex::new(Vec::new()));
+    let inner = square_minus(false);
+    let log2 = log.clone();
+    let ext = Function::new("ext", move |args| {
+        log2.lock().unwrap().push("E".to_string());
+        inner.call(args)
+    });
+    let (a, b, _, c) = program(Some(CallbackFn::Function(ext)));
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    s.stage(&c)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(&log, "tapC", None)))
+        .unwrap();
+    s.stage(&b)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(
+            &log,
+            "tapB1",
+            Some(seen_b.clone()),
+        )))
+        .unwrap();
+    s.stage(&b)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(&log, "tapB2", None)))
+        .unwrap();
+    let f = built(&s, &[a, c], target);
+    let reference = built(
+        &Schedule::new(&[rc.clone()]).unwrap(),
+        &[ra.clone(), rc.clone()],
+        target,
+    );
+    for (k, shape) in [[4i64, 6], [200, 120]].iter().enumerate() {
+        let x = data((shape[0] * shape[1]) as usize, 11 + k as u32);
+        assert_eq!(
+            run(&f, &x, shape).unwrap(),
+            run(&reference, &x, shape).unwrap()
         );
-        for (k, shape) in [[4i64, 6], [200, 120]].iter().enumerate() {
-            let x = data((shape[0] * shape[1]) as usize, 11 + k as u32);
-            assert_eq!(
-                run(&f, &x, shape).unwrap(),
-                run(&reference, &x, shape).unwrap()
-            );
-            let want_b: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
-            assert_eq!(*seen_b.lock().unwrap(), want_b, "{target}: the tap saw B");
-        }
-        let order = ["tapB1", "tapB2", "E", "tapC"];
-        let want: Vec<String> = order.iter().chain(&order).map(|s| s.to_string()).collect();
-        assert_eq!(*log.lock().unwrap(), want, "{target}");
+        let want_b: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
+        assert_eq!(*seen_b.lock().unwrap(), want_b, "{target}: the tap saw B");
     }
+    let order = ["tapB1", "tapB2", "E", "tapC"];
+    let want: Vec<String> = order.iter().chain(&order).map(|s| s.to_string()).collect();
+    assert_eq!(*log.lock().unwrap(), want, "{target}");
 }
 
 /// An extern stage whose callback fails while `fail` is set, else writes `B * B - A`.
@@ -238,48 +227,42 @@ fn failing(fail: Arc<AtomicBool>, err: fn() -> RtError) -> Function {
     })
 }
 
-#[test]
-fn a_callback_error_comes_out_unchanged_and_the_function_works_after_it() {
+fn a_callback_error_comes_out_unchanged_and_the_function_works_after_it(target: &Target) {
     let (ra, _, _, rc) = program(None);
-    for target in BACKENDS {
-        let fail = Arc::new(AtomicBool::new(true));
-        let (a, _, _, c) = program(Some(CallbackFn::Function(failing(fail.clone(), || {
-            RtError::Registry("boom 42".into())
-        }))));
-        let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
-        let reference = built(
-            &Schedule::new(&[rc.clone()]).unwrap(),
-            &[ra.clone(), rc.clone()],
-            target,
-        );
-        for shape in [[2i64, 3], [300, 100]] {
-            let x = data((shape[0] * shape[1]) as usize, 5);
-            fail.store(true, Ordering::SeqCst);
-            match run(&f, &x, &shape) {
-                Err(RtError::Registry(m)) => assert_eq!(m, "boom 42"),
-                other => panic!("{target}: expected the callback's error, got {other:?}"),
-            }
-            fail.store(false, Ordering::SeqCst);
-            assert_eq!(
-                run(&f, &x, &shape).unwrap(),
-                run(&reference, &x, &shape).unwrap()
-            );
+    let fail = Arc::new(AtomicBool::new(true));
+    let (a, _, _, c) = program(Some(CallbackFn::Function(failing(fail.clone(), || {
+        RtError::Registry("boom 42".into())
+    }))));
+    let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
+    let reference = built(
+        &Schedule::new(&[rc.clone()]).unwrap(),
+        &[ra.clone(), rc.clone()],
+        target,
+    );
+    for shape in [[2i64, 3], [300, 100]] {
+        let x = data((shape[0] * shape[1]) as usize, 5);
+        fail.store(true, Ordering::SeqCst);
+        match run(&f, &x, &shape) {
+            Err(RtError::Registry(m)) => assert_eq!(m, "boom 42"),
+            other => panic!("{target}: expected the callback's error, got {other:?}"),
         }
+        fail.store(false, Ordering::SeqCst);
+        assert_eq!(
+            run(&f, &x, &shape).unwrap(),
+            run(&reference, &x, &shape).unwrap()
+        );
     }
 }
 
-#[test]
-fn a_panicking_rust_callback_is_an_error_not_an_abort() {
-    for target in BACKENDS {
-        let (a, _, _, c) = program(Some(CallbackFn::Function(Function::new("p", |_| {
-            panic!("callback panics")
-        }))));
-        let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
-        let e = run(&f, &[1.0; 4], &[2, 2]).unwrap_err();
-        assert!(e.to_string().contains("callback panics"), "{target}: {e}");
-        // And the function works again (no state left behind by the caught panic).
-        let _ = run(&f, &[1.0; 4], &[2, 2]).unwrap_err();
-    }
+fn a_panicking_rust_callback_is_an_error_not_an_abort(target: &Target) {
+    let (a, _, _, c) = program(Some(CallbackFn::Function(Function::new("p", |_| {
+        panic!("callback panics")
+    }))));
+    let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
+    let e = run(&f, &[1.0; 4], &[2, 2]).unwrap_err();
+    assert!(e.to_string().contains("callback panics"), "{target}: {e}");
+    // And the function works again (no state left behind by the caught panic).
+    let _ = run(&f, &[1.0; 4], &[2, 2]).unwrap_err();
 }
 
 /// Makes the value a test callback returns.
@@ -289,8 +272,7 @@ fn returning(v: MakeValue) -> Function {
     Function::new("returns", move |_| Ok(v()))
 }
 
-#[test]
-fn a_wrong_result_is_a_shape_dtype_or_argument_error_naming_the_stage() {
+fn a_wrong_result_is_a_shape_dtype_or_argument_error_naming_the_stage(target: &Target) {
     let cases: [(MakeValue, &str); 4] = [
         (
             || Value::Tensor(Tensor::zeros(&[2, 4], DType::F32).unwrap()),
@@ -306,28 +288,26 @@ fn a_wrong_result_is_a_shape_dtype_or_argument_error_naming_the_stage() {
         ),
         (|| Value::Int(3), "argument"),
     ];
-    for target in BACKENDS {
-        for (v, kind) in cases {
-            let (a, _, _, c) = program(Some(CallbackFn::Function(returning(v))));
-            let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
-            let e = run(&f, &data(6, 1), &[2, 3]).unwrap_err();
-            let msg = e.to_string();
-            assert!(msg.contains("extern stage 'E'"), "{msg}");
-            match (kind, &e) {
-                ("shape", RtError::Shape(_)) => {
-                    assert!(msg.contains("expected shape [2, 3]"), "{msg}")
-                }
-                ("dtype", RtError::DType(_)) => {
-                    assert!(
-                        msg.contains("float64") && msg.contains("expected dtype float32"),
-                        "{msg}"
-                    )
-                }
-                ("argument", RtError::Argument(_)) => {
-                    assert!(msg.contains("returned a int"), "{msg}")
-                }
-                _ => panic!("{target} {kind}: got {e:?}"),
+    for (v, kind) in cases {
+        let (a, _, _, c) = program(Some(CallbackFn::Function(returning(v))));
+        let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
+        let e = run(&f, &data(6, 1), &[2, 3]).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("extern stage 'E'"), "{msg}");
+        match (kind, &e) {
+            ("shape", RtError::Shape(_)) => {
+                assert!(msg.contains("expected shape [2, 3]"), "{msg}")
             }
+            ("dtype", RtError::DType(_)) => {
+                assert!(
+                    msg.contains("float64") && msg.contains("expected dtype float32"),
+                    "{msg}"
+                )
+            }
+            ("argument", RtError::Argument(_)) => {
+                assert!(msg.contains("returned a int"), "{msg}")
+            }
+            _ => panic!("{target} {kind}: got {e:?}"),
         }
     }
 }
@@ -364,9 +344,8 @@ fn callbacks_never_stand_inside_a_loop() {
         },
         other => other,
     });
-    for target in BACKENDS {
-        let t = Target::parse(target).unwrap();
-        match rivet_compiler::build::compile_loaded(nest.clone(), &t) {
+    for target in rivet_tests::backends() {
+        match rivet_compiler::build::compile_loaded(nest.clone(), &target) {
             Err(CError::Compile(m)) => {
                 assert!(
                     m.contains("stage 'E'") && m.contains("Parallel loop 'p'"),
@@ -455,71 +434,64 @@ fn saved_modules_find_registered_callbacks_by_name_and_refuse_bare_functions() {
     );
 }
 
-#[test]
-fn a_view_kept_by_a_callback_stays_valid_after_the_call() {
-    for target in BACKENDS {
-        let kept: Arc<Mutex<Vec<(Tensor, Tensor)>>> = Arc::new(Mutex::new(Vec::new()));
-        let (k2, inner) = (kept.clone(), square_minus(false));
-        let keeper = Function::new("keeper", move |args| {
-            inner.call(args)?;
-            let (input, out) = (arg(&args[0], 0)?.clone(), arg(&args[2], 2)?.clone());
-            k2.lock().unwrap().push((input, out));
-            Ok(Value::Null)
-        });
-        let (a, _, _, c) = program(Some(CallbackFn::Function(keeper)));
-        let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
-        let x1 = data(2000, 1);
-        let x2 = data(2000, 2);
-        run(&f, &x1, &[40, 50]).unwrap();
-        run(&f, &x2, &[40, 50]).unwrap();
-        // Both calls' views: still their own values (B = 2x + 1, E = B * B - x), although the
-        // kernel's temporaries were freed or reused in between.
-        let kept = kept.lock().unwrap();
-        for ((input, out), x) in kept.iter().zip([&x1, &x2]) {
-            let b: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
-            let e: Vec<f32> = b.iter().zip(x.iter()).map(|(b, a)| b * b - a).collect();
-            assert_eq!(input.to_vec::<f32>().unwrap(), b, "{target}");
-            assert_eq!(out.to_vec::<f32>().unwrap(), e, "{target}");
-        }
+fn a_view_kept_by_a_callback_stays_valid_after_the_call(target: &Target) {
+    let kept: Arc<Mutex<Vec<(Tensor, Tensor)>>> = Arc::new(Mutex::new(Vec::new()));
+    let (k2, inner) = (kept.clone(), square_minus(false));
+    let keeper = Function::new("keeper", move |args| {
+        inner.call(args)?;
+        let (input, out) = (arg(&args[0], 0)?.clone(), arg(&args[2], 2)?.clone());
+        k2.lock().unwrap().push((input, out));
+        Ok(Value::Null)
+    });
+    let (a, _, _, c) = program(Some(CallbackFn::Function(keeper)));
+    let f = built(&Schedule::new(&[c.clone()]).unwrap(), &[a, c], target);
+    let x1 = data(2000, 1);
+    let x2 = data(2000, 2);
+    run(&f, &x1, &[40, 50]).unwrap();
+    run(&f, &x2, &[40, 50]).unwrap();
+    // Both calls' views: still their own values (B = 2x + 1, E = B * B - x), although the
+    // kernel's temporaries were freed or reused in between.
+    let kept = kept.lock().unwrap();
+    for ((input, out), x) in kept.iter().zip([&x1, &x2]) {
+        let b: Vec<f32> = x.iter().map(|v| v * 2.0 + 1.0).collect();
+        let e: Vec<f32> = b.iter().zip(x.iter()).map(|(b, a)| b * b - a).collect();
+        assert_eq!(input.to_vec::<f32>().unwrap(), b, "{target}");
+        assert_eq!(out.to_vec::<f32>().unwrap(), e, "{target}");
     }
 }
 
-#[test]
-fn checked_mode_runs_callbacks_on_every_backend_empty_tensors_included() {
+fn checked_mode_runs_callbacks_on_every_backend_empty_tensors_included(target: &Target) {
     let (ra, _, _, rc) = program(None);
-    for target in BACKENDS {
-        let opts = rivet_compiler::build::Options {
-            checked: true,
-            ..rivet_compiler::build::Options::from_env()
-        };
-        let (a, b, _, c) = program(Some(CallbackFn::Function(square_minus(false))));
-        let mut s = Schedule::new(&[c.clone()]).unwrap();
-        s.stage(&b)
-            .unwrap()
-            .debug_tap(CallbackFn::Function(returning(|| Value::Null)))
-            .unwrap();
-        let f = rivet_compiler::build::build_with(&s, &[a, c], target, "f", opts)
-            .unwrap()
-            .get_function("f")
-            .unwrap();
-        let reference = built(
-            &Schedule::new(&[rc.clone()]).unwrap(),
-            &[ra.clone(), rc.clone()],
-            target,
+    let opts = rivet_compiler::build::Options {
+        checked: true,
+        ..rivet_compiler::build::Options::from_env()
+    };
+    let (a, b, _, c) = program(Some(CallbackFn::Function(square_minus(false))));
+    let mut s = Schedule::new(&[c.clone()]).unwrap();
+    s.stage(&b)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(returning(|| Value::Null)))
+        .unwrap();
+    let f = rivet_compiler::build::build_with(&s, &[a, c], target, "f", opts)
+        .unwrap()
+        .get_function("f")
+        .unwrap();
+    let reference = built(
+        &Schedule::new(&[rc.clone()]).unwrap(),
+        &[ra.clone(), rc.clone()],
+        target,
+    );
+    for shape in [[0i64, 3], [3, 0], [5, 4]] {
+        let x = data((shape[0] * shape[1]) as usize, 4);
+        assert_eq!(
+            run(&f, &x, &shape).unwrap(),
+            run(&reference, &x, &shape).unwrap(),
+            "{target} {shape:?}"
         );
-        for shape in [[0i64, 3], [3, 0], [5, 4]] {
-            let x = data((shape[0] * shape[1]) as usize, 4);
-            assert_eq!(
-                run(&f, &x, &shape).unwrap(),
-                run(&reference, &x, &shape).unwrap(),
-                "{target} {shape:?}"
-            );
-        }
     }
 }
 
-#[test]
-fn several_extern_stages_run_in_producer_order_each_once() {
+fn several_extern_stages_run_in_producer_order_each_once(target: &Target) {
     let log = Arc::new(Mutex::new(Vec::new()));
     // E1 = A + 1 (extern), B = 2 * E1 (compute), E2 = B - E1 (extern, the output).
     let logged = |name: &'static str, f: fn(&[Vec<f32>]) -> Vec<f32>| {
@@ -556,31 +528,29 @@ fn several_extern_stages_run_in_producer_order_each_once() {
         "E2",
     )
     .unwrap();
-    for target in BACKENDS {
-        log.lock().unwrap().clear();
-        let mut s = Schedule::new(&[e2.clone()]).unwrap();
-        s.stage(&b)
-            .unwrap()
-            .debug_tap(CallbackFn::Function(logger(&log, "tapB", None)))
-            .unwrap();
-        let f = built(&s, &[a.clone(), e2.clone()], target);
-        for _ in 0..2 {
-            let x = data(33, 8);
-            let ta = Tensor::from_slice(&x, &[33]).unwrap();
-            let got = f.call(&[Value::Tensor(ta)]).unwrap();
-            let want: Vec<f32> = x.iter().map(|v| (v + 1.0) * 2.0 - (v + 1.0)).collect();
-            assert_eq!(
-                got.as_tensor().unwrap().to_vec::<f32>().unwrap(),
-                want,
-                "{target}"
-            );
-        }
-        let want: Vec<String> = ["E1", "tapB", "E2", "E1", "tapB", "E2"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(*log.lock().unwrap(), want, "{target}");
+    log.lock().unwrap().clear();
+    let mut s = Schedule::new(&[e2.clone()]).unwrap();
+    s.stage(&b)
+        .unwrap()
+        .debug_tap(CallbackFn::Function(logger(&log, "tapB", None)))
+        .unwrap();
+    let f = built(&s, &[a.clone(), e2.clone()], target);
+    for _ in 0..2 {
+        let x = data(33, 8);
+        let ta = Tensor::from_slice(&x, &[33]).unwrap();
+        let got = f.call(&[Value::Tensor(ta)]).unwrap();
+        let want: Vec<f32> = x.iter().map(|v| (v + 1.0) * 2.0 - (v + 1.0)).collect();
+        assert_eq!(
+            got.as_tensor().unwrap().to_vec::<f32>().unwrap(),
+            want,
+            "{target}"
+        );
     }
+    let want: Vec<String> = ["E1", "tapB", "E2", "E1", "tapB", "E2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(*log.lock().unwrap(), want, "{target}");
 }
 
 #[test]
@@ -694,41 +664,54 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
 /// every handle a compiled function holds of its callbacks is visible (the loop nest's, the
 /// lowered function's and the kernel's copies), and a packed function declares the handles
 /// of its compiled code its closures hold, so the counts add up exactly.
-#[test]
-fn compiled_functions_show_every_handle_they_hold() {
-    for target in BACKENDS {
-        let cb = square_minus(false);
-        let (a, _, e, c) = program(Some(CallbackFn::Function(cb.clone())));
-        let s = Schedule::new(&[c.clone()]).unwrap();
-        let m = build(&s, &[a, c], target, "f").unwrap();
-        drop(s);
-        let compiled = m.funcs[0].clone();
-        let seen = compiled.nest.callbacks.len()
-            + compiled.func.callbacks.len()
-            + compiled.kernel.host_callbacks().len();
-        assert_eq!(seen, 3, "{target}");
-        // Ours, the extern stage's, and the three inside the compiled function.
-        assert_eq!(cb.handles(), 2 + seen, "{target}");
-        // The extern stage stays alive after the user drops it: the compiled function keeps
-        // its te program (`Compiled::source`, for `backward`), which reads it; gc.rs walks
-        // that too.
-        drop(e);
-        assert_eq!(cb.handles(), 2 + seen, "{target}");
-        assert!(compiled.recipe.is_some(), "{target}");
-        let before = Arc::strong_count(&compiled);
-        let f = rivet_compiler::call::make_function(compiled.clone());
-        let parts = f.parts().expect("a compiled function shows its code");
-        assert_eq!(
-            Arc::strong_count(&compiled),
-            before + 1 + parts.hidden,
-            "{target}"
-        );
-        let shown = parts
-            .object
-            .downcast_ref::<rivet_compiler::artifact::Compiled>()
-            .expect("the parts are the compiled function");
-        assert!(std::ptr::eq(shown, &*compiled));
-        drop(f);
-        assert_eq!(Arc::strong_count(&compiled), before, "{target}");
-    }
+fn compiled_functions_show_every_handle_they_hold(target: &Target) {
+    let cb = square_minus(false);
+    let (a, _, e, c) = program(Some(CallbackFn::Function(cb.clone())));
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let m = build(&s, &[a, c], target, "f").unwrap();
+    drop(s);
+    let compiled = m.funcs[0].clone();
+    let seen = compiled.nest.callbacks.len()
+        + compiled.func.callbacks.len()
+        + compiled.kernel.host_callbacks().len();
+    assert_eq!(seen, 3, "{target}");
+    // Ours, the extern stage's, and the three inside the compiled function.
+    assert_eq!(cb.handles(), 2 + seen, "{target}");
+    // The extern stage stays alive after the user drops it: the compiled function keeps
+    // its te program (`Compiled::recipe`, for `backward`), which reads it; gc.rs walks
+    // that too.
+    drop(e);
+    assert_eq!(cb.handles(), 2 + seen, "{target}");
+    assert!(compiled.recipe.is_some(), "{target}");
+    let before = Arc::strong_count(&compiled);
+    let f = rivet_compiler::call::make_function(compiled.clone());
+    let parts = f.parts().expect("a compiled function shows its code");
+    assert_eq!(
+        Arc::strong_count(&compiled),
+        before + 1 + parts.hidden,
+        "{target}"
+    );
+    let shown = parts
+        .object
+        .downcast_ref::<rivet_compiler::artifact::Compiled>()
+        .expect("the parts are the compiled function");
+    assert!(std::ptr::eq(shown, &*compiled));
+    drop(f);
+    assert_eq!(Arc::strong_count(&compiled), before, "{target}");
+}
+
+// Host callbacks run on the backends that run kernels on host memory (CUDA refuses them:
+// `cuda_builds_refuse_host_callbacks`).
+rivet_tests::for_each_backend! {
+    host_memory:
+        extern_stages_compute_what_the_same_maths_as_computes_does,
+        an_extern_stage_can_be_an_output_written_through_strides,
+        callbacks_and_taps_run_once_per_call_in_stage_order_and_taps_change_nothing,
+        a_callback_error_comes_out_unchanged_and_the_function_works_after_it,
+        a_panicking_rust_callback_is_an_error_not_an_abort,
+        a_wrong_result_is_a_shape_dtype_or_argument_error_naming_the_stage,
+        a_view_kept_by_a_callback_stays_valid_after_the_call,
+        checked_mode_runs_callbacks_on_every_backend_empty_tensors_included,
+        several_extern_stages_run_in_producer_order_each_once,
+        compiled_functions_show_every_handle_they_hold;
 }

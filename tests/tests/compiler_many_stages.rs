@@ -7,7 +7,7 @@
 
 use rivet_compiler::build::{build_with, Options};
 use rivet_compiler::te::{self, compute, placeholder};
-use rivet_compiler::{Error, Module, Schedule};
+use rivet_compiler::{Error, Module, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 use rivet_tests::backends;
 
@@ -73,54 +73,48 @@ fn as_written(yes: bool) -> Options {
     }
 }
 
-#[test]
-fn five_thousand_materialised_stages_build_and_run_on_every_backend() {
+fn five_thousand_materialised_stages_build_and_run_on_every_backend(target: &Target) {
     let n = 5000;
     let (x, stages) = chain(n);
     let out = stages.last().unwrap().clone();
     let s = Schedule::new(&[out.clone()]).unwrap();
     assert_eq!(s.stages.len(), n);
-    for target in backends() {
-        // The default schedule (which inlines what it can and falls back to the program as
-        // written when the inlined expression would be too deep) and the program as written.
-        for written in [false, true] {
-            let what = format!("{target} as_written={written}");
-            let m = build_with(
-                &s,
-                &[x.clone(), out.clone()],
-                &target,
-                "chain",
-                as_written(written),
-            )
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-            // The stages' temporaries share one allocation: statement nesting does not grow
-            // with the number of stages.
-            let depth = m.funcs[0].nest.body.depth();
-            assert!(depth < 16, "{what}: nest {depth} deep");
-            run(&m, n, &what);
-        }
-    }
-}
-
-#[test]
-fn a_saved_module_of_5000_stages_loads_and_runs() {
-    let n = 5000;
-    let (x, stages) = chain(n);
-    let out = stages.last().unwrap().clone();
-    let s = Schedule::new(&[out.clone()]).unwrap();
-    for target in backends() {
+    // The default schedule (which inlines what it can and falls back to the program as
+    // written when the inlined expression would be too deep) and the program as written.
+    for written in [false, true] {
+        let what = format!("{target} as_written={written}");
         let m = build_with(
             &s,
             &[x.clone(), out.clone()],
             &target,
             "chain",
-            as_written(true),
+            as_written(written),
         )
-        .unwrap();
-        let bytes = m.to_bytes().unwrap();
-        let loaded = Module::from_bytes(&bytes, "chain.rivet").unwrap();
-        run(&loaded, n, &format!("{target}, loaded"));
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The stages' temporaries share one allocation: statement nesting does not grow
+        // with the number of stages.
+        let depth = m.funcs[0].nest.body.depth();
+        assert!(depth < 16, "{what}: nest {depth} deep");
+        run(&m, n, &what);
     }
+}
+
+fn a_saved_module_of_5000_stages_loads_and_runs(target: &Target) {
+    let n = 5000;
+    let (x, stages) = chain(n);
+    let out = stages.last().unwrap().clone();
+    let s = Schedule::new(&[out.clone()]).unwrap();
+    let m = build_with(
+        &s,
+        &[x.clone(), out.clone()],
+        &target,
+        "chain",
+        as_written(true),
+    )
+    .unwrap();
+    let bytes = m.to_bytes().unwrap();
+    let loaded = Module::from_bytes(&bytes, "chain.rivet").unwrap();
+    run(&loaded, n, &format!("{target}, loaded"));
 }
 
 /// `X_k` computed inside the loop of `X_{k+1}`, for every stage but the last: each stage
@@ -212,4 +206,10 @@ fn a_20000_stage_chain_needs_no_deep_stack() {
         .unwrap()
         .join()
         .expect("the thread finished (no stack overflow, no panic)");
+}
+
+rivet_tests::for_each_backend! {
+    host_memory:
+        five_thousand_materialised_stages_build_and_run_on_every_backend,
+        a_saved_module_of_5000_stages_loads_and_runs;
 }

@@ -4,7 +4,7 @@
 //! backend, float64, random data and cotangents, outputs NaN-poisoned: the forward with
 //! residuals writes the forward's outputs and the residual stages' values; the saved backward
 //! gives the plain backward's gradients (itself checked against central differences in
-//! backward.rs). The policy: softmax keeps its exponentials and row sums (not its max, which
+//! grad_backward.rs). The policy: softmax keeps its exponentials and row sums (not its max, which
 //! `stop_gradient` removes from the backward), layer_norm its two row sums (the centred input
 //! is recomputed); a function whose backward needs no forward value keeps none. And
 //! `stop_gradient`: same values, no gradient through it. CUDA builds of the pair compile with
@@ -106,49 +106,43 @@ fn check_pair(f: &Function, in_shapes: &[&[i64]], out_shape: &[i64], seed: u64) 
     res.iter().map(|r| r.to_vec::<f64>().unwrap()).collect()
 }
 
-#[test]
-fn softmax_keeps_its_exponentials_and_sums_and_matches_the_plain_backward() {
-    for target in ["interp", "cpu"] {
-        let f = kernels::softmax(DType::F64, 2, -1, &Target::parse(target).unwrap()).unwrap();
-        let s = saved(&f).unwrap();
-        assert_eq!(s.residuals, 2, "{target}");
-        assert_eq!(names(&s.forward), ["X", "Y", "sum", "exp"], "{target}");
-        assert_eq!(
-            names(&s.backward),
-            ["X", "Y", "saved_sum", "saved_exp", "grad_Y", "X_grad"],
-            "{target}"
+fn softmax_keeps_its_exponentials_and_sums_and_matches_the_plain_backward(target: &Target) {
+    let f = kernels::softmax(DType::F64, 2, -1, target).unwrap();
+    let s = saved(&f).unwrap();
+    assert_eq!(s.residuals, 2, "{target}");
+    assert_eq!(names(&s.forward), ["X", "Y", "sum", "exp"], "{target}");
+    assert_eq!(
+        names(&s.backward),
+        ["X", "Y", "saved_sum", "saved_exp", "grad_Y", "X_grad"],
+        "{target}"
+    );
+    let (rows, cols) = (5, 7);
+    let res = check_pair(&f, &[&[rows, cols]], &[rows, cols], 11);
+    // The residuals are the stages' values: row sums of exp(x - max).
+    let x = uniform((rows * cols) as usize, 11, -2.0, 2.0);
+    for r in 0..rows as usize {
+        let row = &x[r * cols as usize..(r + 1) * cols as usize];
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = row.iter().map(|v| (v - m).exp()).collect();
+        close(&[res[0][r]], &[e.iter().sum()], "saved sum");
+        close(
+            &res[1][r * cols as usize..(r + 1) * cols as usize],
+            &e,
+            "saved exp",
         );
-        let (rows, cols) = (5, 7);
-        let res = check_pair(&f, &[&[rows, cols]], &[rows, cols], 11);
-        // The residuals are the stages' values: row sums of exp(x - max).
-        let x = uniform((rows * cols) as usize, 11, -2.0, 2.0);
-        for r in 0..rows as usize {
-            let row = &x[r * cols as usize..(r + 1) * cols as usize];
-            let m = row.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = row.iter().map(|v| (v - m).exp()).collect();
-            close(&[res[0][r]], &[e.iter().sum()], "saved sum");
-            close(
-                &res[1][r * cols as usize..(r + 1) * cols as usize],
-                &e,
-                "saved exp",
-            );
-        }
     }
 }
 
-#[test]
-fn layer_norm_keeps_its_row_sums_and_recomputes_the_centred_input() {
-    for target in ["interp", "cpu"] {
-        let f = kernels::layer_norm(DType::F64, 2, 1e-5, &Target::parse(target).unwrap()).unwrap();
-        let s = saved(&f).unwrap();
-        assert_eq!(s.residuals, 2, "{target}");
-        assert_eq!(
-            names(&s.backward)[..6],
-            ["X", "gamma", "beta", "Y", "saved_sqsum", "saved_total"],
-            "{target}"
-        );
-        check_pair(&f, &[&[6, 9], &[9], &[9]], &[6, 9], 21);
-    }
+fn layer_norm_keeps_its_row_sums_and_recomputes_the_centred_input(target: &Target) {
+    let f = kernels::layer_norm(DType::F64, 2, 1e-5, target).unwrap();
+    let s = saved(&f).unwrap();
+    assert_eq!(s.residuals, 2, "{target}");
+    assert_eq!(
+        names(&s.backward)[..6],
+        ["X", "gamma", "beta", "Y", "saved_sqsum", "saved_total"],
+        "{target}"
+    );
+    check_pair(&f, &[&[6, 9], &[9], &[9]], &[6, 9], 21);
 }
 
 #[test]
@@ -225,4 +219,10 @@ fn cuda_kernels_get_a_saved_pair_compiled_by_nvrtc() {
         let f = kernels::layer_norm(DType::F32, 2, 1e-5, &target).unwrap();
         assert_eq!(saved(&f).unwrap().residuals, 2, "{arch}");
     }
+}
+
+rivet_tests::for_each_backend! {
+    host_memory:
+        softmax_keeps_its_exponentials_and_sums_and_matches_the_plain_backward,
+        layer_norm_keeps_its_row_sums_and_recomputes_the_centred_input;
 }

@@ -603,7 +603,7 @@ fn transposes_run_in_tiles_and_equal_the_input_permuted() {
                 want.iter_mut().for_each(|x| *x = *x as f32 as f64);
             }
             for strided in [false, true] {
-                for target in [Target::cpu(), Target::interp()] {
+                for target in rivet_tests::backends() {
                     let s = Schedule::new(std::slice::from_ref(def.out())).unwrap();
                     let f = build(&s, &def.args, &target, "k")
                         .unwrap()
