@@ -75,9 +75,10 @@ def _rust_pages():
 
 def test_every_rust_block_of_the_book_is_compiled():
     """A docs page with a ```rust block is a doctest of the `rivet` crate (rivet/src/lib.rs,
-    `docs_book`), so `cargo test` compiles and runs its blocks; the README's Rust quickstart is
+    `docs_book`; docs/testing.md, whose blocks use the test crate's macros, of `rivet-tests`),
+    so `cargo test` compiles and runs its blocks; the README's Rust quickstart is
     the source of examples/quickstart, compiled as a crate (below)."""
-    lib = open(os.path.join(ROOT, "rivet", "src", "lib.rs")).read()
+    lib = "".join(open(os.path.join(ROOT, crate, "src", "lib.rs")).read() for crate in ("rivet", "tests"))
     included = set(re.findall(r'include_str!\("\.\./\.\./(docs/[^"]+)"\)', lib))
     assert _rust_pages() and set(_rust_pages()) <= included, (_rust_pages(), included)
 
@@ -118,3 +119,18 @@ def test_readme_rust_quickstart_runs():
 def test_readme_python_quickstart_is_short():
     (python,) = _section_blocks("python", "## Python quickstart")
     assert len(python.splitlines()) < 25
+
+
+def test_every_code_block_names_its_language():
+    """A fence without a language is Rust to rustdoc (the pages are doctests) and plain text to
+    mdBook: each block says what it is (rust, python, sh, text, c, json)."""
+    bare = []
+    for path in DOCS + ["README.md"]:
+        inside = False
+        for n, line in enumerate(open(os.path.join(ROOT, path)).read().splitlines(), 1):
+            m = re.match(r"\s*```(.*)$", line)
+            if m:
+                if not inside and not m.group(1).strip():
+                    bare.append(f"{path}:{n}")
+                inside = not inside
+    assert not bare, bare

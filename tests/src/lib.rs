@@ -92,3 +92,11 @@ pub fn uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
         })
         .collect()
 }
+
+/// docs/testing.md's Rust blocks use this crate's macros, so they are doctests here rather than
+/// in the `rivet` crate (`docs_book` there holds the other pages).
+#[cfg(doctest)]
+mod docs_book {
+    #[doc = include_str!("../../docs/testing.md")]
+    struct Testing;
+}
