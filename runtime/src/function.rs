@@ -56,7 +56,7 @@ struct Inner {
     outputs: Option<Box<OutputRule>>,
     /// What the body computes with, made visible (`with_parts`).
     parts: Option<Parts>,
-    /// The body and output rule are another library's (`capi_foreign`): an output rule
+    /// The body and output rule are another library's (`capi::import`): an output rule
     /// whose answer breaks the signature is that library's bug (`Error::Library`), not
     /// rivet's (`Error::Internal`).
     foreign: bool,
@@ -294,7 +294,7 @@ impl Function {
         Ok(())
     }
 
-    /// This function marked as another library's (`capi_foreign`), before anyone else holds
+    /// This function marked as another library's (`capi::import`), before anyone else holds
     /// it: a broken output rule is then `Error::Library`, not `Error::Internal`.
     pub(crate) fn from_library(mut self) -> Function {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {

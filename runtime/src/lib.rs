@@ -9,7 +9,6 @@
 pub mod alloc;
 pub mod cai;
 pub mod capi;
-pub mod capi_foreign;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;

@@ -8,8 +8,8 @@
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Schedule};
+use rivet_runtime::capi::import::*;
 use rivet_runtime::capi::*;
-use rivet_runtime::capi_foreign::*;
 use rivet_runtime::{DType, Error, Function};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
