@@ -31,7 +31,7 @@ fn crossed(f: Function) -> Function {
 
 #[test]
 fn tensors_scalars_results_and_errors_cross_with_their_kinds() {
-    let axpy = crossed(crate::testing::functions().remove(2));
+    let axpy = crossed(crate::builtin_functions::functions().remove(2));
     let x = Tensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
     let y = Tensor::from_slice(&[10f32, 20., 30., 40., 50., 60.], &[2, 3]).unwrap();
     // A transposed view crosses as its layout (strides), written in place.
@@ -65,7 +65,7 @@ fn tensors_scalars_results_and_errors_cross_with_their_kinds() {
         "{e}"
     );
     // Results: a tensor comes back as a managed tensor of the callee (echo returns it).
-    let echo = crossed(crate::testing::functions().remove(0));
+    let echo = crossed(crate::builtin_functions::functions().remove(0));
     let out = echo.call(&[x.clone().into()]).unwrap();
     let Value::Tensor(t) = out else {
         panic!("{}", out.kind())
@@ -192,7 +192,7 @@ fn doubler() -> Function {
         sig,
         |args| {
             // y is zeros in the test: y <- 2 x + y is 2 x.
-            let axpy = crate::testing::functions().remove(2);
+            let axpy = crate::builtin_functions::functions().remove(2);
             let mut with_alpha = vec![Value::Float(2.0)];
             with_alpha.extend_from_slice(args);
             axpy.call(&with_alpha)
@@ -230,7 +230,7 @@ fn a_typed_function_crosses_with_its_signature_and_output_rule() {
     let e = f.call(&[x.into(), Tensor::zeros(&[2, 4], DType::F32).unwrap().into()]);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     // An untyped function crosses untyped.
-    let echo = crossed_typed(crate::testing::functions().remove(0));
+    let echo = crossed_typed(crate::builtin_functions::functions().remove(0));
     assert!(echo.signature().is_some(), "testing.echo is typed");
     let untyped = crossed_typed(Function::new("plain", |_| Ok(Value::Null)));
     assert!(untyped.signature().is_none() && !untyped.has_output_rule());
