@@ -76,7 +76,7 @@ pub struct Parts {
 impl Function {
     /// The one place an `Inner` is built; each public constructor says only what differs
     /// (signature, whether `call` checks it, output rule). `parts` and the foreign mark are
-    /// set afterwards, on a function no one else holds yet (`with_parts`, `from_library`).
+    /// set afterwards, on a function no one else holds yet (`with_parts`, `into_foreign`).
     fn make(
         name: String,
         signature: Option<Signature>,
@@ -286,7 +286,7 @@ impl Function {
 
     /// This function marked as another library's (`capi::import`), before anyone else holds
     /// it: a broken output rule is then `Error::Library`, not `Error::Internal`.
-    pub(crate) fn from_library(mut self) -> Function {
+    pub(crate) fn into_foreign(mut self) -> Function {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.foreign = true;
         }

@@ -149,7 +149,7 @@ pub unsafe extern "C" fn RivetFunctionCreateTyped(
                 })
             }
         }
-        .from_library();
+        .into_foreign();
         // SAFETY: checked non-null; the caller's promise that it is writable.
         unsafe { *out = new_handle(f) };
         Ok(())
@@ -354,11 +354,14 @@ pub(crate) unsafe fn value_from_callee(name: &str, code: i32, result: RivetAny) 
         };
         return Err(callee_error(name, code, message));
     }
-    // SAFETY: each arm reads the union member its type code names.
+    // Each arm reads the union member its type code names.
     Ok(match result.type_code {
         RIVET_NULL => Value::Null,
+        // SAFETY: an int's member.
         RIVET_INT => Value::Int(unsafe { result.value.v_int64 }),
+        // SAFETY: a float's member.
         RIVET_FLOAT => Value::Float(unsafe { result.value.v_float64 }),
+        // SAFETY: a bool is carried in the int member.
         RIVET_BOOL => Value::Bool(unsafe { result.value.v_int64 } != 0),
         RIVET_STR => Value::Str(text(ptr)?.into()),
         RIVET_MANAGED_TENSOR => {
