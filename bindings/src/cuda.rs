@@ -15,7 +15,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 use rivet_compiler::codegen::cuda::driver;
-use rivet_runtime::{cai, stream, Error, Result, Tensor};
+use rivet_runtime::{cuda_array_interface, stream, Error, Result, Tensor};
 use smallvec::SmallVec;
 
 /// A stream argument: None, an int handle (>= 0; 1 and 2 are the legacy and per-thread
@@ -159,8 +159,8 @@ pub fn import_cai(obj: &Bound<'_, PyAny>, sync: Option<&mut CallStreams>) -> Res
         .map(|s| s.extract())
         .transpose()
         .map_err(|e| field("stream", e))?;
-    let desc = cai::describe(
-        &cai::Interface {
+    let desc = cuda_array_interface::describe(
+        &cuda_array_interface::Interface {
             version,
             shape,
             typestr,

@@ -89,6 +89,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ),
     )?;
     m.add("MAX_ALLOC_BYTES", rivet_runtime::MAX_ALLOC_BYTES)?;
+    // The names of the dtypes a rivet tensor can have, in `DType::ALL`'s order.
+    m.add(
+        "DTYPES",
+        pyo3::types::PyTuple::new(m.py(), rivet_runtime::DType::ALL.map(|d| d.name()))?,
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -264,25 +264,11 @@ fn array_typestr(t: &Tensor) -> Result<&'static str, Error> {
             t.device()
         )));
     }
-    Ok(match t.dtype() {
-        DType::Bool => "|b1",
-        DType::I8 => "|i1",
-        DType::I16 => "<i2",
-        DType::I32 => "<i4",
-        DType::I64 => "<i8",
-        DType::U8 => "|u1",
-        DType::U16 => "<u2",
-        DType::U32 => "<u4",
-        DType::U64 => "<u8",
-        DType::F16 => "<f2",
-        DType::F32 => "<f4",
-        DType::F64 => "<f8",
-        DType::BF16 => {
-            return Err(Error::DType(
-                "numpy has no bfloat16 dtype; view the tensor with torch.from_dlpack instead"
-                    .into(),
-            ))
-        }
+    t.dtype().typestr().ok_or_else(|| {
+        // bfloat16, the one dtype without a type string.
+        Error::DType(
+            "numpy has no bfloat16 dtype; view the tensor with torch.from_dlpack instead".into(),
+        )
     })
 }
 

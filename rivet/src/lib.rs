@@ -143,7 +143,7 @@ pub mod prelude {
 /// `rivet.load_library(path)` calls; `f` (a function or closure returning
 /// `Result<Vec<(String, Function)>, E>` with `E: Display`) builds the functions, which are
 /// registered under their names in the Python process's rivet (`rivet.get_global_func`).
-/// They cross through the C ABI only (`rivet_runtime::capi_foreign`): each keeps its own
+/// They cross through the C ABI only (`rivet_runtime::capi::export`): each keeps its own
 /// signature checks and runs in this library's runtime; on the Python side it keeps its typed
 /// signature and output rule (C ABI 1.1, `RivetFunctionCreateTyped`), so plain calls,
 /// `rivet.to_pytorch_func`, `rivet.torch.custom_op` and `rivet.jax.ffi_func` all take it (a
@@ -183,12 +183,12 @@ macro_rules! python_library {
         /// Called by rivet's host with a live `RivetHostApi` and an error buffer.
         #[no_mangle]
         pub unsafe extern "C" fn rivet_library_init(
-            host: *const $crate::runtime::capi_foreign::RivetHostApi,
+            host: *const $crate::runtime::capi::RivetHostApi,
             err: *mut ::std::ffi::c_char,
             err_len: usize,
         ) -> i32 {
             // SAFETY: the host's promises, passed on.
-            unsafe { $crate::runtime::capi_foreign::library_init(host, err, err_len, $build) }
+            unsafe { $crate::runtime::capi::export::library_init(host, err, err_len, $build) }
         }
     };
 }

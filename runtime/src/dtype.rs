@@ -81,6 +81,27 @@ impl DType {
         }
     }
 
+    /// numpy's array-interface type string (`__array_interface__`,
+    /// `__cuda_array_interface__`): little-endian, `|` for one-byte types; `None` for
+    /// bfloat16, which has no type string.
+    pub const fn typestr(self) -> Option<&'static str> {
+        Some(match self {
+            DType::Bool => "|b1",
+            DType::I8 => "|i1",
+            DType::I16 => "<i2",
+            DType::I32 => "<i4",
+            DType::I64 => "<i8",
+            DType::U8 => "|u1",
+            DType::U16 => "<u2",
+            DType::U32 => "<u4",
+            DType::U64 => "<u8",
+            DType::F16 => "<f2",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+            DType::BF16 => return None,
+        })
+    }
+
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
@@ -113,25 +134,16 @@ impl DType {
         if t.lanes != 1 {
             return Err(unsupported());
         }
-        let d = match (t.code as u32, t.bits) {
-            (DLDataTypeCode::kDLBool, 8) => DType::Bool,
-            // Some producers (older MXNet, numpy<1.25) export bool as uint8 with the bool code
-            // missing; those arrive as uint8 and stay uint8, which is what they are in memory.
-            (DLDataTypeCode::kDLInt, 8) => DType::I8,
-            (DLDataTypeCode::kDLInt, 16) => DType::I16,
-            (DLDataTypeCode::kDLInt, 32) => DType::I32,
-            (DLDataTypeCode::kDLInt, 64) => DType::I64,
-            (DLDataTypeCode::kDLUInt, 8) => DType::U8,
-            (DLDataTypeCode::kDLUInt, 16) => DType::U16,
-            (DLDataTypeCode::kDLUInt, 32) => DType::U32,
-            (DLDataTypeCode::kDLUInt, 64) => DType::U64,
-            (DLDataTypeCode::kDLFloat, 16) => DType::F16,
-            (DLDataTypeCode::kDLFloat, 32) => DType::F32,
-            (DLDataTypeCode::kDLFloat, 64) => DType::F64,
-            (DLDataTypeCode::kDLBfloat, 16) => DType::BF16,
-            _ => return Err(unsupported()),
-        };
-        Ok(d)
+        // The inverse of `to_dlpack`, so the two cannot disagree. Some producers (older
+        // MXNet, numpy<1.25) export bool as uint8 with the bool code missing; those arrive as
+        // uint8 and stay uint8, which is what they are in memory.
+        DType::ALL
+            .into_iter()
+            .find(|d| {
+                let e = d.to_dlpack();
+                (e.code, e.bits) == (t.code, t.bits)
+            })
+            .ok_or_else(unsupported)
     }
 }
 

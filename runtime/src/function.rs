@@ -56,7 +56,7 @@ struct Inner {
     outputs: Option<Box<OutputRule>>,
     /// What the body computes with, made visible (`with_parts`).
     parts: Option<Parts>,
-    /// The body and output rule are another library's (`capi_foreign`): an output rule
+    /// The body and output rule are another library's (`capi::import`): an output rule
     /// whose answer breaks the signature is that library's bug (`Error::Library`), not
     /// rivet's (`Error::Internal`).
     foreign: bool,
@@ -74,22 +74,35 @@ pub struct Parts {
 }
 
 impl Function {
+    /// The one place an `Inner` is built; each public constructor says only what differs
+    /// (signature, whether `call` checks it, output rule). `parts` and the foreign mark are
+    /// set afterwards, on a function no one else holds yet (`with_parts`, `into_foreign`).
+    fn make(
+        name: String,
+        signature: Option<Signature>,
+        checked: bool,
+        body: Box<Body>,
+        outputs: Option<Box<OutputRule>>,
+    ) -> Function {
+        Function {
+            inner: Arc::new(Inner {
+                name,
+                signature,
+                checked,
+                body,
+                outputs,
+                parts: None,
+                foreign: false,
+            }),
+        }
+    }
+
     /// An untyped function: the body checks its own arguments.
     pub fn new(
         name: impl Into<String>,
         body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
     ) -> Function {
-        Function {
-            inner: Arc::new(Inner {
-                name: name.into(),
-                signature: None,
-                checked: false,
-                body: Box::new(body),
-                outputs: None,
-                parts: None,
-                foreign: false,
-            }),
-        }
+        Function::make(name.into(), None, false, Box::new(body), None)
     }
 
     /// A typed function: `call` checks the arguments against `signature` first.
@@ -98,17 +111,7 @@ impl Function {
         signature: Signature,
         body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
     ) -> Function {
-        Function {
-            inner: Arc::new(Inner {
-                name: name.into(),
-                signature: Some(signature),
-                checked: true,
-                body: Box::new(body),
-                outputs: None,
-                parts: None,
-                foreign: false,
-            }),
-        }
+        Function::make(name.into(), Some(signature), true, Box::new(body), None)
     }
 
     /// A function that checks its own arguments but carries a signature for introspection
@@ -118,17 +121,7 @@ impl Function {
         signature: Signature,
         body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
     ) -> Function {
-        Function {
-            inner: Arc::new(Inner {
-                name: name.into(),
-                signature: Some(signature),
-                checked: false,
-                body: Box::new(body),
-                outputs: None,
-                parts: None,
-                foreign: false,
-            }),
-        }
+        Function::make(name.into(), Some(signature), false, Box::new(body), None)
     }
 
     /// `with_described_signature` plus the rule that says which outputs a call with inputs
@@ -139,17 +132,14 @@ impl Function {
         body: impl Fn(&[Value]) -> Result<Value> + Send + Sync + 'static,
         outputs: impl Fn(&[&[i64]]) -> Result<Vec<(Vec<i64>, DType)>> + Send + Sync + 'static,
     ) -> Function {
-        Function {
-            inner: Arc::new(Inner {
-                name: name.into(),
-                signature: Some(signature),
-                checked: false,
-                body: Box::new(body),
-                outputs: Some(Box::new(outputs)),
-                parts: None,
-                foreign: false,
-            }),
-        }
+        let outputs: Box<OutputRule> = Box::new(outputs);
+        Function::make(
+            name.into(),
+            Some(signature),
+            false,
+            Box::new(body),
+            Some(outputs),
+        )
     }
 
     /// The shapes and dtypes of the outputs a call with inputs of `input_shapes` (the
@@ -294,9 +284,9 @@ impl Function {
         Ok(())
     }
 
-    /// This function marked as another library's (`capi_foreign`), before anyone else holds
+    /// This function marked as another library's (`capi::import`), before anyone else holds
     /// it: a broken output rule is then `Error::Library`, not `Error::Internal`.
-    pub(crate) fn from_library(mut self) -> Function {
+    pub(crate) fn into_foreign(mut self) -> Function {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.foreign = true;
         }

@@ -69,8 +69,15 @@ pub fn invalid_handle(msg: String) -> Error {
     Error::Ipc(format!("invalid handle: {msg}"))
 }
 
-/// `v` as a `T` when it lies in `[lo, hi]`, else an error naming the field.
-fn field<T: TryFrom<i128>>(name: &str, v: i128, lo: i128, hi: i128, what: &str) -> Result<T> {
+/// `v` as a `T` when it lies in `[lo, hi]`, else an error naming the field (CPU and CUDA
+/// handles alike).
+pub(crate) fn field<T: TryFrom<i128>>(
+    name: &str,
+    v: i128,
+    lo: i128,
+    hi: i128,
+    what: &str,
+) -> Result<T> {
     if v < lo || v > hi {
         return Err(invalid_handle(format!(
             "field '{name}' is {v}; expected {what}"

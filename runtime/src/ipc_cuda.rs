@@ -14,7 +14,7 @@
 //!   sub-allocates, so the view is (base handle, byte offset), as torch's own CUDA IPC does.
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ipc::{check_span_in, invalid_handle, view_fields};
+use crate::ipc::{check_span_in, field, invalid_handle, view_fields};
 use crate::layout::Dims;
 
 /// The `kind` of a handle of CUDA device memory shared with `cuIpcGetMemHandle`.
@@ -62,15 +62,6 @@ pub struct CudaRawHandle<'a> {
     pub event_handle: Option<&'a [u8]>,
 }
 
-fn in_range(name: &str, v: i128, lo: i128, hi: i128, what: &str) -> Result<i128> {
-    if v < lo || v > hi {
-        return Err(invalid_handle(format!(
-            "field '{name}' is {v}; expected {what}"
-        )));
-    }
-    Ok(v)
-}
-
 fn ipc_bytes(name: &str, b: &[u8]) -> Result<[u8; IPC_HANDLE_SIZE]> {
     b.try_into().map_err(|_| {
         invalid_handle(format!(
@@ -89,41 +80,41 @@ impl CudaHandle {
                 raw.kind
             )));
         }
-        let pid = in_range(
+        let pid = field::<i32>(
             "pid",
             raw.pid,
             1,
             i32::MAX as i128,
             "a process id (1 to 2^31 - 1)",
-        )? as i32;
+        )?;
         // CUdevice is a C int; whether the ordinal exists here is checked when opening.
-        let device = in_range(
+        let device = field::<i32>(
             "device",
             raw.device,
             0,
             i32::MAX as i128,
             "a CUDA device index (0 to 2^31 - 1)",
-        )? as i32;
+        )?;
         let mem_handle = ipc_bytes("mem_handle", raw.mem_handle)?;
         let event_handle = raw
             .event_handle
             .map(|e| ipc_bytes("event_handle", e))
             .transpose()?;
         // cuIpcGetMemHandle never hands out a 0-byte allocation.
-        let alloc_size = in_range(
+        let alloc_size = field::<u64>(
             "alloc_size",
             raw.alloc_size,
             1,
             isize::MAX as i128,
             "an allocation size in bytes (1 to 2^63 - 1)",
-        )? as u64;
-        let offset = in_range(
+        )?;
+        let offset = field::<u64>(
             "offset",
             raw.offset,
             0,
             isize::MAX as i128,
             "a byte offset (0 to 2^63 - 1)",
-        )? as u64;
+        )?;
         let (shape, strides, dtype) = view_fields(raw.shape, raw.strides, raw.dtype)?;
         check_span_in(
             "the CUDA allocation",

@@ -7,9 +7,9 @@
 //! when the last view drops.
 
 pub mod alloc;
-pub mod cai;
+pub mod builtin_functions;
 pub mod capi;
-pub mod capi_foreign;
+pub mod cuda_array_interface;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
@@ -26,7 +26,6 @@ pub mod rust_data;
 pub mod shm;
 pub mod stream;
 pub mod tensor;
-pub mod testing;
 pub mod value;
 pub mod xla_ffi;
 

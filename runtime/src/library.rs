@@ -15,11 +15,10 @@
 //! - The library's error text is read within the buffer rivet gave it, whether or not the
 //!   library NUL-terminated it; a failure it calls internal is a `LibraryError`.
 
+use crate::capi::import::{callee_error, RivetFunctionCreate, RivetFunctionCreateTyped};
 use crate::capi::{
-    callee_error, RivetFunctionFree, RivetFunctionHandle, RivetGetLastError, RIVET_OK,
-};
-use crate::capi_foreign::{
-    RivetFunctionCreate, RivetFunctionCreateTyped, RivetFunctionSetGlobal, RivetHostApi,
+    RivetFunctionFree, RivetFunctionHandle, RivetFunctionSetGlobal, RivetGetLastError,
+    RivetHostApi, RIVET_OK,
 };
 use crate::error::{Error, Result};
 use std::cell::RefCell;

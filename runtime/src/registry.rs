@@ -9,7 +9,7 @@ use std::sync::{LazyLock, RwLock};
 
 static REGISTRY: LazyLock<RwLock<HashMap<String, Function>>> = LazyLock::new(|| {
     let mut m = HashMap::new();
-    for f in crate::testing::functions() {
+    for f in crate::builtin_functions::functions() {
         m.insert(f.name().to_string(), f);
     }
     RwLock::new(m)

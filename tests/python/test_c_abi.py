@@ -49,6 +49,14 @@ def scale_add():
     return f
 
 
+def test_the_package_ships_the_c_header_unchanged():
+    """The torch bridge compiles against the package's copy of the header (an installed wheel
+    has no runtime/ folder): it is runtime/include/rivet/c_api.h, byte for byte."""
+    shipped = os.path.join(os.path.dirname(rivet.__file__), "include", "rivet", "c_api.h")
+    with open(shipped, "rb") as a, open(os.path.join(HEADER_DIR, "rivet", "c_api.h"), "rb") as b:
+        assert a.read() == b.read(), f"{shipped} is not runtime/include/rivet/c_api.h"
+
+
 def _dl(arr):
     shape = (ctypes.c_int64 * arr.ndim)(*arr.shape)
     strides = (ctypes.c_int64 * arr.ndim)(*[s // arr.itemsize for s in arr.strides])

@@ -8,8 +8,8 @@
 use dlpack_rs::ffi::{DLManagedTensorVersioned, DLTensor};
 use rivet_compiler::te::{self, compute, placeholder};
 use rivet_compiler::{build, Schedule};
+use rivet_runtime::capi::import::*;
 use rivet_runtime::capi::*;
-use rivet_runtime::capi_foreign::*;
 use rivet_runtime::{DType, Error, Function};
 use rivet_tests::ffi::last_error;
 use std::ffi::{c_void, CString};

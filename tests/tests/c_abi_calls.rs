@@ -864,3 +864,18 @@ fn the_cuda_handler_reports_what_xla_cannot_give() {
         "{msg}"
     );
 }
+
+/// The Python package ships a copy of the C header (its torch bridge compiles against it, and
+/// an installed wheel has no `runtime/` folder): the copy is the header, byte for byte. After
+/// a change to the header, copy it to `bindings/python/rivet/include/rivet/c_api.h`.
+#[test]
+fn the_python_package_ships_the_c_header_unchanged() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let read = |p: &str| std::fs::read(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert!(
+        read("runtime/include/rivet/c_api.h") == read("bindings/python/rivet/include/rivet/c_api.h"),
+        "bindings/python/rivet/include/rivet/c_api.h differs from runtime/include/rivet/c_api.h: copy the header there"
+    );
+}

@@ -59,12 +59,15 @@ __all__ = [
     "load_module",
     "DLPACK_VERSION",
     "MAX_ALLOC_BYTES",
+    "DTYPES",
     "__version__",
 ]
 
 __version__: Final[str]
 DLPACK_VERSION: Final[tuple[int, int]]
 MAX_ALLOC_BYTES: Final[int]
+# The names of the dtypes a rivet tensor can have (rivet_runtime::DType::ALL).
+DTYPES: Final[tuple[str, ...]]
 
 @type_check_only
 class SupportsDLPack(Protocol):

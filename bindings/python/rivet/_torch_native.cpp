@@ -38,30 +38,23 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+// The C ABI's value type, type codes and entry points: the package's copy of
+// runtime/include/rivet/c_api.h (rivet/include, on the include path; it needs DLPack, which
+// ATen/dlpack.h above already declared). This file does not link rivet: init receives the
+// entry points' addresses (from rivet._native) and checks the major version before anything is
+// called.
+#include <rivet/c_api.h>
+
 #include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <string>
 #include <vector>
 
-// The C ABI's value type and entry points (runtime/include/rivet/c_api.h, ABI 1.x: init
-// checks the major version before anything is called).
-extern "C" {
-typedef struct {
-  int32_t type_code;
-  int32_t pad;
-  union {
-    int64_t v_int64;
-    double v_float64;
-    void* v_ptr;
-  } value;
-} RivetAny;
-}
-enum { kRivetInt = 1, kRivetFloat = 2, kRivetBool = 3, kRivetStr = 4, kRivetTensor = 5, kRivetTensorRO = 6 };
-typedef int32_t (*CallFn)(void*, const RivetAny*, int32_t, RivetAny*);
-typedef int32_t (*AnyFreeFn)(RivetAny*);
-typedef const char* (*LastErrorFn)(const char**);
-typedef int32_t (*VersionFn)();
+typedef decltype(&RivetFunctionCall) CallFn;
+typedef decltype(&RivetAnyFree) AnyFreeFn;
+typedef decltype(&RivetGetLastError) LastErrorFn;
+typedef decltype(&RivetAbiVersion) VersionFn;
 
 namespace {
 
@@ -278,16 +271,16 @@ Outs run_kernel(const OpState& s, const c10::IValue* args) {
       d.shape = const_cast<int64_t*>(t.sizes().data());
       d.strides = const_cast<int64_t*>(t.strides().data());
       d.byte_offset = 0;
-      v.type_code = kind == Kind::TensorOut ? kRivetTensor : kRivetTensorRO;
+      v.type_code = kind == Kind::TensorOut ? RIVET_DLTENSOR : RIVET_DLTENSOR_READONLY;
       v.value.v_ptr = &d;
       continue;
     }
     const c10::IValue& a = args[s.arg_of[i]];
     switch (kind) {
-      case Kind::Int: v.type_code = kRivetInt; v.value.v_int64 = a.toInt(); break;
-      case Kind::Float: v.type_code = kRivetFloat; v.value.v_float64 = a.toDouble(); break;
-      case Kind::Bool: v.type_code = kRivetBool; v.value.v_int64 = a.toBool() ? 1 : 0; break;
-      default: v.type_code = kRivetStr; v.value.v_ptr = const_cast<char*>(a.toStringRef().c_str()); break;
+      case Kind::Int: v.type_code = RIVET_INT; v.value.v_int64 = a.toInt(); break;
+      case Kind::Float: v.type_code = RIVET_FLOAT; v.value.v_float64 = a.toDouble(); break;
+      case Kind::Bool: v.type_code = RIVET_BOOL; v.value.v_int64 = a.toBool() ? 1 : 0; break;
+      default: v.type_code = RIVET_STR; v.value.v_ptr = const_cast<char*>(a.toStringRef().c_str()); break;
     }
   }
   RivetAny result{};
@@ -394,8 +387,9 @@ PyObject* py_init(PyObject*, PyObject* args) {
   long long max_alloc_bytes;
   if (!PyArg_ParseTuple(args, "KKKKL", &call, &any_free, &last_error, &version, &max_alloc_bytes)) return nullptr;
   const int32_t v = reinterpret_cast<VersionFn>(version)();
-  if ((v >> 16) != 1) {
-    PyErr_Format(PyExc_ImportError, "rivet's C ABI is version %d.%d; this torch bridge needs 1.x", v >> 16, v & 0xffff);
+  if ((v >> 16) != RIVET_ABI_MAJOR) {
+    PyErr_Format(PyExc_ImportError, "rivet's C ABI is version %d.%d; this torch bridge needs %d.x", v >> 16, v & 0xffff,
+                 RIVET_ABI_MAJOR);
     return nullptr;
   }
   api.call = reinterpret_cast<CallFn>(call);

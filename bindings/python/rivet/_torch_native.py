@@ -3,11 +3,13 @@ so a call through torch's dispatcher (eager, or inside a ``torch.compile`` graph
 Python unless a gradient is being recorded. docs/torch.md "The native path" is the user
 documentation.
 
-The C++ file is compiled against the installed torch on first use (the C++ compiler ``$CXX``,
-else ``c++``; about a minute) and cached under rivet's cache folder (``RIVET_CACHE_DIR``, else
-``$XDG_CACHE_HOME/rivet`` or ``~/.cache/rivet``), keyed by the source, torch's version and the
-Python version, so every later process loads it at once. A file lock serialises the first
-compile between processes (``torch.distributed`` workers start together).
+The C++ file is compiled against the installed torch and rivet's C header (the package's copy
+of ``runtime/include/rivet/c_api.h``, ``rivet/include``) on first use (the C++ compiler
+``$CXX``, else ``c++``; about a minute) and cached under rivet's cache folder
+(``RIVET_CACHE_DIR``, else ``$XDG_CACHE_HOME/rivet`` or ``~/.cache/rivet``), keyed by the
+source, the header, torch's version and the Python version, so every later process loads it
+at once. A file lock serialises the first compile between processes (``torch.distributed``
+workers start together).
 
 Invariants: the schema and the fake implementation are the Python path's (``_Op``), so both
 paths trace identically; only the real kernel and the autograd dispatch move to C++. The
@@ -29,7 +31,12 @@ import sysconfig
 from . import _native
 from .error import Error
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_native.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "_torch_native.cpp")
+# rivet's C header, shipped in the package (a copy of runtime/include/rivet/c_api.h; a test
+# checks that the two are the same).
+_INCLUDE = os.path.join(_HERE, "include")
+_HEADER = os.path.join(_INCLUDE, "rivet", "c_api.h")
 _KINDS = {"int": 2, "float": 3, "bool": 4, "str": 5}
 _counter = itertools.count()
 _state = {}  # "ext": the loaded module, or "error": why it could not be built
@@ -61,6 +68,7 @@ def _compile(torch, out):
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         *[f"-I{p}" for p in ce.include_paths()],
         f"-I{sysconfig.get_paths()['include']}",
+        f"-I{_INCLUDE}",
         _SOURCE, "-o", out,
         *[f"-L{p}" for p in ce.library_paths()],
         "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
@@ -74,8 +82,10 @@ def _compile(torch, out):
 
 
 def _load(torch):
-    with open(_SOURCE, "rb") as f:
-        src = f.read()
+    src = b""
+    for name in (_SOURCE, _HEADER):
+        with open(name, "rb") as f:
+            src += f.read()
     key = hashlib.sha256(
         src + torch.__version__.encode() + sys.version.encode() + sysconfig.get_config_var("EXT_SUFFIX").encode()
     ).hexdigest()[:20]

@@ -37,7 +37,7 @@ import keyword
 import math
 import re
 
-from ._native import MAX_ALLOC_BYTES, Function
+from ._native import DTYPES, MAX_ALLOC_BYTES, Function
 from .error import (
     ArgumentError,
     DeviceError,
@@ -58,10 +58,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
 _ASCII_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The dtypes a rivet tensor can have (rivet_runtime::DType): a torch tensor of any other dtype
 # (complex, quantized, float8, ...) cannot reach a rivet function.
-_RIVET_DTYPES = {
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
-}  # fmt: skip
+_RIVET_DTYPES = frozenset(DTYPES)
 
 
 def custom_op(

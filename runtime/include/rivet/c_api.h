@@ -1,5 +1,5 @@
-/* rivet's C ABI for packed functions (ABI 1.0; runtime/src/capi.rs is the implementation and
- * its module header the contract). Exported by every library that links rivet-runtime,
+/* rivet's C ABI for packed functions (ABI 1.1; runtime/src/capi/ is the implementation and
+ * its module headers the contract). Exported by every library that links rivet-runtime,
  * including the Python extension `rivet._native` (load it with dlopen / ctypes.CDLL after
  * `import rivet`, or link a Rust cdylib of your own against rivet-runtime).
  *
@@ -23,7 +23,11 @@
 #define RIVET_C_API_H_
 
 #include <stdint.h>
+/* DLPack, unless the includer already has it under its standard guard (torch's copy,
+ * ATen/dlpack.h, is included by rivet's torch bridge; torch ships no dlpack/dlpack.h). */
+#ifndef DLPACK_DLPACK_H_
 #include <dlpack/dlpack.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {

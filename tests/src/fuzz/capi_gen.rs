@@ -1,4 +1,4 @@
-//! Generator 4 ("capi"): rivet's C ABI (`runtime/src/capi.rs`, `capi_foreign.rs`, header
+//! Generator 4 ("capi"): rivet's C ABI (`runtime/src/capi/`, header
 //! `runtime/include/rivet/c_api.h`, docs/c_abi.md) called exactly as C would, with raw
 //! `RivetAny` arrays, raw `DLTensor`s and raw handles.
 //!
@@ -44,14 +44,13 @@ use super::{short, Outcome};
 use dlpack_rs::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor};
 use rivet_compiler::ir::Expr;
 use rivet_compiler::{build, te, Schedule};
+use rivet_runtime::capi::import::{RivetFunctionCreate, RivetFunctionCreateTyped};
 use rivet_runtime::capi::{
     live_handles, RivetAny, RivetAnyFree, RivetFunctionCall, RivetFunctionFree,
-    RivetFunctionGetGlobal, RivetFunctionHandle, RivetGetLastError, RivetValue, MAX_ARGS,
-    RIVET_BOOL, RIVET_DLTENSOR, RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL, RIVET_ERR_USER,
-    RIVET_FLOAT, RIVET_FUNCTION, RIVET_INT, RIVET_MANAGED_TENSOR, RIVET_NULL, RIVET_OK, RIVET_STR,
-};
-use rivet_runtime::capi_foreign::{
-    RivetFunctionCreate, RivetFunctionCreateTyped, RivetFunctionSetGlobal,
+    RivetFunctionGetGlobal, RivetFunctionHandle, RivetFunctionSetGlobal, RivetGetLastError,
+    RivetValue, MAX_ARGS, RIVET_BOOL, RIVET_DLTENSOR, RIVET_DLTENSOR_READONLY, RIVET_ERR_INTERNAL,
+    RIVET_ERR_USER, RIVET_FLOAT, RIVET_FUNCTION, RIVET_INT, RIVET_MANAGED_TENSOR, RIVET_NULL,
+    RIVET_OK, RIVET_STR,
 };
 use rivet_runtime::{registry, DType, Error, Function};
 use rivet_tests::ffi::try_last_error;
@@ -63,7 +62,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Whether a use of a freed (or made-up) function handle is refused with an `ArgumentError`.
-/// True since `runtime/src/capi.rs` keeps a table of live handles (`capi::live_handles`,
+/// True since `runtime/src/capi/mod.rs` keeps a table of live handles (`capi::live_handles`,
 /// `capi::handle_function`): before that, such a use was undefined behaviour and these cases
 /// could not run.
 const FREED_HANDLES_CHECKED: bool = true;

@@ -280,7 +280,7 @@ fn kernel(rank: usize) -> Option<Function> {
 }
 
 fn axpy() -> Function {
-    rivet_runtime::testing::functions()
+    rivet_runtime::builtin_functions::functions()
         .into_iter()
         .find(|f| f.name() == "testing.axpy")
         .expect("testing.axpy exists")

@@ -1,11 +1,15 @@
-//! Native reference functions registered at start-up (`testing.*`): hand-written packed
-//! functions used by the tests, the demo and the benchmarks, and the model for users who
-//! register their own native functions.
+//! The native functions every runtime registers at start-up (`registry.rs` inserts
+//! `functions()` before anything else can look a name up). Production code, not test code:
+//! their names (`testing.*`) say what they are for: the tests, the demo and the benchmarks
+//! (`testing.nop` measures the bare cost of a call) use them, and they are the model for users
+//! who register their own native functions. Renaming one breaks those callers.
 //!
-//! `testing.axpy(alpha, x, y)` computes `y <- alpha*x + y` in place for float32/float64, any
-//! shape and strides. `x` may have zero strides; `y` must be writable, free of self-overlap
-//! and either identical to `x` or disjoint from it (a partial overlap would make the result
-//! depend on the visiting order).
+//! - `testing.nop(...)`: takes any arguments, does nothing, returns None.
+//! - `testing.echo(x)`: returns its one argument (of any kind) unchanged.
+//! - `testing.axpy(alpha, x, y)`: `y <- alpha*x + y` in place for float32/float64, any shape
+//!   and strides. `x` may have zero strides; `y` must be writable, free of self-overlap and
+//!   either identical to `x` or disjoint from it (a partial overlap would make the result
+//!   depend on the visiting order).
 
 use crate::dtype::DType;
 use crate::error::{ArgName, Error, Result};
@@ -16,6 +20,8 @@ use crate::parallel::PARALLEL_GRAIN;
 use crate::tensor::Tensor;
 use crate::value::Value;
 
+/// The built-in functions, in this order: `testing.echo`, `testing.nop`, `testing.axpy` (tests
+/// take them by index).
 pub fn functions() -> Vec<Function> {
     vec![echo(), nop(), axpy()]
 }

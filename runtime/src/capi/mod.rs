@@ -5,6 +5,15 @@
 //! thread-local error channel. The header is `runtime/include/rivet/c_api.h`; the symbols are
 //! exported by every library that links rivet-runtime (`rivet._native` included).
 //!
+//! This module holds the ABI's types (as the header declares them), the error channel, the
+//! table of live function handles, the reading and writing of values, and the entry points
+//! a caller uses (`RivetFunctionGetGlobal`, `RivetFunctionSetGlobal`, `RivetFunctionCall`,
+//! `RivetFunctionFree`, `RivetAnyFree`, `RivetGetLastError`, `RivetAbiVersion`). Functions
+//! crossing between two libraries (each with its own copy of rivet-runtime) live in:
+//! - `import`: another library's function called by rivet (`RivetFunctionCreate[Typed]`),
+//!   and the checking of everything it answers;
+//! - `export`: a rivet function handed to another library (`export`, `library_init`).
+//!
 //! Invariants:
 //! - No entry point unwinds into C: every body runs under `catch_unwind`; a panic is
 //!   `RIVET_ERR_INTERNAL` with the panic's text.
@@ -21,6 +30,11 @@
 //! - Every pointer, count and type code is checked before use; a tensor argument goes through
 //!   the same validation as a DLPack import (`dlpack::view_of`). What cannot be checked is the
 //!   caller's promise that a non-null pointer points at what its type code says.
+
+pub mod export;
+pub mod import;
+#[cfg(test)]
+mod tests;
 
 use crate::dlpack;
 use crate::error::{Error, Result};
@@ -99,6 +113,13 @@ impl RivetAny {
             value: RivetValue { v_float64: v },
         }
     }
+    pub fn bool(b: bool) -> RivetAny {
+        RivetAny {
+            type_code: RIVET_BOOL,
+            pad: 0,
+            value: RivetValue { v_int64: b as i64 },
+        }
+    }
     pub fn ptr(type_code: i32, p: *mut c_void) -> RivetAny {
         RivetAny {
             type_code,
@@ -110,6 +131,66 @@ impl RivetAny {
 
 /// An opaque function handle: a boxed `Function` (one reference).
 pub type RivetFunctionHandle = *mut c_void;
+
+/// A packed function in C: `args` borrowed for the call, `*result` owned by the caller. On
+/// failure: a non-zero code (`RIVET_ERR_USER` or `RIVET_ERR_INTERNAL`) and, optionally,
+/// `*result` a `RIVET_STR` `"<Kind>: <message>"` valid until the callee's next call on the
+/// thread (`Kind` a `rivet.error` class name).
+pub type RivetPackedCFunc = unsafe extern "C" fn(
+    resource: *mut c_void,
+    args: *const RivetAny,
+    num_args: i32,
+    result: *mut RivetAny,
+) -> i32;
+
+/// Releases a packed function's `resource`.
+pub type RivetDeleter = unsafe extern "C" fn(resource: *mut c_void);
+
+/// A typed function's output rule in C: for `num_inputs` tensor inputs of shapes
+/// `shapes[i][0..ndims[i]]` (borrowed for the call), `*result` a `RIVET_STR` JSON list of
+/// `[shape, dtype]` pairs (`[[[2, 3], "float32"]]`), valid until the callee's next call on the
+/// thread; on failure a non-zero code and `*result` a `RIVET_STR` `"<Kind>: <message>"`.
+pub type RivetOutputShapesFunc = unsafe extern "C" fn(
+    resource: *mut c_void,
+    shapes: *const *const i64,
+    ndims: *const i32,
+    num_inputs: i32,
+    result: *mut RivetAny,
+) -> i32;
+
+/// The C ABI minor version from which `RivetHostApi` has `function_create_typed`.
+pub const TYPED_SINCE_MINOR: i32 = 1;
+
+/// What a library's `rivet_library_init` receives from its host (`rivet.load_library`): the
+/// host runtime's entry points, so the library registers its functions there.
+#[repr(C)]
+pub struct RivetHostApi {
+    /// The host's `RivetAbiVersion()`: a library checks the major first.
+    pub abi_version: i32,
+    /// Whether a registration may replace a function of the same name.
+    pub override_: i32,
+    pub function_create: unsafe extern "C" fn(
+        *const c_char,
+        Option<RivetPackedCFunc>,
+        *mut c_void,
+        Option<RivetDeleter>,
+        *mut RivetFunctionHandle,
+    ) -> i32,
+    pub set_global: unsafe extern "C" fn(*const c_char, RivetFunctionHandle, i32) -> i32,
+    pub function_free: unsafe extern "C" fn(RivetFunctionHandle) -> i32,
+    pub get_last_error: unsafe extern "C" fn(*mut *const c_char) -> *const c_char,
+    /// `RivetFunctionCreateTyped`; present from C ABI 1.1 (`TYPED_SINCE_MINOR`): a library
+    /// reads it only when the host's minor version says it is there.
+    pub function_create_typed: unsafe extern "C" fn(
+        *const c_char,
+        Option<RivetPackedCFunc>,
+        *mut c_void,
+        Option<RivetDeleter>,
+        *const c_char,
+        Option<RivetOutputShapesFunc>,
+        *mut RivetFunctionHandle,
+    ) -> i32,
+}
 
 struct LastError {
     kind: CString,
@@ -130,7 +211,7 @@ thread_local! {
 }
 
 /// A C string of `s`, with interior NULs (which C cannot carry) shown as U+FFFD.
-fn c_string(s: &str) -> CString {
+pub(crate) fn c_string(s: &str) -> CString {
     CString::new(s.replace('\0', "\u{fffd}")).expect("NULs replaced")
 }
 
@@ -142,9 +223,16 @@ fn set_last_error(e: &Error) -> i32 {
     });
     let foreign = matches!(e, Error::Foreign(_)).then(|| e.clone());
     LAST_FOREIGN.with(|f| *f.borrow_mut() = foreign);
-    match e {
-        Error::Internal(_) => RIVET_ERR_INTERNAL,
-        _ => RIVET_ERR_USER,
+    error_code(e)
+}
+
+/// The return code of a failure: `RIVET_ERR_INTERNAL` for rivet's own bugs, else
+/// `RIVET_ERR_USER`.
+pub(crate) fn error_code(e: &Error) -> i32 {
+    if matches!(e, Error::Internal(_)) {
+        RIVET_ERR_INTERNAL
+    } else {
+        RIVET_ERR_USER
     }
 }
 
@@ -331,111 +419,13 @@ pub(crate) unsafe fn values_of(
     Ok(values)
 }
 
-/// What a callee in another library answered (`code`, `*result`), as a value of this
-/// runtime or the error it reports: the one place where a result crossing the C ABI inward
-/// is checked before use (`values_of` is the one for arguments). `name` names the function.
-///
-/// - Success: the type code must be one a result may have; a `RIVET_STR` is a non-NULL
-///   NUL-terminated UTF-8 string, a `RIVET_MANAGED_TENSOR` a non-NULL managed tensor
-///   (imported: its deleter runs when the last view drops, or at once when it is refused).
-///   Anything else is a `LibraryError`: the library broke the ABI's contract.
-/// - Failure: `"<Kind>: <message>"` in a `RIVET_STR` (optional) becomes the error of that kind,
-///   `name` prepended; a callee's own internal error (code `RIVET_ERR_INTERNAL`, or kind
-///   `InternalError`) is a `LibraryError`, never rivet's `InternalError`; a managed tensor
-///   returned with a failure code is released (its deleter runs), never leaked.
-///
-/// # Safety
-/// The callee's contract: a pointer in `result` points at what its type code says (a string
-/// valid until the callee's next call on this thread, a managed tensor not yet consumed).
-pub(crate) unsafe fn value_from_callee(name: &str, code: i32, result: RivetAny) -> Result<Value> {
-    // SAFETY: `v_ptr` is the member the pointer type codes set; read only for them.
-    let ptr = unsafe { result.value.v_ptr };
-    let text = |p: *mut c_void| -> Result<String> {
-        if p.is_null() {
-            return Err(Error::Library(format!(
-                "{name}: returned a string result (type code {RIVET_STR}) whose pointer is NULL"
-            )));
-        }
-        // SAFETY: the callee's contract: NUL-terminated, valid until its next call here.
-        let bytes = unsafe { CStr::from_ptr(p as *const c_char) }.to_bytes();
-        std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| {
-            Error::Library(format!("{name}: returned a string that is not UTF-8 ({e})"))
-        })
-    };
-    if code != RIVET_OK {
-        let message = match result.type_code {
-            RIVET_STR if !ptr.is_null() => Some(text(ptr).unwrap_or_else(|e| e.to_string())),
-            RIVET_MANAGED_TENSOR if !ptr.is_null() => {
-                // SAFETY: the callee's contract; importing runs the deleter on every path.
-                drop(unsafe { dlpack::import_versioned(ptr as *mut DLManagedTensorVersioned) });
-                None
-            }
-            _ => None,
-        };
-        return Err(callee_error(name, code, message));
-    }
-    // SAFETY: each arm reads the union member its type code names.
-    Ok(match result.type_code {
-        RIVET_NULL => Value::Null,
-        RIVET_INT => Value::Int(unsafe { result.value.v_int64 }),
-        RIVET_FLOAT => Value::Float(unsafe { result.value.v_float64 }),
-        RIVET_BOOL => Value::Bool(unsafe { result.value.v_int64 } != 0),
-        RIVET_STR => Value::Str(text(ptr)?.into()),
-        RIVET_MANAGED_TENSOR => {
-            if ptr.is_null() {
-                return Err(Error::Library(format!(
-                    "{name}: returned a managed tensor (type code {RIVET_MANAGED_TENSOR}) whose pointer is NULL"
-                )));
-            }
-            // SAFETY: the callee's contract: an owned, not yet consumed managed tensor.
-            unsafe { dlpack::import_versioned(ptr as *mut DLManagedTensorVersioned) }
-                .map_err(|e| e.context(&format!("{name}: its result: ")))?
-                .into()
-        }
-        RIVET_FUNCTION => {
-            return Err(Error::Argument(format!(
-                "{name}: returned a function, which cannot cross from another library (its handle is leaked, not freed: it belongs to that library's runtime)"
-            )))
-        }
-        c => {
-            return Err(Error::Library(format!(
-                "{name}: returned type code {c}, which no result may have (0..={RIVET_STR} or {RIVET_MANAGED_TENSOR})"
-            )))
-        }
-    })
-}
-
-/// A callee's failure (`"<Kind>: <message>"`, or none) as the error of its kind, `name`
-/// prepended; see `value_from_callee`.
-pub(crate) fn callee_error(name: &str, code: i32, text: Option<String>) -> Error {
-    let text = text.unwrap_or_else(|| format!("failed with code {code} and no message"));
-    let (kind, message) = text.split_once(": ").unwrap_or(("", text.as_str()));
-    if code != RIVET_ERR_USER || kind == "InternalError" {
-        let why = if code == RIVET_ERR_USER || code == RIVET_ERR_INTERNAL {
-            "an internal error of its own"
-        } else {
-            "an unknown return code"
-        };
-        return Error::Library(format!("{name}: failed with {why} (code {code}): {text}"));
-    }
-    let message = format!("{name}: {message}");
-    match Error::from_kind_name(kind, message.clone()) {
-        Some(e) => e,
-        None => Error::Argument(format!("{name}: {text}")),
-    }
-}
-
 /// Writes a result value as an owned `RivetAny`.
 pub(crate) fn any_of(v: Value) -> Result<RivetAny> {
     Ok(match v {
         Value::Null => RivetAny::NULL,
         Value::Int(i) => RivetAny::int(i),
         Value::Float(x) => RivetAny::float(x),
-        Value::Bool(b) => RivetAny {
-            type_code: RIVET_BOOL,
-            pad: 0,
-            value: RivetValue { v_int64: b as i64 },
-        },
+        Value::Bool(b) => RivetAny::bool(b),
         Value::Str(s) => {
             let p = STR_RESULT.with(|r| {
                 let mut r = r.borrow_mut();
@@ -480,6 +470,25 @@ pub unsafe extern "C" fn RivetFunctionGetGlobal(
         // SAFETY: checked non-null; the caller's promise that it is writable.
         unsafe { *out = new_handle(f) };
         Ok(())
+    })
+}
+
+/// Registers `func` under `name` in this runtime's global registry (`override_` non-zero:
+/// replace a function of that name). The handle stays the caller's.
+///
+/// # Safety
+/// `name` a NUL-terminated string; `func` a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn RivetFunctionSetGlobal(
+    name: *const c_char,
+    func: RivetFunctionHandle,
+    override_: i32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: the caller's promise on `name`.
+        let name = unsafe { str_arg(name, "RivetFunctionSetGlobal: argument 0 ('name')") }?;
+        let f = function_of(func, "RivetFunctionSetGlobal: argument 1")?;
+        registry::register(name, f, override_ != 0)
     })
 }
 

@@ -42,28 +42,22 @@ pub struct Described {
     pub stream: Option<u64>,
 }
 
-/// The dtype of a numpy-style type string; `what` names the producer in errors.
+/// The dtype of a numpy-style type string (the inverse of `DType::typestr`, which also accepts
+/// `<` for one-byte types: `<b1`, `<i1`, `<u1`); `what` names the producer in errors.
 pub fn dtype_of_typestr(typestr: &str, what: &str) -> Result<DType> {
-    let d = match typestr {
-        "|b1" | "<b1" => DType::Bool,
-        "|i1" | "<i1" => DType::I8,
-        "|u1" | "<u1" => DType::U8,
-        "<i2" => DType::I16,
-        "<u2" => DType::U16,
-        "<i4" => DType::I32,
-        "<u4" => DType::U32,
-        "<i8" => DType::I64,
-        "<u8" => DType::U64,
-        "<f2" => DType::F16,
-        "<f4" => DType::F32,
-        "<f8" => DType::F64,
-        other => {
-            return Err(Error::DType(format!(
-                "{what}: __cuda_array_interface__ typestr '{other}' is not a dtype rivet supports; expected a little-endian bool, int, uint or float code such as '<f4', '<i8' or '|u1' (bfloat16 has no typestr: pass it through DLPack)"
-            )))
-        }
-    };
-    Ok(d)
+    let one_byte = typestr
+        .strip_prefix('<')
+        .filter(|code| code.ends_with('1'))
+        .map(|code| format!("|{code}"));
+    let canonical = one_byte.as_deref().unwrap_or(typestr);
+    DType::ALL
+        .into_iter()
+        .find(|d| d.typestr() == Some(canonical))
+        .ok_or_else(|| {
+            Error::DType(format!(
+                "{what}: __cuda_array_interface__ typestr '{typestr}' is not a dtype rivet supports; expected a little-endian bool, int, uint or float code such as '<f4', '<i8' or '|u1' (bfloat16 has no typestr: pass it through DLPack)"
+            ))
+        })
 }
 
 /// Checks an interface and converts its strides to elements.
@@ -191,5 +185,35 @@ mod tests {
         let mut t = iface();
         t.stream = Some(1);
         assert_eq!(describe(&t, "x").unwrap().stream, Some(1));
+    }
+
+    #[test]
+    fn typestrs_are_the_little_endian_codes_of_rivets_dtypes() {
+        let accepted = [
+            ("|b1", DType::Bool),
+            ("<b1", DType::Bool),
+            ("|i1", DType::I8),
+            ("<i1", DType::I8),
+            ("|u1", DType::U8),
+            ("<u1", DType::U8),
+            ("<i2", DType::I16),
+            ("<u2", DType::U16),
+            ("<i4", DType::I32),
+            ("<u4", DType::U32),
+            ("<i8", DType::I64),
+            ("<u8", DType::U64),
+            ("<f2", DType::F16),
+            ("<f4", DType::F32),
+            ("<f8", DType::F64),
+        ];
+        for (s, d) in accepted {
+            assert_eq!(dtype_of_typestr(s, "x").unwrap(), d, "{s}");
+        }
+        for s in [
+            "|i2", ">f4", "|f4", "<f1", "<1", "<", "", "<c8", "<V2", "<b2",
+        ] {
+            let e = dtype_of_typestr(s, "x").unwrap_err().to_string();
+            assert!(e.contains(&format!("typestr '{s}'")), "{e}");
+        }
     }
 }
