@@ -1,4 +1,4 @@
-//! Tests of the index-width choice (`idx32.rs`): the per-call predicate at hostile dims and
+//! Tests of the index-width choice (`idx32`): the per-call predicate at hostile dims and
 //! strides, kernels that only get one width, and a property test checking the analysis
 //! against an independent enumeration of every index node's value (`enumerate_range`) on the
 //! test suite's GPU kernels with random dims and hostile strides. The generated 32-bit

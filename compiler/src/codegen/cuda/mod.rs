@@ -19,7 +19,7 @@
 //! Not yet: checked mode, host code beyond a sequence of launches and global temporaries (CPU parallel
 //! loops, host loops, host conditions), vectorized loads.
 //!
-//! Index widths (`idx32.rs`): each kernel has a 32-bit entry point where the analysis can show
+//! Index widths (`idx32`): each kernel has a 32-bit entry point where the analysis can show
 //! its indices fit int32, a 64-bit one where they may not, and where both exist the host plan
 //! picks one per call from the call's dims and strides (`KernelInfo::entry`).
 

@@ -4,7 +4,7 @@
 //!   floor division of a provably non-negative index by a positive constant is C's `/`). In
 //!   the 64-bit kernel it is `long long`: the bounds proof (`lower::bounds`) obliges each of
 //!   those nodes to stay inside int64, so it never wraps. In the 32-bit kernel (`<name>_i32`)
-//!   it is `int`, including the kernel's int parameters: `idx32.rs` bounds every index node
+//!   it is `int`, including the kernel's int parameters: `idx32` bounds every index node
 //!   and the kernel exists only where the bounds can fit int32; the host launches it only
 //!   for calls whose values put every bound inside int32 (`KernelInfo::entry`). All other
 //!   integer arithmetic wraps at its dtype's width without C++ undefined behaviour (computed
@@ -65,7 +65,7 @@ impl KernelGen<'_> {
     pub(super) fn expr(&mut self, e: &Expr, index: bool) -> Result<String> {
         let dt = e.dtype();
         let index = index && dt == DType::I64;
-        // The 32-bit variant computes index nodes as int32 (`idx32.rs` proved every one in
+        // The 32-bit variant computes index nodes as int32 (`idx32` proved every one in
         // range, so the int32 rules below never wrap or overflow).
         // In the 64-bit variant, nodes whose values fit int32 for every call are int too, and
         // a 64-bit node converts its int operands first (an int product could overflow).

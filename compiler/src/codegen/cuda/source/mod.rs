@@ -226,7 +226,7 @@ struct KernelGen<'a> {
     shared_bytes: u64,
     /// The kernel's block size (x, y, z): cross-thread reductions size their scratch by it.
     block: [u32; 3],
-    /// The 32-bit variant: index nodes are `int` (`idx32.rs` proved them in range).
+    /// The 32-bit variant: index nodes are `int` (`idx32` proved them in range).
     idx32: bool,
     /// In the 64-bit variant: the index nodes and variables that are `int` anyway (their
     /// values lie in int32 for every call: `idx32::Narrow`).
