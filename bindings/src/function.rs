@@ -1,6 +1,6 @@
 //! `rivet.Function` and the registry functions. A `Function` call converts the arguments
 //! (holding the GIL), runs the native body (which releases the GIL around its real work
-//! through `rivet_runtime::host`), and converts the result.
+//! through `rivet_runtime::host_lock`), and converts the result.
 //! Wrappers made by `convert_func` / `to_*_func` carry a framework type: arguments of that
 //! type go through its `to_dlpack` function, tensor results come back as that type.
 
@@ -124,7 +124,7 @@ impl PyFunction {
             values.push(self.convert_arg(&a, i, &mut sync)?);
         }
         let func = &self.func;
-        // Native bodies release the GIL themselves around real work (`host::without_host_lock`),
+        // Native bodies release the GIL themselves around real work (`host_lock::without_host_lock`),
         // as numpy does: for tiny calls the release would cost as much as the work.
         let result = rivet_runtime::stream::with_call_stream(sync.stream, || func.call(&values));
         // Producers on other streams wait for the call's work, whether it succeeded or not

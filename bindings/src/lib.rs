@@ -54,7 +54,7 @@ fn attached() -> bool {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    rivet_runtime::host::set_host_lock_hook(run_without_gil);
+    rivet_runtime::host_lock::set_host_lock_hook(run_without_gil);
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<function::PyFunction>()?;
     m.add_function(wrap_pyfunction!(tensor::from_dlpack, m)?)?;
@@ -108,11 +108,9 @@ fn num_threads() -> usize {
 /// the Python test suite runs once per entry.
 #[pyfunction]
 fn targets() -> Vec<&'static str> {
-    use rivet_compiler::Target;
-    [Target::interp(), Target::cpu(), Target::cuda(None)]
-        .iter()
-        .map(Target::kind_name)
-        .collect()
+    rivet_compiler::TargetKind::ALL
+        .map(rivet_compiler::TargetKind::name)
+        .to_vec()
 }
 
 /// `rivet.cuda_device_count()`: the number of CUDA devices rivet can launch on; raises

@@ -25,6 +25,21 @@ pub enum TargetKind {
     Cuda,
 }
 
+impl TargetKind {
+    /// Every kind, the interpreter (the oracle) first: the one list the test suites run over
+    /// (`rivet.targets()` in Python).
+    pub const ALL: [TargetKind; 3] = [TargetKind::Interp, TargetKind::Cpu, TargetKind::Cuda];
+
+    /// The name users spell it with (`"interp"`, `"cpu"`, `"cuda"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::Cpu => "cpu",
+            TargetKind::Interp => "interp",
+            TargetKind::Cuda => "cuda",
+        }
+    }
+}
+
 /// x86-64 features of the machine running rivet (all false elsewhere), detected at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CpuFeatures {
@@ -249,11 +264,7 @@ impl Target {
 
     /// The kind's name as users spell it ("cpu", "interp", "cuda").
     pub fn kind_name(&self) -> &'static str {
-        match self.kind {
-            TargetKind::Cpu => "cpu",
-            TargetKind::Interp => "interp",
-            TargetKind::Cuda => "cuda",
-        }
+        self.kind.name()
     }
 }
 

@@ -14,7 +14,7 @@
 use crate::dtype::DType;
 use crate::error::{ArgName, Error, Result};
 use crate::function::{Function, Param, ParamKind, Signature, TensorSpec};
-use crate::host::{without_host_lock, RELEASE_GRAIN};
+use crate::host_lock::{without_host_lock, RELEASE_GRAIN};
 use crate::layout::LoopNest;
 use crate::parallel::PARALLEL_GRAIN;
 use crate::tensor::Tensor;

@@ -15,7 +15,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod function;
-pub mod host;
+pub mod host_lock;
 pub mod ipc;
 pub mod ipc_cuda;
 pub mod layout;

@@ -253,3 +253,18 @@ mod tests {
         assert!(skip_reason(cuda, &[Needs::host_memory]).is_some());
     }
 }
+
+#[cfg(test)]
+mod list_tests {
+    /// The suite's list is the compiler's (`TargetKind::ALL`, which `rivet.targets()` gives
+    /// Python), in the same order: a new target kind cannot go untested.
+    #[test]
+    fn the_backends_are_the_compilers_target_kinds() {
+        let ours: Vec<&str> = super::BACKENDS.iter().map(|b| b.name).collect();
+        let kinds: Vec<&str> = rivet_compiler::TargetKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(ours, kinds);
+    }
+}

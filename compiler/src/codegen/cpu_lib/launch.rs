@@ -4,7 +4,7 @@
 
 use crate::codegen::LaunchContext;
 use crate::error::Result;
-use rivet_runtime::{host, parallel, DType, Tensor};
+use rivet_runtime::{host_lock, parallel, DType, Tensor};
 
 /// How a CPU call runs, decided from its work (`LaunchContext::work`: for compiled functions
 /// the iteration count of `lower::work`, so a GEMM's multiply-adds count, not its arguments).
@@ -23,7 +23,7 @@ pub enum Policy {
 pub fn policy(work: i64) -> Policy {
     if work >= parallel::PARALLEL_GRAIN {
         Policy::Pool
-    } else if work >= host::RELEASE_GRAIN {
+    } else if work >= host_lock::RELEASE_GRAIN {
         Policy::InlineUnlocked
     } else {
         Policy::Inline
@@ -34,8 +34,8 @@ pub fn policy(work: i64) -> Policy {
 /// call's work recorded for the parallel loops' chunk sizes.
 pub fn run_with_policy(ctx: &LaunchContext, run: impl FnOnce() -> Result<()>) -> Result<()> {
     parallel::with_call_work(ctx.work, || match policy(ctx.work) {
-        Policy::Pool => host::without_host_lock(run),
-        Policy::InlineUnlocked => parallel::serially(|| host::without_host_lock(run)),
+        Policy::Pool => host_lock::without_host_lock(run),
+        Policy::InlineUnlocked => parallel::serially(|| host_lock::without_host_lock(run)),
         Policy::Inline => parallel::serially(run),
     })
 }

@@ -235,7 +235,7 @@ pub(super) unsafe extern "C" fn rivet_parallel_for(
     // a loop on this project's VMs. Before that, a parallel iterator woke one worker and left
     // the others to steal: after the pool had slept, the second of two threads often never
     // joined (softmax's backward at 1024 x 1024 ran at its one-thread speed, call after call).
-    rivet_runtime::host::without_host_lock(|| {
+    rivet_runtime::host_lock::without_host_lock(|| {
         par::for_each_chunk(chunks, &|c| {
             if failed.load(Ordering::Relaxed) {
                 return;
