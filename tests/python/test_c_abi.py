@@ -4,6 +4,7 @@ checked against the library, not just the Rust side). Results are compared with 
 fresh random data; outputs are poisoned with NaN first."""
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 import rivet
 from rivet import te
 
-from conftest import compile_c_library
+from conftest import HEADER_DIR, compile_c_library
 from dlpack_abi import DLDataType, DLDevice, DLTensor
 
 
