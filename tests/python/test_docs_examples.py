@@ -94,7 +94,9 @@ def test_readme_rust_quickstart_runs():
     """The README's Rust quickstart, the whole path a kernel author takes: its Rust block is
     examples/quickstart/src/lib.rs as it is; the crate is built as a shared library, and the
     Python block (load_library -> rivet.torch.custom_op -> checked against torch, eager and
-    under torch.compile) runs as written, from the repository root."""
+    under torch.compile) runs as written, from the repository root; the errors a newcomer hits
+    first (wrong dtype, wrong rank, a misspelt name, a wrong path) are typed and say what was
+    expected and what came."""
     import shutil
     import subprocess
     import sys
@@ -111,6 +113,18 @@ def test_readme_rust_quickstart_runs():
     target = os.environ.get("CARGO_TARGET_DIR", "target")
     python = python.replace('"target/release/', f'"{target}/release/')
     # Its own process: the op name and the library's functions are registered once per process.
+    # The errors a new user hits first name the argument, what was expected and what came.
+    python += textwrap.dedent("""
+        import pytest
+        with pytest.raises(rivet.DTypeError, match=r"argument 0 \\('x'\\) expected dtype float32, got float64"):
+            rms_norm(torch.randn(4, 8, dtype=torch.float64))
+        with pytest.raises(rivet.ShapeError, match=r"expected a 2-d tensor, got 3-d of shape \\(2, 4, 8\\)"):
+            rms_norm(torch.randn(2, 4, 8))
+        with pytest.raises(rivet.FunctionNotFoundError, match="quickstart.rms_norm"):
+            rivet.get_global_func("quickstart.rms")
+        with pytest.raises(rivet.ArgumentError, match="no file at"):
+            rivet.load_library("target/release/no-such-library.so")
+    """)
     p = subprocess.run([sys.executable, "-c", python], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
