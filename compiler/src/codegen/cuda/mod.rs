@@ -310,6 +310,12 @@ impl CudaKernel {
     /// A cubin for `arch`: the build-time one when it matches, else compiled now (through the
     /// disk cache: a device seen before costs no NVRTC call).
     fn cubin_for(&self, arch: CudaArch) -> Result<Vec<u8>> {
+        let cubin = self.cubin_for_arch(arch)?;
+        record_cubin_source(&cubin, &self.source);
+        Ok(cubin)
+    }
+
+    fn cubin_for_arch(&self, arch: CudaArch) -> Result<Vec<u8>> {
         if let Some((a, b)) = &self.cubin {
             if *a == arch {
                 return Ok(b.clone());
@@ -339,6 +345,40 @@ impl CudaKernel {
             nvrtc::Output::Cubin(b) => Ok(b),
             nvrtc::Output::Ptx(_) => Err(Error::Internal("NVRTC gave PTX for a cubin".into())),
         }
+    }
+}
+
+/// `RIVET_CUBIN_SOURCES=dir`: the CUDA C source of every cubin handed to the driver, written
+/// to `dir/<SHA-256 of the cubin, hex>.cu` (atomically: a temporary file renamed). It maps a
+/// loaded module back to the source it came from: the CUDA driver double of the tests runs
+/// kernels from it, and on a GPU it names the source of a cubin a tool reports. Best effort:
+/// a folder that cannot be written is reported on stderr and the launch goes on.
+fn record_cubin_source(cubin: &[u8], source: &str) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = std::env::var_os("RIVET_CUBIN_SOURCES").filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let hash: String = Sha256::digest(cubin)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = dir.join(format!("{hash}.cu"));
+    if path.is_file() {
+        return;
+    }
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".tmp-{hash}-{}-{seq}", std::process::id()));
+    let r = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, source))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        eprintln!(
+            "rivet: warning: RIVET_CUBIN_SOURCES: cannot write {}: {e}",
+            path.display()
+        );
     }
 }
 
