@@ -570,7 +570,7 @@ fn error_names_and_proc_address() {
             "out of memory"
         );
     }
-    let mut f: *mut std::ffi::c_void = 1 as *mut _;
+    let mut f: *mut std::ffi::c_void = std::ptr::NonNull::dangling().as_ptr();
     expect(CUDA_ERROR_NOT_FOUND, "'cuMemAlloc'", || unsafe {
         cuGetProcAddress_v2(
             c"cuMemAlloc".as_ptr(),
