@@ -40,7 +40,7 @@ fn cubin() -> Vec<u8> {
         offs.push(img.len() as u64);
         img.extend_from_slice(d);
     }
-    while img.len() % 8 != 0 {
+    while !img.len().is_multiple_of(8) {
         img.push(0);
     }
     let shoff = img.len() as u64;

@@ -249,6 +249,8 @@ pub unsafe extern "C" fn cuModuleUnload(hmod: Handle) -> CuResult {
             )
         })?;
         let c = m.ctx;
+        // A released or failed context answers for its module too (the sticky error).
+        s.live_ctx(c)?;
         // Launches of its kernels finish before the code goes.
         s.flush_ctx(c);
         s.modules.remove(&h(hmod));
