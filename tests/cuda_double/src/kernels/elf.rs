@@ -155,7 +155,11 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
     let r = Reader(image);
     let abi = image[8];
     let flags = r.u32(48)?;
-    let sm = if abi >= 8 { (flags >> 8) & 0xff } else { flags & 0xff };
+    let sm = if abi >= 8 {
+        (flags >> 8) & 0xff
+    } else {
+        flags & 0xff
+    };
     if sm < 10 {
         return Err(format!("no sm architecture in e_flags {flags:#x}"));
     }
@@ -181,9 +185,7 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
             r.bytes(off, size)
         }
     };
-    let names = raw
-        .get(shstrndx as usize)
-        .ok_or("no section name table")?;
+    let names = raw.get(shstrndx as usize).ok_or("no section name table")?;
     let names = data(names.1, names.2, names.3)?;
     let mut sections = Vec::new();
     for &(name, kind, offset, size, link, entsize) in &raw {
@@ -196,8 +198,7 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
             entsize,
         });
     }
-    let by_name: BTreeMap<&str, &Section> =
-        sections.iter().map(|s| (s.name.as_str(), s)).collect();
+    let by_name: BTreeMap<&str, &Section> = sections.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut kernels = Vec::new();
     for symtab in sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
         let strtab = sections
@@ -211,7 +212,10 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
             if info & 0xf != STT_FUNC || info >> 4 != STB_GLOBAL {
                 continue;
             }
-            let name = cstr(strs, u32::from_le_bytes(sym[..4].try_into().unwrap()) as u64)?;
+            let name = cstr(
+                strs,
+                u32::from_le_bytes(sym[..4].try_into().unwrap()) as u64,
+            )?;
             let static_shared = by_name
                 .get(format!(".nv.shared.{name}").as_str())
                 .map_or(0, |s| s.size);
@@ -232,10 +236,14 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
     Ok(Cubin { arch, kernels })
 }
 
+/// Each parameter's (offset, size) by ordinal, and the parameters' total bytes.
+type KParams = (Vec<(u32, u32)>, Option<u32>);
+
 /// The `EIATTR_KPARAM_INFO` records of a `.nv.info.<kernel>` section, by ordinal, and its
-/// `EIATTR_CBANK_PARAM_SIZE`. Records: a format byte (1: none, 2: a byte, 3: a 16-bit value,
-/// 4: a 16-bit length and that many bytes), an attribute byte, then the value.
-fn kparams(info: &[u8]) -> Result<(Vec<(u32, u32)>, Option<u32>), String> {
+/// `EIATTR_CBANK_PARAM_SIZE`. Records: a format byte, an attribute byte, then two bytes (1:
+/// unused, 2: a byte and a pad, 3: a 16-bit value, 4: a 16-bit length and that many bytes
+/// after it), as sm_80 and sm_90 cubins show.
+fn kparams(info: &[u8]) -> Result<KParams, String> {
     let mut at = 0usize;
     let mut params: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
     let mut total = None;
@@ -244,8 +252,8 @@ fn kparams(info: &[u8]) -> Result<(Vec<(u32, u32)>, Option<u32>), String> {
         let (fmt, attr) = (info[at], info[at + 1]);
         at += 2;
         match fmt {
-            1 => {}
-            2 => at += 2,
+            // No value / a byte: still padded to the 4 bytes every record takes.
+            1 | 2 => at += 2,
             3 => {
                 let v = info.get(at..at + 2).ok_or_else(bad)?;
                 if attr == EIATTR_CBANK_PARAM_SIZE {
@@ -254,8 +262,9 @@ fn kparams(info: &[u8]) -> Result<(Vec<(u32, u32)>, Option<u32>), String> {
                 at += 2;
             }
             4 => {
-                let n = u16::from_le_bytes(info.get(at..at + 2).ok_or_else(bad)?.try_into().unwrap())
-                    as usize;
+                let n =
+                    u16::from_le_bytes(info.get(at..at + 2).ok_or_else(bad)?.try_into().unwrap())
+                        as usize;
                 let v = info.get(at + 2..at + 2 + n).ok_or_else(bad)?;
                 if attr == EIATTR_KPARAM_INFO && n >= 12 {
                     let ordinal = u16::from_le_bytes(v[4..6].try_into().unwrap()) as u32;

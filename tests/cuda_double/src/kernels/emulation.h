@@ -50,6 +50,8 @@
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 #define warpSize 32
+/* rivet's prelude defines its cross-thread reduction only where warp shuffles exist. */
+#define RIVET_WARP_EMULATION 1
 
 struct uint3 { unsigned int x, y, z; };
 struct dim3 { unsigned int x, y, z; };
@@ -542,11 +544,12 @@ static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __ddiv_rn(double a, double b) { return a / b; }
 static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 static inline float __fdividef(float a, float b) { return a / b; }
-static inline float __expf(float x) { return expf(x); }
-static inline float __logf(float x) { return logf(x); }
-static inline float __sinf(float x) { return sinf(x); }
-static inline float __cosf(float x) { return cosf(x); }
-static inline float __powf(float a, float b) { return powf(a, b); }
+/* glibc declares __expf and friends itself: macros, not functions. */
+#define __expf(x) expf(x)
+#define __logf(x) logf(x)
+#define __sinf(x) sinf(x)
+#define __cosf(x) cosf(x)
+#define __powf(a, b) powf((a), (b))
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }

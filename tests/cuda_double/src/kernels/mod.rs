@@ -29,6 +29,7 @@ mod elf;
 mod host;
 mod source;
 
+pub use elf::image_len as cubin_len;
 pub use source::SOURCES_VAR;
 
 use crate::error::{
@@ -133,8 +134,8 @@ impl Module {
             return Err(unsafe { refuse_non_elf(image) });
         }
         // SAFETY: an ELF image (its magic says so) as readable as its headers describe.
-        let len = unsafe { elf::image_len(image) }
-            .map_err(|e| invalid(format!("not a cubin: {e}")))?;
+        let len =
+            unsafe { elf::image_len(image) }.map_err(|e| invalid(format!("not a cubin: {e}")))?;
         // SAFETY: `len` bytes are the image (its headers say so).
         let bytes = unsafe { std::slice::from_raw_parts(image, len) };
         let cubin = elf::parse(bytes).map_err(|e| invalid(format!("a malformed cubin: {e}")))?;
@@ -323,7 +324,10 @@ impl Function {
         if grid.contains(&0) || threads == 0 {
             return Err(Refusal::new(
                 CUDA_ERROR_INVALID_VALUE,
-                format!("{}: an empty launch (grid {grid:?}, block {block:?})", self.name),
+                format!(
+                    "{}: an empty launch (grid {grid:?}, block {block:?})",
+                    self.name
+                ),
             ));
         }
         if threads > 1024 || block[2] > 64 || grid[1] > 65535 || grid[2] > 65535 {
@@ -382,10 +386,7 @@ impl Function {
             }
         }
         // The wrapper reads each value with memcpy, so the bytes need no alignment.
-        let mut ptrs: Vec<*mut c_void> = params
-            .iter()
-            .map(|v| v.as_ptr() as *mut c_void)
-            .collect();
+        let mut ptrs: Vec<*mut c_void> = params.iter().map(|v| v.as_ptr() as *mut c_void).collect();
         let mut why = vec![0u8; 1024];
         let args = host::LaunchArgs {
             grid,

@@ -159,10 +159,7 @@ fn idents(text: &[u8]) -> Vec<(String, bool)> {
                 j += 1;
             }
             let call = text.get(j) == Some(&b'(');
-            out.push((
-                String::from_utf8_lossy(&text[start..i]).into_owned(),
-                call,
-            ));
+            out.push((String::from_utf8_lossy(&text[start..i]).into_owned(), call));
         } else {
             i += 1;
         }
@@ -396,7 +393,9 @@ pub fn rewrite_dynamic_shared(src: &str) -> (String, Vec<String>) {
                     out.push_str(&format!("static {ty}* {name}"));
                     globals.push(format!("{name} = ({ty}*)rivet_dynamic_shared();"));
                 } else {
-                    out.push_str(&format!("{ty}* const {name} = ({ty}*)rivet_dynamic_shared()"));
+                    out.push_str(&format!(
+                        "{ty}* const {name} = ({ty}*)rivet_dynamic_shared()"
+                    ));
                 }
                 copied = i + semi;
                 i += semi;
