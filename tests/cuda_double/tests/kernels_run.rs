@@ -569,3 +569,127 @@ fn refusals_name_what_to_do() {
     assert!(r.why.contains("undeclared"), "{r:?}");
     let _ = std::fs::remove_file(sources().join(format!("{hash}.cu")));
 }
+
+// ---- rivet's own prelude ------------------------------------------------------------------
+
+/// rivet's CUDA prelude (the text of `PRELUDE` in the compiler's CUDA backend), read from
+/// the workspace: generated sources start with it.
+fn rivet_prelude() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../compiler/src/codegen/cuda/prelude.rs");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let start = text.find("pub const PRELUDE: &str = r#\"").unwrap() + 29;
+    let end = start + text[start..].find("\"#;").unwrap();
+    text[start..end].to_string()
+}
+
+#[test]
+fn rivets_prelude_and_its_cross_thread_reduction_run() {
+    let src = rivet_prelude()
+        + r#"
+extern "C" __global__ void __launch_bounds__(64) allred(
+    float* __restrict__ x,
+    float* __restrict__ out) {
+  { // allreduce sum over threadIdx.x: 64 threads in each of 1 groups
+    __shared__ float out_red[2];
+    out[blockIdx.x * 64 + threadIdx.x] = rivet_allreduce_x<float>(x[blockIdx.x * 64 + threadIdx.x], [](float rivet_a, float rivet_b) -> float { return rivet_a + rivet_b; }, out_red, 64, 1, 64);
+  }
+}
+extern "C" __global__ void __launch_bounds__(64) grouped(
+    long long* __restrict__ x,
+    long long* __restrict__ out) {
+  const int t = threadIdx.x + 32 * threadIdx.y;
+  out[t] = rivet_allreduce_x<long long>(x[t], [](long long rivet_a, long long rivet_b) -> long long { return rivet_max(rivet_a, rivet_b); }, (long long*)0, 32, 2, 64);
+}
+extern "C" __global__ void __launch_bounds__(64) relu(float* __restrict__ x, long long n) {
+  const long long i = (long long)blockIdx.x * 64 + threadIdx.x;
+  if (i < n) x[i] = rivet_fmaxf(x[i], 0.0f);
+}
+extern "C" __global__ void __launch_bounds__(64) count(int* __restrict__ c, float* __restrict__ s) {
+  atomicAdd(c, 1);
+  atomicAdd(s, 0.5f);
+}
+"#;
+    let Some(m) = load(&src) else { return };
+    let (allred, grouped, relu, count) = (
+        m.function("allred").unwrap(),
+        m.function("grouped").unwrap(),
+        m.function("relu").unwrap(),
+        m.function("count").unwrap(),
+    );
+    assert!(allred.runs_threaded() && grouped.runs_threaded());
+    assert!(!relu.runs_threaded() && !count.runs_threaded());
+    // 2 blocks of 64 threads, each summing its block.
+    let mut x = f32s(&(0..128).map(|i| i as f32).collect::<Vec<_>>());
+    let mut out = f32s(&[0.0; 128]);
+    // SAFETY: host buffers of 128.
+    unsafe {
+        allred.run(
+            [2, 1, 1],
+            [64, 1, 1],
+            0,
+            &[ptr(x.as_mut_ptr()), ptr(out.as_mut_ptr())],
+        )
+    }
+    .unwrap();
+    let out = from_f32s(&out);
+    assert!(out[..64].iter().all(|&v| v == 2016.0), "{out:?}");
+    assert!(out[64..].iter().all(|&v| v == 6112.0), "{out:?}");
+    // Two groups of 32 (threadIdx.y), each its maximum.
+    let mut x: Vec<u8> = (0..64i64)
+        .flat_map(|i| ((i * 37) % 64 - 20).to_le_bytes())
+        .collect();
+    let mut out = vec![0u8; 64 * 8];
+    // SAFETY: host buffers of 64.
+    unsafe {
+        grouped.run(
+            [1, 1, 1],
+            [32, 2, 1],
+            0,
+            &[ptr(x.as_mut_ptr()), ptr(out.as_mut_ptr())],
+        )
+    }
+    .unwrap();
+    let x: Vec<i64> = x
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let out: Vec<i64> = out
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for g in 0..2 {
+        let want = *x[g * 32..g * 32 + 32].iter().max().unwrap();
+        assert!(
+            out[g * 32..g * 32 + 32].iter().all(|&v| v == want),
+            "{out:?}"
+        );
+    }
+    let mut x = f32s(&[-1.0, 2.0, -0.0, f32::NAN, 5.0]);
+    // SAFETY: a host buffer of 5.
+    unsafe {
+        relu.run(
+            [1, 1, 1],
+            [64, 1, 1],
+            0,
+            &[ptr(x.as_mut_ptr()), 5i64.to_le_bytes().to_vec()],
+        )
+    }
+    .unwrap();
+    let x = from_f32s(&x);
+    assert_eq!(&x[..3], [0.0, 2.0, 0.0]);
+    assert!(x[3].is_nan() && x[4] == 5.0);
+    let (mut c, mut s) = (0i32.to_le_bytes().to_vec(), f32s(&[0.0]));
+    // SAFETY: host buffers of one element.
+    unsafe {
+        count.run(
+            [3, 1, 1],
+            [64, 1, 1],
+            0,
+            &[ptr(c.as_mut_ptr()), ptr(s.as_mut_ptr())],
+        )
+    }
+    .unwrap();
+    assert_eq!(i32::from_le_bytes(c[..4].try_into().unwrap()), 192);
+    assert_eq!(from_f32s(&s), [96.0]);
+}

@@ -141,7 +141,30 @@ fn is_ident(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_'
 }
 
-/// The identifiers of `text`, each with whether a `(` follows it.
+/// C++ keywords a `(` may follow.
+const KEYWORDS: &[&str] = &[
+    "return",
+    "if",
+    "while",
+    "for",
+    "switch",
+    "sizeof",
+    "alignof",
+    "alignas",
+    "decltype",
+    "static_assert",
+    "noexcept",
+    "defined",
+    "catch",
+    "throw",
+    "static_cast",
+    "reinterpret_cast",
+    "const_cast",
+    "__launch_bounds__",
+    "__align__",
+];
+
+/// The identifiers of `text`, each with whether a `(` follows it (a call or a declaration).
 fn idents(text: &[u8]) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     let mut i = 0;
@@ -158,7 +181,9 @@ fn idents(text: &[u8]) -> Vec<(String, bool)> {
             while j < text.len() && text[j].is_ascii_whitespace() {
                 j += 1;
             }
-            let call = text.get(j) == Some(&b'(');
+            let word = String::from_utf8_lossy(&text[start..i]).into_owned();
+            // `return (T)x` is no call, nor `alignas(16)`: keywords are no functions.
+            let call = text.get(j) == Some(&b'(') && !KEYWORDS.contains(&word.as_str());
             out.push((String::from_utf8_lossy(&text[start..i]).into_owned(), call));
         } else {
             i += 1;
@@ -227,6 +252,15 @@ fn chunks(code: &[u8]) -> Vec<Chunk> {
 /// The function a head declares: the identifier before its last top-level `(`
 /// (`void __launch_bounds__(256) name(...)` names `name`).
 fn declared_name(head: &[u8]) -> Option<String> {
+    // A type (`struct alignas(16) float4`): the keyword comes before any parenthesis.
+    let text = String::from_utf8_lossy(head);
+    let before = text.split('(').next().unwrap_or("");
+    if before
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|w| matches!(w, "struct" | "class" | "union" | "enum"))
+    {
+        return None;
+    }
     let mut depth = 0i32;
     let mut last = None;
     for (k, &c) in head.iter().enumerate() {
@@ -422,6 +456,8 @@ extern "C" __global__ void __launch_bounds__(128) uses_helper(float* a) { a[0] =
 extern "C" __global__ void plain(float* a, long long n) { a[0] = pure(a[0]); const char* s = "}"; }
 extern "C" __global__ void via_macro(float* a) { a[0] = my_shfl(a[0]); }
 namespace ns { extern "C" { __global__ void inner(float* a) { a[0] = 1; } } }
+struct alignas(16) vec4 { float x, y, z, w; };
+static inline float returns(float x) { return (float)x; }
 void not_a_kernel(float* a) { }
 "#;
 
@@ -449,6 +485,9 @@ void not_a_kernel(float* a) { }
         assert_eq!(k("inner"), both(true, false));
         assert_eq!(k("not_a_kernel"), both(false, false));
         assert_eq!(k("helper"), both(false, true));
+        // `return (float)x` is no call of a function named `return`; a struct no function.
+        assert_eq!(k("returns"), both(false, false));
+        assert_eq!(k("alignas"), None);
     }
 
     #[test]
