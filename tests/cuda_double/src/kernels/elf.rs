@@ -12,7 +12,7 @@
 //!   the number XY in bits 8..16 (sm_80 `0x6005004`, sm_86 `0x6005604`, sm_90 `0x6005a04`,
 //!   sm_120 `0x6007802`, found by compiling one source for each); older ABIs keep it in bits
 //!   0..8;
-//! - the kernels: global `STT_FUNC` symbols;
+//! - the kernels: global `STT_FUNC` symbols marked entry points (`st_other` 0x10);
 //! - each kernel's static shared memory: the size of `.nv.shared.<name>` (on sm_90 NVRTC
 //!   counts the 1 KiB the system reserves per block in it);
 //! - each kernel's parameter layout from `.nv.info.<name>`: `EIATTR_KPARAM_INFO` records
@@ -27,6 +27,9 @@ const SHT_SYMTAB: u32 = 2;
 const SHT_NOBITS: u32 = 8;
 const STT_FUNC: u8 = 2;
 const STB_GLOBAL: u8 = 1;
+/// `st_other` of a kernel's symbol: an entry point. A global `__device__` function of a
+/// relocatable cubin (`-rdc`) is a global `STT_FUNC` without it.
+const STO_CUDA_ENTRY: u8 = 0x10;
 const EIATTR_KPARAM_INFO: u8 = 0x17;
 const EIATTR_CBANK_PARAM_SIZE: u8 = 0x19;
 
@@ -209,7 +212,7 @@ pub fn parse(image: &[u8]) -> Result<Cubin, String> {
         let ent = symtab.entsize.max(24) as usize;
         for sym in syms.chunks_exact(ent) {
             let info = sym[4];
-            if info & 0xf != STT_FUNC || info >> 4 != STB_GLOBAL {
+            if info & 0xf != STT_FUNC || info >> 4 != STB_GLOBAL || sym[5] & STO_CUDA_ENTRY == 0 {
                 continue;
             }
             let name = cstr(
