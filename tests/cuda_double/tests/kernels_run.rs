@@ -693,3 +693,39 @@ extern "C" __global__ void __launch_bounds__(64) count(int* __restrict__ c, floa
     assert_eq!(i32::from_le_bytes(c[..4].try_into().unwrap()), 192);
     assert_eq!(from_f32s(&s), [96.0]);
 }
+
+const INDICES: &str = r#"
+extern "C" __global__ void __launch_bounds__(32) indices(int* __restrict__ out) {
+  const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  out[b * 32 + t] = (int)(threadIdx.x | threadIdx.y << 4 | threadIdx.z << 8 | blockIdx.x << 12 | blockIdx.y << 16 | blockIdx.z << 20);
+}
+extern "C" __global__ void __launch_bounds__(1) nothing() {}
+"#;
+
+#[test]
+fn three_dimensional_indices_and_a_kernel_without_parameters() {
+    let Some(m) = load(INDICES) else { return };
+    let f = m.function("indices").unwrap();
+    let mut out = vec![0u8; 4 * 32 * 6];
+    // SAFETY: a host buffer of 6 blocks of 32.
+    unsafe { f.run([3, 2, 1], [4, 2, 4], 0, &[ptr(out.as_mut_ptr())]) }.unwrap();
+    let out: Vec<i32> = out
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (k, &v) in out.iter().enumerate() {
+        let (b, t) = (k / 32, k % 32);
+        let (tx, ty, tz) = (t % 4, t / 4 % 2, t / 8);
+        let (bx, by) = (b % 3, b / 3);
+        assert_eq!(
+            v as usize,
+            tx | ty << 4 | tz << 8 | bx << 12 | by << 16,
+            "element {k}"
+        );
+    }
+    let f = m.function("nothing").unwrap();
+    assert_eq!(f.params().sizes, Vec::<usize>::new());
+    // SAFETY: no parameters.
+    unsafe { f.run([2, 1, 1], [1, 1, 1], 0, &[]) }.unwrap();
+}
