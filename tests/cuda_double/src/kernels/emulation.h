@@ -393,8 +393,13 @@ template <typename... A> static void call_body(void* p) {
 /* A kernel's launch: its parameters' types are those of its own declaration. */
 template <typename... A>
 static int run_kernel(void (*f)(A...), bool threaded, const rivet_launch_args* a) {
-  call_ctx<A...> c{f, args<A...>(a->params, std::index_sequence_for<A...>{})};
-  return run(a, threaded, call_body<A...>, &c);
+  try {
+    call_ctx<A...> c{f, args<A...>(a->params, std::index_sequence_for<A...>{})};
+    return run(a, threaded, call_body<A...>, &c);
+  } catch (...) { /* nothing may unwind into the Rust caller (bad_alloc, ...) */
+    snprintf(a->why, a->why_cap, "the emulation could not set the launch up (out of memory?)");
+    return 1;
+  }
 }
 
 /* A kernel's parameters: each one's size and whether it is a pointer; returns how many. */

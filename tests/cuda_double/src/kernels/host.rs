@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The host compiler and its flags: C++17 for the emulation's templates, no FMA contraction
 /// (a GPU rounds what rivet's code rounds: the prelude asks for FMAs explicitly), `-w` since
-/// generated code is not written for a host compiler's warnings.
+/// generated code is not written for a host compiler's warnings, and `-Bsymbolic` so a
+/// module's references to its kernels bind to its own definitions even if the process
+/// already exports a function of the same name.
 const CXX: &str = "c++";
 const FLAGS: &[&str] = &[
     "-std=c++17",
@@ -31,6 +33,7 @@ const FLAGS: &[&str] = &[
     "-pthread",
     "-ffp-contract=off",
     "-w",
+    "-Wl,-Bsymbolic",
 ];
 
 pub fn hex(bytes: &[u8]) -> String {
