@@ -177,6 +177,19 @@ def _share_torch_cuda(t: Any) -> CudaHandle:
     )
 
 
+def _share_rivet_cuda(t: Tensor) -> CudaHandle:
+    """A rivet CUDA tensor: shareable when its memory is a plain cuMemAlloc allocation (a tensor
+    imported from such memory, or rivet's own on a device without memory pools); memory from a
+    stream-ordered pool (cuMemAllocAsync, rivet's own tensors where the device has pools) is
+    refused by the driver half with an IPCError saying so. The event is recorded on the legacy
+    default stream, which comes after the work queued so far on every blocking stream."""
+    dev = int(t.device.split(":")[1]) if ":" in t.device else 0
+    mem, alloc_size, offset, event = _native._ipc_share_cuda(t.data_ptr, dev, 0)
+    return CudaHandle(
+        "cuda_ipc", _os.getpid(), dev, mem, alloc_size, offset, tuple(t.shape), tuple(t.strides), str(t.dtype), event,
+    )
+
+
 def _current_stream(device: Optional[str], handle: CudaHandle) -> int:
     """torch's current stream on the target device when torch is loaded (so torch work after
     open is ordered after the sender's writes), else 0, the legacy default stream."""
@@ -198,7 +211,9 @@ def share(tensor: Any, copy: bool = False) -> Union[Handle, CudaHandle]:
     shared segment, which the returned handle keeps alive in this process.
 
     A torch CUDA tensor (torch's default caching allocator) gives a :class:`CudaHandle` instead
-    (docs/ipc.md "CUDA"; not yet run on a GPU); a rivet CUDA tensor is a ``rivet.IPCError``.
+    (docs/ipc.md "CUDA"; not yet run on a GPU), and so does a rivet CUDA tensor in plain
+    ``cuMemAlloc`` memory; one from a stream-ordered pool (``cuMemAllocAsync``) is a
+    ``rivet.IPCError``.
 
     The sender must keep the tensor (or, with ``copy=True``, the handle) alive until receivers
     have opened the handle; after that each receiver's view keeps the memory alive by itself.
@@ -208,11 +223,7 @@ def share(tensor: Any, copy: bool = False) -> Union[Handle, CudaHandle]:
     if _is_torch(tensor):
         return _share_torch(tensor, copy)
     if isinstance(tensor, Tensor) and tensor.device.startswith("cuda"):
-        raise IPCError(
-            f"rivet.ipc.share: argument 0 ('tensor') is a rivet tensor on {tensor.device}, whose memory comes "
-            "from a stream-ordered pool (cuMemAllocAsync), which CUDA IPC (cuIpcGetMemHandle) cannot share; "
-            "allocate the tensor with torch (its default caching allocator) and share the torch tensor"
-        )
+        return _share_rivet_cuda(tensor)
     fields, keep = _native._ipc_share(tensor, copy)
     return _make(fields, keep if copy else None)
 

@@ -392,3 +392,19 @@ fn proc_address(call: &str, symbol: *const c_char, pfn: *mut *mut c_void) -> CuR
         )
     })
 }
+
+/// `cuGetExportTable`: NVRTC itself opens `libcuda.so.1` and asks for the driver's private
+/// export tables while it compiles (without this symbol it crashes inside
+/// `nvrtcCompileProgram`). The double has none: `*ppExportTable = NULL` and NOT_SUPPORTED,
+/// after which NVRTC compiles as it does with no driver. Not a misuse, so nothing is reported.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(
+    ppExportTable: *mut *const c_void,
+    _pExportTableId: *const c_void,
+) -> CuResult {
+    if !ppExportTable.is_null() {
+        // SAFETY: a non-null out-parameter of the caller's.
+        unsafe { ppExportTable.write_unaligned(std::ptr::null()) };
+    }
+    CUDA_ERROR_NOT_SUPPORTED
+}
