@@ -651,14 +651,19 @@ def require_cuda():
 
 
 def is_double():
-    """Whether the driver is rivet's CUDA driver double (it exports its own entry points)."""
+    """Whether the loaded driver is rivet's CUDA driver double: the file this process maps as
+    libcuda.so.1 holds the double's message prefix."""
     try:
         lib()
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcuda.so" in line and "/" in line}
+        for path in paths:
+            with open(path, "rb") as g:
+                if DOUBLE_MARK.encode() in g.read():
+                    return True
     except OSError:
-        return False
-    return any(hasattr(lib(), s) for s in ("rivet_cuda_double_version", "rivet_cuda_double_reset")) or bool(
-        __import__("os").environ.get("RIVET_CUDA_DOUBLE")
-    )
+        pass
+    return False
 
 
 DOUBLE_MARK = "rivet-cuda-double:"
