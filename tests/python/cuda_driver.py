@@ -403,10 +403,10 @@ def download(t, stream=None):
     dev = int(str(t.device).split(":")[1])
     shape = tuple(t.shape)
     dt = np_dtype(t.dtype)
-    want = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
-    assert all(d <= 1 or s == w for d, s, w in zip(shape, t.strides, want)), (shape, t.strides)
     if 0 in shape:
         return np.empty(shape, dt)
+    want = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
+    assert all(d <= 1 or s == w for d, s, w in zip(shape, t.strides, want)), (shape, t.strides)
     return dtoh(t.data_ptr, shape, dt, device=dev, stream=stream)
 
 

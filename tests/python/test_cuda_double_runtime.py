@@ -72,6 +72,7 @@ def build_rowsum(target="cuda"):
     s = rivet.create_schedule(R)
     s[R].bind(R.op.axis[0], "blockIdx.x")
     jo, ji = s[R].split(j, factor=32)
+    s[R].reorder(R.op.axis[0], ji, jo)  # bound loops outermost: block, thread, then serial
     s[R].bind(ji, "threadIdx.x")
     return rivet.build(s, [X, R], target=target, name="rowsum")["rowsum"]
 
