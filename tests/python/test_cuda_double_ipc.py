@@ -199,8 +199,12 @@ def test_rivet_zeros_without_memory_pools_is_shared_and_opened_by_another_proces
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        first = json.loads(p.stdout.readline())
-        assert first.get("ok"), (first, p.stderr.read() if p.poll() is not None else "")
+        line = p.stdout.readline()
+        if not line:  # the child died before reporting: show why
+            _, err = p.communicate(timeout=T)
+            raise AssertionError(f"the sharing child exited with {p.returncode}:\n{err}")
+        first = json.loads(line)
+        assert first.get("ok"), first
         assert not first["pooled"], "pools=0, yet rivet's allocation is pool memory"
         h = pickle.loads(bytes.fromhex(first["handle"]))
         assert isinstance(h, rivet.ipc.CudaHandle) and h.pid == p.pid
