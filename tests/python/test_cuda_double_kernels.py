@@ -15,7 +15,7 @@ from cuda_driver import no_driver_misuse  # noqa: F401 (autouse: the double's mi
 
 pytestmark = pytest.mark.cuda
 N_DEVICES = cu.require_cuda()
-SIZES = [1, 3, 17, 97]
+SIZES = [1, 3, 17, 33]  # the double runs a CPU thread per CUDA thread: one block per row adds up
 
 
 # ---- bfloat16 as numpy bit patterns ----------------------------------------------------------
