@@ -34,7 +34,7 @@ SUMMARY="$OUT/summary.txt"
 elapsed() { echo $(( $(date +%s) - START )); }
 # phase NAME BUDGET RESULT: one line of the summary, also printed now.
 record() {
-  printf '%-8s %4ss used of %4ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$SUMMARY"
+  printf '%-28s %4ss used of %4ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$SUMMARY"
 }
 # run_phase NAME BUDGET CMD...: runs CMD under `timeout BUDGET`, its output to $OUT/NAME.log.
 run_phase() {
