@@ -23,9 +23,8 @@ fn t(v: &[f32], shape: &[i64]) -> Tensor {
 }
 
 fn call1(f: &Function, args: Vec<Tensor>) -> Vec<f32> {
-    let out = f
-        .call(&args.into_iter().map(Value::Tensor).collect::<Vec<_>>())
-        .unwrap();
+    let out =
+        rivet_tests::call(f, &args.into_iter().map(Value::Tensor).collect::<Vec<_>>()).unwrap();
     out.as_tensor()
         .expect("allocated output")
         .to_vec::<f32>()
@@ -90,11 +89,14 @@ fn outputs_written_in_place_through_strides(target: &Target) {
     let c = base.as_strided(&[n, n], &[2, 2 * n], 0).unwrap();
     // A transposed view as input.
     let at = t(&av, &[n, n]).as_strided(&[n, n], &[1, n], 0).unwrap();
-    f.call(&[
-        Value::Tensor(at.clone()),
-        Value::Tensor(t(&bv, &[n, n])),
-        Value::Tensor(c.clone()),
-    ])
+    rivet_tests::call(
+        &f,
+        &[
+            Value::Tensor(at.clone()),
+            Value::Tensor(t(&bv, &[n, n])),
+            Value::Tensor(c.clone()),
+        ],
+    )
     .unwrap();
     let a_logical = at.to_vec::<f32>().unwrap();
     assert_eq!(
@@ -653,10 +655,9 @@ fn register_accumulated_reductions_round_like_the_tensor() {
 }
 
 rivet_tests::for_each_backend! {
-    host_memory:
-        seed_gemm_symbolic_every_size_every_backend,
-        outputs_written_in_place_through_strides,
-        kernel_library_matches_references,
-        compute_at_and_padding_every_backend,
-        parallel_gemm_by_work_and_nested_in_the_pool;
+    seed_gemm_symbolic_every_size_every_backend,
+    outputs_written_in_place_through_strides,
+    kernel_library_matches_references,
+    compute_at_and_padding_every_backend,
+    parallel_gemm_by_work_and_nested_in_the_pool,
 }
