@@ -32,6 +32,7 @@ fn cubin() -> Vec<u8> {
         let mut e = vec![0u8; 24];
         e[..4].copy_from_slice(&name.to_le_bytes());
         e[4] = 0x12; // STB_GLOBAL, STT_FUNC
+        e[5] = 0x10; // st_other: a CUDA entry point (a kernel, not a __device__ function)
         sym.extend(e);
     }
     let mut img = vec![0u8; 64];

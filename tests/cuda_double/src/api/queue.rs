@@ -406,6 +406,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
             block,
             func.static_shared_bytes() + sharedMemBytes as usize,
         )?;
+        // The kernel's own limits (`__launch_bounds__`: LAUNCH_OUT_OF_RESOURCES, as CUDA).
+        func.check_launch(grid, block)?;
         if !extra.is_null() {
             return refuse(
                 CUDA_ERROR_INVALID_VALUE,
