@@ -48,6 +48,10 @@ pub struct Backend {
     /// Runs GPU-scheduled programs (loops bound to blockIdx / threadIdx); the CPU backend
     /// refuses them.
     pub gpu_schedules: bool,
+    /// Runs what rivet does on the host for host functions: CPU-parallel loops, the call fast
+    /// path (`call::plan`, which CUDA functions do not take), the CPU default schedule's
+    /// fallback to the program as written for deep chains of stages.
+    pub host_code: bool,
 }
 
 /// A capability a suite needs of a backend (`for_each_backend!(host_memory: ...)`).
@@ -58,6 +62,8 @@ pub enum Needs {
     /// calls): a backend of device memory cannot run it, mirrors or not.
     host_memory,
     gpu_schedules,
+    /// The suite tests host-only machinery (`Backend::host_code`).
+    host_code,
 }
 
 /// Every backend, the oracle (the interpreter) first: tests compare the others with it.
@@ -67,18 +73,21 @@ pub const BACKENDS: &[Backend] = &[
         needs_gpu: false,
         host_memory: true,
         gpu_schedules: true,
+        host_code: true,
     },
     Backend {
         name: "cpu",
         needs_gpu: false,
         host_memory: true,
         gpu_schedules: false,
+        host_code: true,
     },
     Backend {
         name: "cuda",
         needs_gpu: true,
         host_memory: false,
         gpu_schedules: true,
+        host_code: false,
     },
 ];
 
@@ -170,6 +179,7 @@ pub fn skip_reason(b: &Backend, needs: &[Needs]) -> Option<String> {
         let has = match n {
             Needs::host_memory => b.host_memory,
             Needs::gpu_schedules => b.gpu_schedules,
+            Needs::host_code => b.host_code,
         };
         (!has).then(|| match n {
             Needs::host_memory => format!(
@@ -177,6 +187,10 @@ pub fn skip_reason(b: &Backend, needs: &[Needs]) -> Option<String> {
                 b.name
             ),
             Needs::gpu_schedules => format!("the suite needs gpu_schedules, which {} lacks", b.name),
+            Needs::host_code => format!(
+                "the suite tests host-only machinery (CPU-parallel loops, the host call fast path, the CPU default schedule's fallbacks), which {} does not run",
+                b.name
+            ),
         })
     });
     if lacking.is_some() {
@@ -197,6 +211,7 @@ fn skip_reason_or_fail(b: &Backend, needs: &[Needs]) -> Option<String> {
     let capability = needs.iter().any(|n| match n {
         Needs::host_memory => !b.host_memory,
         Needs::gpu_schedules => !b.gpu_schedules,
+        Needs::host_code => !b.host_code,
     });
     if b.needs_gpu && !capability && cuda_required() {
         panic!(

@@ -361,9 +361,11 @@ fn fast_path_memo_never_carries_a_check_over_to_other_dims(target: &Target) {
     }
 }
 
+// CUDA functions take no fast path (`CallPlan::new` declines them): host code only.
 rivet_tests::for_each_backend! {
-    fast_path_accepts_exactly_what_the_full_path_accepts,
-    fast_path_runs_bounds_checks_and_huge_dims,
-    fast_path_fixed_shapes,
-    fast_path_memo_never_carries_a_check_over_to_other_dims,
+    host_code:
+        fast_path_accepts_exactly_what_the_full_path_accepts,
+        fast_path_runs_bounds_checks_and_huge_dims,
+        fast_path_fixed_shapes,
+        fast_path_memo_never_carries_a_check_over_to_other_dims;
 }
