@@ -2,7 +2,9 @@
 #   make demo    venv + build + the demos (runtime; rivet ops in torch.compile and jax.jit with
 #                backward passes; a GEMM built in Rust, used from Python; the
 #                same for the GPU, which without a GPU runs the GPU-scheduled IR on the interpreter)
-#   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites)
+#   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites), then
+#                the CUDA suites on the CUDA driver double (make cuda-double; docs/testing.md)
+#   make cuda-double  the CUDA driver double (tests/cuda_double) as target/cuda-double/libcuda.so.1
 #   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed) and
 #                benches/grad_bench.py
 #   make docs    the docs book (docs/, mdBook) in target/book; mdBook is installed into
@@ -45,7 +47,7 @@ PY_LIBDIR = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBD
 NVRTC_DIR = $$($(VPY) -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
 
 .DEFAULT_GOAL := build
-.PHONY: venv mxvenv build demo test bench fuzz docs gpu-wheel clean FORCE
+.PHONY: venv mxvenv build demo test bench fuzz docs gpu-wheel cuda-double test-cuda-double clean FORCE
 FORCE:
 
 # A stamp whose content differs from the current package list is out of date.
@@ -103,13 +105,55 @@ docs: $(MDBOOK)
 	$(MDBOOK) build > target/book.log 2>&1 || { cat target/book.log; exit 1; }
 	@if grep -q WARN target/book.log; then cat target/book.log; exit 1; fi
 
-test: venv mxvenv build docs
+# The CUDA driver double (tests/cuda_double, docs/testing.md): a libcuda.so.1 that runs
+# rivet's kernels on the CPU, in a folder of its own that only the runs asking for it put on
+# the loader path. Never under the name libcuda.so* inside the cargo target folder: cargo puts
+# its folders on the loader path of every test binary it runs, and the other tests must keep
+# seeing no driver. Copied through a temporary name, so a process still mapping the old file
+# is not changed under it.
+CARGO_OUT        := $(or $(CARGO_TARGET_DIR),target)
+CUDA_DOUBLE_DIR  := target/cuda-double
+CUDA_DOUBLE_LOG  := $(CUDA_DOUBLE_DIR)/report.log
+cuda-double:
+	cargo build --release -p rivet-cuda-double
+	mkdir -p $(CUDA_DOUBLE_DIR)
+	cp $(CARGO_OUT)/release/librivet_cuda_double.so $(CUDA_DOUBLE_DIR)/.libcuda.so.1.tmp
+	mv -f $(CUDA_DOUBLE_DIR)/.libcuda.so.1.tmp $(CUDA_DOUBLE_DIR)/libcuda.so.1
+	ln -sfn libcuda.so.1 $(CUDA_DOUBLE_DIR)/libcuda.so
+
+# The environment of a run on the double: its driver first on the loader path, two devices
+# (sm_90 and sm_80: the per-device paths run on both), the CUDA C of every cubin rivet loads
+# where the double finds it, and a report log of every misuse it saw. RIVET_REQUIRE_CUDA=1:
+# a double rivet cannot use fails the cuda tests instead of skipping them.
+CUDA_DOUBLE_ENV = LD_LIBRARY_PATH="$(abspath $(CUDA_DOUBLE_DIR)):$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+  RIVET_CUDA_DOUBLE="devices=sm_90,sm_80" RIVET_CUBIN_SOURCES="$(abspath $(CUDA_DOUBLE_DIR))/sources" \
+  RIVET_CUDA_DOUBLE_LOG="$(abspath $(CUDA_DOUBLE_LOG))" RIVET_REQUIRE_CUDA=1 \
+  RIVET_REQUIRE_NVRTC=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" PYO3_PYTHON=$(abspath $(VPY))
+
+# `make test-cuda-double` (part of `make test`): rivet's CUDA paths on the double: the cargo suites' cuda:: entries (every kernel the CPU
+# suite runs, on device memory) and the tests marked `cuda`. A test that provokes misuse on
+# purpose points RIVET_CUDA_DOUBLE_LOG at a file of its own; a line in the shared log is
+# misuse no test expected, and fails the run even when every test passed.
+define run-cuda-double
+rm -f $(CUDA_DOUBLE_LOG)
+$(CUDA_DOUBLE_ENV) cargo test --release -p rivet-tests --tests -- cuda::
+$(CUDA_DOUBLE_ENV) $(VPY) -m pytest -q -m cuda tests/python
+@if [ -s $(CUDA_DOUBLE_LOG) ]; then \
+  echo "error: the CUDA driver double reported misuse no test expected ($(CUDA_DOUBLE_LOG)):" >&2; \
+  cat $(CUDA_DOUBLE_LOG) >&2; exit 1; fi
+endef
+
+test-cuda-double: venv build cuda-double
+	$(run-cuda-double)
+
+test: venv mxvenv build docs cuda-double
 	$(MXPY) -m pip install --force-reinstall --no-deps $(WHEEL_DIR)/*.whl
 	PYO3_PYTHON=$(abspath $(VPY)) LD_LIBRARY_PATH="$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
 	  RIVET_REQUIRE_NVRTC=1 RIVET_VERIFY_CLIF=1 RIVET_NVRTC_PATH="$(NVRTC_DIR)" cargo test --workspace --release
 	RIVET_REQUIRE_NVRTC=1 RIVET_VERIFY_CLIF=1 $(VPY) -m pytest -q tests/python
 	RIVET_VERIFY_CLIF=1 cargo run --release -q -p rivet-tests --bin fuzz -- --seconds $(FUZZ_SHORT) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED),--seed 1)
 	MXNET_ENGINE_TYPE=NaiveEngine $(MXPY) -m pytest -q tests/mxnet
+	$(run-cuda-double)
 
 fuzz: venv build
 	cargo run --release -q -p rivet-tests --bin fuzz -- \

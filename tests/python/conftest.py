@@ -7,6 +7,12 @@ Backends (rivet's own list, rivet.targets(); every backend-parametrised test use
   target             -- fixture parametrised over BACKENDS (ids "interp", "cpu", ...)
   gpu_present(), cuda_usable() -- whether a CUDA GPU exists / rivet can run kernels on it;
                         tests marked ``gpu`` are skipped (never failed) unless cuda_usable()
+  cuda_driver_reason() -- why rivet finds no CUDA driver device (None: it does, the double's
+                        or a real one); tests marked ``cuda`` are skipped unless it is None,
+                        failed instead under RIVET_REQUIRE_CUDA=1 (docs/testing.md)
+  cuda_double_active() -- whether the libcuda.so.1 the loader finds is rivet's CUDA driver
+                        double (tests/cuda_double): then there is no GPU, and torch.cuda is
+                        never asked
 Tolerance (docs/tolerance.md, implemented once here):
   assert_matches(got, want, op=..., against=..., ...) -- the written policy per op class
   ulp_distance(a, b) -- distance in units in the last place, per element
@@ -96,9 +102,32 @@ def backend_params(**caps):
     return [p for p in BACKENDS if all(_CAPS[p.values[0]][c] == v for c, v in caps.items())]
 
 
+def cuda_double_active():
+    """Whether the `libcuda.so.1` the loader would find first on LD_LIBRARY_PATH is rivet's
+    CUDA driver double (`make cuda-double`; its file carries its `rivet-cuda-double` message
+    prefix). Read from the file, never loaded: asking torch would start its CUDA runtime on
+    the double."""
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        path = os.path.join(d or ".", "libcuda.so.1")
+        if os.path.isfile(path):
+            try:
+                with open(path, "rb") as f:
+                    return b"rivet-cuda-double" in f.read()
+            except OSError:
+                return False
+    return False
+
+
+_DOUBLE = cuda_double_active()
+
+
 def gpu_present():
     """Whether a CUDA GPU exists on this machine. rivet exposes no probe, so torch's is the
-    signal (False where torch is missing or CPU-only)."""
+    signal (False where torch is missing or CPU-only). Under the CUDA driver double there is
+    none, and torch.cuda is not asked (its runtime would start on the double, which gives it
+    no entry points: a framework's CUDA needs a real GPU)."""
+    if _DOUBLE:
+        return False
     try:
         import torch
     except ImportError:
@@ -118,6 +147,18 @@ def rivet_cuda_launch():
         return rivet.cuda_device_count() > 0
     except Exception:
         return False
+
+
+def cuda_driver_reason():
+    """Why rivet cannot use a CUDA device through the driver here (None: it can, on a real
+    GPU or on the driver double): what `rivet.cuda_device_count()` raised, or that it gave 0."""
+    try:
+        import rivet
+
+        n = rivet.cuda_device_count()
+    except Exception as e:  # DeviceError, or rivet itself missing
+        return "rivet finds no CUDA device: %s: %s" % (type(e).__name__, e)
+    return None if n > 0 else "rivet finds no CUDA device: rivet.cuda_device_count() is 0"
 
 
 def cuda_usable():
@@ -143,6 +184,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "cuda: needs only rivet and a CUDA driver (the double or a real one); skipped without "
+        "one, failed instead under RIVET_REQUIRE_CUDA=1",
+    )
+    config.addinivalue_line(
+        "markers",
         "device_memory: a backend whose functions take device memory; the suite's host arrays "
         "do not fit it, so its cases are skipped with that reason",
     )
@@ -150,15 +196,32 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture (a module-scoped build) is set up
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") is not None:
+        why = _cuda_reason()
+        if why is not None:
+            if os.environ.get("RIVET_REQUIRE_CUDA") == "1":
+                pytest.fail("RIVET_REQUIRE_CUDA=1 but " + why, pytrace=False)
+            pytest.skip(why)
     if item.get_closest_marker("gpu") is not None and not cuda_usable():
-        why = (
-            "no CUDA GPU on this machine"
-            if not gpu_present()
-            else "a GPU is present but rivet cannot use it (rivet.cuda_device_count() raised)"
-        )
+        if _DOUBLE:
+            why = "no CUDA GPU: the CUDA driver here is rivet's test double (tests/cuda_double)"
+        elif not gpu_present():
+            why = "no CUDA GPU on this machine"
+        else:
+            why = "a GPU is present but rivet cannot use it (rivet.cuda_device_count() raised)"
         pytest.skip(why)
     if item.get_closest_marker("device_memory") is not None:
         pytest.skip("the test passes host arrays; this backend's functions take device memory")
+
+
+_CUDA_REASON = []
+
+
+def _cuda_reason():
+    """cuda_driver_reason(), asked once per session (the driver's answer does not change)."""
+    if not _CUDA_REASON:
+        _CUDA_REASON.append(cuda_driver_reason())
+    return _CUDA_REASON[0]
 
 
 @pytest.fixture(params=BACKENDS)

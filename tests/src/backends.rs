@@ -7,22 +7,31 @@
 //!
 //! ```ignore
 //! fn gemm_matches_naive(target: &Target) { /* build for `target`, call, compare */ }
-//! rivet_tests::for_each_backend!(host_memory: gemm_matches_naive);
+//! rivet_tests::for_each_backend!(gemm_matches_naive);
 //! ```
 //!
-//! Before the list of tests, the capabilities the suite needs (`host_memory`: it passes host
-//! tensors; `gpu_schedules`: it builds GPU-scheduled programs); an instantiation on a backend
-//! without them, or on `cuda` where rivet finds no usable device, passes after printing
-//! `SKIPPED <backend>::<test>: <why>` (run with `--nocapture` to see it), so the cuda entry
-//! is always compiled and listed, and says why it did not run.
+//! The suite passes host tensors and reads host results on every backend: it calls its
+//! functions through [`crate::call`], which gives a CUDA function device mirrors of them
+//! (`cuMemcpyHtoD_v2`), synchronises and copies the results and every writable argument
+//! back (`cuMemcpyDtoH_v2`; `crate::device`). So every kernel the CPU suite runs also runs
+//! on CUDA, with the same data and the same checks.
+//!
+//! Before the list of tests, the capabilities the suite needs (`host_memory`: its kernels
+//! use host memory directly, which a mirror cannot give: host callbacks that see the
+//! tensors, views kept across calls; `gpu_schedules`: it builds GPU-scheduled programs); an
+//! instantiation on a backend without them, or on `cuda` where rivet finds no usable device,
+//! passes after printing `SKIPPED <backend>::<test>: <why>` (run with `--nocapture` to see
+//! it), so the cuda entry is always compiled and listed, and says why it did not run. With
+//! `RIVET_REQUIRE_CUDA=1` (`make test`'s run on the CUDA driver double) a cuda entry that
+//! finds no device fails instead: a broken driver is never a silent skip.
 //!
 //! Adding a backend is one entry in `BACKENDS` and one line in `for_each_backend!` (a test
 //! checks that the two agree). Loops over backends inside a test (comparisons of every
 //! backend with the interpreter) use `backends()` / `backend_names()`, which hold the
-//! backends of `BACKENDS` that run here on host tensors.
+//! backends of `BACKENDS` that run here on host tensors without a mirror.
 //!
 //! How results are compared across backends is docs/tolerance.md: the CPU backend equals the
-//! interpreter bit for bit; CUDA will too but for transcendentals (ulp bounds).
+//! interpreter bit for bit; CUDA too but for transcendentals (ulp bounds).
 
 use rivet_compiler::Target;
 
@@ -33,19 +42,28 @@ pub struct Backend {
     pub name: &'static str,
     /// Runs only where a CUDA device rivet can launch on is present (`cuda_usable`).
     pub needs_gpu: bool,
-    /// Its functions take tensors in host memory (CUDA's take device memory).
+    /// Its functions take tensors in host memory (CUDA's take device memory: suites reach
+    /// them through `crate::call`'s mirrors, but not from host callbacks).
     pub host_memory: bool,
     /// Runs GPU-scheduled programs (loops bound to blockIdx / threadIdx); the CPU backend
     /// refuses them.
     pub gpu_schedules: bool,
+    /// Runs what rivet does on the host for host functions: CPU-parallel loops, the call fast
+    /// path (`call::plan`, which CUDA functions do not take), the CPU default schedule's
+    /// fallback to the program as written for deep chains of stages.
+    pub host_code: bool,
 }
 
 /// A capability a suite needs of a backend (`for_each_backend!(host_memory: ...)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub enum Needs {
+    /// The suite's kernels use host memory directly (host callbacks, views kept across
+    /// calls): a backend of device memory cannot run it, mirrors or not.
     host_memory,
     gpu_schedules,
+    /// The suite tests host-only machinery (`Backend::host_code`).
+    host_code,
 }
 
 /// Every backend, the oracle (the interpreter) first: tests compare the others with it.
@@ -55,18 +73,21 @@ pub const BACKENDS: &[Backend] = &[
         needs_gpu: false,
         host_memory: true,
         gpu_schedules: true,
+        host_code: true,
     },
     Backend {
         name: "cpu",
         needs_gpu: false,
         host_memory: true,
         gpu_schedules: false,
+        host_code: true,
     },
     Backend {
         name: "cuda",
         needs_gpu: true,
         host_memory: false,
         gpu_schedules: true,
+        host_code: false,
     },
 ];
 
@@ -78,8 +99,9 @@ pub const BACKENDS: &[Backend] = &[
 ///
 /// ```ignore
 /// rivet_tests::for_each_backend! {
-///     host_memory: a, b;
-///     host_memory, gpu_schedules: c;
+///     a, b;
+///     host_memory: c;
+///     gpu_schedules: d;
 /// }
 /// ```
 #[macro_export]
@@ -115,6 +137,10 @@ macro_rules! for_each_backend {
     ($($test:ident),+ $(,)?) => {
         $crate::for_each_backend!(@list [] [$($test),+]);
     };
+    // Tests needing nothing first, then groups with needs.
+    ($($test:ident),+ ; $($($need:ident),+ : $($t2:ident),+);+ $(;)?) => {
+        $crate::for_each_backend!(@list [] [$($test),+] $([$($need),+] [$($t2),+])+);
+    };
 }
 
 /// The backend named `name` (a `BACKENDS` entry; panics otherwise).
@@ -140,27 +166,67 @@ pub fn cuda_usable() -> bool {
     cuda_unusable_reason().is_none()
 }
 
-/// Why `b` cannot run a suite needing `needs` here (`None`: it can).
+/// Whether a cuda entry that finds no device must fail rather than skip
+/// (`RIVET_REQUIRE_CUDA=1`, set by `make test` for its run on the CUDA driver double).
+pub fn cuda_required() -> bool {
+    std::env::var("RIVET_REQUIRE_CUDA").is_ok_and(|v| v == "1")
+}
+
+/// Why `b` cannot run a suite needing `needs` here (`None`: it can). A missing capability
+/// comes first: it is a property of the suite, whatever the machine.
 pub fn skip_reason(b: &Backend, needs: &[Needs]) -> Option<String> {
+    let lacking = needs.iter().find_map(|n| {
+        let has = match n {
+            Needs::host_memory => b.host_memory,
+            Needs::gpu_schedules => b.gpu_schedules,
+            Needs::host_code => b.host_code,
+        };
+        (!has).then(|| match n {
+            Needs::host_memory => format!(
+                "the suite's kernels use host memory directly (host callbacks, views kept across calls), which {} cannot give them",
+                b.name
+            ),
+            Needs::gpu_schedules => format!("the suite needs gpu_schedules, which {} lacks", b.name),
+            Needs::host_code => format!(
+                "the suite tests host-only machinery (CPU-parallel loops, the host call fast path, the CPU default schedule's fallbacks), which {} does not run",
+                b.name
+            ),
+        })
+    });
+    if lacking.is_some() {
+        return lacking;
+    }
     if b.needs_gpu {
         if let Some(why) = cuda_unusable_reason() {
             return Some(why);
         }
     }
-    needs.iter().find_map(|n| {
-        let has = match n {
-            Needs::host_memory => b.host_memory,
-            Needs::gpu_schedules => b.gpu_schedules,
-        };
-        (!has).then(|| format!("the suite needs {n:?}, which {} lacks", b.name))
-    })
+    None
+}
+
+/// Why `b` cannot run a suite needing `needs` (as [`skip_reason`]); panics instead when the
+/// reason is a missing CUDA device and [`cuda_required`].
+fn skip_reason_or_fail(b: &Backend, needs: &[Needs]) -> Option<String> {
+    let why = skip_reason(b, needs)?;
+    let capability = needs.iter().any(|n| match n {
+        Needs::host_memory => !b.host_memory,
+        Needs::gpu_schedules => !b.gpu_schedules,
+        Needs::host_code => !b.host_code,
+    });
+    if b.needs_gpu && !capability && cuda_required() {
+        panic!(
+            "RIVET_REQUIRE_CUDA=1 but the {} backend cannot run: {why}",
+            b.name
+        );
+    }
+    Some(why)
 }
 
 /// The target of backend `name` for the test `test`, or `None` after printing why the
 /// backend skips it (the body of each test `for_each_backend!` writes).
 pub fn target_or_skip(name: &str, test: &str, needs: &[Needs]) -> Option<Target> {
     let b = backend(name);
-    if let Some(why) = skip_reason(b, needs) {
+    if let Some(why) = skip_reason_or_fail(b, needs) {
         eprintln!("SKIPPED {name}::{test}: {why}");
         return None;
     }

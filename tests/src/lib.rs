@@ -5,11 +5,13 @@ use rivet_compiler::te::{self, compute, placeholder, Tensor};
 use rivet_runtime::DType;
 
 pub mod backends;
+pub mod device;
 pub mod ffi;
 pub mod golden;
 pub use backends::{
     backend_names, backends, cuda_usable, gpu_schedule_backends, Backend, Needs, BACKENDS,
 };
+pub use device::{call, on_host};
 
 /// The seed program: `C[i, j] = sum_k A[i, k] * B[k, j]` over a symbolic `n`.
 pub struct SeedGemm {

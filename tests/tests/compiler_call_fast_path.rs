@@ -79,19 +79,30 @@ fn same(m: &Module, make: &dyn Fn() -> Vec<Value>, what: &str) -> bool {
     let fast: Function = make_function(c.clone());
     let full: Function = make_function_full_path(c.clone());
     let (a1, a2) = (make(), make());
-    let (r1, r2) = (fast.call(&a1), full.call(&a2));
+    let (r1, r2) = (rivet_tests::call(&fast, &a1), rivet_tests::call(&full, &a2));
     match (&r1, &r2) {
         (Ok(_), Ok(_)) => assert_eq!(contents(&a1), contents(&a2), "{what}: outputs differ"),
         (Err(e1), Err(e2)) => assert_eq!(e1.to_string(), e2.to_string(), "{what}"),
         _ => panic!("{what}: fast path {r1:?}, full path {r2:?}"),
     }
     // The plan accepts only calls that succeed.
-    let accepted = CallPlan::new(&c).is_some_and(|p| p.accept(&c, &make()).is_some());
+    let accepted =
+        CallPlan::new(&c).is_some_and(|p| p.accept(&c, &on_device(&fast, make())).is_some());
     assert!(
         !accepted || r2.is_ok(),
         "{what}: the plan accepted a failing call"
     );
     accepted
+}
+
+/// `args` as `f` takes them: device mirrors for a CUDA function (the plan's verdict is on
+/// what the function is called with).
+fn on_device(f: &Function, args: Vec<Value>) -> Vec<Value> {
+    if rivet_tests::device::takes_device_memory(f) {
+        rivet_tests::device::mirror_args(&args).unwrap()
+    } else {
+        args
+    }
 }
 
 /// A maker of fresh arguments for one case.
@@ -337,21 +348,22 @@ fn fast_path_memo_never_carries_a_check_over_to_other_dims(target: &Target) {
         };
         let make = || vec![t(a()), t(Tensor::zeros(&[nc], DType::F32).unwrap())];
         let (a1, a2) = (make(), make());
-        let (r1, r2) = (fast.call(&a1), full.call(&a2));
+        let (r1, r2) = (rivet_tests::call(&fast, &a1), rivet_tests::call(&full, &a2));
         let what = format!("{target} call {k}: m = {ma}, n = {nc}");
         match (&r1, &r2) {
             (Ok(_), Ok(_)) => assert_eq!(contents(&a1), contents(&a2), "{what}"),
             (Err(e1), Err(e2)) => assert_eq!(e1.to_string(), e2.to_string(), "{what}"),
             _ => panic!("{what}: fast path {r1:?}, full path {r2:?}"),
         }
-        let accepted = plan.accept(&c, &make()).is_some();
+        let accepted = plan.accept(&c, &on_device(&fast, make())).is_some();
         assert_eq!(accepted, 2 * nc - 1 <= ma, "{what}: the plan's verdict");
         assert_eq!(r2.is_ok(), accepted, "{what}: the full path's verdict");
     }
 }
 
+// CUDA functions take no fast path (`CallPlan::new` declines them): host code only.
 rivet_tests::for_each_backend! {
-    host_memory:
+    host_code:
         fast_path_accepts_exactly_what_the_full_path_accepts,
         fast_path_runs_bounds_checks_and_huge_dims,
         fast_path_fixed_shapes,

@@ -48,14 +48,17 @@ fn forward(f: &Function, x: &[f64], w: &[f64], idx: &[i64]) -> (Vec<f64>, Vec<f6
     let p = f64_tensor(&vec![f64::NAN; (N * M) as usize], &[N, M]);
     let s = f64_tensor(&vec![f64::NAN; N as usize], &[N]);
     let k = Tensor::from_slice(&vec![-1i64; N as usize], &[N]).unwrap();
-    f.call(&[
-        Value::Tensor(f64_tensor(x, &[N, M])),
-        Value::Tensor(f64_tensor(w, &[M])),
-        Value::Tensor(Tensor::from_slice(idx, &[N]).unwrap()),
-        Value::Tensor(p.clone()),
-        Value::Tensor(s.clone()),
-        Value::Tensor(k),
-    ])
+    rivet_tests::call(
+        f,
+        &[
+            Value::Tensor(f64_tensor(x, &[N, M])),
+            Value::Tensor(f64_tensor(w, &[M])),
+            Value::Tensor(Tensor::from_slice(idx, &[N]).unwrap()),
+            Value::Tensor(p.clone()),
+            Value::Tensor(s.clone()),
+            Value::Tensor(k),
+        ],
+    )
     .unwrap();
     (p.to_vec().unwrap(), s.to_vec().unwrap())
 }
@@ -113,17 +116,20 @@ fn backward_matches_central_differences_with_two_outputs_and_int_arguments(targe
     assert_eq!(names.len(), 8, "{target}: {names:?}");
     let gx = f64_tensor(&vec![f64::NAN; (N * M) as usize], &[N, M]);
     let gw = f64_tensor(&vec![f64::NAN; M as usize], &[M]);
-    b.call(&[
-        Value::Tensor(f64_tensor(&x, &[N, M])),
-        Value::Tensor(f64_tensor(&w, &[M])),
-        Value::Tensor(Tensor::from_slice(&idx, &[N]).unwrap()),
-        Value::Tensor(f64_tensor(&hp, &[N, M])),
-        Value::Tensor(f64_tensor(&hs, &[N])),
-        // The int output's cotangent: taken, ignored.
-        Value::Tensor(Tensor::from_slice(&[i64::MIN, i64::MAX, 0], &[N]).unwrap()),
-        Value::Tensor(gx.clone()),
-        Value::Tensor(gw.clone()),
-    ])
+    rivet_tests::call(
+        &b,
+        &[
+            Value::Tensor(f64_tensor(&x, &[N, M])),
+            Value::Tensor(f64_tensor(&w, &[M])),
+            Value::Tensor(Tensor::from_slice(&idx, &[N]).unwrap()),
+            Value::Tensor(f64_tensor(&hp, &[N, M])),
+            Value::Tensor(f64_tensor(&hs, &[N])),
+            // The int output's cotangent: taken, ignored.
+            Value::Tensor(Tensor::from_slice(&[i64::MIN, i64::MAX, 0], &[N]).unwrap()),
+            Value::Tensor(gx.clone()),
+            Value::Tensor(gw.clone()),
+        ],
+    )
     .unwrap();
     for (got, want, what) in [
         (gx.to_vec::<f64>().unwrap(), &want_x, "X"),
@@ -160,11 +166,14 @@ fn identity_gets_the_cotangent_copied(target: &Target) {
     let head = Tensor::from_slice(&[1.5f32, -2.0, 3.25, 0.0, 9.0], &[5]).unwrap();
     let g = Tensor::from_slice(&[f32::NAN; 5], &[5]).unwrap();
     let x = Tensor::from_slice(&[0f32; 5], &[5]).unwrap();
-    b.call(&[
-        Value::Tensor(x),
-        Value::Tensor(head.clone()),
-        Value::Tensor(g.clone()),
-    ])
+    rivet_tests::call(
+        &b,
+        &[
+            Value::Tensor(x),
+            Value::Tensor(head.clone()),
+            Value::Tensor(g.clone()),
+        ],
+    )
     .unwrap();
     assert_eq!(
         g.to_vec::<f32>().unwrap(),
@@ -268,7 +277,6 @@ fn a_cuda_function_gets_a_cuda_backward_compiled_by_nvrtc() {
 }
 
 rivet_tests::for_each_backend! {
-    host_memory:
-        backward_matches_central_differences_with_two_outputs_and_int_arguments,
-        identity_gets_the_cotangent_copied;
+    backward_matches_central_differences_with_two_outputs_and_int_arguments,
+    identity_gets_the_cotangent_copied,
 }
