@@ -228,6 +228,26 @@ pub fn binds_anything(s: &Schedule) -> bool {
 ///    else `flat` (data axes fused into one, `THREADS` per block). A 0-d stage has no data
 ///    axis to spread and stays on the host, which the CUDA backend refuses with a message.
 pub fn apply_default_gpu(s: &mut Schedule) -> Result<()> {
+    // A stage computed at a loop of a stage this schedule will split and bind would be
+    // attached inside a kernel, where only cache stages can go (and its loop would be gone):
+    // computed at root instead it is an injective producer like any other, inlined below or
+    // its own kernel. The values are the same (compute_at only chooses where they are made).
+    let rescheduled: Vec<u32> = s
+        .stages
+        .iter()
+        .filter(|st| st.unscheduled())
+        .map(|st| st.tensor.id())
+        .collect();
+    for st in &mut s.stages {
+        if let crate::schedule::Attach::At { consumer, .. } = &st.attach {
+            if rescheduled.contains(consumer)
+                && st.relations.is_empty()
+                && st.scope == crate::ir::stmt::Scope::Global
+            {
+                st.attach = crate::schedule::Attach::Root;
+            }
+        }
+    }
     let contraction_inputs: Vec<Tensor> = s
         .stages
         .iter()

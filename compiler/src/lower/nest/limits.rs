@@ -194,3 +194,30 @@ pub(super) fn inlined_ids(sched: &Schedule) -> HashSet<u32> {
 pub fn check_expr_sizes(sched: &Schedule) -> Result<()> {
     check_sizes(&sched.post_order(), &inlined_ids(sched))
 }
+
+/// Every `compute_at` names a loop its consumer still has: a split or fuse of that loop after
+/// the `compute_at` leaves the stage attached nowhere, and lowering (which emits attached stages
+/// at their loop) would silently never compute it (its buffer read as zeros). TVM refuses the
+/// same schedule ("cannot find attach point").
+pub(super) fn check_attach_points(sched: &Schedule) -> Result<()> {
+    for st in &sched.stages {
+        let Attach::At { consumer, var } = &st.attach else {
+            continue;
+        };
+        let Some(c) = sched.stages.iter().find(|c| c.tensor.id() == *consumer) else {
+            continue; // a consumer outside the schedule: nest building names it
+        };
+        if !c.leaves.iter().any(|l| &l.var == var) {
+            let loops: Vec<&str> = c.leaves.iter().map(|l| &*l.var.name).collect();
+            return cerr(format!(
+                "schedule of '{}': it is computed at loop '{}' of '{}', which '{}' no longer has (it was split or fused after the compute_at); compute_at one of its loops now: {}",
+                st.tensor.name(),
+                var.name,
+                c.tensor.name(),
+                c.tensor.name(),
+                loops.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}

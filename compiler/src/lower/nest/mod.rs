@@ -32,7 +32,7 @@ use crate::schedule::loops::Relation;
 use crate::schedule::{Attach, Schedule, Stage};
 use crate::te::tensor::{inputs, Tensor};
 use gpu::Place;
-use limits::{check_attach_depth, check_sizes, inlined_ids};
+use limits::{check_attach_depth, check_attach_points, check_sizes, inlined_ids};
 use rivet_runtime::DType;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -195,6 +195,7 @@ pub fn build_nest(sched: &Schedule, args: &[Tensor], name: &str) -> Result<PrimF
     let inlined = inlined_ids(sched);
     check_sizes(&all, &inlined)?;
     check_attach_depth(sched, name)?;
+    check_attach_points(sched)?;
     for a in args {
         if inlined.contains(&a.id()) {
             return cerr(format!(
