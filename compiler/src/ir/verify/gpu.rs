@@ -649,7 +649,13 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        for part in ["threadIdx.z", "`tz`", "extent 65", "limit of 64", "blockDim.z"] {
+        for part in [
+            "threadIdx.z",
+            "`tz`",
+            "extent 65",
+            "limit of 64",
+            "blockDim.z",
+        ] {
             assert!(e.contains(part), "missing '{part}' in: {e}");
         }
         crate::ir::verify::verify(

@@ -1,39 +1,49 @@
-//! Launching through the CUDA driver (cudarc, loaded dynamically).
+//! Launching through the CUDA driver (cudarc's raw bindings, loaded dynamically).
 //!
-//! UNTESTED ON A GPU: this file was written on a machine without one; only its no-driver
-//! path (`DeviceError` naming what is missing) has run. What it does: probe `libcuda` without
-//! letting cudarc panic (`cudarc::driver::sys::is_culib_present`); retain the device's
-//! primary context (`CudaContext::new(ordinal)`, the context torch and JAX allocate in) and
-//! make it current on the calling thread; load the cubin for the device's exact architecture
-//! (compiled by NVRTC, PTX from an NVRTC newer than the driver may be refused); launch each
-//! kernel with `cuLaunchKernel` on the caller's stream (`LaunchContext::stream`, else the
-//! legacy default stream), never synchronizing. Every cudarc call is also wrapped in
-//! `catch_unwind`, so a panic inside cudarc (a symbol an old driver lacks) is an error too.
+//! UNTESTED ON A GPU: written on a machine without one; its no-driver path has run, and the
+//! rest runs against the CUDA driver double of the tests. What it does: probe `libcuda`
+//! without letting cudarc panic (`cudarc::driver::sys::is_culib_present`); retain each
+//! device's primary context once per process (the context torch and JAX allocate in; never
+//! released, so no context is ever dropped); load the cubin for the device's exact
+//! architecture; launch with `cuLaunchKernel` on the caller's stream, never synchronizing.
+//! Every driver call runs under `catch_unwind`, so a panic in cudarc (a symbol an old driver
+//! lacks) is a `DeviceError` too.
 //!
-//! Per-device state: one retained primary context per ordinal ([`context`]), shared by every
-//! compiled function and every allocation on that device, made current on the calling thread
-//! before each driver call (`bind_to_thread`), so several devices (`cuda:1`) and several
-//! Python threads each get the right one.
+//! The caller's current context ([`Current`]): every entry point that needs a context saves
+//! the calling thread's current context (`cuCtxGetCurrent`), makes the device's primary
+//! context current, and restores the saved one on the way out, NULL included, on every path
+//! (an RAII guard). So a call on `cuda:1` does not leave device 1 current for the CUDA
+//! runtime (torch) on the caller's thread, and no rivet call relies on a context an earlier
+//! call happened to leave bound.
 //!
-//! Memory ([`alloc_tensor`]): rivet's device tensors (outputs omitted at a call,
-//! `rivet.empty` / `rivet.zeros(device="cuda")`) come from `cuMemAllocAsync` on the call's
-//! stream (the device's default memory pool; no device-wide synchronisation), zeroed with
-//! `cuMemsetD8Async` on the same stream when asked. Freeing is the delicate part: when the
-//! last owner drops (a rivet view, or a consumer's DLPack deleter: torch calls it when its
-//! tensor dies, without waiting for the work it queued on its own streams), work that reads
-//! the memory may still be queued on streams rivet never saw. So the free is never issued
-//! on the dropping thread: the pointer goes to a reaper thread, which waits for all work
-//! queued so far on the device's context (`cuCtxSynchronize`: it blocks only the reaper, not
-//! the GPU nor the caller), then frees it (`cuMemFreeAsync`). Memory is returned late, never
-//! early; a context that cannot be synchronised (a sticky error after a faulting kernel)
-//! leaks its pending frees rather than free memory a kernel may still touch.
+//! cudarc's own objects keep errors from their drops on the context (`record_err`) and hand
+//! them to the next, unrelated call (`check_err`). rivet creates no cudarc object but the
+//! contexts (modules, events and memory are raw handles it owns), never drops a context, and
+//! reports whatever a context has stored as a warning right where it is found
+//! ([`report_stored`]: after unloading a module, when binding), so it is never blamed on a
+//! later call.
 //!
-//! Streams between producers and consumers ([`order`]): "stream B waits for the work queued
-//! so far on stream A" is an event recorded on A and waited for on B, never a synchronisation.
+//! Completion events ([`Event`]): a call's results (and a new tensor) carry an event recorded
+//! on the stream the work was queued on (`CU_EVENT_DISABLE_TIMING`), shared by every output
+//! and destroyed when its last holder drops. Every later ordering (a consumer's
+//! `__dlpack__(stream=...)`, use as an input on another stream) waits for that event
+//! (`cuStreamWaitEvent`); nothing ever records on a stream remembered from an earlier call,
+//! which its owner may have destroyed since.
+//!
+//! Streams between producers and consumers met inside one call ([`order`]): "stream B waits
+//! for the work queued so far on stream A" is an event recorded on A and waited for on B,
+//! never a synchronisation.
+//!
+//! Memory: see `memory.rs` (allocation with or without memory pools, and the free thread).
+
+mod memory;
+
+pub use memory::alloc_tensor;
+pub(crate) use memory::wait_for_context;
 
 use crate::error::{Error, Result};
 use crate::target::CudaArch;
-use cudarc::driver::{result, sys, CudaContext, CudaModule};
+use cudarc::driver::{result, sys, CudaContext};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -55,10 +65,39 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     })
 }
 
+/// One raw driver call: a failure (or a panic) is a `DeviceError` naming `what`.
+pub(crate) fn call(what: &str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    guarded(what, f)?
+        .result()
+        .map_err(|e| device_error(format!("CUDA: {what} failed: {e}")))
+}
+
+/// A driver call whose failure cannot be returned (a drop): a stderr warning, except after
+/// the driver was torn down at process exit (nothing is left to release then).
+pub(crate) fn warn_on_failure(what: &str, while_: &str, f: impl FnOnce() -> sys::CUresult) {
+    match guarded(what, f).map(|r| r.result()) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if e.0 == sys::CUresult::CUDA_ERROR_DEINITIALIZED => {}
+        Ok(Err(e)) => eprintln!("rivet: warning: CUDA {what} failed while {while_}: {e}"),
+        Err(e) => eprintln!("rivet: warning: CUDA {what} failed while {while_}: {e}"),
+    }
+}
+
 /// Whether the CUDA driver library can be loaded (never panics).
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver's names and drops the handles.
     guarded("probe", || unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Whether the loaded driver exports `name` (an older driver lacks newer entry points; cudarc
+/// would panic on calling one).
+pub(crate) fn has_symbol(name: &str) -> bool {
+    driver_present()
+        && guarded("probe", || {
+            // SAFETY: looks a symbol up without calling it.
+            unsafe { sys::culib().get::<*const c_void>(name.as_bytes()).is_ok() }
+        })
+        .unwrap_or(false)
 }
 
 /// The number of CUDA devices rivet can launch on: `Err` saying why there are none usable
@@ -77,45 +116,173 @@ pub fn device_count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
-/// The primary context of device `ordinal` (retained once per process, shared by every
-/// function and allocation on it), made current on the calling thread.
-pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    static CONTEXTS: Mutex<Vec<Option<Arc<CudaContext>>>> = Mutex::new(Vec::new());
-    let found = {
-        let map = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(ordinal).cloned().flatten()
+/// The architecture of the device a build with no `-arch` will most likely run on: the
+/// device of the caller's current context, else device 0. `None` without a driver or a
+/// device (the build then compiles for `DEFAULT_ARCH`, as the tests expect). Binds nothing.
+pub fn build_device_arch() -> Option<CudaArch> {
+    if device_count().ok()? == 0 {
+        return None;
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-parameter; fails (no current context) without side effects.
+    if call("cuCtxGetDevice", || unsafe {
+        sys::cuCtxGetDevice(&mut dev)
+    })
+    .is_err()
+    {
+        dev = guarded("device", || result::device::get(0)).ok()?.ok()?;
+    }
+    let attr = |a| -> Option<u32> {
+        let mut v = 0;
+        // SAFETY: out-parameter; device attributes need no context.
+        call("cuDeviceGetAttribute", || unsafe {
+            sys::cuDeviceGetAttribute(&mut v, a, dev)
+        })
+        .ok()?;
+        u32::try_from(v).ok()
     };
-    let ctx = match found {
-        Some(c) => c,
-        None => {
-            let n = device_count()?;
-            if ordinal >= n {
-                return Err(device_error(format!(
-                    "CUDA device {ordinal} does not exist: this machine has {n} CUDA device{} (cuda:0{})",
-                    if n == 1 { "" } else { "s" },
-                    if n > 1 { format!("..cuda:{}", n - 1) } else { String::new() }
-                )));
-            }
-            let c = guarded("context", || CudaContext::new(ordinal))?.map_err(|e| {
-                device_error(format!(
-                    "CUDA device {ordinal} cannot be used (its primary context could not be retained): {e}"
-                ))
-            })?;
-            let mut map = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-            if map.len() <= ordinal {
-                map.resize(ordinal + 1, None);
-            }
-            // Another thread may have won the race: keep the first, drop ours (a release).
-            map[ordinal].get_or_insert(c).clone()
-        }
-    };
-    bind(&ctx)?;
-    Ok(ctx)
+    Some(CudaArch {
+        major: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        minor: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    })
 }
 
-fn bind(ctx: &CudaContext) -> Result<()> {
-    guarded("bind", || ctx.bind_to_thread())?
-        .map_err(|e| device_error(format!("CUDA: cannot make the context current: {e}")))
+/// One device as rivet uses it: its primary context, retained once and never released.
+pub struct Device {
+    pub ordinal: usize,
+    ctx: Arc<CudaContext>,
+    /// Whether the device has memory pools (`cuMemAllocAsync`; cudarc's `has_async_alloc`).
+    pub pools: bool,
+}
+
+impl Device {
+    pub fn cu_ctx(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
+
+    /// Makes this device's context current on the calling thread until the guard drops.
+    pub fn enter(&'static self) -> Result<Current> {
+        Current::bind(self)
+    }
+}
+
+/// The device `ordinal`, its primary context retained on first use (binds nothing: the
+/// calling thread's current context is as before).
+pub fn device(ordinal: usize) -> Result<&'static Device> {
+    static DEVICES: Mutex<Vec<Option<&'static Device>>> = Mutex::new(Vec::new());
+    let mut map = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(Some(d)) = map.get(ordinal) {
+        return Ok(d);
+    }
+    // Created under the lock: two threads never both retain, so no context is dropped.
+    let n = device_count()?;
+    if ordinal >= n {
+        return Err(device_error(format!(
+            "CUDA device {ordinal} does not exist: this machine has {n} CUDA device{} (cuda:0{})",
+            if n == 1 { "" } else { "s" },
+            if n > 1 {
+                format!("..cuda:{}", n - 1)
+            } else {
+                String::new()
+            }
+        )));
+    }
+    // `CudaContext::new` makes the context current: put the caller's back.
+    let saved = current_context()?;
+    let made = guarded("context", || CudaContext::new(ordinal));
+    set_current(
+        saved,
+        "restoring the caller's context after retaining a primary context",
+    );
+    let ctx = made?.map_err(|e| {
+        device_error(format!(
+            "CUDA device {ordinal} cannot be used (its primary context could not be retained): {e}"
+        ))
+    })?;
+    let d: &'static Device = Box::leak(Box::new(Device {
+        ordinal,
+        pools: ctx.has_async_alloc(),
+        ctx,
+    }));
+    if d.pools {
+        memory::keep_pool_memory(d);
+    }
+    if map.len() <= ordinal {
+        map.resize(ordinal + 1, None);
+    }
+    map[ordinal] = Some(d);
+    Ok(d)
+}
+
+/// The device `ordinal`, its context current on the calling thread until the guard drops.
+pub fn enter(ordinal: usize) -> Result<Current> {
+    device(ordinal)?.enter()
+}
+
+fn current_context() -> Result<sys::CUcontext> {
+    let mut c: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-parameter.
+    call("cuCtxGetCurrent", || unsafe {
+        sys::cuCtxGetCurrent(&mut c)
+    })?;
+    Ok(c)
+}
+
+fn set_current(c: sys::CUcontext, while_: &str) {
+    // SAFETY: `c` was current on this thread (or NULL, which unbinds).
+    warn_on_failure("cuCtxSetCurrent", while_, || unsafe {
+        sys::cuCtxSetCurrent(c)
+    });
+}
+
+/// A device's context made current on this thread; dropping it makes the thread's previous
+/// context (or none) current again.
+#[must_use]
+pub struct Current {
+    pub dev: &'static Device,
+    prev: sys::CUcontext,
+    switched: bool,
+    /// Bound to this thread (the driver's current context is per thread).
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Current {
+    fn bind(dev: &'static Device) -> Result<Current> {
+        let prev = current_context()?;
+        let switched = prev != dev.cu_ctx();
+        if switched {
+            // SAFETY: a retained primary context.
+            call("cuCtxSetCurrent", || unsafe {
+                sys::cuCtxSetCurrent(dev.cu_ctx())
+            })?;
+        }
+        report_stored(dev, "an earlier cudarc drop");
+        Ok(Current {
+            dev,
+            prev,
+            switched,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.switched {
+            set_current(self.prev, "restoring the caller's current context");
+        }
+    }
+}
+
+/// Reports (stderr) and clears an error cudarc stored on the device's context from a drop
+/// (`record_err`), so that it is not returned to an unrelated later call.
+pub(crate) fn report_stored(dev: &Device, while_: &str) {
+    if let Ok(Err(e)) = guarded("check_err", || dev.ctx.check_err()) {
+        eprintln!(
+            "rivet: warning: CUDA error {e} on cuda:{} while {while_}",
+            dev.ordinal
+        );
+    }
 }
 
 /// The ordinal of the device `ptr` was allocated on (`cuPointerGetAttribute`), for
@@ -128,6 +295,8 @@ pub fn pointer_device(ptr: u64, what: &str) -> Result<usize> {
         )));
     }
     device_count()?;
+    // The query needs a context (any of the process's: addresses are unified).
+    let _bound = enter(0)?;
     let get = |attr: sys::CUpointer_attribute| -> Result<i32> {
         let mut v: i32 = -1;
         // SAFETY: both attributes asked here write one 32-bit int (`int` ordinal,
@@ -155,7 +324,8 @@ pub fn pointer_device(ptr: u64, what: &str) -> Result<usize> {
 
 /// Makes stream `to` wait for the work queued so far on stream `from`, both on device
 /// `ordinal` (an event recorded on `from`, waited for on `to`; nothing synchronises).
-/// Nothing to do when they are the same stream.
+/// Nothing to do when they are the same stream. Only for streams handed over for the
+/// current call: a stream remembered from an earlier one may be dead (use an [`Event`]).
 ///
 /// # Safety
 /// Both handles must be live streams of the device's primary context (or the reserved
@@ -164,182 +334,112 @@ pub unsafe fn order(ordinal: usize, from: u64, to: u64) -> Result<()> {
     if rivet_runtime::stream::same_stream(from, to) {
         return Ok(());
     }
-    let _ctx = context(ordinal)?;
-    let ev = guarded("event", || {
-        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-    })?
-    .map_err(|e| device_error(format!("CUDA: cannot create an event: {e}")))?;
-    // SAFETY: a fresh event; the streams are the caller's promise. Destroying an event
-    // whose wait is still pending is allowed (its resources go when the work completes).
-    let r = guarded("stream order", || unsafe {
-        result::event::record(ev, from as sys::CUstream).and_then(|()| {
-            result::stream::wait_event(
-                to as sys::CUstream,
-                ev,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        })
-    });
-    // SAFETY: created above, destroyed once.
-    let _ = guarded("event destroy", || unsafe { result::event::destroy(ev) });
-    r?.map_err(|e| {
+    let ev = record(ordinal, from)?;
+    ev.wait_on(to).map_err(|e| {
         device_error(format!(
             "CUDA: cannot make stream {to:#x} wait for stream {from:#x} on cuda:{ordinal}: {e}"
         ))
     })
 }
 
-/// Device memory from `cuMemAllocAsync`; dropping it hands the pointer to the reaper (see
-/// the module header), which frees it once the device has finished the work queued so far.
-struct DeviceMemory {
-    ordinal: usize,
-    ptr: u64,
+/// An event recorded after some work (`CU_EVENT_DISABLE_TIMING`): what a later consumer
+/// waits for. Shared (`Arc`) by everything that work produced; destroyed with its last
+/// holder (destroying an event with waits still queued is allowed).
+pub struct Event {
+    dev: &'static Device,
+    ev: sys::CUevent,
 }
 
-impl Drop for DeviceMemory {
-    fn drop(&mut self) {
-        reaper::free_later(self.ordinal, self.ptr);
-    }
-}
+// SAFETY: an event handle is usable from any thread with its context current (every use
+// binds it first).
+unsafe impl Send for Event {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Event {}
 
-/// The reaper: frees device memory after the work queued before the free request is done.
-mod reaper {
-    use super::*;
-    use std::sync::mpsc::{channel, Sender};
-
-    static QUEUE: Mutex<Option<Sender<(usize, u64)>>> = Mutex::new(None);
-
-    pub fn free_later(ordinal: usize, ptr: u64) {
-        let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
-        if q.is_none() {
-            let (tx, rx) = channel::<(usize, u64)>();
-            let spawned = std::thread::Builder::new()
-                .name("rivet-cuda-free".into())
-                .spawn(move || {
-                    while let Ok(first) = rx.recv() {
-                        // Batch whatever else is waiting: one synchronisation per device.
-                        let mut batch = vec![first];
-                        batch.extend(rx.try_iter());
-                        free_now(batch);
-                    }
-                });
-            if spawned.is_ok() {
-                *q = Some(tx);
-            }
-        }
-        match q.as_ref().map(|tx| tx.send((ordinal, ptr))) {
-            Some(Ok(())) => {}
-            // No thread could be started: free here, with the same wait (slower, as safe).
-            _ => {
-                drop(q);
-                free_now(vec![(ordinal, ptr)]);
-            }
-        }
-    }
-
-    fn free_now(mut batch: Vec<(usize, u64)>) {
-        batch.sort_unstable();
-        let mut i = 0;
-        while i < batch.len() {
-            let ordinal = batch[i].0;
-            let end = i + batch[i..].iter().take_while(|b| b.0 == ordinal).count();
-            // The context exists: it allocated these pointers. A failed synchronisation
-            // (sticky error) leaks the batch rather than free memory still in use.
-            if let Ok(ctx) = context(ordinal) {
-                if let Ok(Ok(())) = guarded("synchronize", || ctx.synchronize()) {
-                    for &(_, p) in &batch[i..end] {
-                        // SAFETY: from `cuMemAllocAsync`, freed once, after every use
-                        // queued before the request (the synchronisation above).
-                        let _ = guarded("free", || unsafe {
-                            result::free_async(p, std::ptr::null_mut())
-                        });
-                    }
-                }
-            }
-            i = end;
-        }
-    }
-}
-
-/// A compact tensor of `shape` and `dtype` in new memory on device `ordinal`, allocated
-/// stream-ordered on `stream` (0: the legacy default stream) and, with `zero`, zeroed on it.
-/// The tensor is valid for work queued on `stream` after this call (or ordered after it);
-/// its memory is freed once its last view drops and the device has finished the work queued
-/// until then (see the module header).
-pub fn alloc_tensor(
-    ordinal: usize,
-    shape: &[i64],
-    dtype: rivet_runtime::DType,
-    stream: u64,
-    zero: bool,
-) -> Result<rivet_runtime::Tensor> {
-    let runtime = |e: rivet_runtime::Error| Error::Runtime(e);
-    if let Some(d) = shape.iter().position(|&n| n < 0) {
-        return Err(runtime(rivet_runtime::Error::Shape(format!(
-            "cannot allocate a tensor of shape {shape:?}: dim {d} is negative"
-        ))));
-    }
-    if shape.len() > rivet_runtime::layout::MAX_NDIM {
-        return Err(runtime(rivet_runtime::Error::Shape(format!(
-            "cannot allocate a tensor of {} dims: rivet supports at most {}",
-            shape.len(),
-            rivet_runtime::layout::MAX_NDIM
-        ))));
-    }
-    let bytes = rivet_runtime::alloc::tensor_bytes(shape, dtype).map_err(runtime)?;
-    let ctx = context(ordinal)?;
-    let s = stream as sys::CUstream;
-    // At least one byte, so an empty tensor still has a real device address to hand out.
-    let n = bytes.max(1);
-    // SAFETY: a fresh allocation of `n` bytes on `s`; every use is ordered after it (the
-    // caller's work on `s`, or consumers through `order`).
-    let ptr = guarded("alloc", || unsafe { result::malloc_async(s, n) })?.map_err(|e| {
-        runtime(rivet_runtime::Error::Memory(format!(
-            "cannot allocate {bytes} bytes on cuda:{ordinal} for a {dtype} tensor of shape {shape:?}: {e}"
-        )))
+/// Records a new event on `stream` of device `ordinal`, after the work queued on it so far.
+///
+/// `stream` must be a live stream of the device's primary context, or 0, 1, 2 (the caller's
+/// promise, as for any stream handle given to rivet).
+pub fn record(ordinal: usize, stream: u64) -> Result<Arc<Event>> {
+    let bound = enter(ordinal)?;
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: out-parameter, in the device's context.
+    call("cuEventCreate", || unsafe {
+        sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
     })?;
-    let mem = DeviceMemory { ordinal, ptr };
-    if zero {
-        // SAFETY: `ptr` holds `n` bytes; the memset is ordered on the allocating stream.
-        guarded("memset", || unsafe {
-            result::memset_d8_async(ptr, 0, n, s)
-        })?
-        .map_err(|e| {
-            device_error(format!(
-                "CUDA: cannot zero a new tensor on cuda:{ordinal}: {e}"
-            ))
-        })?;
+    let ev = Arc::new(Event { dev: bound.dev, ev });
+    // SAFETY: a live event; the stream is the caller's promise.
+    call("cuEventRecord", || unsafe {
+        sys::cuEventRecord(ev.ev, stream as sys::CUstream)
+    })?;
+    Ok(ev)
+}
+
+impl Event {
+    /// The device the event belongs to.
+    pub fn ordinal(&self) -> usize {
+        self.dev.ordinal
     }
-    drop(ctx);
-    let strides = rivet_runtime::layout::compact_strides(shape);
-    // SAFETY: `mem` owns `n >= bytes` bytes of device memory at `ptr`, alive as long as the
-    // tensor's views (it is their owner); the layout is compact.
-    unsafe {
-        rivet_runtime::Tensor::from_raw_parts(
-            mem,
-            ptr as *mut u8,
-            0,
-            shape.into(),
-            strides,
-            dtype,
-            rivet_runtime::Device::Cuda(ordinal as i32),
-            false,
-        )
+
+    /// Makes `stream` (live, of the event's device, or 0, 1, 2) wait for the recorded work.
+    pub fn wait_on(&self, stream: u64) -> Result<()> {
+        let _bound = self.dev.enter()?;
+        // SAFETY: a live event of this context; the stream is the caller's promise.
+        call("cuStreamWaitEvent", || unsafe {
+            sys::cuStreamWaitEvent(stream as sys::CUstream, self.ev, 0)
+        })
     }
-    .map_err(runtime)
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if memory::driver_gone() {
+            return; // process exit: the driver is being torn down
+        }
+        if let Ok(_bound) = self.dev.enter() {
+            // SAFETY: ours, destroyed once.
+            warn_on_failure(
+                "cuEventDestroy",
+                "destroying a completion event",
+                || unsafe { sys::cuEventDestroy_v2(self.ev) },
+            );
+        }
+    }
+}
+
+/// A loaded module (raw handle: unloaded by rivet, in the right context, its errors reported
+/// there).
+struct Module {
+    dev: &'static Device,
+    m: sys::CUmodule,
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if memory::driver_gone() {
+            return;
+        }
+        if let Ok(_bound) = self.dev.enter() {
+            // SAFETY: loaded once, unloaded once; its functions die with it (`Loaded`).
+            warn_on_failure("cuModuleUnload", "unloading a kernel module", || unsafe {
+                sys::cuModuleUnload(self.m)
+            });
+            report_stored(self.dev, "unloading a kernel module");
+        }
+    }
 }
 
 /// A device's primary context with this kernel's module loaded in it.
 pub struct Loaded {
-    ctx: Arc<CudaContext>,
-    /// Keeps the functions valid.
-    _module: Arc<CudaModule>,
+    dev: &'static Device,
     /// `CUfunction` of each kernel, by position in `CudaKernel::info`.
     funcs: Vec<sys::CUfunction>,
+    /// Keeps the functions valid (declared after `funcs`: dropped last).
+    _module: Module,
 }
 
-// SAFETY: CUfunction handles are plain driver handles, usable from any thread once the
-// context is current there (`launch` binds it first).
+// SAFETY: CUfunction and CUmodule handles are plain driver handles, usable from any thread
+// once the context is current there (every use binds it first).
 unsafe impl Send for Loaded {}
 // SAFETY: as above; nothing here is mutated after construction.
 unsafe impl Sync for Loaded {}
@@ -352,7 +452,7 @@ pub struct Devices {
 
 impl Devices {
     /// The module for device `ordinal`, loading it on first use. `cubin_for(arch)` gives the
-    /// cubin for the device's architecture.
+    /// cubin for the device's architecture (exactly the bytes handed to `cuModuleLoadData`).
     pub fn get(
         &self,
         ordinal: usize,
@@ -368,32 +468,49 @@ impl Devices {
                 "CUDA is not available: the driver library (libcuda.so.1) cannot be loaded on this machine; run on a machine with an NVIDIA GPU and driver, or build for 'cpu'".into(),
             ));
         }
-        let ctx = context(ordinal)?;
-        let (major, minor) = guarded("compute capability", || ctx.compute_capability())?
-            .map_err(|e| device_error(format!("CUDA device {ordinal}: {e}")))?;
+        let bound = enter(ordinal)?;
+        let dev = bound.dev;
+        let attr = |a| -> Result<u32> {
+            let mut v = 0;
+            // SAFETY: out-parameter.
+            call("cuDeviceGetAttribute", || unsafe {
+                sys::cuDeviceGetAttribute(&mut v, a, dev.ctx.cu_device())
+            })?;
+            Ok(v.max(0) as u32)
+        };
         let arch = CudaArch {
-            major: major as u32,
-            minor: minor as u32,
+            major: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            minor: attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         };
         let cubin = cubin_for(arch)?;
-        let module = guarded("module load", || {
-            ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-        })?
+        let mut m: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: a complete cubin image (an ELF file) in memory; out-parameter.
+        call("cuModuleLoadData", || unsafe {
+            sys::cuModuleLoadData(&mut m, cubin.as_ptr().cast())
+        })
         .map_err(|e| {
             device_error(format!(
                 "CUDA device {ordinal}: loading the {arch} cubin: {e}"
             ))
         })?;
+        let module = Module { dev, m };
         let mut funcs = Vec::with_capacity(names.len());
         for n in names {
-            let f = guarded("function", || module.load_function(n))?
-                .map_err(|e| device_error(format!("CUDA device {ordinal}: kernel {n}: {e}")))?;
-            funcs.push(f.cu_function());
+            let c = std::ffi::CString::new(n.as_str())
+                .map_err(|_| Error::Internal(format!("kernel name {n:?} holds a NUL")))?;
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: a live module; out-parameter.
+            call("cuModuleGetFunction", || unsafe {
+                sys::cuModuleGetFunction(&mut f, module.m, c.as_ptr())
+            })
+            .map_err(|e| device_error(format!("CUDA device {ordinal}: kernel {n}: {e}")))?;
+            funcs.push(f);
         }
+        drop(bound);
         let l = Arc::new(Loaded {
-            ctx,
-            _module: module,
+            dev,
             funcs,
+            _module: module,
         });
         map.insert(ordinal, l.clone());
         Ok(l)
@@ -426,8 +543,7 @@ impl Loaded {
         stream: u64,
         args: &[Arg],
     ) -> Result<()> {
-        guarded("bind", || self.ctx.bind_to_thread())?
-            .map_err(|e| device_error(format!("CUDA: cannot make the context current: {e}")))?;
+        let _bound = self.dev.enter()?;
         // Each parameter's value lives in `slots`; the driver reads them through `params`.
         let mut slots: Vec<u64> = args
             .iter()
@@ -467,32 +583,15 @@ impl Loaded {
             .map_err(|e| device_error(format!("CUDA: kernel launch failed: {e}")))
     }
 
-    /// A zeroed device allocation of `bytes` (at least 1), stream-ordered on `stream`
-    /// (`cuMemAllocAsync` + `cuMemsetD8Async`): a global temporary between kernels.
+    /// A zeroed device allocation of `bytes` (at least 1), ready for work queued on `stream`
+    /// after this call: a global temporary between kernels (`memory.rs`).
     pub fn alloc_zeroed(&self, bytes: usize, stream: u64) -> Result<u64> {
-        guarded("bind", || self.ctx.bind_to_thread())?
-            .map_err(|e| device_error(format!("CUDA: cannot make the context current: {e}")))?;
-        let s = stream as sys::CUstream;
-        let n = bytes.max(1);
-        // SAFETY: a fresh allocation of `n` bytes, set on the same stream before any use.
-        let p = guarded("alloc", || unsafe { result::malloc_async(s, n) })?.map_err(|e| {
-            device_error(format!(
-                "CUDA: cannot allocate a temporary of {bytes} bytes on the device: {e}"
-            ))
-        })?;
-        // SAFETY: `p` holds `n` bytes.
-        guarded("memset", || unsafe { result::memset_d8_async(p, 0, n, s) })?
-            .map_err(|e| device_error(format!("CUDA: cannot zero a temporary: {e}")))?;
-        Ok(p)
+        memory::alloc_temporary(self.dev, bytes, stream)
     }
 
     /// Frees a temporary from `alloc_zeroed` after the work queued on `stream` so far.
     pub fn free(&self, ptr: u64, stream: u64) -> Result<()> {
-        // SAFETY: `ptr` came from `alloc_zeroed` and is freed once.
-        guarded("free", || unsafe {
-            result::free_async(ptr, stream as sys::CUstream)
-        })?
-        .map_err(|e| device_error(format!("CUDA: cannot free a temporary: {e}")))
+        memory::free_temporary(self.dev, ptr, stream)
     }
 }
 
@@ -546,7 +645,9 @@ mod tests {
         };
         missing(alloc_tensor(0, &[2, 3], DType::F32, 0, true).unwrap_err());
         missing(alloc_tensor(1, &[0], DType::F64, 5, false).unwrap_err());
-        missing(context(0).map(|_| ()).unwrap_err());
+        missing(device(0).map(|_| ()).unwrap_err());
+        missing(enter(1).map(|_| ()).unwrap_err());
+        missing(record(0, 1).map(|_| ()).unwrap_err());
         missing(device_count().unwrap_err());
         missing(pointer_device(0x1000, "x").unwrap_err());
         // SAFETY: refused before any stream is touched.
