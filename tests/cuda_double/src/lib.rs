@@ -14,5 +14,12 @@
 //! `catch_unwind`, a panic is `CUDA_ERROR_UNKNOWN` and a line on stderr); every misuse is
 //! both an error code and a line on stderr starting `rivet-cuda-double:`.
 
+pub mod api;
+pub mod config;
+pub mod context;
 pub mod error;
+pub mod ipc;
 pub mod kernels;
+pub mod memory;
+pub mod report;
+pub mod stream;
