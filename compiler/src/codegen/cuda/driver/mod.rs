@@ -124,11 +124,13 @@ pub fn build_device_arch() -> Option<CudaArch> {
         return None;
     }
     let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; fails (no current context) without side effects.
-    if call("cuCtxGetDevice", || unsafe {
-        sys::cuCtxGetDevice(&mut dev)
-    })
-    .is_err()
+    let has_current = current_context().is_ok_and(|c| !c.is_null());
+    // SAFETY: out-parameter; a context is current (asked only then).
+    if !has_current
+        || call("cuCtxGetDevice", || unsafe {
+            sys::cuCtxGetDevice(&mut dev)
+        })
+        .is_err()
     {
         dev = guarded("device", || result::device::get(0)).ok()?.ok()?;
     }
