@@ -17,6 +17,7 @@
 //!   on ITS streams is done. Those streams may be ones rivet never saw (a consumer's side
 //!   streams, usually non-blocking, which the legacy stream does not wait for), and a stream
 //!   rivet was told about at export time may have been destroyed since.
+//!
 //! So no event recorded on a stream rivet knows covers that work: only "all the work queued
 //! so far in the context" does. The free thread takes that, per device and batch, as an event
 //! recorded on the whole context (`cuCtxRecordEvent`, CUDA 12.5 drivers) created with
@@ -359,8 +360,8 @@ pub(crate) fn wait_for_context(dev: &Device) -> Result<()> {
         let r = call("cuCtxRecordEvent", || unsafe {
             sys::cuCtxRecordEvent(dev.cu_ctx(), ev)
         })
-        // SAFETY: a recorded event; blocks this thread (blocking-sync), no spin.
         .and_then(|()| {
+            // SAFETY: a recorded event; blocks this thread (blocking-sync), no spin.
             call("cuEventSynchronize", || unsafe {
                 sys::cuEventSynchronize(ev)
             })

@@ -125,13 +125,14 @@ pub fn build_device_arch() -> Option<CudaArch> {
     }
     let mut dev: sys::CUdevice = 0;
     let has_current = current_context().is_ok_and(|c| !c.is_null());
-    // SAFETY: out-parameter; a context is current (asked only then).
-    if !has_current
-        || call("cuCtxGetDevice", || unsafe {
+    let asked = has_current && {
+        // SAFETY: out-parameter; a context is current.
+        call("cuCtxGetDevice", || unsafe {
             sys::cuCtxGetDevice(&mut dev)
         })
-        .is_err()
-    {
+        .is_ok()
+    };
+    if !asked {
         dev = guarded("device", || result::device::get(0)).ok()?.ok()?;
     }
     let attr = |a| -> Option<u32> {
