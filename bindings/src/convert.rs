@@ -26,9 +26,11 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyString, PyTuple, PyType};
+use rivet_compiler::codegen::cuda::driver::Event;
 use rivet_runtime::{dlpack, ArgName, Error, Function, Result, Tensor, Value};
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// How `requires_grad` is read without the generic attribute lookup: the getset's C getter
 /// and its closure; under the limited API (abi3), which hides the descriptor's layout, the
@@ -323,10 +325,15 @@ pub fn try_tensor_in(
     // every foreign tensor (a torch.Tensor's is three classes long).
     if let Ok(t) = obj.cast_exact::<PyTensor>() {
         let t = t.get();
-        if let (Some(s), rivet_runtime::Device::Cuda(o), Some(r)) =
-            (sync.as_deref_mut(), t.tensor.device(), t.stream())
+        if let (Some(s), rivet_runtime::Device::Cuda(o)) = (sync.as_deref_mut(), t.tensor.device())
         {
-            s.join(o as usize, r, false)?;
+            match t.ready() {
+                Some(ev) => s.wait_for(o as usize, ev),
+                None => {
+                    // Nothing pending: the tensor still decides the call's device.
+                    s.note_device(o as usize);
+                }
+            }
         }
         return Ok(Some(t.tensor.clone()));
     }
@@ -594,9 +601,9 @@ pub fn from_value(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
     from_value_on(py, v, None)
 }
 
-/// Converts a call's result back to Python; CUDA tensors remember `stream`, where the call
-/// queued its work on them (their exports make consumers wait for it).
-pub fn from_value_on(py: Python<'_>, v: &Value, stream: Option<u64>) -> PyResult<Py<PyAny>> {
+/// Converts a call's result back to Python; CUDA tensors carry `ready`, the call's completion
+/// event (their exports make consumers wait for it).
+pub fn from_value_on(py: Python<'_>, v: &Value, ready: Option<&Arc<Event>>) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::Null => py.None(),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
@@ -606,12 +613,14 @@ pub fn from_value_on(py: Python<'_>, v: &Value, stream: Option<u64>) -> PyResult
         Value::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         Value::DType(d) => PyString::new(py, d.name()).into_any().unbind(),
         Value::Device(d) => PyString::new(py, &d.to_string()).into_any().unbind(),
-        Value::Tensor(t) => Py::new(py, PyTensor::on_stream(t.clone(), stream))?.into_any(),
+        Value::Tensor(t) => {
+            Py::new(py, PyTensor::with_event(t.clone(), ready.cloned()))?.into_any()
+        }
         Value::Function(f) => Py::new(py, PyFunction::new(f.clone()))?.into_any(),
         Value::List(items) => {
             let objs = items
                 .iter()
-                .map(|v| from_value_on(py, v, stream))
+                .map(|v| from_value_on(py, v, ready))
                 .collect::<PyResult<Vec<_>>>()?;
             PyTuple::new(py, objs)?.into_any().unbind()
         }
@@ -621,20 +630,20 @@ pub fn from_value_on(py: Python<'_>, v: &Value, stream: Option<u64>) -> PyResult
 /// A tensor result as the type of `framework` (e.g. torch.Tensor): through the type's
 /// exchange API when it has one, else `from_dlpack(rivet_tensor)`.
 ///
-/// CUDA results: the exchange API does no synchronisation, so when the framework's current
-/// stream is not the call's `stream`, it is made to wait for it (an event); `from_dlpack`
-/// consumers pass their stream to `__dlpack__`, which does the same.
+/// CUDA results: the exchange API does no synchronisation, so the framework's current stream
+/// is made to wait for the call's completion event `ready`; `from_dlpack` consumers pass
+/// their stream to `__dlpack__`, which does the same.
 pub fn tensor_as(
     py: Python<'_>,
     t: &Tensor,
     ty: &Bound<'_, PyType>,
     from_dlpack: &Bound<'_, PyAny>,
-    stream: Option<u64>,
+    ready: Option<&Arc<Event>>,
 ) -> PyResult<Py<PyAny>> {
     if let Some(api) = type_info_of(ty).api {
         if let Some(to_py) = api.managed_tensor_to_py_object_no_sync {
-            if let (rivet_runtime::Device::Cuda(o), Some(s), Some(cws)) =
-                (t.device(), stream, api.current_work_stream)
+            if let (rivet_runtime::Device::Cuda(o), Some(ev), Some(cws)) =
+                (t.device(), ready, api.current_work_stream)
             {
                 let mut out: *mut c_void = std::ptr::null_mut();
                 // SAFETY: the framework's function, called with the GIL held.
@@ -644,8 +653,9 @@ pub fn tensor_as(
                         PyTypeError::new_err("DLPack exchange: current_work_stream failed")
                     }));
                 }
-                // SAFETY: `s` is the call's stream, `out` the framework's current stream.
-                unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, s, out as u64) }
+                debug_assert_eq!(ev.ordinal(), o as usize);
+                // `out` is the framework's current stream (live).
+                ev.wait_on(out as u64)
                     .map_err(rivet_runtime::Error::from)
                     .py_err(py)?;
             }
@@ -662,6 +672,6 @@ pub fn tensor_as(
             return Ok(unsafe { Bound::from_owned_ptr(py, out as *mut ffi::PyObject) }.unbind());
         }
     }
-    let rt = Py::new(py, PyTensor::on_stream(t.clone(), stream))?;
+    let rt = Py::new(py, PyTensor::with_event(t.clone(), ready.cloned()))?;
     from_dlpack.call1((rt,)).map(|o| o.unbind())
 }

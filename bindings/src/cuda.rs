@@ -10,13 +10,18 @@
 //! imported through `__dlpack__` get the call's stream as `stream=` (they order their own
 //! work before it); producers working on another stream are ordered by an event (the call's
 //! stream waits for theirs, and after the call theirs waits for the call's, so their later
-//! work sees what rivet wrote). Nothing synchronises the device.
+//! work sees what rivet wrote). rivet's own tensors name no stream: they carry the completion
+//! event of the work that made them, which the call's stream waits for ([`CallStreams::begin`]).
+//! A call on CUDA tensors records a completion event on its stream at its end (also when no
+//! argument named a stream and it ran on the legacy default stream), which its results carry.
+//! Nothing synchronises the device.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
-use rivet_compiler::codegen::cuda::driver;
+use rivet_compiler::codegen::cuda::driver::{self, Event};
 use rivet_runtime::{cuda_array_interface, stream, Error, Result, Tensor};
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// A stream argument: None, an int handle (>= 0; 1 and 2 are the legacy and per-thread
 /// default streams), or an object with `.cuda_stream` (torch.cuda.Stream) or `.ptr`
@@ -68,6 +73,8 @@ pub struct CallStreams {
     device: Option<usize>,
     /// Producers' streams other than the call's, to order after it: (ordinal, stream).
     after: SmallVec<[(usize, u64); 2]>,
+    /// Completion events of rivet tensors among the arguments: the call waits for them.
+    waits: SmallVec<[Arc<Event>; 2]>,
 }
 
 impl CallStreams {
@@ -76,6 +83,7 @@ impl CallStreams {
             stream: explicit,
             device: None,
             after: SmallVec::new(),
+            waits: SmallVec::new(),
         }
     }
 
@@ -100,6 +108,55 @@ impl CallStreams {
         Ok(())
     }
 
+    /// A rivet tensor on `cuda:ordinal` whose pending work `ready` covers: the call waits for
+    /// it (`begin`).
+    pub fn wait_for(&mut self, ordinal: usize, ready: Arc<Event>) {
+        if *self.device.get_or_insert(ordinal) != ordinal {
+            return;
+        }
+        if !self.waits.iter().any(|w| Arc::ptr_eq(w, &ready)) {
+            self.waits.push(ready);
+        }
+    }
+
+    /// A CUDA tensor argument on `cuda:ordinal` with nothing to wait for.
+    pub fn note_device(&mut self, ordinal: usize) {
+        self.device.get_or_insert(ordinal);
+    }
+
+    /// The device of the call's first CUDA tensor argument seen here, if any.
+    pub fn device(&self) -> Option<usize> {
+        self.device
+    }
+
+    /// Before the call: fixes its stream (the legacy default stream when nothing chose one
+    /// and a CUDA tensor was seen) and makes it wait for the rivet tensors' events.
+    pub fn begin(&mut self) -> Result<()> {
+        if self.device.is_none() {
+            return Ok(());
+        }
+        let s = *self.stream.get_or_insert(stream::LEGACY);
+        for ev in &self.waits {
+            ev.wait_on(s).map_err(Error::from)?;
+        }
+        Ok(())
+    }
+
+    /// What a tensor imported outside a call (`from_dlpack`) on `cuda:ordinal` must wait for:
+    /// the rivet tensor's own event, or an event recorded now on the stream its producer
+    /// named (live now: it was just handed over).
+    pub fn ready_now(&self, ordinal: usize) -> Result<Option<Arc<Event>>> {
+        if let Some(ev) = self.waits.first() {
+            return Ok(Some(ev.clone()));
+        }
+        match self.stream {
+            // Without a driver no work can be pending (fake pointers in tests).
+            Some(_) if !driver::driver_present() => Ok(None),
+            Some(s) => driver::record(ordinal, s).map(Some).map_err(Error::from),
+            None => Ok(None),
+        }
+    }
+
     /// The stream to give a producer's `__dlpack__(stream=...)` for a tensor on
     /// `cuda:ordinal`: the call's (fixing it to the legacy default stream when nothing chose
     /// one yet); a tensor on another device than the call's gets the legacy default stream.
@@ -110,12 +167,17 @@ impl CallStreams {
         *self.stream.get_or_insert(stream::LEGACY)
     }
 
-    /// After the call: producers working on other streams wait for the call's work.
-    pub fn finish(&self) -> Result<()> {
+    /// After the call: producers working on other streams wait for the call's work (its
+    /// completion event `done` where there is one).
+    pub fn finish(&self, done: Option<&Arc<Event>>) -> Result<()> {
         let Some(s) = self.stream else { return Ok(()) };
         for &(ordinal, p) in &self.after {
-            // SAFETY: as in `join`.
-            unsafe { driver::order(ordinal, s, p) }.map_err(Error::from)?;
+            match done {
+                // `p` is live: its producer handed it over for this call.
+                Some(ev) if ev.ordinal() == ordinal => ev.wait_on(p).map_err(Error::from)?,
+                // SAFETY: as in `join`.
+                _ => unsafe { driver::order(ordinal, s, p) }.map_err(Error::from)?,
+            }
         }
         Ok(())
     }

@@ -18,7 +18,7 @@
 //! - No function unwinds: every failure is a -1 with a Python exception set (or `SetError`).
 //! - CUDA: rivet has no current stream of its own; it launches on the legacy default stream
 //!   unless told otherwise, so that is what `current_work_stream` answers, and an export
-//!   orders the tensor's last stream before it (an event, never a synchronisation).
+//!   makes that stream wait for the tensor's completion event (never a synchronisation).
 
 use crate::tensor::PyTensor;
 use dlpack_rs::ffi::{

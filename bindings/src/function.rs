@@ -11,8 +11,22 @@ use crate::tensor::PyTensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
+use rivet_compiler::codegen::cuda::driver::{self, Event};
 use rivet_runtime::{registry, ArgName, DeviceSpec, Dim, Function, ParamKind, Value};
 use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// The device of the first CUDA tensor in `v` (a list's items included).
+fn cuda_device(v: &Value) -> Option<usize> {
+    match v {
+        Value::Tensor(t) => match t.device() {
+            rivet_runtime::Device::Cuda(o) if o >= 0 => Some(o as usize),
+            _ => None,
+        },
+        Value::List(items) => items.iter().find_map(cuda_device),
+        _ => None,
+    }
+}
 
 /// How a wrapper converts between a framework's tensors and rivet's.
 struct Framework {
@@ -68,7 +82,7 @@ impl PyFunction {
         &self,
         py: Python<'_>,
         v: &Value,
-        stream: Option<u64>,
+        ready: Option<&Arc<Event>>,
     ) -> PyResult<Py<PyAny>> {
         if let (
             Value::Tensor(t),
@@ -79,9 +93,9 @@ impl PyFunction {
             }),
         ) = (v, &self.framework)
         {
-            return tensor_as(py, t, ty.bind(py), from.bind(py), stream);
+            return tensor_as(py, t, ty.bind(py), from.bind(py), ready);
         }
-        convert::from_value_on(py, v, stream)
+        convert::from_value_on(py, v, ready)
     }
 }
 
@@ -123,25 +137,51 @@ impl PyFunction {
         for (i, a) in args.iter().enumerate() {
             values.push(self.convert_arg(&a, i, &mut sync)?);
         }
+        // The call's stream waits for the work pending on rivet tensor arguments.
+        sync.begin().py_err(py)?;
         let func = &self.func;
         // Native bodies release the GIL themselves around real work (`host_lock::without_host_lock`),
         // as numpy does: for tiny calls the release would cost as much as the work.
         let result = rivet_runtime::stream::with_call_stream(sync.stream, || func.call(&values));
-        // Producers on other streams wait for the call's work, whether it succeeded or not
-        // (a failed call may have queued some). A failure here is reported after the call's.
-        let ordered = sync.finish();
+        // A call on CUDA tensors (whether or not an argument named a stream: capsules, v2
+        // `__cuda_array_interface__` and IPC-opened tensors name none, and the call then ran
+        // on the legacy default stream) ends with a completion event on its stream, which its
+        // results and its rivet tensor arguments carry, whether it succeeded or not (a failed
+        // call may have queued some work).
+        let device = sync
+            .device()
+            .or_else(|| values.iter().find_map(cuda_device))
+            .or_else(|| result.as_ref().ok().and_then(cuda_device))
+            // Without a driver no work can have been queued (fake pointers in tests).
+            .filter(|_| driver::driver_present());
+        let done = device.map(|o| {
+            driver::record(o, sync.stream.unwrap_or(rivet_runtime::stream::LEGACY))
+                .map_err(rivet_runtime::Error::from)
+        });
+        let done = match done {
+            Some(Ok(ev)) => Some(ev),
+            Some(Err(e)) => {
+                // Reported after the call's own error.
+                result.py_err(py)?;
+                return Err(e).py_err(py);
+            }
+            None => None,
+        };
+        // Producers on other streams wait for the call's work. A failure here is reported
+        // after the call's.
+        let ordered = sync.finish(done.as_ref());
         let result = result.py_err(py)?;
         ordered.py_err(py)?;
-        if let Some(s) = sync.stream {
+        if let Some(ev) = &done {
             for a in args.iter() {
                 if let Ok(t) = a.cast::<PyTensor>() {
-                    t.get().set_stream(s);
+                    t.get().set_ready(ev);
                 }
             }
         }
         // Drop the argument views (and so run producers' deleters) before converting back.
         drop(values);
-        self.convert_result(py, &result, sync.stream)
+        self.convert_result(py, &result, done.as_ref())
     }
 
     #[getter]

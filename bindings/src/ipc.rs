@@ -453,7 +453,12 @@ pub fn _ipc_open_cuda(
         .map_err(Error::from)
         .map_err(|e| e.context("rivet.ipc.open: "))
         .py_err(py)?;
-    Py::new(py, PyTensor::new(t))
+    // The open ordered `stream` after the sender's work: later consumers wait for it.
+    let ready = rivet_compiler::codegen::cuda::driver::record(target as usize, stream)
+        .map_err(Error::from)
+        .map_err(|e| e.context("rivet.ipc.open: "))
+        .py_err(py)?;
+    Py::new(py, PyTensor::with_event(t, Some(ready)))
 }
 
 /// (mem_handle, alloc_size, offset, event_handle or None): `_ipc_share_cuda`'s result.

@@ -1,8 +1,11 @@
 //! `rivet.Tensor`: a Python handle on a runtime `Tensor` view.
 //!
-//! A CUDA tensor remembers the stream rivet last queued work on it on (its allocation, the
-//! call that wrote it): `__dlpack__(stream=...)` makes the consumer's stream wait for that
-//! stream (an event, never a synchronisation), as the array API asks of producers.
+//! A CUDA tensor remembers what rivet last queued on it as an event (`driver::Event`, shared
+//! by every output of the call or allocation that queued it), never a stream handle:
+//! `__dlpack__(stream=...)` and use as an input on another stream make that stream wait for
+//! the event (`cuStreamWaitEvent`, never a synchronisation, never a record on a stream an
+//! earlier call used, which its owner may have destroyed since), as the array API asks of
+//! producers.
 //!
 //! The type also carries `__dlpack_c_exchange_api__` (DLPack's C exchange table, in
 //! `exchange.rs`), so C consumers import rivet tensors with no Python call.
@@ -12,43 +15,42 @@ use crate::convert;
 use crate::errors::IntoPyResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use rivet_compiler::codegen::cuda::driver::Event;
 use rivet_runtime::{stream as streams, DType, Device, Error, Tensor};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[pyclass(name = "Tensor", module = "rivet", frozen)]
 pub struct PyTensor {
     pub tensor: Tensor,
-    /// The stream of rivet's last work on a CUDA tensor; `NO_STREAM`: none.
-    stream: AtomicU64,
+    /// The completion event of rivet's last work on a CUDA tensor; `None`: nothing to wait for.
+    ready: Mutex<Option<Arc<Event>>>,
 }
-
-const NO_STREAM: u64 = u64::MAX;
 
 impl PyTensor {
     pub fn new(tensor: Tensor) -> PyTensor {
-        PyTensor::on_stream(tensor, None)
+        PyTensor::with_event(tensor, None)
     }
 
-    /// A handle on a tensor rivet queued work on `stream` for (CUDA tensors only).
-    pub fn on_stream(tensor: Tensor, stream: Option<u64>) -> PyTensor {
-        let s = match (tensor.device(), stream) {
-            (Device::Cuda(_), Some(s)) => s,
-            _ => NO_STREAM,
+    /// A handle on a tensor whose pending work `ready` covers (CUDA tensors only).
+    pub fn with_event(tensor: Tensor, ready: Option<Arc<Event>>) -> PyTensor {
+        let ready = match tensor.device() {
+            Device::Cuda(_) => ready,
+            _ => None,
         };
         PyTensor {
             tensor,
-            stream: AtomicU64::new(s),
+            ready: Mutex::new(ready),
         }
     }
 
-    /// The stream of rivet's last work on this tensor.
-    pub fn stream(&self) -> Option<u64> {
-        Some(self.stream.load(Ordering::Acquire)).filter(|&s| s != NO_STREAM)
+    /// The completion event of rivet's last work on this tensor.
+    pub fn ready(&self) -> Option<Arc<Event>> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The array API's producer side for a CUDA tensor: the consumer's `stream` (None: the
     /// legacy default stream; -1: no ordering asked; 0 taken as the legacy default stream)
-    /// waits for the stream of rivet's last work on the tensor (an event, no sync).
+    /// waits for the completion event of rivet's last work on the tensor (no sync).
     pub(crate) fn order_for_consumer(
         &self,
         stream: Option<&Bound<'_, PyAny>>,
@@ -70,18 +72,17 @@ impl PyTensor {
                 }
             },
         };
-        if let (Some(c), Some(r)) = (consumer, self.stream()) {
-            // SAFETY: `r` is a stream rivet used for this tensor, `c` the consumer's.
-            unsafe { rivet_compiler::codegen::cuda::driver::order(o as usize, r, c) }
-                .map_err(Error::from)?;
+        if let (Some(c), Some(ev)) = (consumer, self.ready()) {
+            debug_assert_eq!(ev.ordinal(), o as usize);
+            ev.wait_on(c).map_err(Error::from)?;
         }
         Ok(())
     }
 
-    /// Records that a call queued work on this (CUDA) tensor on `stream`.
-    pub fn set_stream(&self, stream: u64) {
+    /// Records that a call queued work on this (CUDA) tensor, which `ready` covers.
+    pub fn set_ready(&self, ready: &Arc<Event>) {
         if matches!(self.tensor.device(), Device::Cuda(_)) {
-            self.stream.store(stream, Ordering::Release);
+            *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(ready.clone());
         }
     }
 }
@@ -284,7 +285,16 @@ pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTens
         .map_err(|e| e.context(ctx))
         .py_err(py)?
     {
-        Some(t) => Py::new(py, PyTensor::on_stream(t, sync.stream)),
+        Some(t) => {
+            let ready = match t.device() {
+                Device::Cuda(o) => sync
+                    .ready_now(o as usize)
+                    .map_err(|e| e.context(ctx))
+                    .py_err(py)?,
+                _ => None,
+            };
+            Py::new(py, PyTensor::with_event(t, ready))
+        }
         None => Err(rivet_runtime::Error::Argument(format!(
             "from_dlpack: argument 0 ('obj') has type {}; expected a rivet.Tensor, an object with __dlpack__ or a DLPack capsule",
             obj.get_type().fully_qualified_name().map(|n| n.to_string()).unwrap_or_default()
@@ -296,7 +306,8 @@ pub fn from_dlpack(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyTens
 /// `rivet.zeros(shape, dtype="float32", device="cpu", stream=None, shared=False)`: a new
 /// zero-filled tensor in rivet's own memory. A size over `rivet.MAX_ALLOC_BYTES`, an
 /// overflowing one or a refused allocation raises `rivet.MemoryError`. On a CUDA device the
-/// memory comes from the device's pool, allocated and zeroed stream-ordered on `stream`
+/// memory comes from the device's pool (`cuMemAlloc` on a device without memory pools),
+/// allocated and zeroed stream-ordered on `stream`
 /// (default: the legacy default stream); without a driver it is a `DeviceError` saying what is
 /// missing. `shared=True` (CPU only): in a shared-memory segment of its own, which
 /// `rivet.ipc.share` hands to other processes without a copy.
@@ -395,7 +406,11 @@ fn new_tensor(
                 })
                 .map_err(|e| Error::from(e).context(&format!("{what}: ")))
                 .py_err(py)?;
-            Py::new(py, PyTensor::on_stream(t, Some(s)))
+            // Consumers wait for the allocation (and zeroing) queued on `s`.
+            let ready = rivet_compiler::codegen::cuda::driver::record(o as usize, s)
+                .map_err(|e| Error::from(e).context(&format!("{what}: ")))
+                .py_err(py)?;
+            Py::new(py, PyTensor::with_event(t, Some(ready)))
         }
         other => Err(Error::Device(format!(
             "{what}: cannot allocate on {other}; expected 'cpu', 'cuda' or 'cuda:N'"

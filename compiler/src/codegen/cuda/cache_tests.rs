@@ -621,7 +621,7 @@ fn cache_serves_compile_cuda_and_survives_a_corrupt_entry() {
 }
 
 /// `C[tx] = 1` in one block of 64 threads.
-fn thread_store() -> crate::ir::stmt::Stmt {
+pub(super) fn thread_store() -> crate::ir::stmt::Stmt {
     use crate::ir::stmt::{ForKind, Stmt, ThreadTag};
     let tx = crate::ir::Var::new("tx");
     Stmt::For {

@@ -13,7 +13,7 @@
 //!   mapping is closed (after the device finished queued work) when its last view drops;
 //! - the receiver orders its work after the sender's writes with the sender's interprocess
 //!   event waited on the receiver's stream (`cuStreamWaitEvent`), never a device-wide sync.
-use super::driver::{context, device_error, guarded};
+use super::driver::{device, device_error, enter, guarded, wait_for_context};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use rivet_runtime::ipc_cuda::{CudaHandle, IPC_HANDLE_SIZE};
@@ -54,7 +54,7 @@ const EVENT_RING: usize = 4096;
 /// integer, 0 the legacy default stream), records an interprocess event on it after the work
 /// queued so far and returns its handle.
 pub fn share(ordinal: usize, ptr: u64, stream: Option<u64>) -> Result<Shared> {
-    let _ctx = context(ordinal)?;
+    let _bound = enter(ordinal)?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: writes one pointer-sized attribute into `pool`.
     let pooled = guarded("pointer attribute", || unsafe {
@@ -139,10 +139,10 @@ struct Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if let Ok(ctx) = context(self.ordinal) {
-            // Work queued on the mapping must finish before it is unmapped; a failed
-            // synchronisation (sticky error) leaks the mapping rather than unmap memory in use.
-            if let Ok(Ok(())) = guarded("synchronize", || ctx.synchronize()) {
+        if let Ok(bound) = enter(self.ordinal) {
+            // Work queued on the mapping (on any stream) must finish before it is unmapped;
+            // a failed wait (sticky error) leaks the mapping rather than unmap memory in use.
+            if wait_for_context(bound.dev).is_ok() {
                 // SAFETY: opened once by cuIpcOpenMemHandle, closed once here.
                 let _ = guarded("cuIpcCloseMemHandle", || unsafe {
                     sys::cuIpcCloseMemHandle(self.ptr)
@@ -163,11 +163,10 @@ pub fn open(h: &CudaHandle, target: usize, stream: u64) -> Result<rivet_runtime:
             "the CUDA handle was made by this process, and CUDA cannot open a handle in the process that made it; use the tensor itself".into(),
         )));
     }
-    let ctx = context(target)?;
+    let bound = enter(target)?;
     let src = h.device as usize;
     if target != src {
-        let _ = context(src)?;
-        let _ = context(target)?;
+        device(src)?;
         let mut can = 0;
         // SAFETY: out-parameter; both ordinals exist (contexts retained above).
         call("cuDeviceCanAccessPeer", || unsafe {
@@ -243,7 +242,7 @@ pub fn open(h: &CudaHandle, target: usize, stream: u64) -> Result<rivet_runtime:
         let _ = guarded("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(ev) });
         r?;
     }
-    drop(ctx);
+    drop(bound);
     let ptr = mapping.ptr;
     // SAFETY: `mapping` maps the whole allocation (alloc_size bytes, validated to hold the view
     // by CudaHandle::parse) and lives as long as the views (it is their owner).

@@ -3,9 +3,14 @@
 //! to a cubin, launched through the driver (`driver.rs`, cudarc; untested on a GPU so far).
 //!
 //! `compile` always generates the source. Where NVRTC can be loaded it also compiles the
-//! source to PTX (`compute_XY`) and to a cubin (`sm_XY`), for `Target::arch`, or sm_80 when
-//! the target names no architecture (the device is not known at build time; at launch the
-//! cubin is rebuilt for the device's own architecture when it differs). A compile error is a
+//! source once, for the architecture that will run it ([`build_plan`]): `Target::arch` when
+//! the target names one, else, with a CUDA driver and a device present, the device's own
+//! (the device of the caller's current context, else device 0); the launch uses that cubin
+//! and compiles again only for a device of another architecture (through the disk cache).
+//! PTX (`compute_XY`) is compiled only when asked for (`source_of("ptx")`, `RIVET_DUMP`), and
+//! then once. Without a driver (build machines, the tests) a build compiles PTX and a cubin
+//! for `Target::arch`, or sm_80 when the target names none, so every build is checked by
+//! NVRTC. A compile error is a
 //! `CompileError` quoting NVRTC's log and the offending source lines. NVRTC missing is not an
 //! error at build time (the source is still useful: `get_source("cuda")`) unless
 //! `RIVET_NVRTC_PATH` names something unusable (an explicit choice) or
@@ -46,7 +51,7 @@ use rivet_runtime::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use source::KernelInfo;
 
@@ -69,6 +74,9 @@ pub struct CudaBackend {
     /// The disk cache of NVRTC outputs (default: `RIVET_CACHE_DIR` / the user's cache
     /// folder; `None`: off). Kept by the kernel for the compilations of a launch.
     pub cache: Option<cache::DiskCache>,
+    /// The architecture of the device the build will run on, `None` without a driver or a
+    /// device (default: `driver::build_device_arch`; tests stub it).
+    pub probe_device: fn() -> Option<CudaArch>,
 }
 
 impl CudaBackend {
@@ -80,12 +88,14 @@ impl CudaBackend {
             nvrtc_path: None,
             require_nvrtc: std::env::var("RIVET_REQUIRE_NVRTC").is_ok_and(|v| v == "1"),
             cache: cache::DiskCache::from_env(),
+            probe_device: driver::build_device_arch,
         }
     }
 
-    /// The architecture NVRTC compiles for at build time.
-    pub fn arch(&self) -> CudaArch {
-        self.target.arch.unwrap_or(DEFAULT_ARCH)
+    /// The architecture NVRTC compiles for at build time, and whether PTX is compiled then
+    /// too ([`build_plan`], asking the driver for the device's architecture).
+    pub fn plan(&self) -> (CudaArch, bool) {
+        build_plan(self.target.arch, self.probe_device)
     }
 
     /// NVRTC as this backend finds it (`Ok(None)`: not found, and not required).
@@ -128,7 +138,7 @@ impl CudaBackend {
             )));
         }
         crate::ir::verify::verify(func, true)?;
-        let arch = self.arch();
+        let (arch, eager_ptx) = self.plan();
         let note = match self.target.arch {
             Some(a) => format!("target {a}"),
             None => format!("no arch given: built for {arch}, rebuilt at launch for the device"),
@@ -143,30 +153,30 @@ impl CudaBackend {
         }
         crate::lower::dump(&func.name, 6, "cu", || gen.source.clone());
         let nv = self.nvrtc()?;
-        let (mut ptx, mut cubin, mut log) = (None, None, String::new());
+        let file = format!("{}.cu", source::sanitize(&func.name));
+        let (mut cubin, mut log) = (None, String::new());
+        let ptx = OnceLock::new();
         if let Some(n) = &nv {
-            let file = format!("{}.cu", source::sanitize(&func.name));
             let cache = self.cache.as_ref();
-            let p = compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Ptx, self.fmad)?;
-            let c =
-                compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Cubin, self.fmad)?;
-            for l in [&p.log, &c.log] {
-                if !l.is_empty() && !log.contains(l.as_str()) {
-                    log.push_str(l);
-                    log.push('\n');
+            if eager_ptx {
+                let p =
+                    compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Ptx, self.fmad)?;
+                push_log(&mut log, &p.log);
+                if let nvrtc::Output::Ptx(text) = p.output {
+                    let _ = ptx.set(Some(text));
                 }
             }
-            if let nvrtc::Output::Ptx(text) = &p.output {
-                crate::lower::dump(&func.name, 6, "ptx", || text.to_string());
-                ptx = Some(text.clone());
-            }
+            let c =
+                compile_cached_with(cache, n, &gen.source, &file, arch, Kind::Cubin, self.fmad)?;
+            push_log(&mut log, &c.log);
             if let nvrtc::Output::Cubin(bytes) = c.output {
                 cubin = Some((arch, bytes));
             }
         }
-        Ok(CudaKernel {
+        let kernel = CudaKernel {
             func: func.clone(),
             source: gen.source,
+            arch,
             ptx,
             cubin,
             log,
@@ -177,7 +187,34 @@ impl CudaBackend {
             entry_pos: entry_positions(&gen.kernels),
             info: gen.kernels,
             devices: driver::Devices::default(),
-        })
+        };
+        // Only when RIVET_DUMP is set (the closure runs then): the PTX is compiled for it.
+        crate::lower::dump(&func.name, 6, "ptx", || {
+            kernel.ptx().map(str::to_string).unwrap_or_default()
+        });
+        Ok(kernel)
+    }
+}
+
+fn push_log(log: &mut String, l: &str) {
+    if !l.is_empty() && !log.contains(l) {
+        log.push_str(l);
+        log.push('\n');
+    }
+}
+
+/// What a build compiles: the cubin's architecture, and whether PTX is compiled at build time
+/// (else only when asked for). `device` gives the architecture of the device a build will
+/// run on, `None` without a driver or a device. With a device, one cubin for the arch that
+/// runs it (the target's when it names one); without, today's build-machine behaviour: PTX
+/// and a cubin for the target's arch or `DEFAULT_ARCH`, so NVRTC checks every build.
+pub fn build_plan(
+    target: Option<CudaArch>,
+    device: impl FnOnce() -> Option<CudaArch>,
+) -> (CudaArch, bool) {
+    match device() {
+        Some(d) => (target.unwrap_or(d), false),
+        None => (target.unwrap_or(DEFAULT_ARCH), true),
     }
 }
 
@@ -251,7 +288,10 @@ pub struct CudaKernel {
     func: PrimFunc,
     source: String,
     info: Vec<KernelInfo>,
-    ptx: Option<String>,
+    /// The build-time architecture (of `cubin`, and of the PTX when asked for).
+    arch: CudaArch,
+    /// PTX, compiled at build time or on first request (`None` inside: no NVRTC).
+    ptx: OnceLock<Option<String>>,
     cubin: Option<(CudaArch, Vec<u8>)>,
     /// NVRTC's warnings (empty when it had nothing to say).
     log: String,
@@ -290,9 +330,38 @@ impl CudaKernel {
     pub fn cuda_source(&self) -> &str {
         &self.source
     }
-    /// PTX for the build-time architecture, where NVRTC was found.
+    /// PTX for the build-time architecture, where NVRTC was found: compiled on first request
+    /// unless the build compiled it (`build_plan`).
     pub fn ptx(&self) -> Option<&str> {
-        self.ptx.as_deref()
+        self.ptx.get_or_init(|| self.compile_ptx()).as_deref()
+    }
+
+    fn compile_ptx(&self) -> Option<String> {
+        let nv = self.nvrtc.as_ref()?;
+        let file = format!("{}.cu", source::sanitize(&self.func.name));
+        match compile_cached_with(
+            self.cache.as_ref(),
+            nv,
+            &self.source,
+            &file,
+            self.arch,
+            Kind::Ptx,
+            self.fmad,
+        ) {
+            Ok(c) => match c.output {
+                nvrtc::Output::Ptx(text) => Some(text),
+                nvrtc::Output::Cubin(_) => None,
+            },
+            Err(e) => {
+                // The cubin of the same source compiled: this is not expected.
+                eprintln!("rivet: warning: {}: compiling PTX: {e}", self.func.name);
+                None
+            }
+        }
+    }
+    /// Whether the PTX has been compiled (at build time or since).
+    pub fn ptx_compiled(&self) -> bool {
+        self.ptx.get().is_some()
     }
     /// The cubin and its architecture, where NVRTC was found.
     pub fn cubin(&self) -> Option<(CudaArch, &[u8])> {
@@ -391,7 +460,7 @@ impl Kernel for CudaKernel {
     fn source_of(&self, kind: &str) -> Option<String> {
         match kind {
             "cuda" | "cu" => Some(self.source.clone()),
-            "ptx" => self.ptx.clone(),
+            "ptx" => self.ptx().map(str::to_string),
             _ => None,
         }
     }
@@ -632,5 +701,58 @@ impl CudaKernel {
                 f.name
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    const SM80: CudaArch = CudaArch { major: 8, minor: 0 };
+    const SM90: CudaArch = CudaArch { major: 9, minor: 0 };
+
+    #[test]
+    fn a_build_compiles_for_the_device_that_runs_it_and_ptx_only_when_asked() {
+        // A device present: one cubin, for the target's arch or else the device's; no PTX.
+        assert_eq!(build_plan(None, || Some(SM90)), (SM90, false));
+        assert_eq!(build_plan(Some(SM80), || Some(SM90)), (SM80, false));
+        // No driver or device (build machines, tests): PTX and a cubin, sm_80 by default.
+        assert_eq!(build_plan(None, || None), (DEFAULT_ARCH, true));
+        assert_eq!(build_plan(Some(SM90), || None), (SM90, true));
+        assert_eq!(DEFAULT_ARCH, SM80);
+    }
+
+    #[test]
+    fn with_a_device_the_build_compiles_one_cubin_and_ptx_lazily() {
+        let Ok(nv) = nvrtc::find() else { return }; // NVRTC is needed to compile
+        let f = crate::ir::test_util::func(
+            "lazy",
+            vec![crate::ir::test_util::output(
+                0,
+                "C",
+                DType::F32,
+                vec![crate::ir::Expr::int(64)],
+            )],
+            vec![],
+            cache_tests::thread_store(),
+        );
+        let mut f = f;
+        crate::lower::flatten::flatten(&mut f);
+        crate::lower::outline::outline(&mut f);
+        let mut b = CudaBackend::new(Target::cuda(None), false);
+        b.nvrtc_path = Some(nv.path.clone());
+        b.cache = None;
+        b.probe_device = || Some(SM90);
+        let k = b.compile_cuda(&f).unwrap();
+        assert_eq!(k.cubin().map(|c| c.0), Some(SM90), "the device's arch");
+        assert!(!k.ptx_compiled(), "no PTX until asked for");
+        let ptx = k.source_of("ptx").expect("PTX on request");
+        assert!(ptx.contains(".target sm_90"), "{ptx}");
+        assert!(k.ptx_compiled());
+        // Without a device: today's build, PTX and cubin for sm_80.
+        b.probe_device = || None;
+        let k = b.compile_cuda(&f).unwrap();
+        assert!(k.ptx_compiled());
+        assert_eq!(k.cubin().map(|c| c.0), Some(SM80));
     }
 }

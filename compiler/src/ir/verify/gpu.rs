@@ -9,8 +9,9 @@
 //!   are the *block body*, run by all threads of a block;
 //! - thread loops (`threadIdx.*`) stand anywhere in the block body; a loop bound to a tag does
 //!   not iterate, its variable is the thread's index. All loops bound to one thread tag in a
-//!   kernel have the same constant extent (the block's size in that dimension, 1 to 1024) and
-//!   none is nested in another of the same tag; a block has at most 1024 threads;
+//!   kernel have the same constant extent (the block's size in that dimension, 1 to 1024, and
+//!   1 to 64 for `threadIdx.z`, CUDA's `maxBlockDimZ`) and none is nested in another of the
+//!   same tag; a block has at most 1024 threads;
 //! - every bound loop starts at 0; a block loop's extent is computed before the launch, so it
 //!   may not use variables bound inside the kernel;
 //! - no `Parallel` loop inside a kernel, and no kernel inside a `Parallel` or `Vectorized`
@@ -150,6 +151,10 @@ fn vars_of(e: &Expr, out: &mut Vec<u32>, loads: &mut bool) {
         _ => {}
     });
 }
+
+/// CUDA's limit on a block's z dimension (`maxBlockDimZ`, 64 on every architecture); x and y
+/// allow 1024.
+pub const MAX_BLOCK_DIM_Z: i64 = 64;
 
 /// Records the first violation.
 fn set(fail: &mut String, rule: &str, detail: String) {
@@ -394,7 +399,16 @@ impl Walker<'_> {
                     inner.in_block_body = true;
                     match extent.as_int() {
                         Some(n) if (1..=1024).contains(&n) => {
-                            if cx.threads.contains(&tag) {
+                            if tag == ThreadTag::ThreadZ && n > MAX_BLOCK_DIM_Z {
+                                set(
+                                    &mut self.fail,
+                                    "a threadIdx.z loop has an extent of at most 64",
+                                    format!(
+                                        "loop over `{}` bound to threadIdx.z has extent {n}, over CUDA's limit of {MAX_BLOCK_DIM_Z} threads in a block's z dimension (blockDim.z); bind a smaller axis to threadIdx.z, or split it",
+                                        var.name
+                                    ),
+                                );
+                            } else if cx.threads.contains(&tag) {
                                 set(
                                     &mut self.fail,
                                     "a launch dimension is bound once",
@@ -622,7 +636,50 @@ mod tests {
         );
         expect(&f, "have the block's extent");
         expect(&kernel(&k, vec![], 64, twice), "bound once");
+        // blockDim.z is at most 64: the error names the axis, the extent and the limit.
+        let tz = Var::new("tz");
+        let e = crate::ir::verify::verify(
+            &kernel(
+                &k,
+                vec![],
+                1,
+                bound(&tz, 0, Expr::int(65), ThreadTag::ThreadZ, s.clone()),
+            ),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        for part in [
+            "threadIdx.z",
+            "`tz`",
+            "extent 65",
+            "limit of 64",
+            "blockDim.z",
+        ] {
+            assert!(e.contains(part), "missing '{part}' in: {e}");
+        }
+        crate::ir::verify::verify(
+            &kernel(
+                &k,
+                vec![],
+                1,
+                bound(&tz, 0, Expr::int(64), ThreadTag::ThreadZ, s.clone()),
+            ),
+            false,
+        )
+        .unwrap();
+        // x and y still take 1024.
         let ty = Var::new("ty");
+        crate::ir::verify::verify(
+            &kernel(
+                &k,
+                vec![],
+                1,
+                bound(&ty, 0, Expr::int(1024), ThreadTag::ThreadY, s.clone()),
+            ),
+            false,
+        )
+        .unwrap();
         expect(
             &kernel(
                 &k,
