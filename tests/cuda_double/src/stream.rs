@@ -185,6 +185,31 @@ impl State {
         seq
     }
 
+    /// A marker after all the work queued so far on every stream of context `ctx`
+    /// (`cuCtxRecordEvent`); no stream's later work waits for it.
+    pub fn enqueue_ctx_marker(&mut self, ctx: u64) -> u64 {
+        let deps: Vec<u64> = self
+            .streams
+            .values()
+            .filter(|o| o.ctx == ctx)
+            .filter_map(|o| self.pending(o.tail))
+            .collect();
+        let legacy = self.ctxs[&ctx].legacy;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.ops.insert(
+            seq,
+            Op {
+                ctx,
+                stream: legacy,
+                deps,
+                work: Work::Marker,
+                queried: false,
+            },
+        );
+        seq
+    }
+
     /// Runs everything `targets` depend on, and them.
     pub fn run(&mut self, targets: &[u64]) {
         let mut todo: Vec<u64> = targets

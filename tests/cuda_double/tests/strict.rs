@@ -606,3 +606,42 @@ fn pools() {
         });
     }
 }
+
+#[test]
+fn a_context_event_covers_the_work_of_every_stream() {
+    let _g = init();
+    let c = ctx(0);
+    let (a, b, w) = (stream(1), stream(1), stream(1)); // non-blocking, unrelated
+    let (p, q, out) = (alloc(16), alloc(16), alloc(32));
+    let ev = event(1); // CU_EVENT_BLOCKING_SYNC, as rivet's free thread makes it
+    unsafe {
+        assert_eq!(cuMemsetD8Async(p, 5, 16, a), 0);
+        assert_eq!(cuMemsetD8Async(q, 6, 16, b), 0);
+        assert_eq!(cuCtxRecordEvent(c, ev), 0);
+        // Queued after the record: not covered by it.
+        assert_eq!(cuMemsetD8Async(p, 7, 16, a), 0);
+        assert_eq!(cuStreamWaitEvent(w, ev, 0), 0);
+        assert_eq!(cuMemcpyDtoDAsync_v2(out, p, 16, w), 0);
+        assert_eq!(cuMemcpyDtoDAsync_v2(out + 16, q, 16, w), 0);
+        assert_eq!(cuStreamSynchronize(w), 0);
+    }
+    let got = read(out, 32);
+    assert!(
+        got[..16].iter().all(|&x| x == 5) && got[16..].iter().all(|&x| x == 6),
+        "the context event covers both streams' earlier work and not the later write: {got:?}"
+    );
+    unsafe {
+        assert_eq!(cuEventSynchronize(ev), 0);
+        expect(CUDA_ERROR_INVALID_CONTEXT, "is not a context", || {
+            cuCtxRecordEvent(0xdead as Handle, ev)
+        });
+        assert_eq!(cuCtxSynchronize(), 0);
+        for x in [p, q, out] {
+            assert_eq!(cuMemFree_v2(x), 0);
+        }
+        assert_eq!(cuEventDestroy_v2(ev), 0);
+        for s in [a, b, w] {
+            assert_eq!(cuStreamDestroy_v2(s), 0);
+        }
+    }
+}

@@ -191,6 +191,35 @@ pub unsafe extern "C" fn cuEventRecord(hEvent: Handle, hStream: Handle) -> CuRes
     })
 }
 
+/// `cuCtxRecordEvent`: the event completes when all the work queued so far in context
+/// `hCtx` has (rivet's free thread waits on one, blocking, instead of `cuCtxSynchronize`).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxRecordEvent(hCtx: Handle, hEvent: Handle) -> CuResult {
+    call("cuCtxRecordEvent", |s| {
+        s.live_ctx(h(hCtx))?;
+        let ev = s.event(h(hEvent))?;
+        if ev.ipc_opened || ev.ctx != h(hCtx) {
+            return refuse(
+                CUDA_ERROR_INVALID_HANDLE,
+                format!(
+                    "event {:#x} cannot be recorded on context {:#x} (it belongs to {:#x}{})",
+                    h(hEvent),
+                    h(hCtx),
+                    ev.ctx,
+                    if ev.ipc_opened {
+                        ", opened from an IPC handle"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
+        let seq = s.enqueue_ctx_marker(h(hCtx));
+        s.events.get_mut(&h(hEvent)).expect("checked").last_record = Some(seq);
+        Ok(())
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(hEvent: Handle) -> CuResult {
     call("cuEventQuery", |s| {
