@@ -175,6 +175,32 @@ def test_results_of_a_call_on_stream_less_inputs_make_consumers_wait(add, kind):
         stream_destroy(s)
 
 
+# ---- 2: blockDim.z is at most 64 -----------------------------------------------------------
+
+
+def _zcube(tz):
+    """C[i, j] = A[i, j] * 2 with j on threadIdx.z (tz threads) and i on blockIdx.x."""
+    m = te.var("m")
+    A = te.placeholder((m, tz), "float32", name="A")
+    C = te.compute((m, tz), lambda i, j: A[i, j] * 2.0, name="C")
+    s = rivet.create_schedule(C)
+    i, j = C.op.axis
+    s[C].bind(i, "blockIdx.x")
+    s[C].bind(j, "threadIdx.z")
+    return s, [A, C]
+
+
+def test_a_threadidx_z_of_64_runs_and_65_is_refused_at_build():
+    f = rivet.build(*_zcube(64), target="cuda", name="z64")["z64"]
+    a = np.random.default_rng().standard_normal((3, 64)).astype(np.float32)
+    t = filled(a)
+    out = f(t)
+    ctx_sync()
+    np.testing.assert_array_equal(dtoh(out.data_ptr, a.size, np.float32).reshape(a.shape), a * 2)
+    with pytest.raises(rivet.CompileError, match=r"threadIdx.z.*65.*64"):
+        rivet.build(*_zcube(65), target="cuda", name="z65")
+
+
 # ---- 3: rivet leaves the caller's current context as it found it ---------------------------
 
 

@@ -87,7 +87,7 @@ pub fn mirror_args(args: &[Value]) -> Result<Vec<Value>> {
 
 /// Waits for all work queued on device [`ORDINAL`].
 pub fn synchronize() -> Result<()> {
-    driver::context(ORDINAL).map_err(compiler_error)?;
+    let _bound = driver::enter(ORDINAL).map_err(compiler_error)?;
     result::ctx::synchronize().map_err(|e| device_error("cuCtxSynchronize", e))
 }
 
@@ -119,6 +119,8 @@ fn download_now(t: &Tensor) -> Result<Tensor> {
     }
     let host = Tensor::zeros(t.shape(), t.dtype())?;
     let bytes = t.numel() as usize * t.dtype().size();
+    // rivet restores the caller's context after each call: bind the device's for the copy.
+    let _bound = driver::enter(ORDINAL).map_err(compiler_error)?;
     if bytes > 0 {
         // SAFETY: `host` is a fresh compact allocation of exactly `bytes` bytes; `t` is a
         // compact device view of as many, kept alive by the borrow.
@@ -180,7 +182,8 @@ impl Mirrors {
                 _ => merged.push((lo, hi, w)),
             }
         }
-        driver::context(ORDINAL).map_err(compiler_error)?;
+        // The device's context current for the copies below, the caller's back after.
+        let _bound = driver::enter(ORDINAL).map_err(compiler_error)?;
         let mut spans = Vec::with_capacity(merged.len());
         for (lo, hi, writable) in merged {
             let dev = alloc(hi - lo)?;
@@ -211,6 +214,7 @@ impl Mirrors {
     /// Copies every span holding a writable argument back to the host (the device is
     /// synchronised).
     fn download(&self) -> Result<()> {
+        let _bound = driver::enter(ORDINAL).map_err(compiler_error)?;
         for s in self.spans.iter().filter(|s| s.writable) {
             // SAFETY: `[lo, hi)` is inside a writable host argument's memory (`upload`), still
             // borrowed by the caller; no kernel runs on it (the device is synchronised).
