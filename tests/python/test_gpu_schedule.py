@@ -206,8 +206,15 @@ def test_more_than_1024_threads_per_block_is_refused():
     bx, tx = s[C].split(C.op.axis[0], factor=2048)
     s[C].bind(bx, "blockIdx.x")
     s[C].bind(tx, "threadIdx.x")
-    with pytest.raises(rivet.CompileError, match="has 2048 iterations; a thread dimension has 1 to 1024"):
+    with pytest.raises(rivet.CompileError, match="has 2048 iterations; that thread dimension has 1 to 1024"):
         build(s, [A, C])
+    # CUDA's blockDim.z is at most 64.
+    Z = te.compute((2, 65), lambda i, j: A[i * 65 + j] + 1.0, name="Z")
+    s = rivet.create_schedule(Z)
+    s[Z].bind(Z.op.axis[0], "blockIdx.x")
+    s[Z].bind(Z.op.axis[1], "threadIdx.z")
+    with pytest.raises(rivet.CompileError, match="'j' bound to threadIdx.z has 65 iterations; that thread dimension has 1 to 64"):
+        build(s, [A, Z])
     X = te.placeholder((64, 64), "float32", name="X")
     Y = te.compute((64, 64), lambda i, j: X[i, j] + 1.0, name="Y")
     s = rivet.create_schedule(Y)

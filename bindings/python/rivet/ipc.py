@@ -194,7 +194,9 @@ def _current_stream(device: Optional[str], handle: CudaHandle) -> int:
     """torch's current stream on the target device when torch is loaded (so torch work after
     open is ordered after the sender's writes), else 0, the legacy default stream."""
     torch = _sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    # Only where torch has set up CUDA: before that its current stream is the legacy default
+    # one anyway, and asking (is_available) would initialise torch's CUDA as a side effect.
+    if torch is None or not torch.cuda.is_initialized():
         return 0
     try:
         idx = handle.device if device is None else (0 if device == "cuda" else int(device.split(":")[-1]))

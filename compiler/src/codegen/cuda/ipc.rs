@@ -66,7 +66,7 @@ pub fn share(ordinal: usize, ptr: u64, stream: Option<u64>) -> Result<Shared> {
     })?;
     if pooled == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
         return Err(Error::Runtime(rivet_runtime::Error::Ipc(format!(
-            "the CUDA memory at {ptr:#x} comes from a stream-ordered pool (cuMemAllocAsync: rivet's own CUDA tensors, or torch's cudaMallocAsync allocator backend), which cuIpcGetMemHandle cannot share; share a torch CUDA tensor from torch's default caching allocator"
+            "the CUDA memory at {ptr:#x} on cuda:{ordinal} comes from a stream-ordered pool (cuMemAllocAsync: rivet's own CUDA tensors, or torch's cudaMallocAsync allocator backend), which cuIpcGetMemHandle cannot share; share a torch CUDA tensor from torch's default caching allocator"
         ))));
     }
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);

@@ -207,14 +207,16 @@ impl Ctx<'_> {
             if t.is_block() {
                 continue;
             }
+            // CUDA's block dimensions: 1024 threads in x and y, 64 in z (blockDim.z).
+            let most: i64 = if t.axis() == 2 { 64 } else { 1024 };
             match e.as_int() {
-                Some(n) if (1..=1024).contains(&n) => {
+                Some(n) if (1..=most).contains(&n) => {
                     threads = threads.saturating_mul(n);
                     dims[t.axis()] = n;
                 }
                 Some(n) => {
                     return fail(format!(
-                        "loop '{}' bound to {} has {n} iterations; a thread dimension has 1 to 1024 (split it by a constant factor first)",
+                        "loop '{}' bound to {} has {n} iterations; that thread dimension has 1 to {most} (split it by a constant factor first)",
                         v.name,
                         t.name()
                     ))
