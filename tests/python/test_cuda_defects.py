@@ -7,11 +7,13 @@ module is skipped. Driver calls of the tests themselves go through ctypes (the f
 below); results are read back on a consumer stream, so a missing wait shows as wrong data.
 """
 
+import contextlib
 import ctypes
 import gc
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 
@@ -204,6 +206,26 @@ def test_a_threadidx_z_of_64_runs_and_65_is_refused_at_build():
 # ---- 3: rivet leaves the caller's current context as it found it ---------------------------
 
 
+@contextlib.contextmanager
+def expected_refusals():
+    """Points the driver double's report log at a scratch file for a block that makes the driver
+    refuse something on purpose (an allocation past the device's memory): the shared log must
+    hold only misuse no test expected. The double reads the variable at each report."""
+    key = "RIVET_CUDA_DOUBLE_LOG"
+    old = os.environ.get(key)
+    fd, scratch = tempfile.mkstemp(prefix="double-expected-")
+    os.close(fd)
+    os.environ[key] = scratch
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = old
+        os.unlink(scratch)
+
+
 @pytest.mark.skipif(N_DEVICES < 2, reason="needs two CUDA devices")
 def test_calls_on_another_device_restore_the_callers_context(add):
     ctx0 = primary_ctx(0)
@@ -217,7 +239,7 @@ def test_calls_on_another_device_restore_the_callers_context(add):
         assert ctx_get_current() == before
         rivet.from_dlpack(CAI(y))  # pointer attributes
         assert ctx_get_current() == before
-        with pytest.raises(rivet.MemoryError):
+        with pytest.raises(rivet.MemoryError), expected_refusals():
             rivet.empty((1 << 40,), device="cuda:1")  # an error path
         assert ctx_get_current() == before
         del x, y
@@ -228,7 +250,7 @@ def test_calls_on_another_device_restore_the_callers_context(add):
 
 def test_an_error_inside_a_bound_call_restores_the_context(add):
     ctx_set_current(None)
-    with pytest.raises(rivet.MemoryError):
+    with pytest.raises(rivet.MemoryError), expected_refusals():
         rivet.zeros((1 << 40,), device="cuda")
     assert ctx_get_current() is None
 
