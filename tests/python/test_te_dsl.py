@@ -168,8 +168,10 @@ def test_compute_errors():
         te.compute((n,), lambda i: 1.0, name="C")
     with pytest.raises(rivet.CompileError, match="one index argument per dim"):
         te.compute((n, n), lambda i: A[i], name="C")
-    with pytest.raises(rivet.CompileError, match="whole body"):
-        te.compute((n,), lambda i: te.sum(A[k], axis=k) * 2, name="C")
+    # A reduction inside another reduction's body has no stage of its own to go to.
+    k2 = te.reduce_axis((0, n), name="k2")
+    with pytest.raises(rivet.CompileError, match="compute 'C': a reduction .* must be the whole body"):
+        te.compute((n,), lambda i: te.sum(A[k] * te.sum(A[k2], axis=k2), axis=k), name="C")
     with pytest.raises(rivet.CompileError, match="multi-output"):
         te.compute((n,), lambda i: (A[i], A[i]), name="C")
     # Reversed or overflowing constant ranges are refused where they are written (a reversed
@@ -628,3 +630,60 @@ def test_inputs_only_call_allocates(target, rng):
     d, e = g(p)
     np.testing.assert_array_equal(d.numpy(), p * 2)
     np.testing.assert_array_equal(e.numpy(), p + 1)
+
+
+@pytest.mark.parametrize("target", ["interp", "cpu"])
+def test_a_reduction_inside_an_expression_becomes_a_stage_of_its_own(target):
+    """`A[i, j] / te.sum(A[i, k], k)` and `te.sum(...) * 2 + te.max(...)` in one stage, as users
+    write them: each distinct reduction becomes a stage over the data axes it uses (a row
+    statistic once per row), named after the user's stage, and the results are numpy's."""
+    m, n = te.var("m"), te.var("n")
+    A = te.placeholder((m, n), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    k2 = te.reduce_axis((0, n), name="k2")
+    N = te.compute((m, n), lambda i, j: A[i, j] / te.sum(A[i, k], axis=k), name="N")
+    k3 = te.reduce_axis((0, n), name="k3")
+    D = te.compute((m,), lambda i: te.sum(A[i, k2], axis=k2) * 2.0 + te.max(A[i, k3], axis=k3), name="D")
+    s = rivet.create_schedule([N, D])
+    mod = rivet.build(s, [A, N, D], target=target, name="f")
+    ir = mod.get_source("ir")
+    assert "N_sum0" in ir and "D_sum0" in ir and "D_max1" in ir, ir
+    f = mod["f"]
+    rng = np.random.default_rng()
+    for rows, cols in [(1, 1), (3, 17), (17, 97)]:
+        a = rng.uniform(0.5, 2.0, (rows, cols)).astype(np.float32)
+        nv = np.full((rows, cols), np.nan, np.float32)
+        dv = np.full((rows,), np.nan, np.float32)
+        f(a, nv, dv)
+        np.testing.assert_allclose(nv, a / a.sum(1, keepdims=True), rtol=2e-6)
+        np.testing.assert_allclose(dv, a.sum(1) * 2 + a.max(1), rtol=2e-6)
+
+
+def test_more_reductions_in_one_body_than_the_limit_is_a_clear_error():
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    ks = [te.reduce_axis((0, n), name=f"k{q}") for q in range(65)]
+
+    def body(i):
+        e = A[i]
+        for k in ks:
+            e = e + te.sum(A[k], axis=k)
+        return e
+
+    with pytest.raises(rivet.CompileError, match="compute 'C': more than 64 reductions in one stage's body"):
+        te.compute((n,), body, name="C")
+
+
+def test_a_reduction_used_twice_is_one_stage():
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    total = te.sum(A[k], axis=k)  # one node, read twice
+    C = te.compute((n,), lambda i: A[i] * total + total, name="C")
+    mod = rivet.build(rivet.create_schedule(C), [A, C], target="cpu", name="f")
+    ir = mod.get_source("ir")
+    assert "C_sum0" in ir and "C_sum1" not in ir, ir
+    a = np.random.default_rng().uniform(-1, 1, 33).astype(np.float32)
+    out = np.full(33, np.nan, np.float32)
+    mod["f"](a, out)
+    np.testing.assert_allclose(out, a * a.sum() + a.sum(), rtol=1e-5, atol=1e-5)

@@ -393,6 +393,40 @@ fn crc(b: &[u8]) -> u32 {
     !c
 }
 
+/// A reduction used inside a larger expression (`A[i, j] / sum_k A[i, k]`), as users write
+/// it: its own stage over the rows (computed once per row), on every backend, against a
+/// float64 reference (backends may sum in another order: relative 1e-5).
+fn a_reduction_inside_an_expression_every_backend(target: &Target) {
+    let (m, n) = (te::var("m"), te::var("n"));
+    let a = placeholder([&m, &n], DType::F32, "A").unwrap();
+    let k = te::reduce_axis(0, &n, "k").unwrap();
+    let c = compute(
+        [&m, &n],
+        |[i, j]| a.at([&i, &j]) / te::sum(a.at([&i, &te::ax(&k)]), &[k.clone()]),
+        "N",
+    )
+    .unwrap();
+    let s = Schedule::new(&[c.clone()]).unwrap();
+    let md = build(&s, &[a, c], &target, "rownorm").unwrap();
+    assert!(md.get_source("ir").unwrap().contains("N_sum0"));
+    let f = md.get_function("rownorm").unwrap();
+    for (rows, cols) in [(1usize, 1usize), (3, 17), (5, 97)] {
+        let av: Vec<f32> = data(rows * cols, 7).iter().map(|x| x.abs() + 0.5).collect();
+        let got = call1(&f, vec![t(&av, &[rows as i64, cols as i64])]);
+        for r in 0..rows {
+            let sum: f64 = av[r * cols..(r + 1) * cols].iter().map(|&x| x as f64).sum();
+            for q in 0..cols {
+                let want = av[r * cols + q] as f64 / sum;
+                let g = got[r * cols + q] as f64;
+                assert!(
+                    (g - want).abs() <= 1e-5 * want.abs(),
+                    "{target} {rows}x{cols} [{r}, {q}]: {g} vs {want}"
+                );
+            }
+        }
+    }
+}
+
 /// A split of the loop a stage is computed at, after the `compute_at`, leaves the stage
 /// attached nowhere: refused at build, naming the loops it could go to (never a silent
 /// program that does not compute it).
@@ -694,6 +728,7 @@ rivet_tests::for_each_backend! {
     seed_gemm_symbolic_every_size_every_backend,
     outputs_written_in_place_through_strides,
     kernel_library_matches_references,
-    compute_at_and_padding_every_backend;
+    compute_at_and_padding_every_backend,
+    a_reduction_inside_an_expression_every_backend;
     host_code: parallel_gemm_by_work_and_nested_in_the_pool;
 }

@@ -159,7 +159,8 @@ def compute(shape, fcompute, name="compute"):
     """A tensor of ``shape`` whose element at ``(i, j, ...)`` is ``fcompute(i, j, ...)``.
 
     ``fcompute`` is called once, with one int64 index expression per dim, and must return a
-    :class:`Expr` (a reduction such as ``te.sum`` may only be the whole body).
+    :class:`Expr` (a reduction such as ``te.sum`` may be the whole body or part of it: a
+    reduction inside a larger expression becomes a stage of its own, see docs/dsl.md).
     """
     dims = _shape(shape)
     names, ok = _axis_names(fcompute, len(dims))

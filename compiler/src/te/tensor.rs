@@ -499,6 +499,12 @@ pub fn compute_from(shape: &[Expr], axis: Vec<IterVar>, body: Expr, name: &str) 
     let check_from = top.as_ref().unwrap_or(&body);
     check_from.visit_unique(&mut |e| nested |= matches!(e.kind(), ExprKind::Reduce { .. }));
     if nested {
+        // A reduction inside a larger expression: its own stage (`split_reduce`).
+        if top.is_none() {
+            if let Some(t) = super::split_reduce::split(shape, &axis, &body, name)? {
+                return Ok(t);
+            }
+        }
         return Err(Error::Compile(format!(
             "compute '{name}': a reduction (sum/max/min/prod) must be the whole body of a stage; compute it in its own stage and cast or combine it in the next"
         )));
