@@ -687,3 +687,23 @@ def test_a_reduction_used_twice_is_one_stage():
     out = np.full(33, np.nan, np.float32)
     mod["f"](a, out)
     np.testing.assert_allclose(out, a * a.sum() + a.sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_gradient_goes_through_a_reduction_inside_an_expression():
+    """d(A / rowsum(A)) against torch's autograd in float64, on fresh data."""
+    m, n = te.var("m"), te.var("n")
+    A = te.placeholder((m, n), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    N = te.compute((m, n), lambda i, j: A[i, j] / te.sum(A[i, k], axis=k), name="N")
+    H = te.placeholder((m, n), "float32", name="H")
+    (G,) = te.gradient(N, [A], H)
+    g_fn = rivet.build(rivet.create_schedule(G), [A, H, G], target="cpu", name="g")["g"]
+    rng = np.random.default_rng()
+    for rows, cols in [(1, 1), (4, 7), (9, 33)]:
+        a = rng.uniform(0.5, 2, (rows, cols)).astype(np.float32)
+        h = rng.standard_normal((rows, cols)).astype(np.float32)
+        g = np.full_like(a, np.nan)
+        g_fn(a, h, g)
+        ta = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+        (ta / ta.sum(1, keepdim=True)).backward(torch.tensor(h, dtype=torch.float64))
+        np.testing.assert_allclose(g, ta.grad.numpy(), rtol=1e-4, atol=1e-5)
