@@ -133,10 +133,12 @@ CUDA_DOUBLE_ENV = LD_LIBRARY_PATH="$(abspath $(CUDA_DOUBLE_DIR)):$(PY_LIBDIR)$${
 # `make test-cuda-double` (part of `make test`): rivet's CUDA paths on the double: the cargo suites' cuda:: entries (every kernel the CPU
 # suite runs, on device memory) and the tests marked `cuda`. A test that provokes misuse on
 # purpose points RIVET_CUDA_DOUBLE_LOG at a file of its own; a line in the shared log is
-# misuse no test expected, and fails the run even when every test passed.
+# misuse no test expected, and fails the run even when every test passed. The cargo run takes
+# the workspace's feature set (--workspace, integration tests only), so it reuses the test
+# binaries of `make test`'s main run instead of rebuilding them under other features.
 define run-cuda-double
 rm -f $(CUDA_DOUBLE_LOG)
-$(CUDA_DOUBLE_ENV) cargo test --release -p rivet-tests --tests -- cuda::
+$(CUDA_DOUBLE_ENV) cargo test --workspace --release --test '*' -- cuda::
 $(CUDA_DOUBLE_ENV) $(VPY) -m pytest -q -m cuda tests/python
 @if [ -s $(CUDA_DOUBLE_LOG) ]; then \
   echo "error: the CUDA driver double reported misuse no test expected ($(CUDA_DOUBLE_LOG)):" >&2; \
