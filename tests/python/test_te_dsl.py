@@ -707,3 +707,18 @@ def test_the_gradient_goes_through_a_reduction_inside_an_expression():
         ta = torch.tensor(a, dtype=torch.float64, requires_grad=True)
         (ta / ta.sum(1, keepdim=True)).backward(torch.tensor(h, dtype=torch.float64))
         np.testing.assert_allclose(g, ta.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_shared_dag_around_a_reduction_is_split_once_and_refused_fast():
+    """A body of 2^60 tree nodes (`e = e + e` over one reduction) is split node by node: the
+    compute returns with one reduction stage (a tree walk would never end), and the build
+    refuses its size."""
+    n = te.var("n")
+    A = te.placeholder((n,), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    e = te.sum(A[k], axis=k)
+    for _ in range(60):
+        e = e + e
+    C = te.compute((n,), lambda i: A[i] + e, name="C")
+    with pytest.raises(rivet.CompileError, match="stage 'C' expands to up to .* expression nodes"):
+        rivet.build(rivet.create_schedule(C), [A, C], target="cpu", name="f")
