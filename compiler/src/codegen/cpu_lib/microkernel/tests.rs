@@ -1,5 +1,6 @@
 //! Every variant the CPU supports against the definition (a plain fused loop: bit for bit)
-//! and against unfused maths (within the documented tolerance), at k = 1, 3, 17, 97, with
+//! and against unfused maths (within the documented tolerance), at k = 1, 3, 17, 97, 257 and
+//! 1023 (a tile cut into kernel tiles is also cut into L1 slices along k: ragged ones), with
 //! packed and strided operands, tiles that are multiples of the kernels' and ones that are
 //! not; property tests draw the rest.
 
@@ -135,7 +136,8 @@ fn every_variant_matches_the_definition_at_fixed_sizes() {
     ];
     for v in supported() {
         for &(mr, nr) in &tiles {
-            for k in [0, 1, 3, 17, 97] {
+            // 257 and 1023: several L1 slices of a cut tile, the last one ragged.
+            for k in [0, 1, 3, 17, 97, 257, 1023] {
                 for packed in [true, false] {
                     for c_transposed in [false, true] {
                         let cs = Case {
@@ -212,8 +214,9 @@ proptest! {
 #[test]
 fn f64_entries_match_the_definition() {
     for v in supported() {
-        for &(mr, nr) in &[(12usize, 16usize), (24, 32), (12, 32), (5, 7)] {
-            for k in [1usize, 3, 17, 97] {
+        for &(mr, nr) in &[(12usize, 16usize), (24, 32), (12, 32), (6, 8), (5, 7)] {
+            // 257 and 1023: several L1 slices of a cut tile, the last one ragged.
+            for k in [1usize, 3, 17, 97, 257, 1023] {
                 let mut rng = Rng((mr * 131 + nr * 7 + k) as u64);
                 let a: Vec<f64> = rng.vec(k * mr).iter().map(|&x| x as f64 / 3.0).collect();
                 let b: Vec<f64> = rng.vec(k * nr).iter().map(|&x| x as f64 / 7.0).collect();

@@ -1,5 +1,7 @@
-//! The x86-64 kernels: AVX-512F 12x32 and AVX2+FMA 6x16 register tiles over packed panels,
-//! and their drivers (cut a call into kernel tiles, or fall back to the generic loop).
+//! The x86-64 kernels: AVX-512F 12x32 (f64 12x16) and AVX2+FMA 6x16 (f64 6x8) register tiles
+//! over packed panels, and their drivers (cut a call into kernel tiles, or fall back to the
+//! generic loop). A call cut into several kernel tiles is also cut along K into slices that
+//! keep the panel rows in L1 (`cache::slice_depth`).
 //!
 //! A kernel keeps its whole C tile in registers for the `k` loop: it loads the tile, applies
 //! `fma(broadcast A[p, i], B[p, j..j+16 or 8], acc)` for each `p` in order, and stores the
@@ -42,50 +44,70 @@ unsafe fn drive<T: Fma + Default>(
         return;
     }
     let ku = k.max(0) as usize;
+    // Several kernel tiles: cut K into slices whose panel rows stay in L1 for all of them
+    // (`cache::slice_depth`). Each element still gets its multiply-adds in order of `p`: a
+    // slice stores its accumulators into C and the next one loads them back, exactly.
+    let depth = if tm < mr || tn < nr {
+        super::cache::slice_depth(mr as usize, nr as usize, std::mem::size_of::<T>())
+    } else {
+        usize::MAX
+    };
     let mut tmp = [T::default(); 12 * 32];
-    for i0 in (0..mr).step_by(tm as usize) {
-        for j0 in (0..nr).step_by(tn as usize) {
-            // SAFETY: sub-tiles of the tile the caller vouches for.
-            let (asub, bsub, csub) = unsafe {
-                (
-                    a.offset(i0 as isize),
-                    b.offset(j0 as isize),
-                    c.offset((i0 * c_rs + j0 * c_cs) as isize),
-                )
-            };
-            if c_cs == 1 {
-                kernel(
-                    ku,
-                    asub,
-                    a_ks as isize,
-                    bsub,
-                    b_ks as isize,
-                    csub,
-                    c_rs as isize,
-                );
-            } else {
-                let t = tmp.as_mut_ptr();
-                for i in 0..tm {
-                    for j in 0..tn {
-                        // SAFETY: inside the caller's tile and inside `tmp` (tm*tn <= 384).
-                        unsafe {
-                            *t.offset((i * tn + j) as isize) =
-                                *csub.offset((i * c_rs + j * c_cs) as isize)
-                        };
+    let mut k0 = 0usize;
+    while k0 < ku {
+        let kn = depth.min(ku - k0);
+        // SAFETY: rows k0.. of the panels the caller vouches for (k0 < k).
+        let (a, b) = unsafe {
+            (
+                a.offset(k0 as isize * a_ks as isize),
+                b.offset(k0 as isize * b_ks as isize),
+            )
+        };
+        for i0 in (0..mr).step_by(tm as usize) {
+            for j0 in (0..nr).step_by(tn as usize) {
+                // SAFETY: sub-tiles of the tile the caller vouches for.
+                let (asub, bsub, csub) = unsafe {
+                    (
+                        a.offset(i0 as isize),
+                        b.offset(j0 as isize),
+                        c.offset((i0 * c_rs + j0 * c_cs) as isize),
+                    )
+                };
+                if c_cs == 1 {
+                    kernel(
+                        kn,
+                        asub,
+                        a_ks as isize,
+                        bsub,
+                        b_ks as isize,
+                        csub,
+                        c_rs as isize,
+                    );
+                } else {
+                    let t = tmp.as_mut_ptr();
+                    for i in 0..tm {
+                        for j in 0..tn {
+                            // SAFETY: inside the caller's tile and inside `tmp` (tm*tn <= 384).
+                            unsafe {
+                                *t.offset((i * tn + j) as isize) =
+                                    *csub.offset((i * c_rs + j * c_cs) as isize)
+                            };
+                        }
                     }
-                }
-                kernel(ku, asub, a_ks as isize, bsub, b_ks as isize, t, tn as isize);
-                for i in 0..tm {
-                    for j in 0..tn {
-                        // SAFETY: as above.
-                        unsafe {
-                            *csub.offset((i * c_rs + j * c_cs) as isize) =
-                                *t.offset((i * tn + j) as isize)
-                        };
+                    kernel(kn, asub, a_ks as isize, bsub, b_ks as isize, t, tn as isize);
+                    for i in 0..tm {
+                        for j in 0..tn {
+                            // SAFETY: as above.
+                            unsafe {
+                                *csub.offset((i * c_rs + j * c_cs) as isize) =
+                                    *t.offset((i * tn + j) as isize)
+                            };
+                        }
                     }
                 }
             }
         }
+        k0 += kn;
     }
 }
 
@@ -216,6 +238,49 @@ unsafe fn k12x16_f64(
     }
 }
 
+/// The AVX2+FMA f64 6x8 kernel (as `k6x16`, with 4-wide double vectors: 12 ymm
+/// accumulators, two B vectors, one broadcast).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the 6x8 C tile and the `k` rows of both panels are valid.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn k6x8_f64(
+    k: usize,
+    a: *const f64,
+    a_ks: isize,
+    b: *const f64,
+    b_ks: isize,
+    c: *mut f64,
+    c_rs: isize,
+) {
+    // SAFETY: every pointer below stays inside the tile and panels the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm256_setzero_pd(); 2]; 6];
+        for (i, row) in acc.iter_mut().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            row[0] = _mm256_loadu_pd(cp);
+            row[1] = _mm256_loadu_pd(cp.add(4));
+        }
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..k {
+            let b0 = _mm256_loadu_pd(bp);
+            let b1 = _mm256_loadu_pd(bp.add(4));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_sd(&*ap.add(i));
+                row[0] = _mm256_fmadd_pd(av, b0, row[0]);
+                row[1] = _mm256_fmadd_pd(av, b1, row[1]);
+            }
+            ap = ap.offset(a_ks);
+            bp = bp.offset(b_ks);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            _mm256_storeu_pd(cp, row[0]);
+            _mm256_storeu_pd(cp.add(4), row[1]);
+        }
+    }
+}
+
 /// An `extern "C"` entry (`GemmF32Entry` / `GemmF64Entry`) running `$kernel` on the tiles of
 /// `$tile` through `drive` (the generic loop for the rest). One per variant and dtype: the
 /// JIT binds the symbol of the selected one.
@@ -266,4 +331,8 @@ entry!(
 entry!(
     /// The AVX-512 variant's f64 entry.
     gemm_f64_avx512, f64, (12, 16), k12x16_f64
+);
+entry!(
+    /// The AVX2 variant's f64 entry (AVX2 and FMA).
+    gemm_f64_avx2, f64, (6, 8), k6x8_f64
 );

@@ -1,0 +1,173 @@
+//! The default CPU schedule's packed GEMM at ragged depths and on any number of threads.
+//!
+//! Each element of the packed GEMM is one sequence of fused multiply-adds in ascending order
+//! of the products, from zero (docs/cpu.md), whatever the micro-kernel, the L1 slicing of a
+//! cut tile (`microkernel::cache::slice_depth`) or the thread that runs its column panel. So
+//! the CPU build equals, bit for bit, a plain `mul_add` fold written here, and the
+//! interpreter running the same defaulted schedule:
+//! - at depths 1, 17, 257, 1023 and 2049 (several L1 slices, the last one ragged), with
+//!   M and N off the tile (13, 45), constant (where packed) and symbolic sizes, float32 and
+//!   float64;
+//! - on 1, 2 and 3 threads (`RIVET_NUM_THREADS`, read once per process: one child process
+//!   each), and with the slice depth forced (`RIVET_GEMM_KC`: off, 16, 40).
+
+use rivet_compiler::ir::Expr;
+use rivet_compiler::schedule::cpu_default::apply_default_cpu;
+use rivet_compiler::te::{self, compute, placeholder, Tensor as TeTensor};
+use rivet_compiler::{build, Schedule, Target};
+use rivet_runtime::{DType, Tensor, Value};
+
+/// `C = A (m x k) * B (k x n)` with constant or symbolic sizes.
+fn program(m: i64, n: i64, k: i64, dt: DType, symbolic: bool) -> Vec<TeTensor> {
+    let dim = |v: i64, name: &str| {
+        if symbolic {
+            te::var(name)
+        } else {
+            Expr::int(v)
+        }
+    };
+    let (m, n, k) = (dim(m, "m"), dim(n, "n"), dim(k, "k"));
+    let a = placeholder([&m, &k], dt, "A").unwrap();
+    let b = placeholder([&k, &n], dt, "B").unwrap();
+    let r = te::reduce_axis(0, &k, "r").unwrap();
+    let c = compute(
+        [&m, &n],
+        |[i, j]| te::sum(a.at((i, &r)) * b.at((&r, j)), &r),
+        "C",
+    )
+    .unwrap();
+    vec![a, b, c]
+}
+
+/// Inputs in [-1, 1), different per seed.
+fn data(n: usize, seed: u64) -> Vec<f64> {
+    rivet_tests::uniform(n, seed, -1.0, 1.0)
+}
+
+fn tensor(v: &[f64], shape: &[i64], dt: DType) -> Tensor {
+    match dt {
+        DType::F32 => {
+            let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+            Tensor::from_slice(&w, shape).unwrap()
+        }
+        _ => Tensor::from_slice(v, shape).unwrap(),
+    }
+}
+
+/// The bits of each output element.
+fn bits(t: &Tensor, dt: DType) -> Vec<u64> {
+    match dt {
+        DType::F32 => t
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits() as u64)
+            .collect(),
+        _ => t
+            .to_vec::<f64>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect(),
+    }
+}
+
+/// The definition as the packed GEMM computes it: per element, `fma` over ascending products
+/// from zero, in the dtype.
+fn fused(av: &[f64], bv: &[f64], (m, n, k): (usize, usize, usize), dt: DType) -> Vec<u64> {
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            if dt == DType::F32 {
+                let mut c = 0f32;
+                for p in 0..k {
+                    c = (av[i * k + p] as f32).mul_add(bv[p * n + j] as f32, c);
+                }
+                out.push(c.to_bits() as u64);
+            } else {
+                let mut c = 0f64;
+                for p in 0..k {
+                    c = av[i * k + p].mul_add(bv[p * n + j], c);
+                }
+                out.push(c.to_bits());
+            }
+        }
+    }
+    out
+}
+
+/// The CPU build of the untouched program and, when `interp`, the interpreter running the
+/// defaulted schedule, against the fused fold: bit for bit.
+fn check(m: i64, n: i64, k: i64, dt: DType, symbolic: bool, interp: bool) {
+    let args = program(m, n, k, dt, symbolic);
+    let av = data((m * k) as usize, (m * 7 + k) as u64);
+    let bv = data((k * n) as usize, (n * 5 + k) as u64);
+    let want = fused(&av, &bv, (m as usize, n as usize, k as usize), dt);
+    let plain = Schedule::new(&args[2..]).unwrap();
+    let mut defaulted = plain.clone();
+    apply_default_cpu(&mut defaulted).unwrap();
+    let mut runs = vec![(plain, Target::cpu())];
+    if interp {
+        runs.push((defaulted, Target::interp()));
+    }
+    for (s, target) in runs {
+        let module = build(&s, &args, &target, "g").unwrap();
+        if target == Target::cpu() {
+            let ir = module.get_source("ir").unwrap_or_default();
+            assert!(ir.contains("call gemm_update"), "not packed:\n{ir}");
+        }
+        let out = module
+            .get_function("g")
+            .unwrap()
+            .call(&[
+                Value::Tensor(tensor(&av, &[m, k], dt)),
+                Value::Tensor(tensor(&bv, &[k, n], dt)),
+            ])
+            .unwrap();
+        let got = bits(out.as_tensor().unwrap(), dt);
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(
+            bad.is_none() && got.len() == want.len(),
+            "{m}x{n}x{k} {dt:?} symbolic={symbolic} on {target}: element {bad:?} differs from the fused fold"
+        );
+    }
+}
+
+#[test]
+fn default_gemm_at_ragged_depths_equals_the_fused_fold_and_the_interpreter() {
+    for dt in [DType::F32, DType::F64] {
+        for k in [1i64, 17, 257, 1023, 2049] {
+            // Constant sizes below `MIN_GEMM_WORK` run the plain nest (unfused): symbolic only.
+            let packed_when_constant =
+                13 * 45 * k >= rivet_compiler::schedule::cpu_default::MIN_GEMM_WORK;
+            for symbolic in [false, true] {
+                if symbolic || packed_when_constant {
+                    check(13, 45, k, dt, symbolic, k <= 1023);
+                }
+            }
+        }
+    }
+}
+
+/// Many column panels (300 / 32: ten, the last ragged) and row panels, so every thread runs
+/// some: the same bits as the fused fold on any thread count and slice depth. Run as is by
+/// the parent and again in each child below.
+#[test]
+fn threads_child() {
+    for dt in [DType::F32, DType::F64] {
+        for symbolic in [false, true] {
+            check(100, 300, 257, dt, symbolic, false);
+        }
+    }
+    check(64, 256, 300, DType::F32, false, false);
+}
+
+#[test]
+fn default_gemm_bits_do_not_depend_on_threads_or_slices() {
+    for threads in ["1", "2", "3"] {
+        rivet_tests::run_in_child("threads_child", &[("RIVET_NUM_THREADS", threads)]);
+    }
+    for kc in ["0", "16", "40"] {
+        rivet_tests::run_in_child("threads_child", &[("RIVET_GEMM_KC", kc)]);
+    }
+}
