@@ -25,8 +25,8 @@
 //! - `Avx2`: 6x16 (12 ymm accumulators, two B vectors, one broadcast: 15 of 16 ymm);
 //! - `Portable`: the generic scalar loop (`f32::mul_add`), on every architecture.
 //!
-//! f64: AVX-512 has a 12x16 kernel (24 zmm accumulators of 8 doubles); the other variants run
-//! the generic loop.
+//! f64: AVX-512 has a 12x16 kernel (24 zmm accumulators of 8 doubles), AVX2 a 6x8 one (12 ymm
+//! accumulators of 4 doubles); the portable variant runs the generic loop.
 //!
 //! Selection: once per process, the widest variant the CPU has (`is_x86_feature_detected!`),
 //! unless `RIVET_MICROKERNEL=avx512|avx2|portable` forces one; forcing a variant the CPU
@@ -112,12 +112,14 @@ impl Variant {
         }
     }
 
-    /// The `extern "C"` entry for an f64 tile update: AVX-512's 12x16 kernel, the generic
-    /// loop for the other variants (the same fused sequence either way).
+    /// The `extern "C"` entry for an f64 tile update: AVX-512's 12x16 kernel, AVX2's 6x8, the
+    /// generic loop for the portable variant (the same fused sequence either way).
     pub fn entry_f64(self) -> GemmF64Entry {
         match self {
             #[cfg(target_arch = "x86_64")]
             Variant::Avx512 => x86::gemm_f64_avx512,
+            #[cfg(target_arch = "x86_64")]
+            Variant::Avx2 => x86::gemm_f64_avx2,
             _ => portable::gemm_f64_entry,
         }
     }

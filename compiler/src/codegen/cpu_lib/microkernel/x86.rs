@@ -1,4 +1,5 @@
-//! The x86-64 kernels: AVX-512F 12x32 and AVX2+FMA 6x16 register tiles over packed panels,
+//! The x86-64 kernels: AVX-512F 12x32 and AVX2+FMA 6x16 register tiles over packed panels
+//! (float64: AVX-512F 12x16, AVX2+FMA 6x8),
 //! and their drivers (cut a call into kernel tiles, or fall back to the generic loop).
 //!
 //! A kernel keeps its whole C tile in registers for the `k` loop: it loads the tile, applies
@@ -216,6 +217,51 @@ unsafe fn k12x16_f64(
     }
 }
 
+/// The AVX2+FMA f64 6x8 kernel (as `k6x16`, with 4-wide double vectors: 12 ymm accumulators).
+/// Without it, float64 tiles on AVX2 ran the generic loop, whose `mul_add` is a library call
+/// per product on a target built without FMA (a 256^3 float64 GEMM: 0.4 s against numpy's
+/// 1.2 ms).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the 6x8 C tile and the `k` rows of both panels are valid.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn k6x8_f64(
+    k: usize,
+    a: *const f64,
+    a_ks: isize,
+    b: *const f64,
+    b_ks: isize,
+    c: *mut f64,
+    c_rs: isize,
+) {
+    // SAFETY: every pointer below stays inside the tile and panels the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm256_setzero_pd(); 2]; 6];
+        for (i, row) in acc.iter_mut().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            row[0] = _mm256_loadu_pd(cp);
+            row[1] = _mm256_loadu_pd(cp.add(4));
+        }
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..k {
+            let b0 = _mm256_loadu_pd(bp);
+            let b1 = _mm256_loadu_pd(bp.add(4));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_sd(&*ap.add(i));
+                row[0] = _mm256_fmadd_pd(av, b0, row[0]);
+                row[1] = _mm256_fmadd_pd(av, b1, row[1]);
+            }
+            ap = ap.offset(a_ks);
+            bp = bp.offset(b_ks);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let cp = c.offset(i as isize * c_rs);
+            _mm256_storeu_pd(cp, row[0]);
+            _mm256_storeu_pd(cp.add(4), row[1]);
+        }
+    }
+}
+
 /// An `extern "C"` entry (`GemmF32Entry` / `GemmF64Entry`) running `$kernel` on the tiles of
 /// `$tile` through `drive` (the generic loop for the rest). One per variant and dtype: the
 /// JIT binds the symbol of the selected one.
@@ -266,4 +312,8 @@ entry!(
 entry!(
     /// The AVX-512 variant's f64 entry.
     gemm_f64_avx512, f64, (12, 16), k12x16_f64
+);
+entry!(
+    /// The AVX2 variant's f64 entry (AVX2 and FMA).
+    gemm_f64_avx2, f64, (6, 8), k6x8_f64
 );
