@@ -5,8 +5,8 @@
 #   make test    venv + mxnet venv + build + cargo tests + pytest (main and MXNet suites), then
 #                the CUDA suites on the CUDA driver double (make cuda-double; docs/testing.md)
 #   make cuda-double  the CUDA driver double (tests/cuda_double) as target/cuda-double/libcuda.so.1
-#   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed) and
-#                benches/grad_bench.py
+#   make bench   venv + build + benches/call_overhead.py, benches/cpu_bench.py (TVM installed),
+#                benches/grad_bench.py and benches/user_kernels.py
 #   make docs    the docs book (docs/, mdBook) in target/book; mdBook is installed into
 #                target/tools on first use (make test builds the book too)
 #   make fuzz    venv + build + a FUZZ_SECONDS soak (default one hour) of the Rust fuzzer and the
@@ -170,6 +170,7 @@ bench: venv build
 	$(VPY) benches/call_overhead.py
 	$(VPY) benches/cpu_bench.py
 	$(VPY) benches/grad_bench.py
+	$(VPY) benches/user_kernels.py
 
 # A cp312 wheel for a lent GPU machine (Python 3.12 there, no Rust), in target/gpu-wheel: carry
 # that folder and run benches/gpu_session.sh there (docs/cuda.md, "On a lent GPU").

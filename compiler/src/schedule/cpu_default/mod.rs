@@ -33,7 +33,10 @@
 //!    injective stage is split into chunks of `CHUNK` elements: chunks parallel, each
 //!    vectorized (one of at most `CHUNK` constant elements is only vectorized); one holding a
 //!    value per row of a later stage (`per_row`) is one parallel loop over the rows, so row
-//!    fusion can join it to the loop over those rows. A contraction that is not packed runs rows, the reduction, then its last
+//!    fusion can join it to the loop over those rows. An intermediate of three or more axes
+//!    that rule 1 kept for its transcendental, with a first axis of at least `SLICES`
+//!    (attention's exponentials, per head), is parallel over that axis alone, as its readers
+//!    are, so row fusion runs them slice by slice (`sliced`). A contraction that is not packed runs rows, the reduction, then its last
 //!    data axis, vectorized. Other reductions accumulate in registers (the loop nest's register accumulation,
 //!    in the definition's order, so results are those of the plain nest bit for bit).
 //! 6. (Checked before rule 5; docs/default_schedules.md numbers it 5.) An injective stage that transposes a
@@ -327,11 +330,29 @@ fn per_row(stages: &[Stage], t: &Tensor) -> bool {
     })
 }
 
+/// Slices of the first axis from which a kept expensive stage runs parallel over that axis
+/// alone (`plain`): enough tasks for the threads without fusing in the next axis.
+pub const SLICES: i64 = 16;
+
+/// Whether the injective stage `t` computes a transcendental (rule 1 keeps such an
+/// intermediate when several stages read it), has three or more axes, and a first axis that
+/// is a constant of at least `SLICES` from 0.
+fn sliced(t: &Tensor) -> bool {
+    t.axis().len() >= 3
+        && t.reduce_axis().is_empty()
+        && expensive(t)
+        && simplify(&t.axis()[0].extent)
+            .as_int()
+            .is_some_and(|n| n >= SLICES)
+        && simplify(&t.axis()[0].min).as_int() == Some(0)
+}
+
 /// Rule 5: parallel outer data loop, vectorized inner data axis of injective stages.
 pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let axes: Vec<Var> = t.axis().iter().map(|a| a.var.clone()).collect();
     let injective = t.reduce_axis().is_empty();
     let row_value = axes.len() == 1 && injective && per_row(&s.stages, t);
+    let slices = sliced(t) && !s.outputs.contains(t);
     let st = s.stage(t)?;
     match (axes.as_slice(), injective) {
         ([], _) => {}
@@ -346,6 +367,16 @@ pub(super) fn plain(s: &mut Schedule, t: &Tensor) -> Result<()> {
             let (o, i) = st.split(x, Some(crate::ir::Expr::int(CHUNK)), None)?;
             st.parallel(&o)?;
             st.vectorize(&i)?;
+        }
+        // A kept `exp` (rule 1: read by several stages) of three or more axes whose first
+        // axis has at least `SLICES` constant slices (attention's exponentials per head):
+        // parallel over that axis alone, as its readers' loops are (the row reductions, the
+        // next GEMM's packing), so row fusion runs them slice by slice and row locals keep
+        // one slice of it alive instead of the whole tensor (`lower::fuse_rows`,
+        // `lower::row_locals`). Same elements, same expression: the same bits.
+        ([first, _, .., last], true) if slices => {
+            st.parallel(first)?;
+            st.vectorize(last)?;
         }
         ([first, .., last], true) => {
             // All but the innermost axis fused into one parallel loop (a leading axis of 1 or

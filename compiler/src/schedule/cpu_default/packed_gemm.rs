@@ -15,7 +15,8 @@
 //! C[d..] = Cp[d..]
 //! ```
 //!
-//! When M and N are constant multiples of the tile, `Cp` is C itself. Each micro-kernel call
+//! When M and N are constant multiples of the tile, `Cp` is C itself; otherwise, when C is
+//! not an output of the schedule, C is inlined (its readers read `Cp` in place). Each micro-kernel call
 //! runs all of K (no K padding, no guard; measured faster than KC-deep slices, see
 //! `rewrite`). `Cp`'s loops are `[batch.., jo] (fused, parallel), io, ii, ji, p`,
 //! tensorized at `ii` onto `gemm_update`. The padded extents are `ceil(M / MR) * MR`, which the
@@ -275,10 +276,17 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         st.parallel(&bax[0])?;
     }
     if !aligned {
-        let st = s.stage(&new_t)?;
-        st.parallel(&axes[0].var)?;
-        if axes.len() > 1 {
-            st.vectorize(&axes[axes.len() - 1].var)?;
+        if s.outputs.contains(&new_t) {
+            let st = s.stage(&new_t)?;
+            st.parallel(&axes[0].var)?;
+            if axes.len() > 1 {
+                st.vectorize(&axes[axes.len() - 1].var)?;
+            }
+        } else {
+            // An intermediate (attention's scores, a GEMM before its epilogue): its readers
+            // read the padded result in place, instead of a copy of it made, zeroed and read
+            // back per call (the same elements, so the same bits).
+            s.compute_inline(&new_t)?;
         }
     }
     Ok(())
