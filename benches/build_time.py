@@ -1,19 +1,36 @@
-"""Build time of a GEMM kernel for the CPU (the target: a few milliseconds).
+"""Build time of a GEMM kernel for the CPU.
 
-Builds the seed GEMM (symbolic n) unscheduled and with the split/reorder/parallel schedule
-of the README tutorial, N times each in one process, and prints first / median / min in ms.
+Builds the seed GEMM (`C[i, j] = sum_k A[i, k] * B[k, j]`, symbolic n) unscheduled (the
+default CPU schedule's packed GEMM) and with the split/reorder/parallel schedule of the README
+tutorial.
+
 Run: .venv/bin/python benches/build_time.py [N]
+  N builds of each program in one process, each of a freshly made program (first / median /
+  min in ms); with the in-process build cache on (the default) every build after the first
+  is a cache hit, so the line with RIVET_BUILD_CACHE=0 is the uncached build.
+
+Run: .venv/bin/python benches/build_time.py --fresh P
+  P fresh processes per line (median, min and max over them), the unscheduled GEMM:
+  - first build in a process, with an empty disk cache folder (a cold build);
+  - the same build again in that process: the program object built again, and an equal
+    program made anew (medians over 200 builds each; in-process cache hits);
+  - first build in a process whose disk cache folder already holds the entry (a disk hit);
+  - first build in a process with RIVET_CACHE_DIR=off (no disk cache at all).
 """
 
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-
-import rivet
-from rivet import te
 
 
 def program(scheduled):
+    import rivet
+    from rivet import te
+
     n = te.var("n")
     A = te.placeholder((n, n), "float32", name="A")
     B = te.placeholder((n, n), "float32", name="B")
@@ -29,8 +46,9 @@ def program(scheduled):
     return s, [A, B, C]
 
 
-def main():
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+def in_process(reps):
+    import rivet
+
     for scheduled in (False, True):
         times = []
         for _ in range(reps):
@@ -39,8 +57,77 @@ def main():
             rivet.build(s, args, target="cpu", name="mm")
             times.append((time.perf_counter() - t0) * 1e3)
         label = "scheduled" if scheduled else "no schedule"
-        print(f"GEMM build ({label:11}): first {times[0]:.2f} ms, median {statistics.median(times):.2f} ms, "
-              f"min {min(times):.2f} ms over {reps} builds")
+        cache = os.environ.get("RIVET_BUILD_CACHE", "1")
+        print(f"GEMM build ({label:11}, RIVET_BUILD_CACHE={cache}): first {times[0]:.2f} ms, "
+              f"median {statistics.median(times):.3f} ms, min {min(times):.3f} ms over {reps} builds")
+
+
+def child():
+    """One fresh process: the first build, then repeats; prints a JSON line."""
+    import rivet
+
+    s, args = program(False)
+    t0 = time.perf_counter()
+    m = rivet.build(s, args, target="cpu", name="mm")
+    first = (time.perf_counter() - t0) * 1e3
+    same, equal = [], []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        rivet.build(s, args, target="cpu", name="mm")
+        same.append((time.perf_counter() - t0) * 1e6)
+    for _ in range(200):
+        s2, args2 = program(False)
+        t0 = time.perf_counter()
+        rivet.build(s2, args2, target="cpu", name="mm")
+        equal.append((time.perf_counter() - t0) * 1e6)
+    assert m is not None
+    print(json.dumps({"first_ms": first, "same_us": statistics.median(same),
+                      "equal_us": statistics.median(equal)}))
+
+
+def run_child(env):
+    out = subprocess.run([sys.executable, __file__, "--child"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def summary(xs, unit):
+    return (f"median {statistics.median(xs):.3f} {unit} (min {min(xs):.3f}, max {max(xs):.3f}, "
+            f"{len(xs)} processes)")
+
+
+def fresh(procs):
+    base = dict(os.environ)
+    for k in ("RIVET_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        base.setdefault(k, "1")
+    base.pop("RIVET_BUILD_CACHE", None)
+    cold, same, equal, hit, off = [], [], [], [], []
+    with tempfile.TemporaryDirectory() as warm_dir:
+        warm = dict(base, RIVET_CACHE_DIR=warm_dir)
+        run_child(warm)  # fills the disk cache
+        for _ in range(procs):
+            # Interleaved, so the machine's drift touches every line alike.
+            with tempfile.TemporaryDirectory() as empty:
+                r = run_child(dict(base, RIVET_CACHE_DIR=empty))
+            cold.append(r["first_ms"])
+            same.append(r["same_us"])
+            equal.append(r["equal_us"])
+            hit.append(run_child(warm)["first_ms"])
+            off.append(run_child(dict(base, RIVET_CACHE_DIR="off"))["first_ms"])
+    print(f"first build, empty disk cache      : {summary(cold, 'ms')}")
+    print(f"first build, RIVET_CACHE_DIR=off   : {summary(off, 'ms')}")
+    print(f"first build, disk cache holds it   : {summary(hit, 'ms')}")
+    print(f"same schedule built again          : {summary(same, 'us')}")
+    print(f"equal program made and built again : {summary(equal, 'us')}")
+
+
+def main():
+    if sys.argv[1:] == ["--child"]:
+        child()
+    elif len(sys.argv) > 2 and sys.argv[1] == "--fresh":
+        fresh(int(sys.argv[2]))
+    else:
+        in_process(int(sys.argv[1]) if len(sys.argv) > 1 else 50)
 
 
 if __name__ == "__main__":

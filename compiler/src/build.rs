@@ -12,6 +12,7 @@
 
 use crate::artifact::recipe::Recipe;
 use crate::artifact::{file, Compiled, Module};
+use crate::build_times::phase;
 use crate::call::allocate::temp_fits;
 use crate::error::{Error, Result};
 use crate::ir::expr::Expr;
@@ -83,6 +84,16 @@ pub fn build_with<T: ToTarget + ?Sized>(
     name: &str,
     opts: Options,
 ) -> Result<Module> {
+    phase("build", || build_timed(sched, args, target, name, opts))
+}
+
+fn build_timed<T: ToTarget + ?Sized>(
+    sched: &Schedule,
+    args: &[TeTensor],
+    target: &T,
+    name: &str,
+    opts: Options,
+) -> Result<Module> {
     let target = target.to_target()?;
     if name.is_empty()
         || !name
@@ -111,8 +122,12 @@ pub fn build_with<T: ToTarget + ?Sized>(
     }
     // Oversized expressions are refused first: the defaults' rewrites walk stage bodies as
     // trees.
-    crate::lower::nest::check_expr_sizes(sched)?;
-    let mut c = compile_schedule(sched, args, &target, name, opts)?;
+    phase("check expression sizes", || {
+        crate::lower::nest::check_expr_sizes(sched)
+    })?;
+    let mut c = phase("compile", || {
+        compile_schedule(sched, args, &target, name, opts)
+    })?;
     // What the function was built from, for the functions derived from it (`backward`).
     c.recipe = Some(Recipe::new(args, &target, opts));
     Ok(Module {
@@ -144,8 +159,10 @@ fn compile_schedule(
             compile(&s, opts)
         }
         TargetKind::Cpu if !opts.as_written => {
-            let mut s = sched.clone();
-            cpu_default::apply_default_cpu(&mut s)?;
+            let mut s = phase("clone schedule", || sched.clone());
+            phase("default CPU schedule", || {
+                cpu_default::apply_default_cpu(&mut s)
+            })?;
             // A program the default cannot build (a dim no argument binds, an access proven
             // out of bounds, a temporary over the limit...) is built as written: the error, if
             // any, then names the user's stages and indices, never the default's packed or
@@ -199,9 +216,19 @@ fn refuse_gpu_callback(stage: &str) -> Error {
 }
 
 fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {
-    let lower::Lowered { nest, func } = lower::lower(src, target, opts)?;
+    phase("on the compile thread", || {
+        compile_here_timed(src, target, opts)
+    })
+}
+
+fn compile_here_timed(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {
+    let lower::Lowered { nest, func } = phase("lower", || lower::lower(src, target, opts))?;
     let temps = temporaries(&func)?;
-    let kernel = crate::codegen::backend(target, opts.checked)?.compile(&func)?;
+    let backend = phase("backend setup", || {
+        crate::codegen::backend(target, opts.checked)
+    })?;
+    let kernel = phase("backend compile", || backend.compile(&func))?;
+    let work = phase("work", || lower::work::Work::of(&func));
     lower::dump(
         &func.name,
         6,
@@ -217,7 +244,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         );
     }
     Ok(Compiled {
-        work: lower::work::Work::of(&func),
+        work,
         nest,
         func,
         target: target.clone(),
