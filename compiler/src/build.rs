@@ -12,6 +12,7 @@
 
 use crate::artifact::recipe::Recipe;
 use crate::artifact::{file, Compiled, Module};
+use crate::build_cache;
 use crate::build_times::phase;
 use crate::call::allocate::temp_fits;
 use crate::error::{Error, Result};
@@ -120,19 +121,38 @@ fn build_timed<T: ToTarget + ?Sized>(
             return Err(refuse_gpu_callback(t.name()));
         }
     }
+    let fuse_rows = std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0");
+    // The same program built the same way before in this process: its module (the key is
+    // the program's whole content, see `build_cache`). A hit skips the size check below:
+    // the same content passed it when it was built.
+    let key = match target.kind {
+        TargetKind::Cpu | TargetKind::Interp if build_cache::enabled() => {
+            phase("cache key", || {
+                build_cache::key::encode(sched, args, &target, name, opts, fuse_rows)
+            })
+        }
+        _ => None,
+    };
+    if let Some(m) = key.as_ref().and_then(|k| build_cache::lock().get(k)) {
+        return Ok(m);
+    }
     // Oversized expressions are refused first: the defaults' rewrites walk stage bodies as
     // trees.
     phase("check expression sizes", || {
         crate::lower::nest::check_expr_sizes(sched)
     })?;
     let mut c = phase("compile", || {
-        compile_schedule(sched, args, &target, name, opts)
+        compile_schedule(sched, args, &target, name, opts, fuse_rows)
     })?;
     // What the function was built from, for the functions derived from it (`backward`).
     c.recipe = Some(Recipe::new(args, &target, opts));
-    Ok(Module {
+    let m = Module {
         funcs: vec![Arc::new(c)],
-    })
+    };
+    if let Some(k) = key {
+        build_cache::lock().insert(k, m.clone());
+    }
+    Ok(m)
 }
 
 /// The default schedule, else the schedule as written: the one place that chooses. A schedule
@@ -146,6 +166,7 @@ fn compile_schedule(
     target: &Target,
     name: &str,
     opts: Options,
+    fuse_rows: bool,
 ) -> Result<Compiled> {
     let compile = |sched: &Schedule, opts: Options| {
         on_compile_stack(|| {
@@ -167,10 +188,7 @@ fn compile_schedule(
             // out of bounds, a temporary over the limit...) is built as written: the error, if
             // any, then names the user's stages and indices, never the default's packed or
             // lane stages.
-            let fused = lower::Options {
-                fuse_rows: std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0"),
-                ..opts
-            };
+            let fused = lower::Options { fuse_rows, ..opts };
             match compile(&s, fused) {
                 Ok(c) => Ok(c),
                 // A bug in the default schedule or a pass is reported, never hidden behind the
