@@ -11,11 +11,12 @@ Run: .venv/bin/python benches/build_time.py [N]
 
 Run: .venv/bin/python benches/build_time.py --fresh P
   P fresh processes per line (median, min and max over them), the unscheduled GEMM:
-  - first build in a process, with an empty disk cache folder (a cold build);
+  - the first build in a process, wall and CPU time (the CPU time is what to read on a
+    loaded machine);
+  - `rivet.load_module` of the saved GEMM in a fresh process: what a disk cache of the
+    lowered IR would cost on a hit (a loaded module is verified, proven and compiled again);
   - the same build again in that process: the program object built again, and an equal
-    program made anew (medians over 200 builds each; in-process cache hits);
-  - first build in a process whose disk cache folder already holds the entry (a disk hit);
-  - first build in a process with RIVET_CACHE_DIR=off (no disk cache at all).
+    program made anew (medians over 200 builds each; in-process cache hits).
 """
 
 import json
@@ -67,9 +68,9 @@ def child():
     import rivet
 
     s, args = program(False)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m = rivet.build(s, args, target="cpu", name="mm")
-    first = (time.perf_counter() - t0) * 1e3
+    first, first_cpu = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
     same, equal = [], []
     for _ in range(200):
         t0 = time.perf_counter()
@@ -80,14 +81,24 @@ def child():
         t0 = time.perf_counter()
         rivet.build(s2, args2, target="cpu", name="mm")
         equal.append((time.perf_counter() - t0) * 1e6)
-    assert m is not None
-    print(json.dumps({"first_ms": first, "same_us": statistics.median(same),
+    if len(sys.argv) > 2:
+        m.save(sys.argv[2])
+    print(json.dumps({"first_ms": first, "first_cpu_ms": first_cpu, "same_us": statistics.median(same),
                       "equal_us": statistics.median(equal)}))
 
 
-def run_child(env):
-    out = subprocess.run([sys.executable, __file__, "--child"], env=env, check=True,
-                         capture_output=True, text=True).stdout
+def child_load(path):
+    import rivet
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    rivet.load_module(path)
+    print(json.dumps({"first_ms": (time.perf_counter() - t0) * 1e3,
+                      "first_cpu_ms": (time.process_time() - c0) * 1e3}))
+
+
+def run_child(env, *extra):
+    out = subprocess.run([sys.executable, __file__, *extra] if extra else [sys.executable, __file__, "--child"],
+                         env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -101,29 +112,34 @@ def fresh(procs):
     for k in ("RIVET_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         base.setdefault(k, "1")
     base.pop("RIVET_BUILD_CACHE", None)
-    cold, same, equal, hit, off = [], [], [], [], []
-    with tempfile.TemporaryDirectory() as warm_dir:
-        warm = dict(base, RIVET_CACHE_DIR=warm_dir)
-        run_child(warm)  # fills the disk cache
+    first, first_cpu, same, equal, load, load_cpu = [], [], [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(base, RIVET_CACHE_DIR=tmp)
+        saved = os.path.join(tmp, "mm.rivet")
+        run_child(env, "--child", saved)
         for _ in range(procs):
-            # Interleaved, so the machine's drift touches every line alike.
-            with tempfile.TemporaryDirectory() as empty:
-                r = run_child(dict(base, RIVET_CACHE_DIR=empty))
-            cold.append(r["first_ms"])
+            # Interleaved, so the machine's drift touches both alike.
+            r = run_child(env)
+            first.append(r["first_ms"])
+            first_cpu.append(r["first_cpu_ms"])
             same.append(r["same_us"])
             equal.append(r["equal_us"])
-            hit.append(run_child(warm)["first_ms"])
-            off.append(run_child(dict(base, RIVET_CACHE_DIR="off"))["first_ms"])
-    print(f"first build, empty disk cache      : {summary(cold, 'ms')}")
-    print(f"first build, RIVET_CACHE_DIR=off   : {summary(off, 'ms')}")
-    print(f"first build, disk cache holds it   : {summary(hit, 'ms')}")
-    print(f"same schedule built again          : {summary(same, 'us')}")
-    print(f"equal program made and built again : {summary(equal, 'us')}")
+            r = run_child(env, "--child-load", saved)
+            load.append(r["first_ms"])
+            load_cpu.append(r["first_cpu_ms"])
+    print(f"first build in a fresh process, wall     : {summary(first, 'ms')}")
+    print(f"first build in a fresh process, CPU      : {summary(first_cpu, 'ms')}")
+    print(f"load_module of the saved GEMM, wall      : {summary(load, 'ms')}")
+    print(f"load_module of the saved GEMM, CPU       : {summary(load_cpu, 'ms')}")
+    print(f"same schedule built again (in-process)   : {summary(same, 'us')}")
+    print(f"equal program made and built again       : {summary(equal, 'us')}")
 
 
 def main():
-    if sys.argv[1:] == ["--child"]:
+    if sys.argv[1:2] == ["--child"]:
         child()
+    elif sys.argv[1:2] == ["--child-load"]:
+        child_load(sys.argv[2])
     elif len(sys.argv) > 2 and sys.argv[1] == "--fresh":
         fresh(int(sys.argv[2]))
     else:
