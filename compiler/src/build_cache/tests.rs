@@ -457,3 +457,32 @@ fn the_environment_turns_the_cache_off() {
     assert!(!enabled_by(&env(&[("RIVET_BUILD_CACHE", "0")])));
     assert!(!enabled_by(&env(&[("RIVET_DUMP", "/some/dir")])));
 }
+
+#[test]
+fn threads_building_one_program_at_once_all_get_a_working_function() {
+    // Each thread makes its own equal program: they may all miss and build, or hit; every
+    // function computes the same bits, and the cache keeps one entry for them.
+    let name = "cache_threads";
+    let results: Vec<Vec<u64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(|| {
+                    let (s, args) = gemm(BASE);
+                    let m = build_with(&s, &args, "cpu", name, Options::default()).unwrap();
+                    run(&m, DType::F32, 17)
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+    if enabled_by(&|k| std::env::var_os(k)) {
+        let (s, args) = gemm(BASE);
+        let fuse = std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0");
+        let key = encode(&s, &args, &Target::cpu(), name, Options::default(), fuse).unwrap();
+        assert!(super::lock().get(&key).is_some());
+    }
+}
