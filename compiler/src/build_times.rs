@@ -27,9 +27,15 @@ thread_local! {
 
 /// Runs `f`, printing how long it took as phase `what` when timing is on.
 pub fn phase<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    phase_named(|| what.to_string(), f)
+}
+
+/// `phase` with the name made only when timing is on.
+pub fn phase_named<T>(what: impl FnOnce() -> String, f: impl FnOnce() -> T) -> T {
     if !enabled() {
         return f();
     }
+    let what = what();
     let depth = DEPTH.with(|d| {
         let n = d.get();
         d.set(n + 1);

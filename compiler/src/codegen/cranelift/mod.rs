@@ -218,8 +218,11 @@ impl CraneliftBackend {
             sites,
             ..
         } = cx;
-        phase("finalize", || module.finalize_definitions())
-            .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
+        phase("finalize", || {
+            module
+                .finalize_definitions()
+                .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))
+        })?;
         let code = module.get_finalized_function(entry_id);
         // SAFETY: `code` is the finalised entry function, generated with exactly this signature
         // (two pointer parameters, an i32 result, the host's default C calling convention).
@@ -495,18 +498,22 @@ impl<'f> Compiler<'f> {
     fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
         let clif = (title.to_string(), ctx.func.clone());
         ctx.set_disasm(self.disassemble);
-        phase(&format!("cranelift compile {title}"), || {
-            self.module.define_function(id, ctx)
-        })
-        .map_err(|e| match e {
-            cranelift_module::ModuleError::Compilation(
-                cranelift_codegen::CodegenError::Verifier(errs),
-            ) => Error::Internal(format!(
-                "cranelift verifier rejected generated code for {title}:\n{}",
-                cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, errs)
-            )),
-            other => cl_err(&format!("compiling {title}"), other),
-        })?;
+        crate::build_times::phase_named(
+            || format!("cranelift compile {title}"),
+            || {
+                self.module.define_function(id, ctx).map_err(|e| match e {
+                    cranelift_module::ModuleError::Compilation(
+                        cranelift_codegen::CodegenError::Verifier(errs),
+                    ) => Error::Internal(format!(
+                        "cranelift verifier rejected generated code for {title}:\n{}",
+                        cranelift_codegen::print_errors::pretty_verifier_error(
+                            &ctx.func, None, errs
+                        )
+                    )),
+                    other => cl_err(&format!("compiling {title}"), other),
+                })
+            },
+        )?;
         let disasm = ctx
             .compiled_code()
             .and_then(|c| c.vcode.clone())
