@@ -13,7 +13,8 @@
 //!   so the bytes decode back to one structure (a prefix-free code); constants are written
 //!   bit for bit (`-0.0`, NaN payloads and `1` vs `1.0` differ).
 //! - Canonical over identities: variables and tensors are numbered by first occurrence (a
-//!   fresh `te.var("n")` in an equal program gets the same number), expression nodes too; a
+//!   fresh `te.var("n")` in an equal program gets the same number), expression nodes too
+//!   (tensors both by node and by id: a rewritten definition keeps its original's id); a
 //!   node met again (a shared sub-expression, a tensor read twice) is written as a reference
 //!   to its number, so each distinct node is walked once and the key is linear in the DAG's
 //!   size, never in the tree's. Two programs that differ only in sharing get different keys
@@ -145,7 +146,14 @@ pub fn encode(
 struct Encoder {
     out: Vec<u8>,
     vars: HashMap<u32, u64>,
-    tensors: HashMap<u32, u64>,
+    /// Tensor nodes by address (each definition written once), kept alive by `pending` and
+    /// `keep_tensors` while numbered.
+    tensor_nodes: HashMap<usize, u64>,
+    keep_tensors: Vec<Tensor>,
+    /// Tensor identities (`Tensor::id`) by first occurrence: a rewritten definition
+    /// (`cache_write`, `set_definition`) shares its original's id, and the pipeline matches
+    /// stages by id, so both the node and its id are in the key.
+    tensor_ids: HashMap<u32, u64>,
     /// Expression nodes by address, alive while `keep` holds them.
     exprs: HashMap<usize, u64>,
     keep: Vec<Expr>,
@@ -193,25 +201,32 @@ impl Encoder {
     }
 
     fn tensor_number_by_id(&mut self, id: u32) -> u64 {
-        let next = self.tensors.len() as u64;
-        *self.tensors.entry(id).or_insert(next)
+        let next = self.tensor_ids.len() as u64;
+        *self.tensor_ids.entry(id).or_insert(next)
     }
 
-    /// A tensor reference: its number; its definition is written later (queued the first time).
+    /// A tensor reference: its node's number, and the first time its identity's number (its
+    /// definition is written later, from the queue).
     fn tensor(&mut self, t: &Tensor) {
-        let next = self.tensors.len() as u64;
-        let n = *self.tensors.entry(t.id()).or_insert_with(|| {
-            self.pending.push_back(t.clone());
-            next
-        });
-        self.tag(b'T');
-        self.u64(n);
+        let addr = Arc::as_ptr(&t.0) as usize;
+        if let Some(&n) = self.tensor_nodes.get(&addr) {
+            self.tag(b'T');
+            self.u64(n);
+            return;
+        }
+        let next = self.tensor_nodes.len() as u64;
+        self.tensor_nodes.insert(addr, next);
+        self.keep_tensors.push(t.clone());
+        self.pending.push_back(t.clone());
+        self.tag(b'N');
+        let id = self.tensor_number_by_id(t.id());
+        self.u64(id);
     }
 
     /// A tensor's definition; false for an extern stage (a host callback).
     fn definition(&mut self, t: &Tensor) -> bool {
         self.tag(b'D');
-        let n = self.tensors[&t.id()];
+        let n = self.tensor_nodes[&(Arc::as_ptr(&t.0) as usize)];
         self.u64(n);
         self.str(t.name());
         self.str(t.dtype().name());

@@ -486,3 +486,38 @@ fn threads_building_one_program_at_once_all_get_a_working_function() {
         assert!(super::lock().get(&key).is_some());
     }
 }
+
+#[test]
+fn a_rewritten_definition_sharing_its_originals_id_is_in_the_key() {
+    // The stage's definition replaced by another node with the same id (what `cache_write`
+    // and the default schedules' rewrites make): its body is in the key, not only the
+    // original's that the arguments hold.
+    let rewritten = |scale: f64| {
+        let n = te::var("n");
+        let a = te::placeholder([&n], DType::F32, "A").unwrap();
+        let c = te::compute([&n], |[i]| a.at([i]) * 2.0, "C").unwrap();
+        let other = te::compute([&n], |[i]| a.at([i]) * scale, "C").unwrap();
+        let node = crate::te::tensor::TensorNode {
+            id: c.id(),
+            name: "C".into(),
+            shape: c.shape().to_vec(),
+            dtype: DType::F32,
+            op: crate::te::Op::Compute {
+                axis: other.axis().to_vec(),
+                body: other.body().unwrap().clone(),
+            },
+            host_callbacks: false,
+            stop_gradient: false,
+        };
+        let mut s = Schedule::new(&[&c]).unwrap();
+        let i = s
+            .stages
+            .iter()
+            .position(|st| st.tensor.id() == c.id())
+            .unwrap();
+        s.set_definition(i, Tensor(std::sync::Arc::new(node)));
+        encode(&s, &[a, c], &Target::cpu(), "f", Options::default(), true).unwrap()
+    };
+    assert_eq!(rewritten(3.0), rewritten(3.0));
+    assert_ne!(rewritten(3.0), rewritten(4.0));
+}
