@@ -12,6 +12,8 @@
 
 use crate::artifact::recipe::Recipe;
 use crate::artifact::{file, Compiled, Module};
+use crate::build_cache;
+use crate::build_times::phase;
 use crate::call::allocate::temp_fits;
 use crate::error::{Error, Result};
 use crate::ir::expr::Expr;
@@ -83,6 +85,16 @@ pub fn build_with<T: ToTarget + ?Sized>(
     name: &str,
     opts: Options,
 ) -> Result<Module> {
+    phase("build", || build_timed(sched, args, target, name, opts))
+}
+
+fn build_timed<T: ToTarget + ?Sized>(
+    sched: &Schedule,
+    args: &[TeTensor],
+    target: &T,
+    name: &str,
+    opts: Options,
+) -> Result<Module> {
     let target = target.to_target()?;
     if name.is_empty()
         || !name
@@ -109,15 +121,38 @@ pub fn build_with<T: ToTarget + ?Sized>(
             return Err(refuse_gpu_callback(t.name()));
         }
     }
+    let fuse_rows = std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0");
+    // The same program built the same way before in this process: its module (the key is
+    // the program's whole content, see `build_cache`). A hit skips the size check below:
+    // the same content passed it when it was built.
+    let key = match target.kind {
+        TargetKind::Cpu | TargetKind::Interp if build_cache::enabled() => {
+            phase("cache key", || {
+                build_cache::key::encode(sched, args, &target, name, opts, fuse_rows)
+            })
+        }
+        _ => None,
+    };
+    if let Some(m) = key.as_ref().and_then(|k| build_cache::lock().get(k)) {
+        return Ok(m);
+    }
     // Oversized expressions are refused first: the defaults' rewrites walk stage bodies as
     // trees.
-    crate::lower::nest::check_expr_sizes(sched)?;
-    let mut c = compile_schedule(sched, args, &target, name, opts)?;
+    phase("check expression sizes", || {
+        crate::lower::nest::check_expr_sizes(sched)
+    })?;
+    let mut c = phase("compile", || {
+        compile_schedule(sched, args, &target, name, opts, fuse_rows)
+    })?;
     // What the function was built from, for the functions derived from it (`backward`).
     c.recipe = Some(Recipe::new(args, &target, opts));
-    Ok(Module {
+    let m = Module {
         funcs: vec![Arc::new(c)],
-    })
+    };
+    if let Some(k) = key {
+        build_cache::lock().insert(k, m.clone());
+    }
+    Ok(m)
 }
 
 /// The default schedule, else the schedule as written: the one place that chooses. A schedule
@@ -131,6 +166,7 @@ fn compile_schedule(
     target: &Target,
     name: &str,
     opts: Options,
+    fuse_rows: bool,
 ) -> Result<Compiled> {
     let compile = |sched: &Schedule, opts: Options| {
         on_compile_stack(|| {
@@ -144,16 +180,15 @@ fn compile_schedule(
             compile(&s, opts)
         }
         TargetKind::Cpu if !opts.as_written => {
-            let mut s = sched.clone();
-            cpu_default::apply_default_cpu(&mut s)?;
+            let mut s = phase("clone schedule", || sched.clone());
+            phase("default CPU schedule", || {
+                cpu_default::apply_default_cpu(&mut s)
+            })?;
             // A program the default cannot build (a dim no argument binds, an access proven
             // out of bounds, a temporary over the limit...) is built as written: the error, if
             // any, then names the user's stages and indices, never the default's packed or
             // lane stages.
-            let fused = lower::Options {
-                fuse_rows: std::env::var("RIVET_FUSE_ROWS").map_or(true, |v| v != "0"),
-                ..opts
-            };
+            let fused = lower::Options { fuse_rows, ..opts };
             match compile(&s, fused) {
                 Ok(c) => Ok(c),
                 // A bug in the default schedule or a pass is reported, never hidden behind the
@@ -199,9 +234,19 @@ fn refuse_gpu_callback(stage: &str) -> Error {
 }
 
 fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {
-    let lower::Lowered { nest, func } = lower::lower(src, target, opts)?;
+    phase("on the compile thread", || {
+        compile_here_timed(src, target, opts)
+    })
+}
+
+fn compile_here_timed(src: lower::Source<'_>, target: &Target, opts: Options) -> Result<Compiled> {
+    let lower::Lowered { nest, func } = phase("lower", || lower::lower(src, target, opts))?;
     let temps = temporaries(&func)?;
-    let kernel = crate::codegen::backend(target, opts.checked)?.compile(&func)?;
+    let backend = phase("backend setup", || {
+        crate::codegen::backend(target, opts.checked)
+    })?;
+    let kernel = phase("backend compile", || backend.compile(&func))?;
+    let work = phase("work", || lower::work::Work::of(&func));
     lower::dump(
         &func.name,
         6,
@@ -217,7 +262,7 @@ fn compile_here(src: lower::Source<'_>, target: &Target, opts: Options) -> Resul
         );
     }
     Ok(Compiled {
-        work: lower::work::Work::of(&func),
+        work,
         nest,
         func,
         target: target.clone(),

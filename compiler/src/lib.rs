@@ -13,6 +13,8 @@ pub mod arith;
 pub mod artifact;
 pub mod backward;
 pub mod build;
+pub mod build_cache;
+pub mod build_times;
 pub mod call;
 pub mod codegen;
 pub mod error;

@@ -105,3 +105,19 @@ pub fn load_module(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyModul
         m: rivet_compiler::Module::load(&path).cpy(py)?,
     })
 }
+
+/// `rivet._native._build_cache_info()`: the in-process build cache's counters (`hits`,
+/// `misses`, `entries`, `key_bytes`, `evictions`) and whether the environment enables it
+/// (`enabled`, 0 or 1), for tests and benchmarks.
+#[pyfunction]
+pub fn _build_cache_info() -> std::collections::HashMap<&'static str, u64> {
+    let s = rivet_compiler::build_cache::stats();
+    std::collections::HashMap::from([
+        ("hits", s.hits),
+        ("misses", s.misses),
+        ("entries", s.entries as u64),
+        ("key_bytes", s.key_bytes as u64),
+        ("evictions", s.evictions),
+        ("enabled", rivet_compiler::build_cache::enabled() as u64),
+    ])
+}

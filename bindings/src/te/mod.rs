@@ -69,5 +69,6 @@ pub fn register(m: &Bound<'_, pyo3::types::PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schedule::default_gpu_schedule, m)?)?;
     m.add_function(wrap_pyfunction!(build::build, m)?)?;
     m.add_function(wrap_pyfunction!(build::load_module, m)?)?;
+    m.add_function(wrap_pyfunction!(build::_build_cache_info, m)?)?;
     Ok(())
 }

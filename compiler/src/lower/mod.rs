@@ -21,6 +21,7 @@ pub mod work;
 pub mod zero_init;
 
 use crate::arith::simplify;
+use crate::build_times::phase;
 use crate::error::Result;
 use crate::ir::stmt::PrimFunc;
 use crate::ir::verify::{verify, verify_loaded};
@@ -40,7 +41,7 @@ pub fn dump(func: &str, step: usize, what: &str, text: impl FnOnce() -> String) 
 
 fn after(f: &PrimFunc, step: usize, pass: &str, flattened: bool) -> Result<()> {
     dump(&f.name, step, &format!("{pass}.ir"), || f.to_string());
-    verify(f, flattened)
+    phase("verify", || verify(f, flattened))
 }
 
 /// How to lower and compile.
@@ -109,7 +110,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
     // 1. The loop nest: bound inference, schedule, inlining, compute_at regions.
     let nest = match src {
         Source::Schedule { sched, args, name } => {
-            let mut nest = nest::build_nest(sched, args, name)?;
+            let mut nest = phase("nest", || nest::build_nest(sched, args, name))?;
             dump(name, 0, "nest.ir", || nest.to_string());
             // 1b. Tensorize: marked nests become intrinsic calls (part of the saved nest, so
             //     a loaded module proves the calls again). Before FMA contraction, which
@@ -125,7 +126,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
                     })
                 })
                 .collect();
-            tensorize::apply(&mut nest, &marks)?;
+            phase("tensorize", || tensorize::apply(&mut nest, &marks))?;
             // 1c. FMA contraction where asked; part of the nest (what modules save), so a
             //     loaded module computes the same.
             if opts.fma {
@@ -134,81 +135,83 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
             // 1d. Row fusion of the default CPU schedule's parallel loops; part of the nest,
             //     so a loaded module runs (and proves) the fused loops.
             if opts.fuse_rows && target.kind == crate::target::TargetKind::Cpu {
-                fuse_rows::fuse(&mut nest);
+                phase("fuse rows", || fuse_rows::fuse(&mut nest));
                 // 1e. Locals that one fused loop touches only in its own row: one row each,
                 //     allocated per iteration (they stay in the cache; small ones go on the
                 //     stack).
-                row_locals::shrink(&mut nest);
+                phase("row locals", || row_locals::shrink(&mut nest));
                 // 1f. A row loop taken into a later column reduction's chunk loop: each chunk
                 //     of rows read once for both (after 1e: a row's locals come with it).
-                fuse_chunks::fuse(&mut nest);
+                phase("fuse chunks", || fuse_chunks::fuse(&mut nest));
                 dump(name, 0, "fused.ir", || nest.to_string());
             }
             nest
         }
         Source::Loaded(f) => {
-            verify_loaded(&f)?;
+            phase("verify loaded", || verify_loaded(&f))?;
             f
         }
     };
-    let mut f = nest.clone();
+    let mut f = phase("clone nest", || nest.clone());
     after(&f, 1, "nest", false)?;
     // 2. The bounds proof: every access in bounds, every int64 node inside int64, or a
     //    per-call check, or a CompileError.
     f.checks.clear();
-    bounds::prove(&mut f)?;
+    phase("bounds proof", || bounds::prove(&mut f))?;
     after(&f, 2, "bounds", false)?;
     // 2b. Tile divisions folded where the loop ranges make it exact. After the proof, which
     //     reads split guards structurally (`j.o * 4 + j.i < n` bounds the index it guards;
     //     a folded `j.o` would lose that fact), like simplification below: both rewrite
     //     expressions into exactly equal ones.
-    tile_fold::fold(&mut f);
+    phase("tile fold", || tile_fold::fold(&mut f));
     // 3. Simplification.
-    f.body = simplify::simplify_stmt(&f.body);
+    f.body = phase("simplify", || simplify::simplify_stmt(&f.body));
     after(&f, 3, "simplify", false)?;
     // 3b. Locals stored in full before any read are marked: on the CPU their `Allocate`
     //     skips the zeroing; the interpreter fills them with a poison pattern, so the oracle
     //     itself shows a wrong mark. (CUDA keeps zeroing: nothing marked there.)
     if target.kind != crate::target::TargetKind::Cuda {
-        overwrite::mark(&mut f);
+        phase("overwrite marks", || overwrite::mark(&mut f));
     }
     // 4. Flattening to one element offset per access; checked mode keeps one index per dim,
     //    so the backends can check each against its extent.
     if !opts.checked {
-        flatten::flatten(&mut f);
-        f.body = simplify::simplify_stmt(&f.body);
+        phase("flatten", || flatten::flatten(&mut f));
+        f.body = phase("simplify", || simplify::simplify_stmt(&f.body));
         after(&f, 4, "flatten", true)?;
         // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width. First
         //     the selects on loop-invariant conditions taken out as branches around copies of
         //     the loop: an arm that loads would keep the loop scalar.
-        unswitch::selects(&mut f);
+        phase("unswitch selects", || unswitch::selects(&mut f));
         let width = opts.vector_bytes.or(target.vectorize_bytes());
         // A float32 loop computing `erf` gets 16 lanes off the GPU where the CPU has AVX-512:
         // one 16-lane computation of it instead of four 4-lane ones.
-        vectorize::vectorize(
-            &mut f,
-            width.filter(|&w| w > 0),
-            target.kind != crate::target::TargetKind::Cuda && crate::target::erf16_wide(),
-        );
-        f.body = simplify::simplify_stmt(&f.body);
+        phase("vectorize", || {
+            vectorize::vectorize(
+                &mut f,
+                width.filter(|&w| w > 0),
+                target.kind != crate::target::TargetKind::Cuda && crate::target::erf16_wide(),
+            )
+        });
+        f.body = phase("simplify", || simplify::simplify_stmt(&f.body));
         after(&f, 4, "vectorize", true)?;
         // 4c. On the CPU, the layout tests of vector loops moved out of the serial loops around
         //     them, and short loops of vector stores unrolled (both let the code generator keep
         //     loop-carried vectors in registers); zero stores into locals that `Allocate` has
         //     just zeroed dropped.
         if target.kind == crate::target::TargetKind::Cpu {
-            unswitch::unswitch(&mut f);
-            unroll::unroll(&mut f);
-            zero_init::drop_zero_inits(&mut f);
-            f.body = simplify::simplify_stmt(&f.body);
+            phase("unswitch", || unswitch::unswitch(&mut f));
+            phase("unroll", || unroll::unroll(&mut f));
+            phase("drop zero inits", || zero_init::drop_zero_inits(&mut f));
+            f.body = phase("simplify", || simplify::simplify_stmt(&f.body));
             after(&f, 4, "unroll", true)?;
         }
     }
     // 5. The host/device split: parallel loops and GPU kernels outlined, with their captures.
     //    Every target runs the same passes; backends differ in how they run a `Launch`.
-    outline::outline(&mut f);
+    phase("outline", || outline::outline(&mut f));
     // 6. Barriers in GPU kernels where shared memory is written and read by different threads.
-    sync::insert_barriers(&mut f);
+    phase("barriers", || sync::insert_barriers(&mut f));
     after(&f, 5, "split", !opts.checked)?;
     Ok(Lowered { nest, func: f })
 }

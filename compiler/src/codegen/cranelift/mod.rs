@@ -62,6 +62,7 @@ mod vector;
 mod vector_exp;
 mod vector_quad;
 
+use crate::build_times::phase;
 use crate::codegen::{int_slots, Backend, CallFrame, Kernel, LaunchContext};
 use crate::error::{Error, Result};
 use crate::ir::{BufId, Expr, PrimFunc};
@@ -174,25 +175,27 @@ impl CraneliftBackend {
     /// disassembly).
     pub fn compile_kernel(&self, func: &PrimFunc) -> Result<CraneliftKernel> {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
-        crate::ir::verify::verify(func, !self.checked)?;
-        let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
-        for (name, addr) in crate::codegen::cpu_lib::math::symbols() {
-            jb.symbol(name, addr);
-        }
-        for (name, addr) in helpers::symbols().into_iter().chain(callback::symbols()) {
-            jb.symbol(name, addr);
-        }
-        for (name, addr) in intrin::symbols(func)? {
-            jb.symbol(name, addr);
-        }
-        // Cranelift lowers `fma` to a libcall of `fmaf` / `fma` on an ISA without FMA: bind
-        // them here (the JIT would otherwise fail to resolve them).
-        jb.symbol(
-            "fmaf",
-            crate::codegen::cpu_lib::math::ffi::fmaf as *const u8,
-        );
-        jb.symbol("fma", crate::codegen::cpu_lib::math::ffi::fma as *const u8);
-        let module = JITModule::new(jb);
+        phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
+        let module = phase("JIT module setup", || -> Result<JITModule> {
+            let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
+            for (name, addr) in crate::codegen::cpu_lib::math::symbols() {
+                jb.symbol(name, addr);
+            }
+            for (name, addr) in helpers::symbols().into_iter().chain(callback::symbols()) {
+                jb.symbol(name, addr);
+            }
+            for (name, addr) in intrin::symbols(func)? {
+                jb.symbol(name, addr);
+            }
+            // Cranelift lowers `fma` to a libcall of `fmaf` / `fma` on an ISA without FMA: bind
+            // them here (the JIT would otherwise fail to resolve them).
+            jb.symbol(
+                "fmaf",
+                crate::codegen::cpu_lib::math::ffi::fmaf as *const u8,
+            );
+            jb.symbol("fma", crate::codegen::cpu_lib::math::ffi::fma as *const u8);
+            Ok(JITModule::new(jb))
+        })?;
         let callbacks = Box::new(callback::CallbackTable::new(func));
         let mut cx = Compiler {
             module,
@@ -208,16 +211,18 @@ impl CraneliftBackend {
             param_slot: HashMap::new(),
             int_slot: HashMap::new(),
         };
-        let (entry_id, entry_text) = cx.gen_entry()?;
+        let (entry_id, entry_text) = phase("generate and compile functions", || cx.gen_entry())?;
         let Compiler {
             mut module,
             bodies,
             sites,
             ..
         } = cx;
-        module
-            .finalize_definitions()
-            .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))?;
+        phase("finalize", || {
+            module
+                .finalize_definitions()
+                .map_err(|e| Error::Internal(format!("cranelift finalize: {e}")))
+        })?;
         let code = module.get_finalized_function(entry_id);
         // SAFETY: `code` is the finalised entry function, generated with exactly this signature
         // (two pointer parameters, an i32 result, the host's default C calling convention).
@@ -493,15 +498,22 @@ impl<'f> Compiler<'f> {
     fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
         let clif = (title.to_string(), ctx.func.clone());
         ctx.set_disasm(self.disassemble);
-        self.module.define_function(id, ctx).map_err(|e| match e {
-            cranelift_module::ModuleError::Compilation(
-                cranelift_codegen::CodegenError::Verifier(errs),
-            ) => Error::Internal(format!(
-                "cranelift verifier rejected generated code for {title}:\n{}",
-                cranelift_codegen::print_errors::pretty_verifier_error(&ctx.func, None, errs)
-            )),
-            other => cl_err(&format!("compiling {title}"), other),
-        })?;
+        crate::build_times::phase_named(
+            || format!("cranelift compile {title}"),
+            || {
+                self.module.define_function(id, ctx).map_err(|e| match e {
+                    cranelift_module::ModuleError::Compilation(
+                        cranelift_codegen::CodegenError::Verifier(errs),
+                    ) => Error::Internal(format!(
+                        "cranelift verifier rejected generated code for {title}:\n{}",
+                        cranelift_codegen::print_errors::pretty_verifier_error(
+                            &ctx.func, None, errs
+                        )
+                    )),
+                    other => cl_err(&format!("compiling {title}"), other),
+                })
+            },
+        )?;
         let disasm = ctx
             .compiled_code()
             .and_then(|c| c.vcode.clone())
