@@ -109,7 +109,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
             .collect()
     };
     // One packed operand: `f` with its batch axes, its fused group `g` split by `tile`, and
-    // the depth, zero past the tensor (`x >= X`).
+    // the depth, zero past the tensor (`x >= X`). A fused group is one flat axis after the
+    // depth instead (`X[ba.., p, x]`, x padded to whole tiles): the micro-kernel needs unit
+    // stride along the tile only, and the pack's loops can then split `x` by the innermost
+    // axis of the group, so that `x // W` and `x % W` fold to loops (`schedule_pack`) instead
+    // of two divisions per element of a panel.
     let pack = |f: &Expr,
                 u: &std::collections::HashSet<u32>,
                 g: &[usize],
@@ -130,12 +134,18 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
                 )
             })
             .collect();
+        let flat = g.len() > 1;
         let (xo, p, xi) = (
             fresh("xo", outer.clone(), false),
             fresh("p", kp.clone(), false),
             fresh("xi", int(tile), false),
         );
-        let xval = Expr::var(&xo.var).mul(&int(tile)).add(&Expr::var(&xi.var));
+        let xf = fresh("x", simplify(&outer.mul(&int(tile))), false);
+        let xval = if flat {
+            Expr::var(&xf.var)
+        } else {
+            Expr::var(&xo.var).mul(&int(tile)).add(&Expr::var(&xi.var))
+        };
         let mut map: HashMap<u32, Expr> = HashMap::new();
         for (k, &d) in ba.iter().enumerate() {
             map.insert(axes[d].var.id, Expr::var(&pax[k].var));
@@ -152,7 +162,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         } else {
             Expr::select(xval.lt(total), body, zero.clone())?
         };
-        pax.extend([xo, p, xi]);
+        if flat {
+            pax.extend([p, xf]);
+        } else {
+            pax.extend([xo, p, xi]);
+        }
         let shape: Vec<Expr> = pax.iter().map(|a| a.extent.clone()).collect();
         Ok((
             compute_from(&shape, pax, body, &format!("{}.{name}", cur.name()))?,
@@ -214,11 +228,16 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
             .iter()
             .map(|&d| cv(cpos[d].expect("a batch axis is not fused")))
             .collect();
-        idx.extend([
-            cv(x).floordiv(&int(tile)),
-            Expr::var(&p.var),
-            cv(x).floormod(&int(tile)),
-        ]);
+        if t.ndim() == bat.len() + 2 {
+            // A fused group's flat pack (`pack`).
+            idx.extend([Expr::var(&p.var), cv(x)]);
+        } else {
+            idx.extend([
+                cv(x).floordiv(&int(tile)),
+                Expr::var(&p.var),
+                cv(x).floormod(&int(tile)),
+            ]);
+        }
         t.idx(&idx)
     };
     let product = Expr::binary(BinOp::Mul, read(&ap, &ba, ci, MR), read(&bp, &bb, cj, NR))?;
@@ -284,9 +303,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     // The packs: outermost loop parallel. B is read along j when its source walks j in its
     // last index (a row-major B[k, j], an NCHW image row): then its loops run p, then the
     // panel, vectorized.
-    let along_j = m.cols.len() == 1 && last_index_uses(&m.fb, &axes[m.cols[0]].var);
-    schedule_pack(s, &ap, &red_ext, false)?;
-    schedule_pack(s, &bp, &red_ext, along_j)?;
+    let inner = |g: &[usize]| &axes[g[g.len() - 1]];
+    let along_j = last_index_uses(&m.fb, &inner(&m.cols).var);
+    let flat_inner = |g: &[usize]| (g.len() > 1).then(|| simplify(&inner(g).extent));
+    schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows))?;
+    schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols))?;
     if !aligned {
         let st = s.stage(&new_t)?;
         st.parallel(&axes[0].var)?;
@@ -309,13 +330,21 @@ fn last_index_uses(f: &Expr, v: &Var) -> bool {
     yes
 }
 
-/// The loops of a pack `X_packed[ba.., xo, p, xi]`: the depth `p` split into one loop per
-/// reduction axis (`p = (r0 * e1 + r1) * e2 + r2`: the splits divide exactly, and after them
+/// The loops of a pack `X_packed[ba.., xo, p, xi]` (or, for a fused group, `[ba.., p, x]`
+/// with `w` the group's innermost extent): the depth `p` split into one loop per reduction
+/// axis (`p = (r0 * e1 + r1) * e2 + r2`: the splits divide exactly, and after them
 /// `lower::tile_fold` folds the packed body's `p // e2 % e1` back to the loop `r1`, so the
-/// window gather divides nothing), the outermost loop parallel. `along`: the source is read
-/// contiguously along the panel, so the panel loop runs innermost after the depth loops and is
-/// vectorized (a pad-guarded panel, N not a multiple of NR, stays scalar: the guard's load).
-fn schedule_pack(s: &mut Schedule, pack: &Tensor, red_ext: &[Expr], along: bool) -> Result<()> {
+/// window gather divides nothing), a flat `x` split by `w` likewise (its last piece guarded),
+/// the outermost loop parallel. `along`: the source is read contiguously along the panel, so
+/// the panel loop runs innermost after the depth loops and is vectorized (a pad-guarded
+/// panel, N not a multiple of NR, stays scalar: the guard's load).
+fn schedule_pack(
+    s: &mut Schedule,
+    pack: &Tensor,
+    red_ext: &[Expr],
+    along: bool,
+    flat: Option<Expr>,
+) -> Result<()> {
     let ax: Vec<Var> = pack.axis().iter().map(|a| a.var.clone()).collect();
     let n = ax.len();
     let st = s.stage(pack)?;
@@ -324,6 +353,26 @@ fn schedule_pack(s: &mut Schedule, pack: &Tensor, red_ext: &[Expr], along: bool)
         let (o, i) = st.split(&depth[0], Some(e.clone()), None)?;
         depth[0] = i;
         depth.insert(0, o);
+    }
+    if let Some(w) = flat {
+        let mut order = ax[..n - 2].to_vec();
+        order.extend(depth);
+        let x = &ax[n - 1];
+        let inner = match w.as_int() {
+            Some(c) if c > 1 => {
+                let (o, i) = st.split(x, Some(w), None)?;
+                order.push(o);
+                i
+            }
+            _ => x.clone(),
+        };
+        order.push(inner.clone());
+        st.reorder(&order)?;
+        st.parallel(&order[0])?;
+        if along {
+            st.vectorize(&inner)?;
+        }
+        return Ok(());
     }
     let mut order = ax[..n - 3].to_vec();
     if along {
