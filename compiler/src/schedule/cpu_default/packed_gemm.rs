@@ -309,8 +309,14 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows))?;
     schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols))?;
     if !aligned {
+        // The copy into C: every axis but the innermost fused into the parallel loop (a
+        // batch of 1 leaves no thread idle), the innermost vectorized.
         let st = s.stage(&new_t)?;
-        st.parallel(&axes[0].var)?;
+        let mut outer = axes[0].var.clone();
+        for a in axes.iter().take(axes.len().saturating_sub(1)).skip(1) {
+            outer = st.fuse(&outer, &a.var)?;
+        }
+        st.parallel(&outer)?;
         if axes.len() > 1 {
             st.vectorize(&axes[axes.len() - 1].var)?;
         }
@@ -368,7 +374,7 @@ fn schedule_pack(
         };
         order.push(inner.clone());
         st.reorder(&order)?;
-        st.parallel(&order[0])?;
+        parallel_outer(st, &order, n - 2)?;
         if along {
             st.vectorize(&inner)?;
         }
@@ -384,9 +390,20 @@ fn schedule_pack(
         order.push(ax[n - 1].clone());
     }
     st.reorder(&order)?;
-    st.parallel(&order[0])?;
+    parallel_outer(st, &order, n - 3)?;
     if along {
         st.vectorize(&ax[n - 1])?;
     }
     Ok(())
+}
+
+/// The parallel loop of a pack whose loops are `order`, the first `batch` its batch axes:
+/// those fused (an image's rows when the batch is 1: one parallel loop of useful size), or
+/// else the first loop.
+fn parallel_outer(st: &mut Stage, order: &[Var], batch: usize) -> Result<()> {
+    let mut outer = order[0].clone();
+    for a in &order[1..batch.max(1)] {
+        outer = st.fuse(&outer, a)?;
+    }
+    st.parallel(&outer)
 }
