@@ -8,7 +8,7 @@ pub mod dsl;
 pub mod gradient;
 pub mod number;
 pub mod ops;
-mod split_reduce;
+pub(crate) mod split_reduce;
 pub mod tensor;
 
 pub use dsl::{Axes, Body, Indices};

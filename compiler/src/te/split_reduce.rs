@@ -58,7 +58,7 @@ fn rewrite_memo(
 }
 
 /// `e` with the variables of `map` (by id) replaced, each distinct node visited once.
-fn substitute_memo(e: &Expr, map: &HashMap<u32, Expr>) -> Expr {
+pub(crate) fn substitute_memo(e: &Expr, map: &HashMap<u32, Expr>) -> Expr {
     let mut memo = HashMap::new();
     rewrite_memo(e, &mut memo, &mut |n| {
         Ok(match n.kind() {

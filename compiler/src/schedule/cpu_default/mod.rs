@@ -8,11 +8,15 @@
 //!    one pass instead of two), except those a host callback needs whole (an extern stage,
 //!    its inputs, a stage with a debug tap: `ir::callback`), and an expensive one (exp, log, erf, tanh, sigmoid, sqrt)
 //!    read by more than one stage, which would be recomputed per reader.
-//! 2. A matmul-like stage (`packed_gemm::match_matmul`: a sum over one axis of a product of
-//!    two float32/float64 factors, each walking a data axis the other does not) with enough
-//!    work (symbolic sizes, or at least `MIN_GEMM_WORK` multiply-adds) becomes the packed,
-//!    tensorized GEMM (`packed_gemm::rewrite`): operands packed into panels, the register tile
-//!    a micro-kernel chosen at run time by CPU features, parallel over column panels.
+//! 2. A matmul-like stage (`contraction::match_matmul`: a sum over one or more axes of a
+//!    product of two float32/float64 factors, each walking a data axis the other does not; a
+//!    convolution included) with enough work (symbolic sizes, or at least `MIN_GEMM_WORK`
+//!    multiply-adds) becomes the packed, tensorized GEMM (`packed_gemm::rewrite`): operands
+//!    packed into panels (the reduction axes fused into the depth, several row or column axes
+//!    fused when a panel would be mostly padding), the register tile a micro-kernel chosen at
+//!    run time by CPU features, parallel over column panels. A float sum over several axes of
+//!    a product whose factors share every data axis but the reduction's (a depthwise
+//!    convolution: `contraction::direct_contraction`) runs as rule 4's `columns`.
 //! 3. A float sum / max / min over one axis read contiguously, with at least 32 terms or a
 //!    symbolic count, is computed in `lane_reduce::LANES` lane partials (a vector loop with
 //!    independent accumulators), then a tail and a combination (`lane_reduce`): float sums
@@ -50,6 +54,7 @@
 
 mod chunked;
 pub mod column_reduce;
+pub mod contraction;
 pub mod lane_reduce;
 pub mod packed_gemm;
 
@@ -139,6 +144,11 @@ pub fn apply_default_cpu(s: &mut Schedule) -> Result<()> {
         let t = s.current(t);
         if let Some(m) = packed_gemm::match_matmul(&t).filter(|_| worth_packing(&t)) {
             packed_gemm::rewrite(s, &t, &m)?;
+            continue;
+        }
+        if contraction::direct_contraction(&t) {
+            // A depthwise convolution: no rows to pack (module header, 2).
+            columns(s, &t)?;
             continue;
         }
         if column_reduce::matches(&t) {

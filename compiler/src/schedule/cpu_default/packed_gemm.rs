@@ -2,23 +2,30 @@
 //! (`cpu_default`) does to a matmul-like stage, for any shapes (symbolic or not), any operand
 //! expressions (transposed, strided, batched, an elementwise prologue) and float32 / float64.
 //!
-//! A stage `C[d...] = sum_r fa * fb` matches when `fa` uses the reduction `r` and a data axis
-//! `i` that `fb` does not use, and `fb` uses `r` and a data axis `j` that `fa` does not (the
-//! last such axes; the other data axes are "batch" axes of whichever factor uses them). The
-//! rewrite adds three stages and redefines C (its id, name and shape stay: it is still the
-//! tensor the user asked for):
+//! A stage `C[d...] = sum_{r..} fa * fb` matches (`contraction::match_matmul`) when `fa` uses
+//! a reduction axis and data axes `i..` that `fb` does not use, and `fb` uses a reduction axis
+//! and data axes `j..` that `fa` does not (the other data axes are "batch" axes of whichever
+//! factor uses them). The rows `i` are the innermost of `fa`'s own axes, fused with outer
+//! ones while a tile would be mostly padding (likewise the columns `j`), and the depth `p`
+//! runs over all the reduction axes: `r = r.min + unflatten(p)` (`contraction::unflatten`,
+//! constant inner extents; a convolution's `(ci, kh, kw)`). The rewrite adds three stages and
+//! redefines C (its id, name and shape stay: it is still the tensor the user asked for):
 //!
 //! ```text
-//! Ap[ba.., io, p, ii] = fa(i = io*MR + ii, r = r.min + p)   (0 where i >= M)   MR-tall panels
-//! Bp[bb.., jo, p, ji] = fb(j = jo*NR + ji, r = r.min + p)   (0 where j >= N)   NR-wide panels
+//! Ap[ba.., io, p, ii] = fa(i = io*MR + ii, r.. = unflatten(p))   (0 where i >= M)   MR-tall panels
+//! Bp[bb.., jo, p, ji] = fb(j = jo*NR + ji, r.. = unflatten(p))   (0 where j >= N)   NR-wide panels
 //! Cp[d.. (i, j padded to whole tiles)] = sum_p Ap[.., i // MR, p, i % MR] * Bp[.., j // NR, p, j % NR]
 //! C[d..] = Cp[d..]
 //! ```
 //!
-//! When M and N are constant multiples of the tile, `Cp` is C itself; otherwise, when C is
-//! not an output of the schedule, C is inlined (its readers read `Cp` in place). Each micro-kernel call
-//! runs all of K (no K padding, no guard; measured faster than KC-deep slices, see
-//! `rewrite`). `Cp`'s loops are `[batch.., jo] (fused, parallel), io, ii, ji, p`,
+//! With one row and one column axis, `Cp` has C's layout (`C.padded`; C itself when M and N
+//! are constant multiples of the tile); with fused ones it is `C.packed_gemm[d.., i, j]` over
+//! C's other axes and the fused rows and columns, read back through `flatten`. The packs'
+//! depth loop is split into one loop per reduction axis (`schedule_pack`), so gathering a
+//! window divides nothing: an implicit GEMM, no im2col buffer beyond the panels. When C is
+//! padded and not an output of the schedule, C is inlined (its readers read `Cp` in place). Each
+//! micro-kernel call runs all of K (no K padding, no guard; measured faster than KC-deep
+//! slices, see `rewrite`). `Cp`'s loops are `[batch.., jo] (fused, parallel), io, ii, ji, p`,
 //! tensorized at `ii` onto `gemm_update`. The padded extents are `ceil(M / MR) * MR`, which the
 //! loop nest splits by MR without a guard (`nest::split_divides`), so the tile loops match the
 //! intrinsic for symbolic sizes too.
@@ -26,14 +33,16 @@
 //! Invariant: the rewritten program computes C exactly as the definition does except for the
 //! fused rounding of each multiply-add (docs/cpu.md); padding adds exact zeros.
 
+use super::contraction::{flatten, product, unflatten, used};
 use crate::arith::simplify::simplify;
 use crate::error::Result;
-use crate::ir::expr::{BinOp, Expr, ExprKind, IterVar, ReduceOp, Var};
+use crate::ir::expr::{BinOp, Expr, ExprKind, IterVar, Var};
 use crate::ir::intrin::Intrin;
 use crate::schedule::definitions::redefine;
 use crate::schedule::{Schedule, Stage};
-use crate::te::tensor::{compute_from, top_reduce, Tensor};
-use rivet_runtime::DType;
+use crate::te::split_reduce::substitute_memo;
+use crate::te::tensor::{compute_from, Tensor};
+use std::collections::HashMap;
 
 /// The register tile (rows, columns) of the micro-kernel the GEMM is tensorized onto, and the
 /// depth of the product slices of the hand-scheduled GEMM (`tensorized`; the cache block of
@@ -42,49 +51,7 @@ pub const MR: i64 = 12;
 pub const NR: i64 = 32;
 pub const KC: i64 = 256;
 
-/// A matmul-like stage, as the rewrite sees it.
-#[derive(Clone, Debug)]
-pub struct Matmul {
-    /// Positions, among the stage's data axes, of `i` (walked by `fa`) and `j` (by `fb`).
-    pub i: usize,
-    pub j: usize,
-    pub fa: Expr,
-    pub fb: Expr,
-    pub r: IterVar,
-}
-
-/// `t` as a matmul-like stage: `sum` over one reduction axis of a product of two factors of
-/// `t`'s dtype (float32 or float64), each using the reduction and a data axis the other does
-/// not. `None` for anything else.
-pub fn match_matmul(t: &Tensor) -> Option<Matmul> {
-    let (ReduceOp::Sum, body, [r]) = top_reduce(t.body()?)? else {
-        return None;
-    };
-    let dt = t.dtype();
-    if !matches!(dt, DType::F32 | DType::F64) || body.dtype() != dt {
-        return None;
-    }
-    let ExprKind::Binary(BinOp::Mul, a, b) = body.kind() else {
-        return None;
-    };
-    if a.dtype() != dt || b.dtype() != dt || !a.uses(&r.var) || !b.uses(&r.var) {
-        return None;
-    }
-    let axes = t.axis();
-    let only = |x: &Expr, y: &Expr| {
-        (0..axes.len())
-            .rev()
-            .find(|&d| x.uses(&axes[d].var) && !y.uses(&axes[d].var))
-    };
-    let (i, j) = (only(a, b)?, only(b, a)?);
-    Some(Matmul {
-        i,
-        j,
-        fa: a.clone(),
-        fb: b.clone(),
-        r: r.clone(),
-    })
-}
+pub use super::contraction::{match_matmul, Matmul};
 
 /// `ceil(e / k)` for `k > 0`, written `(e - 1) // k + 1` as `schedule::loops::split_extents` writes a
 /// split's outer extent, so that `nest::split_divides` recognises `ceil_div(e, k) * k` split by
@@ -114,107 +81,167 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     let axes: Vec<IterVar> = cur.axis().to_vec();
     let dt = cur.dtype();
     let zero = Expr::constant(0.0, dt);
-    let (big_m, big_n, big_k) = (
-        simplify(&axes[m.i].extent),
-        simplify(&axes[m.j].extent),
-        simplify(&m.r.extent),
-    );
+    let ext = |g: &[usize]| -> Vec<Expr> { g.iter().map(|&d| simplify(&axes[d].extent)).collect() };
+    let (row_ext, col_ext) = (ext(&m.rows), ext(&m.cols));
+    let red_ext: Vec<Expr> = m.red.iter().map(|r| simplify(&r.extent)).collect();
+    let (big_m, big_n, big_k) = (product(&row_ext), product(&col_ext), product(&red_ext));
     let (mo, no) = (ceil_div(&big_m, MR), ceil_div(&big_n, NR));
     // One slice of products spans all of K (no padding): measured side by side, cutting a
     // constant K into KC-deep slices (B's slice in L1, C's tile loaded and stored once per
     // slice) was no faster at 1024 and 15% slower at 2048 than one pass with B from L2.
     let kp = big_k.clone();
     let multiple = |e: &Expr, tile: i64| e.as_int().is_some_and(|v| v % tile == 0);
-    let batch = |f: &Expr, own: usize| -> Vec<usize> {
+    // One row and one column axis: the product keeps C's layout (C itself when aligned).
+    let simple = m.rows.len() == 1 && m.cols.len() == 1;
+    let (ua, ub) = (used(&m.fa), used(&m.fb));
+    // A factor's batch axes: the data axes it uses outside its own fused group.
+    let batch = |u: &std::collections::HashSet<u32>, own: &[usize]| -> Vec<usize> {
         (0..axes.len())
-            .filter(|&d| d != m.i && d != m.j && d != own && f.uses(&axes[d].var))
+            .filter(|&d| !m.rows.contains(&d) && !m.cols.contains(&d) && !own.contains(&d))
+            .filter(|&d| u.contains(&axes[d].var.id))
             .collect()
     };
-    // One packed operand: `f` with its batch axes, its tile axis `x` split by `tile`, and the
-    // reduction, zero past the tensor (`x >= X`).
-    let pack =
-        |f: &Expr, x: usize, tile: i64, outer: &Expr, name: &str| -> Result<(Tensor, Vec<usize>)> {
-            let ba = batch(f, x);
-            let mut pax: Vec<IterVar> = ba
-                .iter()
-                .map(|&d| {
-                    fresh(
-                        &format!("{}.{}", name, axes[d].var.name),
-                        axes[d].extent.clone(),
-                        false,
-                    )
-                })
-                .collect();
-            let (xo, p, xi) = (
-                fresh("xo", outer.clone(), false),
-                fresh("p", kp.clone(), false),
-                fresh("xi", int(tile), false),
-            );
-            let xval = Expr::var(&xo.var).mul(&int(tile)).add(&Expr::var(&xi.var));
-            let pval = Expr::var(&p.var);
-            let body = f.substitute(&|v| {
-                if let Some(k) = ba.iter().position(|&d| axes[d].var == *v) {
-                    return Some(Expr::var(&pax[k].var));
-                }
-                if *v == axes[x].var {
-                    return Some(xval.clone());
-                }
-                if *v == m.r.var {
-                    return Some(m.r.min.add(&pval));
-                }
-                None
-            });
-            let mut inside: Vec<Expr> = Vec::new();
-            if !multiple(&axes[x].extent, tile) {
-                inside.push(xval.lt(&axes[x].extent));
-            }
-            let body = match inside
-                .into_iter()
-                .reduce(|a, b| Expr::logic(crate::ir::LogicOp::And, a, b).expect("bool operands"))
-            {
-                Some(c) => Expr::select(c, body, zero.clone())?,
-                None => body,
-            };
-            pax.extend([xo, p, xi]);
-            let shape: Vec<Expr> = pax.iter().map(|a| a.extent.clone()).collect();
-            Ok((
-                compute_from(&shape, pax, body, &format!("{}.{name}", cur.name()))?,
-                ba,
-            ))
+    // The reduction variables at depth `p` (module header: `r = r.min + unflatten(p)`).
+    let depth = |p: &Expr| -> Vec<Expr> {
+        unflatten(p, &red_ext)
+            .iter()
+            .zip(&m.red)
+            .map(|(v, r)| simplify(&r.min.add(v)))
+            .collect()
+    };
+    // One packed operand: `f` with its batch axes, its fused group `g` split by `tile`, and
+    // the depth, zero past the tensor (`x >= X`). A fused group is one flat axis after the
+    // depth instead (`X[ba.., p, x]`, x padded to whole tiles): the micro-kernel needs unit
+    // stride along the tile only, and the pack's loops can then split `x` by the innermost
+    // axis of the group, so that `x // W` and `x % W` fold to loops (`schedule_pack`) instead
+    // of two divisions per element of a panel.
+    let pack = |f: &Expr,
+                u: &std::collections::HashSet<u32>,
+                g: &[usize],
+                gext: &[Expr],
+                total: &Expr,
+                tile: i64,
+                outer: &Expr,
+                name: &str|
+     -> Result<(Tensor, Vec<usize>)> {
+        let ba = batch(u, g);
+        let mut pax: Vec<IterVar> = ba
+            .iter()
+            .map(|&d| {
+                fresh(
+                    &format!("{}.{}", name, axes[d].var.name),
+                    axes[d].extent.clone(),
+                    false,
+                )
+            })
+            .collect();
+        let flat = g.len() > 1;
+        let (xo, p, xi) = (
+            fresh("xo", outer.clone(), false),
+            fresh("p", kp.clone(), false),
+            fresh("xi", int(tile), false),
+        );
+        let xf = fresh("x", simplify(&outer.mul(&int(tile))), false);
+        let xval = if flat {
+            Expr::var(&xf.var)
+        } else {
+            Expr::var(&xo.var).mul(&int(tile)).add(&Expr::var(&xi.var))
         };
-    let (ap, ba) = pack(&m.fa, m.i, MR, &mo, "A_packed")?;
-    let (bp, bb) = pack(&m.fb, m.j, NR, &no, "B_packed")?;
-    let aligned = multiple(&big_m, MR) && multiple(&big_n, NR);
-    // The reduction over the packed panels, on axes `cax` (C's own when aligned).
-    let cax: Vec<IterVar> = if aligned {
-        axes.clone()
-    } else {
-        axes.iter()
+        let mut map: HashMap<u32, Expr> = HashMap::new();
+        for (k, &d) in ba.iter().enumerate() {
+            map.insert(axes[d].var.id, Expr::var(&pax[k].var));
+        }
+        for (&d, v) in g.iter().zip(unflatten(&xval, gext)) {
+            map.insert(axes[d].var.id, v);
+        }
+        for (r, v) in m.red.iter().zip(depth(&Expr::var(&p.var))) {
+            map.insert(r.var.id, v);
+        }
+        let body = substitute_memo(f, &map);
+        let body = if multiple(total, tile) {
+            body
+        } else {
+            Expr::select(xval.lt(total), body, zero.clone())?
+        };
+        if flat {
+            pax.extend([p, xf]);
+        } else {
+            pax.extend([xo, p, xi]);
+        }
+        let shape: Vec<Expr> = pax.iter().map(|a| a.extent.clone()).collect();
+        Ok((
+            compute_from(&shape, pax, body, &format!("{}.{name}", cur.name()))?,
+            ba,
+        ))
+    };
+    let (ap, ba) = pack(&m.fa, &ua, &m.rows, &row_ext, &big_m, MR, &mo, "A_packed")?;
+    let (bp, bb) = pack(&m.fb, &ub, &m.cols, &col_ext, &big_n, NR, &no, "B_packed")?;
+    let aligned = simple && multiple(&big_m, MR) && multiple(&big_n, NR);
+    // The reduction over the packed panels, on axes `cax` (C's own when aligned; C's with
+    // the row and column axes padded when simple; else C's other axes, then the fused rows
+    // `i` and columns `j`, padded), rows at `ci` and columns at `cj`.
+    let (cax, ci, cj): (Vec<IterVar>, usize, usize) = if aligned {
+        (axes.clone(), m.rows[0], m.cols[0])
+    } else if simple {
+        let cax = axes
+            .iter()
             .enumerate()
             .map(|(d, a)| {
-                let e = if d == m.i {
+                let e = if d == m.rows[0] {
                     mo.mul(&int(MR))
-                } else if d == m.j {
+                } else if d == m.cols[0] {
                     no.mul(&int(NR))
                 } else {
                     a.extent.clone()
                 };
                 fresh(&a.var.name, simplify(&e), false)
             })
+            .collect();
+        (cax, m.rows[0], m.cols[0])
+    } else {
+        let mut cax: Vec<IterVar> = (0..axes.len())
+            .filter(|d| !m.rows.contains(d) && !m.cols.contains(d))
+            .map(|d| fresh(&axes[d].var.name, axes[d].extent.clone(), false))
+            .collect();
+        cax.push(fresh("i", simplify(&mo.mul(&int(MR))), false));
+        cax.push(fresh("j", simplify(&no.mul(&int(NR))), false));
+        let n = cax.len();
+        (cax, n - 2, n - 1)
+    };
+    // Where each of C's axes is among `cax` (None: inside the fused rows or columns).
+    let cpos: Vec<Option<usize>> = if simple {
+        (0..axes.len()).map(Some).collect()
+    } else {
+        let mut k = 0;
+        (0..axes.len())
+            .map(|d| {
+                (!m.rows.contains(&d) && !m.cols.contains(&d)).then(|| {
+                    k += 1;
+                    k - 1
+                })
+            })
             .collect()
     };
     let p = crate::te::reduce_axis(int(0), kp.clone(), "p")?;
     let cv = |d: usize| Expr::var(&cax[d].var);
     let read = |t: &Tensor, bat: &[usize], x: usize, tile: i64| {
-        let mut idx: Vec<Expr> = bat.iter().map(|&d| cv(d)).collect();
-        idx.extend([
-            cv(x).floordiv(&int(tile)),
-            Expr::var(&p.var),
-            cv(x).floormod(&int(tile)),
-        ]);
+        let mut idx: Vec<Expr> = bat
+            .iter()
+            .map(|&d| cv(cpos[d].expect("a batch axis is not fused")))
+            .collect();
+        if t.ndim() == bat.len() + 2 {
+            // A fused group's flat pack (`pack`).
+            idx.extend([Expr::var(&p.var), cv(x)]);
+        } else {
+            idx.extend([
+                cv(x).floordiv(&int(tile)),
+                Expr::var(&p.var),
+                cv(x).floormod(&int(tile)),
+            ]);
+        }
         t.idx(&idx)
     };
-    let product = Expr::binary(BinOp::Mul, read(&ap, &ba, m.i, MR), read(&bp, &bb, m.j, NR))?;
+    let product = Expr::binary(BinOp::Mul, read(&ap, &ba, ci, MR), read(&bp, &bb, cj, NR))?;
     let sum = crate::te::reduce(
         crate::ir::expr::ReduceOp::Sum,
         product,
@@ -226,8 +253,25 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         (c.clone(), c)
     } else {
         let shape: Vec<Expr> = cax.iter().map(|a| a.extent.clone()).collect();
-        let cp = compute_from(&shape, cax.clone(), sum, &format!("{}.padded", cur.name()))?;
-        let idx: Vec<Expr> = axes.iter().map(|a| Expr::var(&a.var)).collect();
+        // Named for the path taken (printed IR): a GEMM's padded C, or the product of an
+        // implicit GEMM (several reduction axes, or fused rows or columns: a convolution).
+        let name = if m.simple() { "padded" } else { "packed_gemm" };
+        let cp = compute_from(&shape, cax.clone(), sum, &format!("{}.{name}", cur.name()))?;
+        let var = |d: usize| Expr::var(&axes[d].var);
+        let idx: Vec<Expr> = if simple {
+            (0..axes.len()).map(var).collect()
+        } else {
+            let group = |g: &[usize], e: &[Expr]| {
+                flatten(&g.iter().map(|&d| var(d)).collect::<Vec<_>>(), e)
+            };
+            let mut idx: Vec<Expr> = (0..axes.len())
+                .filter(|&d| cpos[d].is_some())
+                .map(var)
+                .collect();
+            idx.push(group(&m.rows, &row_ext));
+            idx.push(group(&m.cols, &col_ext));
+            idx
+        };
         (cp.clone(), redefine(&cur, cp.idx(&idx)))
     };
     s.restart_stage(ti, &new_t);
@@ -240,11 +284,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
 
     // Cp: [batch.., jo] fused and parallel, io, then the tile (ii, ji, p) as one call.
     let st = s.stage(&cp)?;
-    let (io, ii) = st.split(&cax[m.i].var, Some(int(MR)), None)?;
-    let (jo, ji) = st.split(&cax[m.j].var, Some(int(NR)), None)?;
+    let (io, ii) = st.split(&cax[ci].var, Some(int(MR)), None)?;
+    let (jo, ji) = st.split(&cax[cj].var, Some(int(NR)), None)?;
     let pi = p.var.clone();
     let others: Vec<Var> = (0..cax.len())
-        .filter(|&d| d != m.i && d != m.j)
+        .filter(|&d| d != ci && d != cj)
         .map(|d| cax[d].var.clone())
         .collect();
     let mut order = others.clone();
@@ -258,27 +302,23 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     st.parallel(&outer)?;
     st.tensorize(&ii, Intrin::GemmUpdate)?;
     // The packs: outermost loop parallel. B is read along j when its source walks j in its
-    // last index (a row-major B[k, j]): then its loops run p, then the panel.
-    s.stage(&ap)?.parallel(&ap.axis()[0].var)?;
-    let bax: Vec<Var> = bp.axis().iter().map(|a| a.var.clone()).collect();
-    let n = bax.len();
-    let along_j = last_index_uses(&m.fb, &axes[m.j].var);
-    let st = s.stage(&bp)?;
-    if along_j {
-        let mut order = bax[..n - 3].to_vec();
-        order.extend([bax[n - 2].clone(), bax[n - 3].clone(), bax[n - 1].clone()]);
-        st.reorder(&order)?;
-        st.parallel(&order[0])?;
-        // A panel row is a contiguous copy of a row of B: packed when B's rows are compact
-        // (a pad-guarded panel, N not a multiple of NR, stays scalar: the guard's load).
-        st.vectorize(&bax[n - 1])?;
-    } else {
-        st.parallel(&bax[0])?;
-    }
+    // last index (a row-major B[k, j], an NCHW image row): then its loops run p, then the
+    // panel, vectorized.
+    let inner = |g: &[usize]| &axes[g[g.len() - 1]];
+    let along_j = last_index_uses(&m.fb, &inner(&m.cols).var);
+    let flat_inner = |g: &[usize]| (g.len() > 1).then(|| simplify(&inner(g).extent));
+    schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows))?;
+    schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols))?;
     if !aligned {
         if s.outputs.contains(&new_t) {
+            // The copy into C: every axis but the innermost fused into the parallel loop (a
+            // batch of 1 leaves no thread idle), the innermost vectorized.
             let st = s.stage(&new_t)?;
-            st.parallel(&axes[0].var)?;
+            let mut outer = axes[0].var.clone();
+            for a in axes.iter().take(axes.len().saturating_sub(1)).skip(1) {
+                outer = st.fuse(&outer, &a.var)?;
+            }
+            st.parallel(&outer)?;
             if axes.len() > 1 {
                 st.vectorize(&axes[axes.len() - 1].var)?;
             }
@@ -302,4 +342,76 @@ fn last_index_uses(f: &Expr, v: &Var) -> bool {
         }
     });
     yes
+}
+
+/// The loops of a pack `X_packed[ba.., xo, p, xi]` (or, for a fused group, `[ba.., p, x]`
+/// with `w` the group's innermost extent): the depth `p` split into one loop per reduction
+/// axis (`p = (r0 * e1 + r1) * e2 + r2`: the splits divide exactly, and after them
+/// `lower::tile_fold` folds the packed body's `p // e2 % e1` back to the loop `r1`, so the
+/// window gather divides nothing), a flat `x` split by `w` likewise (its last piece guarded),
+/// the outermost loop parallel. `along`: the source is read contiguously along the panel, so
+/// the panel loop runs innermost after the depth loops and is vectorized (a pad-guarded
+/// panel, N not a multiple of NR, stays scalar: the guard's load).
+fn schedule_pack(
+    s: &mut Schedule,
+    pack: &Tensor,
+    red_ext: &[Expr],
+    along: bool,
+    flat: Option<Expr>,
+) -> Result<()> {
+    let ax: Vec<Var> = pack.axis().iter().map(|a| a.var.clone()).collect();
+    let n = ax.len();
+    let st = s.stage(pack)?;
+    let mut depth = vec![ax[n - 2].clone()];
+    for e in red_ext[1..].iter().rev() {
+        let (o, i) = st.split(&depth[0], Some(e.clone()), None)?;
+        depth[0] = i;
+        depth.insert(0, o);
+    }
+    if let Some(w) = flat {
+        let mut order = ax[..n - 2].to_vec();
+        order.extend(depth);
+        let x = &ax[n - 1];
+        let inner = match w.as_int() {
+            Some(c) if c > 1 => {
+                let (o, i) = st.split(x, Some(w), None)?;
+                order.push(o);
+                i
+            }
+            _ => x.clone(),
+        };
+        order.push(inner.clone());
+        st.reorder(&order)?;
+        parallel_outer(st, &order, n - 2)?;
+        if along {
+            st.vectorize(&inner)?;
+        }
+        return Ok(());
+    }
+    let mut order = ax[..n - 3].to_vec();
+    if along {
+        order.extend(depth);
+        order.extend([ax[n - 3].clone(), ax[n - 1].clone()]);
+    } else {
+        order.push(ax[n - 3].clone());
+        order.extend(depth);
+        order.push(ax[n - 1].clone());
+    }
+    st.reorder(&order)?;
+    parallel_outer(st, &order, n - 3)?;
+    if along {
+        st.vectorize(&ax[n - 1])?;
+    }
+    Ok(())
+}
+
+/// The parallel loop of a pack whose loops are `order`, the first `batch` its batch axes:
+/// those fused (an image's rows when the batch is 1: one parallel loop of useful size), or
+/// else the first loop.
+fn parallel_outer(st: &mut Stage, order: &[Var], batch: usize) -> Result<()> {
+    let mut outer = order[0].clone();
+    for a in &order[1..batch.max(1)] {
+        outer = st.fuse(&outer, a)?;
+    }
+    st.parallel(&outer)
 }
