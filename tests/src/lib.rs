@@ -7,6 +7,7 @@ use rivet_runtime::DType;
 pub mod backends;
 pub mod device;
 pub mod ffi;
+pub mod floats;
 pub mod golden;
 pub use backends::{
     backend_names, backends, cuda_usable, gpu_schedule_backends, Backend, Needs, BACKENDS,

@@ -15,7 +15,8 @@ use rivet_compiler::ir::Expr;
 use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
-use rivet_runtime::{DType, Tensor, Value};
+use rivet_runtime::{DType, Value};
+use rivet_tests::floats::{bits, tensor_of as tensor};
 
 /// `C = A (m x k) * B (k x n)` with constant or symbolic sizes.
 fn program(m: i64, n: i64, k: i64, dt: DType, symbolic: bool) -> Vec<TeTensor> {
@@ -42,34 +43,6 @@ fn program(m: i64, n: i64, k: i64, dt: DType, symbolic: bool) -> Vec<TeTensor> {
 /// Inputs in [-1, 1), different per seed.
 fn data(n: usize, seed: u64) -> Vec<f64> {
     rivet_tests::uniform(n, seed, -1.0, 1.0)
-}
-
-fn tensor(v: &[f64], shape: &[i64], dt: DType) -> Tensor {
-    match dt {
-        DType::F32 => {
-            let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-            Tensor::from_slice(&w, shape).unwrap()
-        }
-        _ => Tensor::from_slice(v, shape).unwrap(),
-    }
-}
-
-/// The bits of each output element.
-fn bits(t: &Tensor, dt: DType) -> Vec<u64> {
-    match dt {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits() as u64)
-            .collect(),
-        _ => t
-            .to_vec::<f64>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect(),
-    }
 }
 
 /// The definition as the packed GEMM computes it: per element, `fma` over ascending products

@@ -19,6 +19,7 @@ use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as Te};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
+use rivet_tests::floats::{tensor_of as tensor, values_f64 as to_f64};
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -147,28 +148,6 @@ fn shape_of(t: &Te, sym: &[(Expr, i64)]) -> Vec<i64> {
                 .unwrap()
         })
         .collect()
-}
-
-fn tensor(v: &[f64], shape: &[i64], dt: DType) -> Tensor {
-    match dt {
-        DType::F32 => {
-            let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-            Tensor::from_slice(&w, shape).unwrap()
-        }
-        _ => Tensor::from_slice(v, shape).unwrap(),
-    }
-}
-
-fn to_f64(t: &Tensor, dt: DType) -> Vec<f64> {
-    match dt {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as f64)
-            .collect(),
-        _ => t.to_vec::<f64>().unwrap(),
-    }
 }
 
 /// The program's gradients for `ins` (the forward's inputs, then the head) on `target` with

@@ -18,6 +18,7 @@ use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
+use rivet_tests::floats::{tensor_of as tensor, values_f64 as to_f64};
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -29,28 +30,6 @@ fn data(n: usize, seed: u64) -> Vec<f64> {
             (x >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0
         })
         .collect()
-}
-
-fn tensor(v: &[f64], shape: &[i64], dt: DType) -> Tensor {
-    match dt {
-        DType::F32 => {
-            let w: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-            Tensor::from_slice(&w, shape).unwrap()
-        }
-        _ => Tensor::from_slice(v, shape).unwrap(),
-    }
-}
-
-fn to_f64(t: &Tensor, dt: DType) -> Vec<f64> {
-    match dt {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as f64)
-            .collect(),
-        _ => t.to_vec::<f64>().unwrap(),
-    }
 }
 
 /// `[Q, K, V, O]`: attention over `heads x n x d` (dims symbolic when `symbolic`).

@@ -14,6 +14,7 @@ use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, compute_dyn, placeholder, Tensor as TeTensor};
 use rivet_compiler::{build, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
+use rivet_tests::floats::values_f64 as to_f64;
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -180,18 +181,6 @@ fn operand(v: &[f64], shape: &[i64], dt: DType, strided: bool) -> Tensor {
     make(&mem, &[len as i64])
         .as_strided(shape, &strides, 3)
         .unwrap()
-}
-
-fn to_f64(t: &Tensor, dt: DType) -> Vec<f64> {
-    match dt {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|&x| x as f64)
-            .collect(),
-        _ => t.to_vec::<f64>().unwrap(),
-    }
 }
 
 /// Runs `g` built for the CPU with the default schedule, and on the interpreter with the same
