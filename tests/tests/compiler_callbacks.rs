@@ -4,7 +4,7 @@
 //! returned) and the function working again after them; the places a callback may not stand
 //! (a parallel loop, CUDA); saved modules; a view kept by a callback after it returned.
 
-use rivet_compiler::ir::{ForKind, Stmt, Var};
+use rivet_compiler::ir::{Expr, ForKind, Stmt, Var};
 use rivet_compiler::te::{self, compute, placeholder, CallbackFn, Tensor as TeTensor};
 use rivet_compiler::{build, Error as CError, Module, Schedule, Target, ToTarget};
 use rivet_runtime::{DType, Error as RtError, Function, Tensor, Value};
@@ -658,6 +658,71 @@ fn taps_survive_the_default_cpu_schedules_rewrites() {
     assert_eq!(*seen_c.lock().unwrap(), as32(&cm));
     assert_eq!(*seen_s.lock().unwrap(), as32(&sm));
     assert_eq!(out, as32(&sm.iter().map(|v| v * 2.0).collect::<Vec<_>>()));
+}
+
+/// A ragged GEMM (40 x 40: not whole 12 x 32 tiles) read by an extern stage: the default CPU
+/// schedule packs it into a padded buffer, and C must still be handed to the callback as C
+/// itself (its own buffer, not inlined into the extern's reads).
+#[test]
+fn an_extern_stage_reads_a_ragged_packed_gemm_whole() {
+    let nn = 40i64;
+    let ne = Expr::int(nn);
+    let a = placeholder([&ne, &ne], DType::F32, "A").unwrap();
+    let b = placeholder([&ne, &ne], DType::F32, "B").unwrap();
+    let k = te::reduce_axis(0, &ne, "k").unwrap();
+    let c = compute(
+        [&ne, &ne],
+        |[i, j]| te::sum(a.at((i, &k)) * b.at((&k, j)), &k),
+        "C",
+    )
+    .unwrap();
+    let e = te::extern_(
+        &[ne.clone(), ne.clone()],
+        &[c.clone()],
+        CallbackFn::Function(Function::new("neg", |args| {
+            let x = arg(&args[0], 0)?.to_vec::<f32>()?;
+            fill(arg(&args[1], 1)?, &x.iter().map(|v| -v).collect::<Vec<_>>())?;
+            Ok(Value::Null)
+        })),
+        DType::F32,
+        "E",
+    )
+    .unwrap();
+    let s = Schedule::new(&[e.clone()]).unwrap();
+    let m = build(&s, &[a, b, e], "cpu", "f").unwrap();
+    let ir = m.get_source("ir").unwrap();
+    assert!(ir.contains("call gemm_update"), "packed\n{ir}");
+    assert!(ir.contains("local C.padded"), "padded\n{ir}");
+    assert!(
+        ir.contains("local C:"),
+        "C kept whole for the callback\n{ir}"
+    );
+    let f = m.get_function("f").unwrap();
+    let n = nn as usize;
+    let (x, y) = (data(n * n, 4), data(n * n, 5));
+    let args = [&x, &y].map(|v| Value::Tensor(Tensor::from_slice(v, &[nn, nn]).unwrap()));
+    let out = f
+        .call(&args)
+        .unwrap()
+        .as_tensor()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for i in 0..n {
+        for j in 0..n {
+            let want: f64 = -(0..n)
+                .map(|p| x[i * n + p] as f64 * y[p * n + j] as f64)
+                .sum::<f64>();
+            let mag: f64 = (0..n)
+                .map(|p| (x[i * n + p] as f64 * y[p * n + j] as f64).abs())
+                .sum();
+            let got = out[i * n + j] as f64;
+            assert!(
+                (got - want).abs() <= (n as f64 + 2.0) * f32::EPSILON as f64 * mag + 1e-30,
+                "E[{i}, {j}] = {got}, want {want}"
+            );
+        }
+    }
 }
 
 /// What the Python bindings' garbage-collector support counts on (`bindings/src/gc.rs`):

@@ -310,7 +310,17 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows))?;
     schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols))?;
     if !aligned {
-        if s.outputs.contains(&new_t) {
+        // C stays a buffer of its own when the user asked for it (an output) or a host
+        // callback needs it whole (a debug tap on C, an extern stage reading it).
+        let whole = s.outputs.contains(&new_t)
+            || !s.stage(&new_t)?.taps.is_empty()
+            || s.stages.iter().any(|st| {
+                st.tensor.is_extern()
+                    && crate::te::tensor::inputs(&st.tensor)
+                        .iter()
+                        .any(|x| x.id() == new_t.id())
+            });
+        if whole {
             // The copy into C: every axis but the innermost fused into the parallel loop (a
             // batch of 1 leaves no thread idle), the innermost vectorized.
             let st = s.stage(&new_t)?;
