@@ -30,7 +30,8 @@ if "--root" in sys.argv:  # another checkout's compiler/src (to compare before a
 # Bottom to top. A unit may use units of its own layer or below. Units not named here are
 # reported (so the list cannot silently go stale).
 LAYERS: list[list[str]] = [
-    ["error"],
+    # errors; the build's phase timer (a clock and stderr, used by every phase)
+    ["error", "build_times"],
     ["target"],
     # the IR as data: its types refer to each other (an Expr's deferred drop holds Exprs, a
     # Stmt::Call holds an Intrin whose model is a Stmt), which is harmless
@@ -53,6 +54,8 @@ LAYERS: list[list[str]] = [
     # the compiled artefact, calling it, the pipeline that makes it, what is derived from it
     ["artifact"],
     ["call"],
+    # the in-process build cache: keys read the program, values are artefacts
+    ["build_cache"],
     ["build"],
     ["backward"],
     # the kernel library: definitions and per-target strategies, on top of everything

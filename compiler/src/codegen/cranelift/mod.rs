@@ -72,7 +72,12 @@ use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
+
+/// Address space reserved for one module's code and data (`compile_kernel`): far above any
+/// module rivet builds (a 5000-stage module is a few MiB), well inside PC-relative reach;
+/// a module past it is an error, never an out-of-reach call.
+const JIT_ARENA_BYTES: usize = 256 << 20;
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
 use std::collections::HashMap;
 
@@ -178,6 +183,17 @@ impl CraneliftBackend {
         phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
         let module = phase("JIT module setup", || -> Result<JITModule> {
             let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
+            // A module's functions call each other PC-relative (+-2 GiB): one contiguous
+            // reserved region per module keeps them in reach. The default provider took each
+            // piece from the system allocator, and with many modules alive (the build cache)
+            // two pieces of one module landed more than 2 GiB apart: a panic in
+            // cranelift-jit's relocation. Address space only; pages are committed as used.
+            let arena = ArenaMemoryProvider::new_with_size(JIT_ARENA_BYTES).map_err(|e| {
+                Error::Internal(format!(
+                    "reserving {JIT_ARENA_BYTES} bytes for JIT code: {e}"
+                ))
+            })?;
+            jb.memory_provider(Box::new(arena));
             for (name, addr) in crate::codegen::cpu_lib::math::symbols() {
                 jb.symbol(name, addr);
             }
