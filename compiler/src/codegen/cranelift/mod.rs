@@ -74,10 +74,13 @@ use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
 
-/// Address space reserved for one module's code and data (`compile_kernel`): far above any
-/// module rivet builds (a 5000-stage module is a few MiB), well inside PC-relative reach;
-/// a module past it is an error, never an out-of-reach call.
-const JIT_ARENA_BYTES: usize = 256 << 20;
+/// Address space first reserved for one module's code and data (`compile_kernel`); a module
+/// that outgrows it is compiled again in a region 16 times larger, up to `JIT_ARENA_MAX`
+/// (inside PC-relative reach: past it the build is an error, never an out-of-reach call).
+const JIT_ARENA_BYTES: usize = 4 << 20;
+const JIT_ARENA_MAX: usize = 1 << 30;
+/// cranelift-jit's message when a reserved region is full.
+const ARENA_EXHAUSTED: &str = "jit memory region exhausted";
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
 use std::collections::HashMap;
 
@@ -181,6 +184,21 @@ impl CraneliftBackend {
     pub fn compile_kernel(&self, func: &PrimFunc) -> Result<CraneliftKernel> {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
         phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
+        // A small region first (many modules stay alive, and processes may run under an
+        // address-space limit); a module that does not fit is compiled again in a bigger one.
+        let mut arena = JIT_ARENA_BYTES;
+        loop {
+            match self.compile_in(func, arena) {
+                Err(e) if arena < JIT_ARENA_MAX && e.to_string().contains(ARENA_EXHAUSTED) => {
+                    arena *= 16
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// `compile_kernel` after the verifier, with `arena_bytes` reserved for the module.
+    fn compile_in(&self, func: &PrimFunc, arena_bytes: usize) -> Result<CraneliftKernel> {
         let module = phase("JIT module setup", || -> Result<JITModule> {
             let mut jb = JITBuilder::with_isa(self.isa.clone(), default_libcall_names());
             // A module's functions call each other PC-relative (+-2 GiB): one contiguous
@@ -188,10 +206,8 @@ impl CraneliftBackend {
             // piece from the system allocator, and with many modules alive (the build cache)
             // two pieces of one module landed more than 2 GiB apart: a panic in
             // cranelift-jit's relocation. Address space only; pages are committed as used.
-            let arena = ArenaMemoryProvider::new_with_size(JIT_ARENA_BYTES).map_err(|e| {
-                Error::Internal(format!(
-                    "reserving {JIT_ARENA_BYTES} bytes for JIT code: {e}"
-                ))
+            let arena = ArenaMemoryProvider::new_with_size(arena_bytes).map_err(|e| {
+                Error::Internal(format!("reserving {arena_bytes} bytes for JIT code: {e}"))
             })?;
             jb.memory_provider(Box::new(arena));
             for (name, addr) in crate::codegen::cpu_lib::math::symbols() {
