@@ -123,11 +123,7 @@ fn an_extern_stage_can_be_an_output_written_through_strides(target: &Target) {
     let e = te::extern_(
         &[n, m],
         &[a.clone()],
-        CallbackFn::Function(Function::new("neg", |args| {
-            let x = arg(&args[0], 0)?.to_vec::<f32>()?;
-            fill(arg(&args[1], 1)?, &x.iter().map(|v| -v).collect::<Vec<_>>())?;
-            Ok(Value::Null)
-        })),
+        CallbackFn::Function(neg()),
         DType::F32,
         "E",
     )
@@ -146,6 +142,15 @@ fn an_extern_stage_can_be_an_output_written_through_strides(target: &Target) {
         .unwrap();
     let want: Vec<f32> = x.iter().map(|v| -v).collect();
     assert_eq!(out.to_vec::<f32>().unwrap(), want, "{target}");
+}
+
+/// An extern stage's function: its output is minus its one input.
+fn neg() -> Function {
+    Function::new("neg", |args| {
+        let x = arg(&args[0], 0)?.to_vec::<f32>()?;
+        fill(arg(&args[1], 1)?, &x.iter().map(|v| -v).collect::<Vec<_>>())?;
+        Ok(Value::Null)
+    })
 }
 
 /// A function that logs `name` and returns None (a tap, or an extern that leaves zeros).
@@ -679,11 +684,7 @@ fn an_extern_stage_reads_a_ragged_packed_gemm_whole() {
     let e = te::extern_(
         &[ne.clone(), ne.clone()],
         &[c.clone()],
-        CallbackFn::Function(Function::new("neg", |args| {
-            let x = arg(&args[0], 0)?.to_vec::<f32>()?;
-            fill(arg(&args[1], 1)?, &x.iter().map(|v| -v).collect::<Vec<_>>())?;
-            Ok(Value::Null)
-        })),
+        CallbackFn::Function(neg()),
         DType::F32,
         "E",
     )

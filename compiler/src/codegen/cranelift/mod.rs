@@ -184,9 +184,13 @@ impl CraneliftBackend {
     pub fn compile_kernel(&self, func: &PrimFunc) -> Result<CraneliftKernel> {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
         phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
-        // A small region first (many modules stay alive, and processes may run under an
-        // address-space limit); a module that does not fit is compiled again in a bigger one.
-        let mut arena = JIT_ARENA_BYTES;
+        self.compile_growing(func, JIT_ARENA_BYTES)
+    }
+
+    /// Compiles `func` (verified) in a region of `arena` bytes, and again in one 16 times
+    /// larger while the region is too small, up to `JIT_ARENA_MAX`: a small region first,
+    /// since many modules stay alive and processes may run under an address-space limit.
+    fn compile_growing(&self, func: &PrimFunc, mut arena: usize) -> Result<CraneliftKernel> {
         loop {
             match self.compile_in(func, arena) {
                 Err(e) if arena < JIT_ARENA_MAX && e.to_string().contains(ARENA_EXHAUSTED) => {

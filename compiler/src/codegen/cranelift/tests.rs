@@ -79,6 +79,48 @@ fn compile(f: &PrimFunc) -> super::CraneliftKernel {
     }
 }
 
+/// A module too big for its first JIT region is compiled again in a larger one (the retry
+/// recognises cranelift-jit's message for a full region, checked here too), and the kernel
+/// it gives computes what the same module compiled at once does, bit for bit.
+#[test]
+fn a_module_outgrowing_its_jit_region_is_compiled_in_a_larger_one() {
+    // The same body 64 times over: 64 outlined loops, far more code than one page.
+    let mut plain = parallel_program(ForKind::Parallel);
+    plain.body = Stmt::seq(vec![plain.body.clone(); 64]);
+    crate::ir::verify::verify(&plain, true).unwrap();
+    let mut f = plain.clone();
+    crate::lower::outline::outline(&mut f);
+    let b = CraneliftBackend::new().unwrap();
+    let page = 4096;
+    match b.compile_in(&f, page) {
+        Err(e) => assert!(e.to_string().contains(super::ARENA_EXHAUSTED), "{e}"),
+        Ok(_) => panic!("the module fitted one page: the test needs a bigger one"),
+    }
+    let nn = 1000usize;
+    let av: Vec<f32> = (0..nn).map(|x| x as f32 * 0.25 - 7.0).collect();
+    let bv: Vec<f64> = (0..nn).map(|x| x as f64 * 0.5 - 100.0).collect();
+    let mut outs = vec![];
+    for k in [b.compile_growing(&f, page).unwrap(), compile(&plain)] {
+        let mut out = vec![f32::NAN; nn];
+        let mut cnt = vec![-1i32; nn];
+        let frame = CallFrame {
+            ptrs: vec![
+                av.as_ptr() as *mut u8,
+                bv.as_ptr() as *mut u8,
+                out.as_mut_ptr() as *mut u8,
+                cnt.as_mut_ptr() as *mut u8,
+            ]
+            .into(),
+            ints: vec![nn as i64, 1, 1, 1, 1].into(),
+        };
+        // SAFETY: buffers match the frame.
+        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
+        outs.push((out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), cnt));
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert!(outs[0].1.iter().all(|&c| c >= 0), "every element written");
+}
+
 // ---- scalar data -------------------------------------------------------------------------
 
 /// A scalar as the reference sees it: ints exactly, float16/bfloat16 widened to f32.
