@@ -113,8 +113,9 @@ fn gemm_gelu(m: i64, n: i64, k: i64, dt: DType) -> Vec<TeTensor> {
 
 /// Builds `args` (the last one the output) three ways and calls each on `inputs`: the CPU with
 /// the default schedule, the interpreter on the defaulted schedule, the interpreter as
-/// written. Returns the three outputs and the CPU build's IR. The CPU build's loop nest is also
-/// run on the interpreter and must give the CPU's bits.
+/// written. Returns the three outputs and the CPU build's IR. The CPU build's lowered function
+/// is also run on the interpreter (which poisons locals marked stored-before-read) and must
+/// give the CPU's bits.
 fn three_ways(args: &[TeTensor], inputs: &[Tensor]) -> ([Vec<f64>; 3], String) {
     let out = args.last().unwrap();
     let dt = out.dtype();
