@@ -56,6 +56,11 @@ CASES = {
     "gemm_bias_gelu": ("torch", "F.gelu(torch.addmm(bias, a, b)), 1024, exact gelu"),
     "conv2d": ("torch", "F.conv2d(x, w, padding=1), NCHW 8x64x56x56, 3x3, 64 -> 64"),
     "attention": ("torch", "F.scaled_dot_product_attention(q, k, v), 16 heads x 512 x 64"),
+    # The same program at other sizes: heads x sequence x head dim.
+    "attention_16x128x64": ("torch", "the same, 16 heads x 128 x 64"),
+    "attention_16x512x128": ("torch", "the same, 16 heads x 512 x 128"),
+    "attention_4x2048x64": ("torch", "the same, 4 heads x 2048 x 64"),
+    "attention_2x2048x128": ("torch", "the same, 2 heads x 2048 x 128"),
 }
 
 
@@ -101,19 +106,23 @@ def microkernel_note(isa):
 
 
 def timed(fn, budget, max_reps, first=None):
-    """Median / min / max seconds of `fn()`: one warm-up call (skipped when the caller made
-    one and passes its time as `first`), then as many as fit `budget` (at least one)."""
+    """Median / min / max seconds of `fn()`, and the median CPU seconds of the process per call
+    (all its threads: on a loaded machine the wall time also counts the wait for a core, the
+    CPU time does not): one warm-up call (skipped when the caller made one and passes its time
+    as `first`), then as many as fit `budget` (at least one)."""
     if first is None:
         t0 = time.perf_counter()
         fn()
         first = time.perf_counter() - t0
     reps = int(max(1, min(max_reps, budget / max(first, 1e-9))))
-    ts = []
+    ts, cs = [], []
     for _ in range(reps):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), min(ts), max(ts), reps
+        cs.append(time.process_time() - c0)
+    return statistics.median(ts), min(ts), max(ts), reps, statistics.median(cs)
 
 
 def build(out, args, name):
@@ -307,12 +316,11 @@ def case_conv2d():
     return [x, w], ((N, F, H, W), np.float32), peer, rivet_fn, 1e-5
 
 
-def case_attention():
+def case_attention(Hd=16, S=512, D=64):
     import numpy as np
     import torch
     from rivet import te
 
-    Hd, S, D = 16, 512, 64
     scale = 1.0 / math.sqrt(D)
     rng = np.random.default_rng(8)
     q, k, v = (rng.standard_normal((Hd, S, D), dtype=np.float32) for _ in range(3))
@@ -372,6 +380,8 @@ def make_case(name):
         return case_conv2d()
     if name == "attention":
         return case_attention()
+    if name.startswith("attention_"):
+        return case_attention(*(int(x) for x in name[len("attention_"):].split("x")))
     raise KeyError(name)
 
 
@@ -421,8 +431,8 @@ def worker(spec, budget, max_reps):
         del ref, r, buf
         time.sleep(0.3)  # let the peer's pool (used once for the reference) go idle
         run = lambda: f(*ins, out)  # noqa: E731
-    med, lo, hi, reps = timed(run, budget, max_reps, first if lib == "rivet" else None)
-    res.update({"median_s": med, "min_s": lo, "max_s": hi, "reps": reps})
+    med, lo, hi, reps, cpu = timed(run, budget, max_reps, first if lib == "rivet" else None)
+    res.update({"median_s": med, "min_s": lo, "max_s": hi, "reps": reps, "cpu_s": cpu})
     return res
 
 
@@ -454,7 +464,7 @@ def ratio(results, name, threads):
 
 
 def table(results, cases, threads_list):
-    lines = [f"{'case':<16} {'thr':>3} {'peer':<6} {'peer ms':>10} {'rivet ms':>10} {'rivet/peer':>10}  check"]
+    lines = [f"{'case':<20} {'thr':>3} {'peer':<6} {'peer ms':>10} {'rivet ms':>10} {'rivet/peer':>10} {'by CPU':>7}  check"]
     for name in cases:
         for t in threads_list:
             p = results.get(f"{name}:peer:{t}", {})
@@ -463,10 +473,13 @@ def table(results, cases, threads_list):
             rm = f"{r['median_s'] * 1e3:10.3f}" if "median_s" in r else f"{'error':>10}"
             x = ratio(results, name, t)
             xs = f"{x:9.2f}x" if x is not None else f"{'-':>10}"
+            # The same ratio by CPU time per call (robust to a loaded machine; at one thread).
+            xc = (f"{p['cpu_s'] / r['cpu_s']:6.2f}x" if x is not None and p.get("cpu_s") and r.get("cpu_s")
+                  else f"{'-':>7}")
             note = r.get("check", "") if "error" not in r else r["error"]
             if "error" in p:
                 note += f" | peer: {p['error']}"
-            lines.append(f"{name:<16} {t:>3} {CASES[name][0]:<6} {pm} {rm} {xs}  {note}")
+            lines.append(f"{name:<20} {t:>3} {CASES[name][0]:<6} {pm} {rm} {xs} {xc}  {note}")
     return "\n".join(lines)
 
 
@@ -560,7 +573,8 @@ def main():
             for lib in ("peer", "rivet"):
                 spec = f"{name}:{lib}:{t}"
                 results[spec] = r = run_case(spec, t, a)
-                msg = r["error"] if "error" in r else f"{r['median_s'] * 1e3:.3f} ms ({r['reps']} runs)"
+                msg = r["error"] if "error" in r else (
+                    f"{r['median_s'] * 1e3:.3f} ms ({r['reps']} runs), CPU {r['cpu_s'] * 1e3:.3f} ms")
                 print(f"{spec:<28} {msg}", flush=True)
     meta["load_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

@@ -13,12 +13,16 @@
 //! within the fused-sum bound of docs/cpu.md (each GEMM's multiply-adds fused) and the
 //! reassociation of the lane-partial row sum (docs/default_schedules.md, rule 3).
 
+use rivet_compiler::artifact::Compiled;
+use rivet_compiler::codegen::interp::InterpBackend;
+use rivet_compiler::codegen::Backend;
 use rivet_compiler::ir::Expr;
 use rivet_compiler::schedule::cpu_default::apply_default_cpu;
 use rivet_compiler::te::{self, compute, placeholder, Tensor as TeTensor};
-use rivet_compiler::{build, Schedule, Target};
+use rivet_compiler::{build, Module, Schedule, Target};
 use rivet_runtime::{DType, Tensor, Value};
 use rivet_tests::floats::{tensor_of as tensor, values_f64 as to_f64};
+use std::sync::Arc;
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -109,7 +113,9 @@ fn gemm_gelu(m: i64, n: i64, k: i64, dt: DType) -> Vec<TeTensor> {
 
 /// Builds `args` (the last one the output) three ways and calls each on `inputs`: the CPU with
 /// the default schedule, the interpreter on the defaulted schedule, the interpreter as
-/// written. Returns the three outputs and the CPU build's IR.
+/// written. Returns the three outputs and the CPU build's IR. The CPU build's lowered function
+/// is also run on the interpreter (which poisons locals marked stored-before-read) and must
+/// give the CPU's bits.
 fn three_ways(args: &[TeTensor], inputs: &[Tensor]) -> ([Vec<f64>; 3], String) {
     let out = args.last().unwrap();
     let dt = out.dtype();
@@ -125,10 +131,38 @@ fn three_ways(args: &[TeTensor], inputs: &[Tensor]) -> ([Vec<f64>; 3], String) {
             Target::interp()
         };
         let mdl = build(&s, args, &target, "k").unwrap();
+        let ins: Vec<Value> = inputs.iter().cloned().map(Value::Tensor).collect();
         if which == 0 {
             ir = mdl.get_source("ir").unwrap();
+            // The CPU build's own lowered function (row fusion, row locals, the CPU's
+            // `lower::overwrite` marks) on the interpreter, which poisons every marked local:
+            // a wrong mark in the fused loops shows as a wrong result here (the CPU's arena
+            // may hand back a block still holding the right values from the last call).
+            let c = &mdl.funcs[0];
+            let fused = Module {
+                funcs: vec![Arc::new(Compiled {
+                    nest: c.nest.clone(),
+                    func: c.func.clone(),
+                    target: Target::interp(),
+                    checked: false,
+                    temps: c.temps.clone(),
+                    work: c.work.clone(),
+                    kernel: InterpBackend::default().compile(&c.func).unwrap(),
+                    recipe: None,
+                })],
+            };
+            let a = fused.get_function("k").unwrap().call(&ins).unwrap();
+            let b = mdl.get_function("k").unwrap().call(&ins).unwrap();
+            let (a, b) = (
+                to_f64(a.as_tensor().unwrap(), dt),
+                to_f64(b.as_tensor().unwrap(), dt),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "the CPU's fused nest on the interpreter != the CPU build"
+            );
+            return b;
         }
-        let ins: Vec<Value> = inputs.iter().cloned().map(Value::Tensor).collect();
         let got = mdl.get_function("k").unwrap().call(&ins).unwrap();
         to_f64(got.as_tensor().unwrap(), dt)
     });
@@ -189,6 +223,18 @@ fn attention_takes_the_packed_path_and_equals_the_interpreter() {
                     !ir.contains("local S_sum0:"),
                     "{what}: the scores are read in place\n{ir}"
                 );
+                // No pack and no padded result is zeroed by its `Allocate`: each is stored in
+                // full (a pack, or the GEMM's initialisation in the loop over heads) before any
+                // read (`lower::overwrite`; the interpreter poisons such locals, so a wrong
+                // mark would show in the comparison below).
+                for line in ir.lines().filter(|l| l.trim_start().starts_with("local ")) {
+                    if line.contains("_packed") || line.contains(".padded") {
+                        assert!(
+                            line.ends_with("(stored before read)"),
+                            "{what}: {line} is zeroed per call\n{ir}"
+                        );
+                    }
+                }
             }
             // At least `SLICES` heads: the exponentials run per head with their readers, so
             // one head's slice of them is alive at a time (rule 5, row fusion, row locals).

@@ -12,14 +12,25 @@
 //! walking `body` in execution
 //! order (through nested `Allocate`s and sequences), every statement before the first one that
 //! mentions `b` mentions nothing of it, and that first statement is a *covering store*: a
-//! perfect loop nest `for v_1 in [0, e_1) .. for v_k in [0, e_k): b[i_1, .., i_n] = value` with
-//! no statement besides the nested loops and the one store, where each index `i_d` is either
-//! one of the loop variables, each used exactly once, with that loop's extent equal to `b`'s
-//! extent in dim `d` (the same expression after simplification), or the constant `0` where
-//! `b`'s extent is the constant 1; `value` does not read `b`. Every loop variable is used by an
-//! index, so the nest runs every index combination exactly over `b`'s shape: every element is
-//! stored before the nest ends, and nothing reads `b` before (the nest's own `value` does not).
+//! loop nest `for v_1 in [0, e_1) .. for v_k in [0, e_k): b[i_1, .., i_n] = value` whose path
+//! from the outer loop down to the one store of `b` passes only through loops, sequences,
+//! `let`s and nested `Allocate`s (never an `if`), where every other statement of those
+//! sequences (and every `let` value) mentions nothing of `b`, and where each index `i_d` is
+//! either one of the path's loop variables, each used exactly once, with that loop's extent
+//! equal to `b`'s extent in dim `d` (the same expression after simplification), or the
+//! constant `0` where `b`'s extent is the constant 1; `value` does not read `b`. Every loop
+//! variable of the path is used by an index, so the store runs for every index combination
+//! exactly over `b`'s shape: every element is stored before the nest ends, and nothing in the
+//! nest reads `b` at all (its siblings do not name it, the store's own `value` does not read
+//! it), so nothing reads `b` before it is stored. The siblings let a pack or an accumulator's
+//! initialisation that row fusion put inside a parallel loop with other stages qualify (the
+//! second GEMM's pack and attention's padded scores, first written in the loop over heads).
 //! Loops of any kind (parallel, vectorized, unrolled) qualify: each iteration runs once.
+//!
+//! A store of `+0.0` qualifies only on such a non-perfect path: a perfect nest of zero stores
+//! reached first is dropped by `lower::zero_init`, which keeps the `Allocate`'s zeroing (one
+//! memset) instead; inside a loop with other statements `zero_init` leaves the zero stores in
+//! place, and without the mark the buffer would be zeroed twice per call.
 //! Runs on the multi-dimensional function after the bounds proof and simplification, for the
 //! CPU and the interpreter (not CUDA); `overwritten` is never read from a file (`#[serde(skip)]`): a loaded module is
 //! marked again by this pass, never by its file.
@@ -132,8 +143,10 @@ fn reads(buf: BufId, e: &Expr) -> bool {
 
 /// Whether `s` is a covering store of `buf` (module doc).
 fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
-    // The perfect nest: (variable, extent) per loop, then the store.
+    // The path to the store: (variable, extent) per loop; whether a sequence, `let` or
+    // allocation with other statements lies on it (the nest is not perfect).
     let mut loops: Vec<(&Var, &Expr)> = Vec::new();
+    let mut perfect = true;
     let mut cur = s;
     let (indices, value) = loop {
         match cur {
@@ -150,6 +163,30 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
                 loops.push((var, extent));
                 cur = body;
             }
+            Stmt::Seq(items) => {
+                // Exactly one item names `buf`; the others name nothing of it (a launch,
+                // which may name anything, counts as naming it).
+                let mut naming = items.iter().filter(|x| names(x, buf));
+                let (Some(only), None) = (naming.next(), naming.next()) else {
+                    return false;
+                };
+                perfect &= items.len() == 1;
+                cur = only;
+            }
+            Stmt::Let { value, body, .. } => {
+                if reads(buf, value) {
+                    return false;
+                }
+                perfect = false;
+                cur = body;
+            }
+            Stmt::Allocate { bufs, body } => {
+                if bufs.contains(&buf) {
+                    return false;
+                }
+                perfect = false;
+                cur = body;
+            }
             Stmt::Store {
                 buf: b,
                 indices,
@@ -161,9 +198,9 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
     if reads(buf, value) || indices.iter().any(|i| reads(buf, i)) {
         return false;
     }
-    // A store of zeros is left to `lower::zero_init`, which drops it and keeps the zeroing
-    // `Allocate` (a memset) instead.
-    if crate::lower::zero_init::is_zero(value) {
+    // A perfect nest of zero stores is left to `lower::zero_init`, which drops it and keeps
+    // the zeroing `Allocate` (a memset) instead (module doc).
+    if perfect && crate::lower::zero_init::is_zero(value) {
         return false;
     }
     let Some(b) = f.buffers.iter().find(|x| x.id == buf) else {
@@ -191,6 +228,11 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
     // A loop whose variable no index uses would store the same elements again (harmless) but
     // could also have an extent of 0, storing nothing: refused.
     used.iter().all(|u| *u)
+}
+
+/// Whether `s` names `buf` anywhere (or may: a launch).
+fn names(s: &Stmt, buf: BufId) -> bool {
+    mentioned(s).is_none_or(|m| m.contains(&buf))
 }
 
 #[cfg(test)]
@@ -375,5 +417,136 @@ mod tests {
                 body: Box::new(st(T, vec![e], one())),
             }
         }));
+    }
+
+    /// `parallel for h in [0, n): { X[h] = 1; <inner(h)>; X[h] = 1 }`: a loop over rows with
+    /// another stage's stores around the one that covers `T[n, 4]` (row fusion's shape).
+    fn fused(inner: impl FnOnce(&Expr, &Expr) -> Stmt) -> impl FnOnce(&Expr) -> Stmt {
+        move |n: &Expr| {
+            let n = n.clone();
+            lp(n.clone(), ForKind::Parallel, |h| {
+                Stmt::seq(vec![
+                    st(X, vec![h.clone()], one()),
+                    inner(h, &n),
+                    st(X, vec![h.clone()], one()),
+                ])
+            })
+        }
+    }
+
+    fn rows4(n: &Expr) -> Vec<Expr> {
+        vec![n.clone(), Expr::int(4)]
+    }
+
+    #[test]
+    fn a_covering_store_beside_other_stages_in_a_loop_marks_the_local() {
+        // The pack of a fused loop: one row of T per iteration, beside stores into X.
+        assert!(marks(
+            rows4,
+            fused(|h, _| ser(4, |j| st(T, vec![h.clone(), j.clone()], one())))
+        ));
+        // Through a nested allocation and a `let` (a row local's scope, a bound index).
+        assert!(marks(
+            rows4,
+            fused(|h, _| {
+                let v = Var::new("w");
+                Stmt::Allocate {
+                    bufs: vec![BufId(9)],
+                    body: Box::new(Stmt::Let {
+                        var: v.clone(),
+                        value: h.add(&Expr::int(1)),
+                        body: Box::new(ser(4, |j| {
+                            st(
+                                T,
+                                vec![h.clone(), j.clone()],
+                                Expr::cast(DType::F32, Expr::var(&v)),
+                            )
+                        })),
+                    }),
+                }
+            })
+        ));
+        // An accumulator's zero initialisation inside the loop: `zero_init` leaves it there
+        // (not a top-level statement), so without the mark T would be zeroed twice.
+        assert!(marks(
+            rows4,
+            fused(|h, _| ser(4, |j| {
+                st(
+                    T,
+                    vec![h.clone(), j.clone()],
+                    Expr::constant(0.0, DType::F32),
+                )
+            }))
+        ));
+    }
+
+    #[test]
+    fn a_sibling_naming_the_local_keeps_the_zeroing() {
+        let load = |i: Expr, j: Expr| Expr::load(T, vec![i, j], DType::F32);
+        // A later statement of the same iteration reads a row not yet stored (the last row,
+        // read by every iteration): the zeros are what it reads.
+        assert!(!marks(
+            rows4,
+            fused(|h, n| Stmt::seq(vec![
+                ser(4, |j| st(T, vec![h.clone(), j.clone()], one())),
+                st(X, vec![h.clone()], load(n.sub(&Expr::int(1)), Expr::int(0))),
+            ]))
+        ));
+        // An earlier statement of the iteration reads its own row before it is stored.
+        assert!(!marks(
+            rows4,
+            fused(|h, _| Stmt::seq(vec![
+                st(X, vec![h.clone()], load(h.clone(), Expr::int(0))),
+                ser(4, |j| st(T, vec![h.clone(), j.clone()], one())),
+            ]))
+        ));
+        // An initialisation then an accumulation reading it (a GEMM's tile): two statements
+        // name T, refused (the zeros of the `Allocate` are not needed, but this rule does not
+        // follow the accumulation).
+        assert!(!marks(
+            rows4,
+            fused(|h, _| Stmt::seq(vec![
+                ser(4, |j| st(T, vec![h.clone(), j.clone()], one())),
+                ser(4, |j| st(
+                    T,
+                    vec![h.clone(), j.clone()],
+                    Expr::binary(BinOp::Add, load(h.clone(), j.clone()), one()).unwrap()
+                )),
+            ]))
+        ));
+        // Two halves of each row in two statements: each alone covers nothing.
+        assert!(!marks(
+            rows4,
+            fused(|h, _| Stmt::seq(vec![
+                ser(2, |j| st(T, vec![h.clone(), j.clone()], one())),
+                ser(2, |j| st(T, vec![h.clone(), j.add(&Expr::int(2))], one())),
+            ]))
+        ));
+        // The store under a condition inside the loop.
+        assert!(!marks(
+            rows4,
+            fused(|h, _| Stmt::If {
+                cond: h.lt(&Expr::int(2)),
+                then: Box::new(ser(4, |j| st(T, vec![h.clone(), j.clone()], one()))),
+                otherwise: None,
+            })
+        ));
+        // A `let` whose value reads T.
+        assert!(!marks(
+            rows4,
+            fused(|h, _| {
+                let v = Var::new("w");
+                Stmt::Let {
+                    var: v.clone(),
+                    value: load(h.clone(), Expr::int(0)),
+                    body: Box::new(ser(4, |j| st(T, vec![h.clone(), j.clone()], Expr::var(&v)))),
+                }
+            })
+        ));
+        // The loop over rows stores only row 0 each time (its variable unused by the index).
+        assert!(!marks(
+            rows4,
+            fused(|_, _| ser(4, |j| st(T, vec![Expr::int(0), j.clone()], one())))
+        ));
     }
 }
