@@ -572,7 +572,7 @@ fn guarded_rows_are_partitioned() {
         let c = Conv {
             depthwise,
             symbolic: false,
-            ..base(8, 8, 40, 3)
+            ..base(8, 8, 56, 3)
         };
         let ir = cpu_ir(&c);
         if std::env::var("SHOW_IR").is_ok() {

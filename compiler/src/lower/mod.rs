@@ -186,7 +186,10 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         //     selects on loop-invariant conditions taken out as branches around copies of
         //     the loop: an arm that loads would keep the loop scalar.
         let width = opts.vector_bytes.or(target.vectorize_bytes());
-        if width.is_some_and(|w| w > 0) {
+        // `RIVET_PARTITION=0` keeps such loops whole (for comparisons).
+        if width.is_some_and(|w| w > 0)
+            && !std::env::var("RIVET_PARTITION").is_ok_and(|v| v == "0")
+        {
             phase("partition", || partition::partition(&mut f));
         }
         phase("unswitch selects", || unswitch::selects(&mut f));

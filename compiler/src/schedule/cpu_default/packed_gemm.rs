@@ -307,21 +307,8 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     let inner = |g: &[usize]| &axes[g[g.len() - 1]];
     let along_j = last_index_uses(&m.fb, &inner(&m.cols).var);
     let flat_inner = |g: &[usize]| (g.len() > 1).then(|| simplify(&inner(g).extent));
-    schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows), true)?;
-    // An implicit GEMM (a convolution) whose image pack has exactly C's other axes as its
-    // batch axes packs B one column panel at a time inside the parallel loop (`compute_at`):
-    // each panel is still packed once, but right before the micro-kernel calls that read it
-    // (hot in cache), and no im2col-sized buffer of all panels exists. Not when some other
-    // axis of C is not B's (a weight shared across a batch would be packed again per batch
-    // element), nor for a plain GEMM (its measured schedule stays).
-    let others_pos: Vec<usize> = (0..axes.len())
-        .filter(|d| !m.rows.contains(d) && !m.cols.contains(d))
-        .collect();
-    let per_panel = !m.simple() && bb == others_pos;
-    schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols), !per_panel)?;
-    if per_panel {
-        s.compute_at(&bp, &cp, &outer)?;
-    }
+    schedule_pack(s, &ap, &red_ext, false, flat_inner(&m.rows))?;
+    schedule_pack(s, &bp, &red_ext, along_j, flat_inner(&m.cols))?;
     if !aligned {
         // C stays a buffer of its own when the user asked for it (an output) or a host
         // callback needs it whole (a debug tap on C, an extern stage reading it).
@@ -372,17 +359,16 @@ fn last_index_uses(f: &Expr, v: &Var) -> bool {
 /// axis (`p = (r0 * e1 + r1) * e2 + r2`: the splits divide exactly, and after them
 /// `lower::tile_fold` folds the packed body's `p // e2 % e1` back to the loop `r1`, so the
 /// window gather divides nothing), a flat `x` split by `w` likewise (its last piece guarded),
-/// the outermost loop parallel unless `parallel` is false (a pack computed inside the GEMM's
-/// parallel loop). `along`: the source is read contiguously along the panel, so
-/// the panel loop runs innermost after the depth loops and is vectorized (a pad-guarded
-/// panel, N not a multiple of NR, stays scalar: the guard's load).
+/// the outermost loop parallel. `along`: the source is read contiguously along the panel, so
+/// the panel loop runs innermost after the depth loops and is vectorized (a guarded panel,
+/// padding or N not a multiple of NR, is split by `lower::partition` into scalar edges and
+/// an unguarded vector interior).
 fn schedule_pack(
     s: &mut Schedule,
     pack: &Tensor,
     red_ext: &[Expr],
     along: bool,
     flat: Option<Expr>,
-    parallel: bool,
 ) -> Result<()> {
     let ax: Vec<Var> = pack.axis().iter().map(|a| a.var.clone()).collect();
     let n = ax.len();
@@ -407,9 +393,7 @@ fn schedule_pack(
         };
         order.push(inner.clone());
         st.reorder(&order)?;
-        if parallel {
-            parallel_outer(st, &order, n - 2)?;
-        }
+        parallel_outer(st, &order, n - 2)?;
         if along {
             st.vectorize(&inner)?;
         }
@@ -425,9 +409,7 @@ fn schedule_pack(
         order.push(ax[n - 1].clone());
     }
     st.reorder(&order)?;
-    if parallel {
-        parallel_outer(st, &order, n - 3)?;
-    }
+    parallel_outer(st, &order, n - 3)?;
     if along {
         st.vectorize(&ax[n - 1])?;
     }
