@@ -565,12 +565,14 @@ fn cpu_ir(c: &Conv) -> String {
 
 /// The image pack of a padded convolution with a ragged last panel, and a depthwise one's
 /// output rows, are partitioned (`lower::partition`): guarded edges (`.lo`, `.hi` bounds) and
-/// an interior whose loads are vector loads (`ramp`), not a scalar loop of guarded loads.
+/// an interior whose loads are vector loads (`ramp`), not a scalar loop of guarded loads;
+/// at stride 2 too (the window's `x * 2 + kw - 1` bounds `x` by a ceiling division).
 #[test]
 fn guarded_rows_are_partitioned() {
-    for depthwise in [false, true] {
+    for (depthwise, stride) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
         let c = Conv {
             depthwise,
+            stride,
             symbolic: false,
             ..base(8, 8, 56, 3)
         };

@@ -187,8 +187,7 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         //     the loop: an arm that loads would keep the loop scalar.
         let width = opts.vector_bytes.or(target.vectorize_bytes());
         // `RIVET_PARTITION=0` keeps such loops whole (for comparisons).
-        if width.is_some_and(|w| w > 0)
-            && !std::env::var("RIVET_PARTITION").is_ok_and(|v| v == "0")
+        if width.is_some_and(|w| w > 0) && !std::env::var("RIVET_PARTITION").is_ok_and(|v| v == "0")
         {
             phase("partition", || partition::partition(&mut f));
         }

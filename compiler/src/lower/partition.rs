@@ -6,7 +6,8 @@
 //! GEMM's ragged last panel (`select(jo * 32 + ji < N, .., 0)`) are such guards: in every
 //! row of the image pack, and of a depthwise convolution's output, only a lane or two at
 //! either end is outside. Here, when each condition's conjuncts that use the loop variable
-//! `v` are comparisons of `+-v + rest` with `rest` free of `v` (bounds of an interval of `v`),
+//! `v` are comparisons of `k * v + rest` with 0, `k` a non-zero constant (a stride) and `rest`
+//! free of `v` (bounds of an interval of `v`),
 //!
 //! ```text
 //! for v in [min, end) vectorized { body }
@@ -27,7 +28,8 @@
 //! Invariants (why the result means what the loop meant):
 //! - the three loops run the iterations of the original, each once, in the original order;
 //! - in the interior every dropped conjunct is true: `lo <= v < hi` is, conjunct by conjunct,
-//!   the comparison rewritten by exact integer arithmetic, so each select there picks what it
+//!   the comparison rewritten by exact integer arithmetic (`k v + r < 0` iff
+//!   `v < ceil(-r / k)` for `k > 0`), so each select there picks what it
 //!   picked before, and no load is made that the original did not make;
 //! - the bounds are computed in int64 at run time, after the bounds proof, so they must not
 //!   wrap: as in `vectorize` (a guard's limit), each term of `rest`, `min` and the extent are
@@ -74,9 +76,13 @@ enum Bound {
     Upper(Expr),
 }
 
+/// Largest coefficient of the loop variable in a partitioned conjunct (a stride).
+const MAX_COEF: i64 = 1 << 20;
+
 /// The bound conjunct `c` (which uses `v`) puts on `v`, with the comparisons that keep its
-/// computation from wrapping pushed onto `no_wrap`; `None` when `c` is not `+-v + rest` compared
-/// with 0 (after moving everything to one side), `rest` free of `v`.
+/// computation from wrapping pushed onto `no_wrap`; `None` when `c` is not `k * v + rest`
+/// compared with 0 (after moving everything to one side; `0 < |k| <= MAX_COEF`, a strided
+/// window `(x * 2 + kw - 1 >= 0)` included), `rest` free of `v`.
 fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
     let ExprKind::Cmp(op, a, b) = c.kind() else {
         return None;
@@ -97,7 +103,8 @@ fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
         }
     }
     rest.constant = l.constant;
-    if !matches!(coef, 1 | -1)
+    if coef == 0
+        || coef.unsigned_abs() > MAX_COEF as u64
         || rest.terms.len() > 8
         || rest.constant.unsigned_abs() > NO_WRAP as u64
     {
@@ -106,20 +113,32 @@ fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
     for (t, k) in &rest.terms {
         no_wrap.push(within(t, NO_WRAP / k.unsigned_abs().max(1) as i64)?);
     }
-    let r = rest.to_expr();
-    let one = Expr::int(1);
-    let neg = Expr::int(0).sub(&r);
-    Some(match (coef, op) {
-        // v + r < 0: v < -r;  v + r <= 0: v < -r + 1;  v + r > 0: v >= -r + 1;  v + r >= 0.
-        (1, CmpOp::Lt) => Bound::Upper(neg),
-        (1, CmpOp::Le) => Bound::Upper(neg.add(&one)),
-        (1, CmpOp::Gt) => Bound::Lower(neg.add(&one)),
-        (1, _) => Bound::Lower(neg),
-        // -v + r < 0: v >= r + 1;  -v + r <= 0: v >= r;  -v + r > 0: v < r;  -v + r >= 0.
-        (_, CmpOp::Lt) => Bound::Lower(r.add(&one)),
-        (_, CmpOp::Le) => Bound::Lower(r),
-        (_, CmpOp::Gt) => Bound::Upper(r),
-        (_, _) => Bound::Upper(r.add(&one)),
+    // `k * v + rest OP 0` with k < 0 is `-k * v - rest OP' 0`, OP' the mirrored comparison.
+    let (k, r, op) = if coef > 0 {
+        (coef, rest.to_expr(), *op)
+    } else {
+        let mirrored = match op {
+            CmpOp::Lt => CmpOp::Gt,
+            CmpOp::Le => CmpOp::Ge,
+            CmpOp::Gt => CmpOp::Lt,
+            _ => CmpOp::Le,
+        };
+        (-coef, Expr::int(0).sub(&rest.to_expr()), mirrored)
+    };
+    // With k > 0: `k v + r < 0` is `v < ceil(-r / k)`, `k v + r >= 0` is `v >= ceil(-r / k)`;
+    // `<= 0` and `> 0` are those of `r - 1`. `ceil(x / k) = (x + k - 1) // k` (floor
+    // division by a positive constant: exact, and |x| stays under 2^62 + 2^20).
+    let ceil = |extra: i64| {
+        Expr::int(0)
+            .sub(&r)
+            .add(&Expr::int(k - 1 + extra))
+            .floordiv(&Expr::int(k))
+    };
+    Some(match op {
+        CmpOp::Lt => Bound::Upper(ceil(0)),
+        CmpOp::Le => Bound::Upper(ceil(1)),
+        CmpOp::Gt => Bound::Lower(ceil(1)),
+        _ => Bound::Lower(ceil(0)),
     })
 }
 
