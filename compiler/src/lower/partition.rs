@@ -155,7 +155,8 @@ fn varying(body: &Stmt, v: &Var) -> Option<Vec<Expr>> {
                 let mut cs = Vec::new();
                 conjuncts(c, &mut cs);
                 for x in cs.into_iter().filter(|x| x.uses(v)) {
-                    if !found.contains(&x) {
+                    // One past the cap is enough to refuse: no quadratic search on many.
+                    if found.len() <= MAX_CONJUNCTS && !found.contains(&x) {
                         found.push(x);
                     }
                 }
@@ -208,6 +209,7 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
             None => no_wrap.push(within(e, NO_WRAP)?),
         }
     }
+    let (has_lo, has_hi) = (lo.is_some(), hi.is_some());
     let end = simplify(&min.add(extent));
     let (a, b) = (
         Var::new(&format!("{}.lo", v.name)),
@@ -229,11 +231,18 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
         body: Box::new(Stmt::Let {
             var: b,
             value: b_val,
-            body: Box::new(Stmt::Seq(vec![
-                lp(min, &ea, ForKind::Serial, body.clone()),
-                lp(&ea, &eb, ForKind::Vectorized, strip(body, &conds)),
-                lp(&eb, &end, ForKind::Serial, body.clone()),
-            ])),
+            // No edge loop on a side no conjunct bounds (a ragged panel's guard bounds
+            // only the top).
+            body: Box::new(Stmt::Seq(
+                [
+                    has_lo.then(|| lp(min, &ea, ForKind::Serial, body.clone())),
+                    Some(lp(&ea, &eb, ForKind::Vectorized, strip(body, &conds))),
+                    has_hi.then(|| lp(&eb, &end, ForKind::Serial, body.clone())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            )),
         }),
     };
     Some(
