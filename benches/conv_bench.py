@@ -10,7 +10,9 @@ timing; a time is the median over `--repeat` rounds of the mean of `--number` ca
     .venv/bin/python benches/conv_bench.py --batches 1 --threads 1 --layers 3x3-64
 
 Prints one row per (layer, batch, threads): rivet ms, torch ms, and rivet / torch (time
-ratio: below 1 is rivet faster).
+ratio: below 1 is rivet faster). `--also-env RIVET_PARTITION=0` runs rivet a second time, in
+its own subprocess with that variable set, and adds its time and ratio (a switch measured
+side by side with the rest of the run).
 """
 
 import argparse
@@ -101,6 +103,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--number", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--also-env", default=None, help="VAR=VALUE: also run rivet with it set")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     layers = [l for l in args.layers.split(",") if l]
@@ -116,17 +119,26 @@ def main():
         env = dict(os.environ)
         for v in ("RIVET_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[v] = str(t)
-        for lib in ("rivet", "torch"):
+        runs = [("rivet", "rivet", env), ("torch", "torch", env)]
+        if args.also_env:
+            var, _, val = args.also_env.partition("=")
+            runs.insert(1, ("rivet", "alt", dict(env, **{var: val})))
+        for lib, col, cenv in runs:
             cmd = [sys.executable, __file__, "--child", lib, "--layers", ",".join(layers)]
             cmd += ["--batches", args.batches, "--number", str(args.number), "--repeat", str(args.repeat)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            out = subprocess.run(cmd, env=cenv, capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit("%s child failed:\n%s" % (lib, out.stderr))
             for key, ms in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                rows.setdefault((key, t), {})[lib] = ms
-    print("%-26s %7s %10s %10s %8s" % ("layer/batch", "threads", "rivet ms", "torch ms", "ratio"))
+                rows.setdefault((key, t), {})[col] = ms
+    alt = " (%s)" % args.also_env if args.also_env else ""
+    head = "%-26s %7s %10s %10s %8s" % ("layer/batch", "threads", "rivet ms", "torch ms", "ratio")
+    print(head + ("   alt ms  alt ratio%s" % alt if alt else ""))
     for (key, t), v in rows.items():
-        print("%-26s %7d %10.2f %10.2f %8.2f" % (key, t, v["rivet"], v["torch"], v["rivet"] / v["torch"]))
+        line = "%-26s %7d %10.2f %10.2f %8.2f" % (key, t, v["rivet"], v["torch"], v["rivet"] / v["torch"])
+        if alt:
+            line += " %8.2f %10.2f" % (v["alt"], v["alt"] / v["torch"])
+        print(line)
 
 
 if __name__ == "__main__":

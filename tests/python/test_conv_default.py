@@ -110,3 +110,18 @@ def test_conv2d_padded_stage_and_float64(rng):
 def test_depthwise_default_matches_torch(hw, k, stride, pad, rng):
     check(2, 17, 17, hw, k, stride, pad, rng, depthwise=True)
     check(1, 3, 3, hw, k, stride, pad, rng, dtype=np.float64, depthwise=True, symbolic=True)
+
+
+@pytest.mark.parametrize("hw,stride", [(56, 1), (28, 1), (97, 2), (33, 1)])
+def test_guarded_rows_partitioned_match_torch(hw, stride, rng):
+    """Padded image rows with ragged last panels of 32 (56, 28, 49 and 33 wide), and a depthwise
+    convolution's rows, split into guarded edges and a vector interior (`xi.lo` in the IR;
+    checked at stride 1, where the interior's loads are contiguous), against torch."""
+    if stride == 1:
+        X, W, out, oh = conv2d(1, 4, 6, hw, 3, stride, 1)
+        ir = rivet.build(rivet.create_schedule(out), [X, W, out], target="cpu", name="conv").get_source("ir")
+        assert ".lo = " in ir and "ramp" in ir, ir[:3000]
+    check(1, 4, 6, hw, 3, stride, 1, rng)
+    check(2, 3, 5, hw, 3, stride, 1, rng, dtype=np.float64, symbolic=True)
+    check(1, 5, 5, hw, 3, stride, 1, rng, depthwise=True)
+    check(2, 3, 3, hw, 3, stride, 1, rng, dtype=np.float64, depthwise=True, symbolic=True)

@@ -552,3 +552,38 @@ fn hostile_huge_extents_are_refused() {
     apply_default_cpu(&mut s).unwrap();
     assert!(!packed(&s));
 }
+
+/// The printed IR of the CPU build of `c`'s untouched schedule.
+fn cpu_ir(c: &Conv) -> String {
+    let args = c.program();
+    let s = Schedule::new(&args[2..]).unwrap();
+    build(&s, &args, &Target::cpu(), "conv")
+        .unwrap()
+        .get_source("ir")
+        .unwrap()
+}
+
+/// The image pack of a padded convolution with a ragged last panel, and a depthwise one's
+/// output rows, are partitioned (`lower::partition`): guarded edges (`.lo`, `.hi` bounds) and
+/// an interior whose loads are vector loads (`ramp`), not a scalar loop of guarded loads;
+/// at stride 2 too (the window's `x * 2 + kw - 1` bounds `x` by a ceiling division).
+#[test]
+fn guarded_rows_are_partitioned() {
+    for (depthwise, stride) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+        let c = Conv {
+            depthwise,
+            stride,
+            symbolic: false,
+            ..base(8, 8, 56, 3)
+        };
+        let ir = cpu_ir(&c);
+        if std::env::var("SHOW_IR").is_ok() {
+            eprintln!("{ir}");
+        }
+        assert!(
+            ir.contains(".lo") && ir.contains(".hi"),
+            "{c:?}: no partition\n{ir}"
+        );
+        assert!(ir.contains("ramp"), "{c:?}: no vector loop\n{ir}");
+    }
+}

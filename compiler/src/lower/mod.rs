@@ -10,6 +10,7 @@ pub mod fuse_rows;
 pub mod nest;
 pub mod outline;
 pub mod overwrite;
+pub mod partition;
 pub mod row_locals;
 pub mod sync;
 pub mod tensorize;
@@ -180,10 +181,17 @@ pub fn lower(src: Source<'_>, target: &Target, opts: Options) -> Result<Lowered>
         f.body = phase("simplify", || simplify::simplify_stmt(&f.body));
         after(&f, 4, "flatten", true)?;
         // 4b. Vector IR: `vectorize`d loops strip-mined by the target's vector width. First
-        //     the selects on loop-invariant conditions taken out as branches around copies of
+        //     each loop whose loading selects are guarded by bounds on its variable (padding,
+        //     a ragged panel) split into guarded edges and an unguarded interior, then the
+        //     selects on loop-invariant conditions taken out as branches around copies of
         //     the loop: an arm that loads would keep the loop scalar.
-        phase("unswitch selects", || unswitch::selects(&mut f));
         let width = opts.vector_bytes.or(target.vectorize_bytes());
+        // `RIVET_PARTITION=0` keeps such loops whole (for comparisons).
+        if width.is_some_and(|w| w > 0) && !std::env::var("RIVET_PARTITION").is_ok_and(|v| v == "0")
+        {
+            phase("partition", || partition::partition(&mut f));
+        }
+        phase("unswitch selects", || unswitch::selects(&mut f));
         // A float32 loop computing `erf` gets 16 lanes off the GPU where the CPU has AVX-512:
         // one 16-lane computation of it instead of four 4-lane ones.
         phase("vectorize", || {

@@ -6,7 +6,7 @@
 //! accumulators the code generator would keep in registers (`codegen/cranelift/hoist.rs`).
 //! Here `for v { if c { A } else { B } }` becomes `if c { for v { A } } else { for v { B } }`
 //! whenever `c` cannot change in the loop and cannot fault: no variable bound inside the loop,
-//! no load, no division. Bottom-up, so a test rises through every serial loop around it.
+//! no load, no division but by a positive constant. Bottom-up, so a test rises through every serial loop around it.
 //!
 //! Invariant: the condition has the same value in every iteration and evaluating it has no
 //! effect, so running the loop under the branch it selects is running the loop; a loop of no
@@ -169,12 +169,15 @@ fn invariant_test(cond: &Expr, var: &crate::ir::Var, then: &Stmt, otherwise: &St
     invariant(cond, &bound)
 }
 
-/// `cond` reads no variable of `bound`, loads nothing and divides nothing: the same value in
-/// every iteration, evaluated with no effect.
+/// `cond` reads no variable of `bound`, loads nothing and divides by nothing but positive
+/// integer constants (which cannot fault: a fused loop's `f // 40`, `f % 40`): the same value
+/// in every iteration, evaluated with no effect.
 fn invariant(cond: &Expr, bound: &HashSet<u32>) -> bool {
     let mut ok = true;
     cond.visit(&mut |n| match n.kind() {
         ExprKind::Var(v) if bound.contains(&v.id) => ok = false,
+        ExprKind::Binary(BinOp::FloorDiv | BinOp::FloorMod, _, d)
+            if d.as_int().is_some_and(|d| d > 0) => {}
         ExprKind::Load { .. }
         | ExprKind::Read { .. }
         | ExprKind::Reduce { .. }

@@ -209,10 +209,10 @@ fn vectorize_guarded(
 }
 
 /// Bound on each term of a guard's rewritten limit (`vectorize_guarded`).
-const NO_WRAP: i64 = 1 << 58;
+pub(crate) const NO_WRAP: i64 = 1 << 58;
 
 /// `-lim <= e && e <= lim` (load-free when `e` is).
-fn within(e: &Expr, lim: i64) -> Option<Expr> {
+pub(crate) fn within(e: &Expr, lim: i64) -> Option<Expr> {
     let lo = Expr::cmp(CmpOp::Le, Expr::int(-lim), e.clone()).ok()?;
     let hi = Expr::cmp(CmpOp::Le, e.clone(), Expr::int(lim)).ok()?;
     Some(Expr::new(
@@ -221,7 +221,7 @@ fn within(e: &Expr, lim: i64) -> Option<Expr> {
     ))
 }
 
-fn conjuncts(e: &Expr, out: &mut Vec<Expr>) {
+pub(crate) fn conjuncts(e: &Expr, out: &mut Vec<Expr>) {
     match e.kind() {
         ExprKind::Logic(LogicOp::And, a, b) => {
             conjuncts(a, out);
@@ -231,7 +231,7 @@ fn conjuncts(e: &Expr, out: &mut Vec<Expr>) {
     }
 }
 
-fn has_load(e: &Expr) -> bool {
+pub(crate) fn has_load(e: &Expr) -> bool {
     let mut l = false;
     e.visit_unique(&mut |m| l |= matches!(m.kind(), ExprKind::Load { .. }));
     l

@@ -1,0 +1,267 @@
+//! Pass: loop partitioning of `vectorized` loops on their guards (every target, after
+//! flattening, before `unswitch::selects` and `vectorize`). A `select` whose arm loads memory
+//! and whose condition varies with the loop variable keeps a vector loop scalar: `vectorize`
+//! must not load, for any lane, what the scalar loop would skip. A convolution's padding
+//! (`if_then_else(0 <= x + kw - 1 < W, X[.., x + kw - 1], 0)`) and the zero past a packed
+//! GEMM's ragged last panel (`select(jo * 32 + ji < N, .., 0)`) are such guards: in every
+//! row of the image pack, and of a depthwise convolution's output, only a lane or two at
+//! either end is outside. Here, when each condition's conjuncts that use the loop variable
+//! `v` are comparisons of `k * v + rest` with 0, `k` a non-zero constant (a stride) and `rest`
+//! free of `v` (bounds of an interval of `v`),
+//!
+//! ```text
+//! for v in [min, end) vectorized { body }
+//! ```
+//!
+//! becomes (`lo`, `hi`: the largest lower and smallest upper bound the conjuncts give)
+//!
+//! ```text
+//! a = min(max(lo, min), end); b = max(min(hi, end), a)
+//! for v in [min, a) { body }                   // the edge before: guards kept, scalar
+//! for v in [a, b) vectorized { body' }         // the interior: those conjuncts dropped
+//! for v in [b, end) { body }                   // the edge after
+//! ```
+//!
+//! Conjuncts that do not use `v` stay (`unswitch::selects` then takes them out of the
+//! interior loop as a branch).
+//!
+//! Invariants (why the result means what the loop meant):
+//! - the three loops run the iterations of the original, each once, in the original order;
+//! - in the interior every dropped conjunct is true: `lo <= v < hi` is, conjunct by conjunct,
+//!   the comparison rewritten by exact integer arithmetic (`k v + r < 0` iff
+//!   `v < ceil(-r / k)` for `k > 0`), so each select there picks what it
+//!   picked before, and no load is made that the original did not make;
+//! - the bounds are computed in int64 at run time, after the bounds proof, so they must not
+//!   wrap: as in `vectorize` (a guard's limit), each term of `rest`, `min` and the extent are
+//!   first compared against `2^58` (at most 8 terms, a constant of at most `2^58`), so every
+//!   partial sum stays under `2^62`; when a comparison fails the original loop runs instead.
+//!
+//! A loop whose guards are not all of that form, or that has none, is left as it is.
+
+use super::vectorize::{conjuncts, has_load, within, NO_WRAP};
+use crate::arith::simplify::{linear, simplify, Linear};
+use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
+use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
+use rivet_runtime::DType;
+
+/// Most distinct varying conjuncts one loop is partitioned on (each adds a `max` or `min`).
+const MAX_CONJUNCTS: usize = 8;
+
+/// Partitions `f`'s vectorized loops (module header).
+pub fn partition(f: &mut PrimFunc) {
+    f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
+        Stmt::For {
+            var,
+            min,
+            extent,
+            body,
+            kind: ForKind::Vectorized,
+        } => match partitioned(&var, &min, &extent, &body) {
+            Some(p) => p,
+            None => Stmt::For {
+                var,
+                min,
+                extent,
+                body,
+                kind: ForKind::Vectorized,
+            },
+        },
+        other => other,
+    });
+}
+
+/// One bound on `v` from a conjunct: `v >= e` (lower) or `v < e` (upper).
+enum Bound {
+    Lower(Expr),
+    Upper(Expr),
+}
+
+/// Largest coefficient of the loop variable in a partitioned conjunct (a stride).
+const MAX_COEF: i64 = 1 << 20;
+
+/// The bound conjunct `c` (which uses `v`) puts on `v`, with the comparisons that keep its
+/// computation from wrapping pushed onto `no_wrap`; `None` when `c` is not `k * v + rest`
+/// compared with 0 (after moving everything to one side; `0 < |k| <= MAX_COEF`, a strided
+/// window `(x * 2 + kw - 1 >= 0)` included), `rest` free of `v`.
+fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
+    let ExprKind::Cmp(op, a, b) = c.kind() else {
+        return None;
+    };
+    if a.dtype() != DType::I64 || matches!(op, CmpOp::Eq | CmpOp::Ne) {
+        return None;
+    }
+    let l = linear(&a.sub(b))?;
+    let mut rest = Linear::default();
+    let mut coef = 0;
+    for (t, k) in &l.terms {
+        if t.as_var() == Some(v) {
+            coef = *k;
+        } else if t.uses(v) {
+            return None;
+        } else {
+            rest.terms.push((t.clone(), *k));
+        }
+    }
+    rest.constant = l.constant;
+    if coef == 0
+        || coef.unsigned_abs() > MAX_COEF as u64
+        || rest.terms.len() > 8
+        || rest.constant.unsigned_abs() > NO_WRAP as u64
+    {
+        return None;
+    }
+    for (t, k) in &rest.terms {
+        no_wrap.push(within(t, NO_WRAP / k.unsigned_abs().max(1) as i64)?);
+    }
+    // `k * v + rest OP 0` with k < 0 is `-k * v - rest OP' 0`, OP' the mirrored comparison.
+    let (k, r, op) = if coef > 0 {
+        (coef, rest.to_expr(), *op)
+    } else {
+        let mirrored = match op {
+            CmpOp::Lt => CmpOp::Gt,
+            CmpOp::Le => CmpOp::Ge,
+            CmpOp::Gt => CmpOp::Lt,
+            _ => CmpOp::Le,
+        };
+        (-coef, Expr::int(0).sub(&rest.to_expr()), mirrored)
+    };
+    // With k > 0: `k v + r < 0` is `v < ceil(-r / k)`, `k v + r >= 0` is `v >= ceil(-r / k)`;
+    // `<= 0` and `> 0` are those of `r - 1`. `ceil(x / k) = (x + k - 1) // k` (floor
+    // division by a positive constant: exact, and |x| stays under 2^62 + 2^20).
+    let ceil = |extra: i64| {
+        Expr::int(0)
+            .sub(&r)
+            .add(&Expr::int(k - 1 + extra))
+            .floordiv(&Expr::int(k))
+    };
+    Some(match op {
+        CmpOp::Lt => Bound::Upper(ceil(0)),
+        CmpOp::Le => Bound::Upper(ceil(1)),
+        CmpOp::Gt => Bound::Lower(ceil(1)),
+        _ => Bound::Lower(ceil(0)),
+    })
+}
+
+/// The distinct conjuncts that use `v` in the conditions of `body`'s selects of a loading arm
+/// (`bound` then checks their shape); `None` when there are none or too many.
+fn varying(body: &Stmt, v: &Var) -> Option<Vec<Expr>> {
+    let mut found: Vec<Expr> = Vec::new();
+    body.visit_exprs(&mut |e| {
+        e.visit_unique(&mut |n| {
+            if let ExprKind::Select(c, a, b) = n.kind() {
+                if !(has_load(a) || has_load(b)) || has_load(c) {
+                    return;
+                }
+                let mut cs = Vec::new();
+                conjuncts(c, &mut cs);
+                for x in cs.into_iter().filter(|x| x.uses(v)) {
+                    // One past the cap is enough to refuse: no quadratic search on many.
+                    if found.len() <= MAX_CONJUNCTS && !found.contains(&x) {
+                        found.push(x);
+                    }
+                }
+            }
+        })
+    });
+    (!found.is_empty() && found.len() <= MAX_CONJUNCTS).then_some(found)
+}
+
+/// `body` with the conjuncts `drop` removed from every select condition (a select left with
+/// none becomes its first arm).
+fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
+    let mut fe = |e: &Expr| {
+        e.rewrite(&mut |n| {
+            let ExprKind::Select(c, a, b) = n.kind() else {
+                return None;
+            };
+            let mut cs = Vec::new();
+            conjuncts(c, &mut cs);
+            if !cs.iter().any(|x| drop.contains(x)) {
+                return None;
+            }
+            let kept = cs
+                .into_iter()
+                .filter(|x| !drop.contains(x))
+                .reduce(|x, y| Expr::new(ExprKind::Logic(LogicOp::And, x, y), DType::Bool));
+            Some(match kept {
+                None => a.clone(),
+                Some(k) => Expr::new(ExprKind::Select(k, a.clone(), b.clone()), n.dtype()),
+            })
+        })
+    };
+    body.rewrite(&mut fe, &mut |s| s)
+}
+
+fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> {
+    let conds = varying(body, v)?;
+    let mut no_wrap: Vec<Expr> = Vec::new();
+    let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
+    for c in &conds {
+        match bound(c, v, &mut no_wrap)? {
+            Bound::Lower(e) => lo = Some(lo.map_or(e.clone(), |l| l.max_(&e))),
+            Bound::Upper(e) => hi = Some(hi.map_or(e.clone(), |h| h.min_(&e))),
+        }
+    }
+    for e in [min, extent] {
+        match e.as_int() {
+            Some(x) if x.unsigned_abs() <= NO_WRAP as u64 => {}
+            Some(_) => return None,
+            None => no_wrap.push(within(e, NO_WRAP)?),
+        }
+    }
+    let (has_lo, has_hi) = (lo.is_some(), hi.is_some());
+    let end = simplify(&min.add(extent));
+    let (a, b) = (
+        Var::new(&format!("{}.lo", v.name)),
+        Var::new(&format!("{}.hi", v.name)),
+    );
+    let (ea, eb) = (Expr::var(&a), Expr::var(&b));
+    let a_val = simplify(&lo.map_or(min.clone(), |l| l.max_(min)).min_(&end));
+    let b_val = simplify(&hi.map_or(end.clone(), |h| h.min_(&end)).max_(&ea));
+    let lp = |from: &Expr, to: &Expr, kind: ForKind, body: Stmt| Stmt::For {
+        var: v.clone(),
+        min: from.clone(),
+        extent: simplify(&to.sub(from)),
+        kind,
+        body: Box::new(body),
+    };
+    let split = Stmt::Let {
+        var: a,
+        value: a_val,
+        body: Box::new(Stmt::Let {
+            var: b,
+            value: b_val,
+            // No edge loop on a side no conjunct bounds (a ragged panel's guard bounds
+            // only the top).
+            body: Box::new(Stmt::Seq(
+                [
+                    has_lo.then(|| lp(min, &ea, ForKind::Serial, body.clone())),
+                    Some(lp(&ea, &eb, ForKind::Vectorized, strip(body, &conds))),
+                    has_hi.then(|| lp(&eb, &end, ForKind::Serial, body.clone())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            )),
+        }),
+    };
+    Some(
+        match no_wrap
+            .into_iter()
+            .reduce(|x, y| Expr::new(ExprKind::Logic(LogicOp::And, x, y), DType::Bool))
+        {
+            None => split,
+            Some(c) => Stmt::If {
+                cond: c,
+                then: Box::new(split),
+                otherwise: Some(Box::new(Stmt::For {
+                    var: v.clone(),
+                    min: min.clone(),
+                    extent: extent.clone(),
+                    kind: ForKind::Vectorized,
+                    body: Box::new(body.clone()),
+                })),
+            },
+        },
+    )
+}
