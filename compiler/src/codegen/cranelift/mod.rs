@@ -58,6 +58,8 @@ mod stmt;
 mod tests;
 #[cfg(test)]
 mod tests_faults;
+#[cfg(test)]
+mod tests_build_cost;
 mod vector;
 mod vector_exp;
 mod vector_quad;
@@ -79,6 +81,32 @@ use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
 /// (inside PC-relative reach: past it the build is an error, never an out-of-reach call).
 const JIT_ARENA_BYTES: usize = 4 << 20;
 const JIT_ARENA_MAX: usize = 1 << 30;
+/// The Cranelift settings `RIVET_CLIF_SET` may change: speed only (results are the same bits;
+/// `benches/cranelift_settings.py` checks it), unlike, say, NaN canonicalization.
+const TUNABLE_FLAGS: [&str; 4] = [
+    "opt_level",
+    "regalloc_algorithm",
+    "enable_alias_analysis",
+    "unwind_info",
+];
+/// Applies `spec` (`RIVET_CLIF_SET`: `name=value` pairs, comma-separated, names from
+/// `TUNABLE_FLAGS`) to `flags`; anything else is a `CompileError` naming it.
+fn apply_clif_set(flags: &mut settings::Builder, spec: &str) -> Result<()> {
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        match kv.split_once('=') {
+            Some((k, v)) if TUNABLE_FLAGS.contains(&k) => flags
+                .set(k, v)
+                .map_err(|e| Error::Compile(format!("RIVET_CLIF_SET: {kv}: {e}")))?,
+            _ => {
+                return Err(Error::Compile(format!(
+                    "RIVET_CLIF_SET: '{kv}' is not name=value with a name of {}",
+                    TUNABLE_FLAGS.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(())
+}
 /// cranelift-jit's message when a reserved region is full.
 const ARENA_EXHAUSTED: &str = "jit memory region exhausted";
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
@@ -88,11 +116,17 @@ use std::collections::HashMap;
 const PTR: Type = types::I64;
 
 /// The Cranelift CPU backend ("cpu").
+#[derive(Clone)]
 pub struct CraneliftBackend {
     target: Target,
     isa: OwnedTargetIsa,
     /// Keep the disassembly of generated code (costs about 20% of compile time).
     disassemble: bool,
+    /// Keep a copy of every function's CLIF in the kernel for `Kernel::source` (on by
+    /// default). Off, the kernel generates it again from the function when asked
+    /// (`Kernel::source_from`): `build` turns it off, the copy cost a build more than a
+    /// tenth of a millisecond.
+    keep_clif: bool,
     /// Checked mode: unflattened input, every access bounds-checked.
     checked: bool,
     /// The ISA has FMA (read once from its flags, not per kernel).
@@ -142,6 +176,14 @@ impl CraneliftBackend {
         // absolute relocations.
         set(&mut flags, "use_colocated_libcalls", "false")?;
         set(&mut flags, "is_pic", "false")?;
+        // `RIVET_CLIF_SET="k=v,..."`: Cranelift settings that change how fast code is
+        // compiled and how fast it runs, never what it computes, for measuring them
+        // (`benches/cranelift_settings.py`). Read per backend, so per build: a module from
+        // the build cache keeps the settings it was built with.
+        apply_clif_set(
+            &mut flags,
+            &std::env::var("RIVET_CLIF_SET").unwrap_or_default(),
+        )?;
         let mut isa_builder = cranelift_native::builder().map_err(|e| {
             Error::Compile(format!("the host CPU is not supported by Cranelift: {e}"))
         })?;
@@ -161,6 +203,7 @@ impl CraneliftBackend {
             target: Target::cpu(),
             isa,
             disassemble: std::env::var_os("RIVET_DUMP").is_some(),
+            keep_clif: true,
             checked: false,
             has_fma,
         })
@@ -170,6 +213,12 @@ impl CraneliftBackend {
     /// of every load and store at run time.
     pub fn checked(mut self, on: bool) -> Self {
         self.checked = on;
+        self
+    }
+
+    /// Whether kernels keep a copy of their CLIF (see the field).
+    pub fn keep_clif(mut self, on: bool) -> Self {
+        self.keep_clif = on;
         self
     }
 
@@ -185,6 +234,17 @@ impl CraneliftBackend {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
         phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
         self.compile_growing(func, JIT_ARENA_BYTES)
+    }
+
+    /// Refuses a function scheduled for a GPU (before anything else reads it).
+    fn refuse_gpu(func: &PrimFunc) -> Result<()> {
+        if crate::ir::verify::gpu::uses_gpu(func) {
+            return Err(Error::Compile(format!(
+                "function '{}' is scheduled for a GPU (loops bound to block or thread indices, shared memory or barriers): target 'cpu' cannot run it; build it for target 'cuda', or 'interp' to run its GPU semantics on the CPU",
+                func.name
+            )));
+        }
+        Ok(())
     }
 
     /// Compiles `func` (verified) in a region of `arena` bytes, and again in one 16 times
@@ -239,6 +299,7 @@ impl CraneliftBackend {
             callback_table: &*callbacks as *const callback::CallbackTable as usize,
             helper_ids: HashMap::new(),
             disassemble: self.disassemble,
+            keep_clif: self.keep_clif,
             bodies: Vec::new(),
             n_bodies: 0,
             checked: self.checked,
@@ -264,9 +325,9 @@ impl CraneliftBackend {
         // (two pointer parameters, an i32 result, the host's default C calling convention).
         let entry = unsafe { std::mem::transmute::<*const u8, EntryFn>(code) };
         let mut disasm = entry_text.disasm;
-        let mut clif = vec![entry_text.clif];
+        let mut clif: Vec<_> = entry_text.clif.into_iter().collect();
         for b in bodies {
-            clif.push(b.clif);
+            clif.extend(b.clif);
             disasm.push('\n');
             disasm.push_str(&b.disasm);
         }
@@ -280,6 +341,7 @@ impl CraneliftBackend {
             sites,
             clif,
             disasm,
+            backend: (!self.keep_clif).then(|| self.clone()),
         })
     }
 }
@@ -289,13 +351,13 @@ impl Backend for CraneliftBackend {
         &self.target
     }
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
-        if crate::ir::verify::gpu::uses_gpu(func) {
-            return Err(Error::Compile(format!(
-                "function '{}' is scheduled for a GPU (loops bound to block or thread indices, shared memory or barriers): target 'cpu' cannot run it; build it for target 'cuda', or 'interp' to run its GPU semantics on the CPU",
-                func.name
-            )));
-        }
+        Self::refuse_gpu(func)?;
         Ok(Box::new(self.compile_kernel(func)?))
+    }
+
+    fn compile_verified(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
+        Self::refuse_gpu(func)?;
+        Ok(Box::new(self.compile_growing(func, JIT_ARENA_BYTES)?))
     }
 }
 
@@ -331,9 +393,14 @@ pub struct CraneliftKernel {
     name: String,
     /// Checked mode: the buffer name of each access site (`Fault::OutOfBounds::site`).
     sites: Vec<String>,
-    /// Every generated function's CLIF (title, function), formatted by `source()`.
+    /// Every generated function's CLIF (title, function), formatted by `source()`; empty
+    /// when the backend did not keep it (`keep_clif`).
     clif: Vec<(String, cranelift_codegen::ir::Function)>,
     disasm: String,
+    /// The backend that compiled this kernel, when it kept no CLIF: `source_from` compiles
+    /// the function again with it, keeping the CLIF this time (the same settings and
+    /// function give the same CLIF).
+    backend: Option<CraneliftBackend>,
     // Owns the code `entry` points to (only ever dropped).
     _module: OwnedModule,
     /// The host callbacks the code calls; its address is a constant in the code.
@@ -382,7 +449,22 @@ impl Kernel for CraneliftKernel {
         (kind == "asm" && !self.disasm.is_empty()).then(|| self.disasm.clone())
     }
 
+    fn source_from(&self, func: &PrimFunc) -> String {
+        match &self.backend {
+            None => self.source(),
+            Some(b) => match b.clone().keep_clif(true).compile_growing(func, JIT_ARENA_BYTES) {
+                Ok(k) => k.source(),
+                Err(e) => format!("; the CLIF could not be generated again: {e}"),
+            },
+        }
+    }
+
     fn source(&self) -> String {
+        if self.backend.is_some() {
+            return "; CLIF not kept by this kernel's backend (`keep_clif`): ask the module \
+                    (`get_source`), which generates it again from the function"
+                .into();
+        }
         let texts: Vec<String> = self
             .clif
             .iter()
@@ -453,7 +535,7 @@ impl CraneliftKernel {
 /// printing every function on every build cost more than compiling some of them), its title,
 /// and its disassembly when asked for at build.
 struct FuncText {
-    clif: (String, cranelift_codegen::ir::Function),
+    clif: Option<(String, cranelift_codegen::ir::Function)>,
     disasm: String,
 }
 
@@ -466,6 +548,8 @@ struct Compiler<'f> {
     /// The address of the kernel's `callback::CallbackTable`.
     callback_table: usize,
     disassemble: bool,
+    /// Keep each function's CLIF (`CraneliftBackend::keep_clif`).
+    keep_clif: bool,
     /// Texts of the outlined parallel bodies, in order of generation.
     bodies: Vec<FuncText>,
     n_bodies: usize,
@@ -532,7 +616,9 @@ impl<'f> Compiler<'f> {
 
     /// Compiles a finished function into the module; returns its texts.
     fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
-        let clif = (title.to_string(), ctx.func.clone());
+        let clif = self
+            .keep_clif
+            .then(|| (title.to_string(), ctx.func.clone()));
         ctx.set_disasm(self.disassemble);
         crate::build_times::phase_named(
             || format!("cranelift compile {title}"),
