@@ -39,7 +39,8 @@
 //! (`helpers::arena`) that reuses blocks across calls. A local `lower::overwrite` marked
 //! (stored in full before any read) is not zeroed (`rivet_alloc_uninit`, no stack memset).
 //!
-//! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
+//! Files: `expr.rs` (expressions, casts, loads/stores), `divide.rs` (integer `//` and `%`),
+//! `flags.rs` (Cranelift's settings), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
 //! `extern "C"` runtime helpers generated code calls besides `math::symbols()`), `intrin.rs`
 //! (intrinsic calls: a call of the micro-kernel `codegen::cpu_lib::microkernel` selected for this
@@ -47,8 +48,10 @@
 //! module binds to the chosen variant's entry when it is built).
 
 mod callback;
+mod divide;
 mod exp_run;
 mod expr;
+mod flags;
 mod helpers;
 mod hoist;
 mod intrin;
@@ -57,9 +60,9 @@ mod stmt;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_faults;
-#[cfg(test)]
 mod tests_build_cost;
+#[cfg(test)]
+mod tests_faults;
 mod vector;
 mod vector_exp;
 mod vector_quad;
@@ -71,7 +74,7 @@ use crate::ir::{BufId, Expr, PrimFunc};
 use crate::target::Target;
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Type, UserFuncName};
 use cranelift_codegen::isa::OwnedTargetIsa;
-use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::settings::Configurable;
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
@@ -81,32 +84,6 @@ use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
 /// (inside PC-relative reach: past it the build is an error, never an out-of-reach call).
 const JIT_ARENA_BYTES: usize = 4 << 20;
 const JIT_ARENA_MAX: usize = 1 << 30;
-/// The Cranelift settings `RIVET_CLIF_SET` may change: speed only (results are the same bits;
-/// `benches/cranelift_settings.py` checks it), unlike, say, NaN canonicalization.
-const TUNABLE_FLAGS: [&str; 4] = [
-    "opt_level",
-    "regalloc_algorithm",
-    "enable_alias_analysis",
-    "unwind_info",
-];
-/// Applies `spec` (`RIVET_CLIF_SET`: `name=value` pairs, comma-separated, names from
-/// `TUNABLE_FLAGS`) to `flags`; anything else is a `CompileError` naming it.
-fn apply_clif_set(flags: &mut settings::Builder, spec: &str) -> Result<()> {
-    for kv in spec.split(',').filter(|s| !s.is_empty()) {
-        match kv.split_once('=') {
-            Some((k, v)) if TUNABLE_FLAGS.contains(&k) => flags
-                .set(k, v)
-                .map_err(|e| Error::Compile(format!("RIVET_CLIF_SET: {kv}: {e}")))?,
-            _ => {
-                return Err(Error::Compile(format!(
-                    "RIVET_CLIF_SET: '{kv}' is not name=value with a name of {}",
-                    TUNABLE_FLAGS.join(", ")
-                )))
-            }
-        }
-    }
-    Ok(())
-}
 /// cranelift-jit's message when a reserved region is full.
 const ARENA_EXHAUSTED: &str = "jit memory region exhausted";
 use cranelift_module::{default_libcall_names, FuncId, Linkage, Module};
@@ -154,36 +131,7 @@ impl CraneliftBackend {
                 "the Cranelift CPU backend needs a 64-bit host".into(),
             ));
         }
-        let mut flags = settings::builder();
-        let set = |fb: &mut settings::Builder, k: &str, v: &str| {
-            fb.set(k, v)
-                .map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
-        };
-        set(&mut flags, "opt_level", "speed")?;
-        // Cranelift's own IR verifier checks the CLIF we emit before every compile: it is
-        // what catches a code-generator bug as an error instead of bad machine code, and it
-        // costs about 15% of a GEMM build. The tests run it (`make test` sets
-        // RIVET_VERIFY_CLIF=1, debug builds always do); a release build in use skips it: the
-        // CLIF it would check comes from IR our own verifier passed.
-        let verify = cfg!(debug_assertions)
-            || std::env::var("RIVET_VERIFY_CLIF").is_ok_and(|v| v != "0" && !v.is_empty());
-        set(
-            &mut flags,
-            "enable_verifier",
-            if verify { "true" } else { "false" },
-        )?;
-        // The JIT places code and helpers anywhere in the address space: no colocated calls,
-        // absolute relocations.
-        set(&mut flags, "use_colocated_libcalls", "false")?;
-        set(&mut flags, "is_pic", "false")?;
-        // `RIVET_CLIF_SET="k=v,..."`: Cranelift settings that change how fast code is
-        // compiled and how fast it runs, never what it computes, for measuring them
-        // (`benches/cranelift_settings.py`). Read per backend, so per build: a module from
-        // the build cache keeps the settings it was built with.
-        apply_clif_set(
-            &mut flags,
-            &std::env::var("RIVET_CLIF_SET").unwrap_or_default(),
-        )?;
+        let flags = flags::shared_flags()?;
         let mut isa_builder = cranelift_native::builder().map_err(|e| {
             Error::Compile(format!("the host CPU is not supported by Cranelift: {e}"))
         })?;
@@ -193,7 +141,7 @@ impl CraneliftBackend {
                 .map_err(|e| Error::Internal(format!("cranelift ISA setting {k}={v}: {e}")))?;
         }
         let isa = isa_builder
-            .finish(settings::Flags::new(flags))
+            .finish(flags)
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
         let has_fma = isa
             .isa_flags()
@@ -452,7 +400,11 @@ impl Kernel for CraneliftKernel {
     fn source_from(&self, func: &PrimFunc) -> String {
         match &self.backend {
             None => self.source(),
-            Some(b) => match b.clone().keep_clif(true).compile_growing(func, JIT_ARENA_BYTES) {
+            Some(b) => match b
+                .clone()
+                .keep_clif(true)
+                .compile_growing(func, JIT_ARENA_BYTES)
+            {
                 Ok(k) => k.source(),
                 Err(e) => format!("; the CLIF could not be generated again: {e}"),
             },

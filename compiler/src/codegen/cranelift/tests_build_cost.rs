@@ -66,7 +66,9 @@ fn clif_generated_again_on_request_and_verified_compile() {
     assert_eq!(kept.source_from(&f), kept.source());
     let (k, kept): (Box<dyn Kernel>, Box<dyn Kernel>) = (k, kept);
     let n = 5usize;
-    let x: Vec<u8> = (0..n).flat_map(|i| (i as f32 - 2.0).to_le_bytes()).collect();
+    let x: Vec<u8> = (0..n)
+        .flat_map(|i| (i as f32 - 2.0).to_le_bytes())
+        .collect();
     let outs: Vec<Vec<u8>> = [&k, &kept]
         .iter()
         .map(|kern| {
@@ -76,7 +78,9 @@ fn clif_generated_again_on_request_and_verified_compile() {
         })
         .collect();
     assert_eq!(outs[0], outs[1]);
-    let want: Vec<u8> = (0..n).flat_map(|i| (i as f32 - 0.5).to_le_bytes()).collect();
+    let want: Vec<u8> = (0..n)
+        .flat_map(|i| (i as f32 - 0.5).to_le_bytes())
+        .collect();
     assert_eq!(outs[0], want);
 }
 
@@ -100,7 +104,8 @@ fn built_module_generates_its_clif_on_request() {
 fn clif_set_takes_speed_settings_only() {
     use cranelift_codegen::settings;
     let mut flags = settings::builder();
-    super::apply_clif_set(&mut flags, "opt_level=none,regalloc_algorithm=single_pass,").unwrap();
+    super::flags::apply_clif_set(&mut flags, "opt_level=none,regalloc_algorithm=single_pass,")
+        .unwrap();
     let f = settings::Flags::new(flags);
     assert_eq!(f.opt_level(), settings::OptLevel::None);
     for bad in [
@@ -108,9 +113,10 @@ fn clif_set_takes_speed_settings_only() {
         "opt_level",
         "opt_level=fastest",
     ] {
-        let e = super::apply_clif_set(&mut settings::builder(), bad).unwrap_err();
+        let e = super::flags::apply_clif_set(&mut settings::builder(), bad).unwrap_err();
         assert!(
-            matches!(e, crate::error::Error::Compile(_)) && e.to_string().contains("RIVET_CLIF_SET"),
+            matches!(e, crate::error::Error::Compile(_))
+                && e.to_string().contains("RIVET_CLIF_SET"),
             "{bad}: {e}"
         );
     }
