@@ -245,13 +245,14 @@ fn compile_here_timed(src: lower::Source<'_>, target: &Target, opts: Options) ->
     let backend = phase("backend setup", || {
         crate::codegen::backend(target, opts.checked)
     })?;
-    let kernel = phase("backend compile", || backend.compile(&func))?;
+    // `lower::lower` verified `func` last, as the backend expects it: not again.
+    let kernel = phase("backend compile", || backend.compile_verified(&func))?;
     let work = phase("work", || lower::work::Work::of(&func));
     lower::dump(
         &func.name,
         6,
         &format!("{}.src", target.kind_name()),
-        || kernel.source(),
+        || kernel.source_from(&func),
     );
     if let Some(asm) = kernel.source_of("asm") {
         lower::dump(

@@ -104,7 +104,7 @@ impl Module {
                         }),
                         ("cuda" | "cu", TargetKind::Cuda)
                         | ("cranelift" | "clif" | "asm", TargetKind::Cpu | TargetKind::Interp) => {
-                            Ok(c.kernel.source())
+                            Ok(c.kernel.source_from(&c.func))
                         }
                         _ => Err(Error::Compile(format!(
                             "get_source: a module built for target '{}' has no '{kind}' source",

@@ -84,6 +84,14 @@ pub trait Kernel: Send + Sync {
     /// and debugging.
     fn source(&self) -> String;
 
+    /// `source`, given `func`, the function this kernel was compiled from: a backend that does
+    /// not keep its text (the CPU backend under `build`, see `codegen::backend`) generates it
+    /// again from `func`, only when asked.
+    fn source_from(&self, func: &PrimFunc) -> String {
+        let _ = func;
+        self.source()
+    }
+
     /// Other generated artefacts by kind (CUDA: "cuda", "ptx"); `None` when this backend has
     /// no such kind (or, for PTX, when NVRTC was not found at build time).
     fn source_of(&self, kind: &str) -> Option<String> {
@@ -105,13 +113,24 @@ pub trait Backend: Send + Sync {
     fn target(&self) -> &Target;
     /// Compiles a verified function (flattened, unless the backend is in checked mode).
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>>;
+
+    /// `compile`, for a caller that has just run `ir::verify::verify(func, !checked)` itself
+    /// on this very function (`lower::lower` does, last): a backend that verifies its input
+    /// skips doing it a second time.
+    fn compile_verified(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
+        self.compile(func)
+    }
 }
 
 /// The backend for `target`, in checked mode or not (see `build::Options::checked`).
 pub fn backend(target: &Target, checked: bool) -> Result<Box<dyn Backend>> {
     match target.kind {
+        // The pipeline's `Compiled` keeps the function, so the CLIF text is generated again
+        // when asked for (`Kernel::source_from`) instead of being copied on every build.
         TargetKind::Cpu => Ok(Box::new(
-            cranelift::CraneliftBackend::new()?.checked(checked),
+            cranelift::CraneliftBackend::new()?
+                .checked(checked)
+                .keep_clif(false),
         )),
         TargetKind::Interp => Ok(Box::new(interp::InterpBackend::new(checked))),
         TargetKind::Cuda => Ok(Box::new(cuda::CudaBackend::new(target.clone(), checked))),

@@ -39,7 +39,8 @@
 //! (`helpers::arena`) that reuses blocks across calls. A local `lower::overwrite` marked
 //! (stored in full before any read) is not zeroed (`rivet_alloc_uninit`, no stack memset).
 //!
-//! Files: `expr.rs` (expressions, casts, loads/stores), `stmt.rs` (statements, loops, locals),
+//! Files: `expr.rs` (expressions, casts, loads/stores), `divide.rs` (integer `//` and `%`),
+//! `flags.rs` (Cranelift's settings), `stmt.rs` (statements, loops, locals),
 //! `parallel.rs` (outlining of parallel loops and the rayon driver), `helpers.rs` (the
 //! `extern "C"` runtime helpers generated code calls besides `math::symbols()`), `intrin.rs`
 //! (intrinsic calls: a call of the micro-kernel `codegen::cpu_lib::microkernel` selected for this
@@ -47,8 +48,10 @@
 //! module binds to the chosen variant's entry when it is built).
 
 mod callback;
+mod divide;
 mod exp_run;
 mod expr;
+mod flags;
 mod helpers;
 mod hoist;
 mod intrin;
@@ -56,6 +59,8 @@ mod parallel;
 mod stmt;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_build_cost;
 #[cfg(test)]
 mod tests_faults;
 mod vector;
@@ -69,7 +74,7 @@ use crate::ir::{BufId, Expr, PrimFunc};
 use crate::target::Target;
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Type, UserFuncName};
 use cranelift_codegen::isa::OwnedTargetIsa;
-use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::settings::Configurable;
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::{ArenaMemoryProvider, JITBuilder, JITModule};
@@ -88,11 +93,17 @@ use std::collections::HashMap;
 const PTR: Type = types::I64;
 
 /// The Cranelift CPU backend ("cpu").
+#[derive(Clone)]
 pub struct CraneliftBackend {
     target: Target,
     isa: OwnedTargetIsa,
     /// Keep the disassembly of generated code (costs about 20% of compile time).
     disassemble: bool,
+    /// Keep a copy of every function's CLIF in the kernel for `Kernel::source` (on by
+    /// default). Off, the kernel generates it again from the function when asked
+    /// (`Kernel::source_from`): `build` turns it off, the copy cost a build more than a
+    /// tenth of a millisecond.
+    keep_clif: bool,
     /// Checked mode: unflattened input, every access bounds-checked.
     checked: bool,
     /// The ISA has FMA (read once from its flags, not per kernel).
@@ -120,28 +131,7 @@ impl CraneliftBackend {
                 "the Cranelift CPU backend needs a 64-bit host".into(),
             ));
         }
-        let mut flags = settings::builder();
-        let set = |fb: &mut settings::Builder, k: &str, v: &str| {
-            fb.set(k, v)
-                .map_err(|e| Error::Internal(format!("cranelift flag {k}={v}: {e}")))
-        };
-        set(&mut flags, "opt_level", "speed")?;
-        // Cranelift's own IR verifier checks the CLIF we emit before every compile: it is
-        // what catches a code-generator bug as an error instead of bad machine code, and it
-        // costs about 15% of a GEMM build. The tests run it (`make test` sets
-        // RIVET_VERIFY_CLIF=1, debug builds always do); a release build in use skips it: the
-        // CLIF it would check comes from IR our own verifier passed.
-        let verify = cfg!(debug_assertions)
-            || std::env::var("RIVET_VERIFY_CLIF").is_ok_and(|v| v != "0" && !v.is_empty());
-        set(
-            &mut flags,
-            "enable_verifier",
-            if verify { "true" } else { "false" },
-        )?;
-        // The JIT places code and helpers anywhere in the address space: no colocated calls,
-        // absolute relocations.
-        set(&mut flags, "use_colocated_libcalls", "false")?;
-        set(&mut flags, "is_pic", "false")?;
+        let flags = flags::shared_flags()?;
         let mut isa_builder = cranelift_native::builder().map_err(|e| {
             Error::Compile(format!("the host CPU is not supported by Cranelift: {e}"))
         })?;
@@ -151,7 +141,7 @@ impl CraneliftBackend {
                 .map_err(|e| Error::Internal(format!("cranelift ISA setting {k}={v}: {e}")))?;
         }
         let isa = isa_builder
-            .finish(settings::Flags::new(flags))
+            .finish(flags)
             .map_err(|e| Error::Internal(format!("building the Cranelift ISA: {e}")))?;
         let has_fma = isa
             .isa_flags()
@@ -161,6 +151,7 @@ impl CraneliftBackend {
             target: Target::cpu(),
             isa,
             disassemble: std::env::var_os("RIVET_DUMP").is_some(),
+            keep_clif: true,
             checked: false,
             has_fma,
         })
@@ -170,6 +161,12 @@ impl CraneliftBackend {
     /// of every load and store at run time.
     pub fn checked(mut self, on: bool) -> Self {
         self.checked = on;
+        self
+    }
+
+    /// Whether kernels keep a copy of their CLIF (see the field).
+    pub fn keep_clif(mut self, on: bool) -> Self {
+        self.keep_clif = on;
         self
     }
 
@@ -185,6 +182,17 @@ impl CraneliftBackend {
         // Generated code trusts the IR (scoping, types, one index per access): check it.
         phase("verify", || crate::ir::verify::verify(func, !self.checked))?;
         self.compile_growing(func, JIT_ARENA_BYTES)
+    }
+
+    /// Refuses a function scheduled for a GPU (before anything else reads it).
+    fn refuse_gpu(func: &PrimFunc) -> Result<()> {
+        if crate::ir::verify::gpu::uses_gpu(func) {
+            return Err(Error::Compile(format!(
+                "function '{}' is scheduled for a GPU (loops bound to block or thread indices, shared memory or barriers): target 'cpu' cannot run it; build it for target 'cuda', or 'interp' to run its GPU semantics on the CPU",
+                func.name
+            )));
+        }
+        Ok(())
     }
 
     /// Compiles `func` (verified) in a region of `arena` bytes, and again in one 16 times
@@ -239,6 +247,7 @@ impl CraneliftBackend {
             callback_table: &*callbacks as *const callback::CallbackTable as usize,
             helper_ids: HashMap::new(),
             disassemble: self.disassemble,
+            keep_clif: self.keep_clif,
             bodies: Vec::new(),
             n_bodies: 0,
             checked: self.checked,
@@ -264,9 +273,9 @@ impl CraneliftBackend {
         // (two pointer parameters, an i32 result, the host's default C calling convention).
         let entry = unsafe { std::mem::transmute::<*const u8, EntryFn>(code) };
         let mut disasm = entry_text.disasm;
-        let mut clif = vec![entry_text.clif];
+        let mut clif: Vec<_> = entry_text.clif.into_iter().collect();
         for b in bodies {
-            clif.push(b.clif);
+            clif.extend(b.clif);
             disasm.push('\n');
             disasm.push_str(&b.disasm);
         }
@@ -280,6 +289,7 @@ impl CraneliftBackend {
             sites,
             clif,
             disasm,
+            backend: (!self.keep_clif).then(|| self.clone()),
         })
     }
 }
@@ -289,13 +299,13 @@ impl Backend for CraneliftBackend {
         &self.target
     }
     fn compile(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
-        if crate::ir::verify::gpu::uses_gpu(func) {
-            return Err(Error::Compile(format!(
-                "function '{}' is scheduled for a GPU (loops bound to block or thread indices, shared memory or barriers): target 'cpu' cannot run it; build it for target 'cuda', or 'interp' to run its GPU semantics on the CPU",
-                func.name
-            )));
-        }
+        Self::refuse_gpu(func)?;
         Ok(Box::new(self.compile_kernel(func)?))
+    }
+
+    fn compile_verified(&self, func: &PrimFunc) -> Result<Box<dyn Kernel>> {
+        Self::refuse_gpu(func)?;
+        Ok(Box::new(self.compile_growing(func, JIT_ARENA_BYTES)?))
     }
 }
 
@@ -331,9 +341,14 @@ pub struct CraneliftKernel {
     name: String,
     /// Checked mode: the buffer name of each access site (`Fault::OutOfBounds::site`).
     sites: Vec<String>,
-    /// Every generated function's CLIF (title, function), formatted by `source()`.
+    /// Every generated function's CLIF (title, function), formatted by `source()`; empty
+    /// when the backend did not keep it (`keep_clif`).
     clif: Vec<(String, cranelift_codegen::ir::Function)>,
     disasm: String,
+    /// The backend that compiled this kernel, when it kept no CLIF: `source_from` compiles
+    /// the function again with it, keeping the CLIF this time (the same settings and
+    /// function give the same CLIF).
+    backend: Option<CraneliftBackend>,
     // Owns the code `entry` points to (only ever dropped).
     _module: OwnedModule,
     /// The host callbacks the code calls; its address is a constant in the code.
@@ -382,7 +397,26 @@ impl Kernel for CraneliftKernel {
         (kind == "asm" && !self.disasm.is_empty()).then(|| self.disasm.clone())
     }
 
+    fn source_from(&self, func: &PrimFunc) -> String {
+        match &self.backend {
+            None => self.source(),
+            Some(b) => match b
+                .clone()
+                .keep_clif(true)
+                .compile_growing(func, JIT_ARENA_BYTES)
+            {
+                Ok(k) => k.source(),
+                Err(e) => format!("; the CLIF could not be generated again: {e}"),
+            },
+        }
+    }
+
     fn source(&self) -> String {
+        if self.backend.is_some() {
+            return "; CLIF not kept by this kernel's backend (`keep_clif`): ask the module \
+                    (`get_source`), which generates it again from the function"
+                .into();
+        }
         let texts: Vec<String> = self
             .clif
             .iter()
@@ -453,7 +487,7 @@ impl CraneliftKernel {
 /// printing every function on every build cost more than compiling some of them), its title,
 /// and its disassembly when asked for at build.
 struct FuncText {
-    clif: (String, cranelift_codegen::ir::Function),
+    clif: Option<(String, cranelift_codegen::ir::Function)>,
     disasm: String,
 }
 
@@ -466,6 +500,8 @@ struct Compiler<'f> {
     /// The address of the kernel's `callback::CallbackTable`.
     callback_table: usize,
     disassemble: bool,
+    /// Keep each function's CLIF (`CraneliftBackend::keep_clif`).
+    keep_clif: bool,
     /// Texts of the outlined parallel bodies, in order of generation.
     bodies: Vec<FuncText>,
     n_bodies: usize,
@@ -532,7 +568,9 @@ impl<'f> Compiler<'f> {
 
     /// Compiles a finished function into the module; returns its texts.
     fn define(&mut self, id: FuncId, title: &str, ctx: &mut Context) -> Result<FuncText> {
-        let clif = (title.to_string(), ctx.func.clone());
+        let clif = self
+            .keep_clif
+            .then(|| (title.to_string(), ctx.func.clone()));
         ctx.set_disasm(self.disassemble);
         crate::build_times::phase_named(
             || format!("cranelift compile {title}"),

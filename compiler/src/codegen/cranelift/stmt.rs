@@ -381,11 +381,18 @@ impl<'f> FnGen<'_, 'f> {
         // count is exact: an overflowing product (possible only for a function launched
         // without `call::allocate`'s size check, which refuses it first) asks `rivet_alloc` for
         // -1 bytes, a `MemoryError`, never a wrapped small size.
+        // Constant extents multiply here, while the count is constant too (a packed
+        // panel's inner dims): the code for them would only be folded away by Cranelift.
         let mut strides = vec![self.iconst(types::I64, 1); extents.len()];
         let mut count = self.iconst(types::I64, 1);
         let mut wrapped = self.iconst(types::I8, 0);
         for k in (0..extents.len()).rev() {
             strides[k] = count;
+            let known = self.scalar_const(count).zip(self.scalar_const(extents[k]));
+            if let Some(p) = known.and_then(|(c, e)| c.checked_mul(e.max(0))) {
+                count = self.iconst(types::I64, p);
+                continue;
+            }
             let zero = self.iconst(types::I64, 0);
             let e = self.b.ins().smax(extents[k], zero);
             let hi = self.b.ins().umulhi(count, e);

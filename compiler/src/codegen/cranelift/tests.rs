@@ -264,8 +264,12 @@ const SAMPLES: [f64; 24] = [
 ];
 
 /// Runs a 1-d kernel over `n` elements: buffers compact, dims = [n], each buffer one stride.
-fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
-    let k = compile(f);
+pub(super) fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
+    run_kernel_1d(&compile(f), f, n, data)
+}
+
+/// `run_1d` with a kernel compiled from `f` already.
+pub(super) fn run_kernel_1d(k: &dyn Kernel, f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
     let ptrs = data.iter_mut().map(|d| d.as_mut_ptr()).collect();
     let mut ints = vec![n as i64];
     ints.extend(std::iter::repeat_n(1, f.params.len()));
@@ -283,7 +287,7 @@ fn run_1d(f: &PrimFunc, n: usize, data: &mut [Vec<u8>]) {
 }
 
 /// `out[i] = build(loads of ins)[i]` over 1-d buffers of `n` elements.
-fn elementwise(
+pub(super) fn elementwise(
     name: &str,
     in_dts: &[DType],
     out_dt: DType,
@@ -652,7 +656,7 @@ fn logic_not_and_select_on_bools() {
 }
 
 /// Reference int binary op at the width of `dt`, on values given as i128.
-fn int_binary_ref(op: BinOp, dt: DType, x: i128, y: i128) -> Vec<u8> {
+pub(super) fn int_binary_ref(op: BinOp, dt: DType, x: i128, y: i128) -> Vec<u8> {
     let unsigned = matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::U64);
     let r: i128 = if unsigned {
         let (x, y) = (x as u128, y as u128);
@@ -685,7 +689,7 @@ fn int_binary_ref(op: BinOp, dt: DType, x: i128, y: i128) -> Vec<u8> {
     cast_bytes(S::I(r), DType::I64, dt)
 }
 
-fn int_samples(dt: DType) -> Vec<i128> {
+pub(super) fn int_samples(dt: DType) -> Vec<i128> {
     let bits = dt.size() as u32 * 8;
     let unsigned = matches!(dt, DType::U8 | DType::U16 | DType::U32 | DType::U64);
     let (min, max) = if unsigned {
