@@ -38,8 +38,8 @@
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
 
-use super::vectorize::{conjuncts, has_load, within, NO_WRAP};
-use crate::arith::simplify::{linear, simplify, Linear};
+use super::vectorize::{coefficient_and_rest, conjuncts, has_load, within, NO_WRAP};
+use crate::arith::simplify::{linear, simplify};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use rivet_runtime::DType;
@@ -91,18 +91,7 @@ fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
         return None;
     }
     let l = linear(&a.sub(b))?;
-    let mut rest = Linear::default();
-    let mut coef = 0;
-    for (t, k) in &l.terms {
-        if t.as_var() == Some(v) {
-            coef = *k;
-        } else if t.uses(v) {
-            return None;
-        } else {
-            rest.terms.push((t.clone(), *k));
-        }
-    }
-    rest.constant = l.constant;
+    let (coef, rest) = coefficient_and_rest(&l, v)?;
     if coef == 0
         || coef.unsigned_abs() > MAX_COEF as u64
         || rest.terms.len() > 8

@@ -133,18 +133,7 @@ fn vectorize_guarded(
             return None;
         }
         let l = linear(&a.sub(b))?;
-        let mut rest = Linear::default();
-        let mut coef = 0;
-        for (t, k) in &l.terms {
-            if t.as_var() == Some(v) {
-                coef = *k;
-            } else if t.uses(v) {
-                return None;
-            } else {
-                rest.terms.push((t.clone(), *k));
-            }
-        }
-        rest.constant = l.constant;
+        let (coef, rest) = coefficient_and_rest(&l, v)?;
         if coef != 1 {
             return None;
         }
@@ -636,6 +625,24 @@ fn affine(op: BinOp, x: &Expr, y: &Expr) -> Option<Expr> {
         (BinOp::Mul, None, Some((b, s, l))) if scalar(x) => ramp(x.mul(&b), x.mul(&s), l),
         _ => None,
     }
+}
+
+/// `l` as `coef * v + rest` with `rest` free of `v` (`coef` 0 when `v` does not occur);
+/// `None` when a term uses `v` other than as `v` itself (`v * w`, `v // 2`).
+pub(crate) fn coefficient_and_rest(l: &Linear, v: &Var) -> Option<(i64, Linear)> {
+    let mut rest = Linear::default();
+    let mut coef = 0;
+    for (t, k) in &l.terms {
+        if t.as_var() == Some(v) {
+            coef = *k;
+        } else if t.uses(v) {
+            return None;
+        } else {
+            rest.terms.push((t.clone(), *k));
+        }
+    }
+    rest.constant = l.constant;
+    Some((coef, rest))
 }
 
 #[cfg(test)]
