@@ -6,7 +6,11 @@
 //! inside it (a buffer allocated inside the body is private to one iteration), one of:
 //!
 //! 1. **Disjoint**: there is one *slot* — a dimension `d`, or a pair of slots holding
-//!    `I1 + x // E` and `I2 + x % E` (which recover `x` since `x = (x // E) * E + x % E`) —
+//!    `I1 + x // E` and `I2 + S * (x % E) + r` (`S` a positive constant, `r` the rest: the
+//!    pair's key is `S * x + r`, a function of the element since
+//!    `S * x + r = E * S * (first - I1) + (second - I2)`; with `S = 1, r = 0` it is `x`; `E`
+//!    a positive constant or a product of factors of the loop's extent, so that `E = 0`,
+//!    where `x // 0 = x % 0 = 0` breaks the identity, leaves the loop without iterations) —
 //!    such that every store and every load of `X` in the body puts there a key of the form
 //!    `C * v + r`, with one coefficient `C` for all accesses (a positive constant, or one
 //!    invariant expression), and every `r` ranging over one window `[L, L + C - 1]`. Then
@@ -60,6 +64,32 @@ struct Body<'a> {
     /// The declared computations of the body's intrinsic calls, by the call's address: a
     /// call is checked as its model (`ir::intrin`), whose accesses are the call's.
     models: &'a HashMap<*const Stmt, Stmt>,
+    /// The factors of the loop's extent (`a * (b * c)`: a, b, c), at most `MAX_FACTORS`: a
+    /// symbolic divisor of a pair made only of them is 0 only when the loop has no iteration.
+    extent_factors: Vec<Expr>,
+}
+
+/// Most factors of a loop extent `factors` collects (a fused loop has one per fused loop).
+const MAX_FACTORS: usize = 16;
+
+/// The factors of a product tree `e` (`e` itself when it is no product), or none when there
+/// are more than `MAX_FACTORS` (the pair rule then takes constant divisors only).
+fn factors(e: &Expr) -> Vec<Expr> {
+    let mut out = Vec::new();
+    let mut todo = vec![e.clone()];
+    while let Some(x) = todo.pop() {
+        if out.len() + todo.len() >= MAX_FACTORS {
+            return Vec::new();
+        }
+        match x.kind() {
+            ExprKind::Binary(BinOp::Mul, a, b) => {
+                todo.push(a.clone());
+                todo.push(b.clone());
+            }
+            _ => out.push(x),
+        }
+    }
+    out
 }
 
 /// Checks the loop `for v in ..: body`; `budget` is decremented per expression node walked
@@ -67,6 +97,7 @@ struct Body<'a> {
 pub fn check_loop(
     func: &PrimFunc,
     v: &crate::ir::expr::Var,
+    extent: &Expr,
     body: &Stmt,
     budget: &mut usize,
 ) -> std::result::Result<(), Race> {
@@ -86,6 +117,7 @@ pub fn check_loop(
     });
     let mut b = Body {
         models: &models,
+        extent_factors: factors(extent),
         v: v.id,
         inner: HashMap::new(),
         private: HashSet::new(),
@@ -137,7 +169,9 @@ fn uses_any(e: &Expr, pred: &dyn Fn(u32) -> bool) -> bool {
 #[derive(Clone, PartialEq, Debug)]
 enum Slot {
     Dim(usize),
-    Pair(Box<Slot>, Box<Slot>, Expr, Expr, Expr),
+    /// The two slots, `E`, `I1`, `I2` and `S` (module header): accesses share a pair only
+    /// when all of them are equal, so the key is the same function of the element for all.
+    Pair(Box<Slot>, Box<Slot>, Expr, Expr, Expr, i64),
 }
 
 impl<'a> Body<'a> {
@@ -328,16 +362,41 @@ impl<'a> Body<'a> {
         out
     }
 
-    /// `(I1 + x // E, I2 + x % E)` -> `x`, with `I1`, `I2`, `E` invariant.
+    /// `(I1 + x // E, I2 + S * (x % E) + r)` -> `S * x + r`, with `I1`, `I2`, `E` invariant,
+    /// `S` a positive constant and `r` the varying rest (module header; a fused loop's digits
+    /// when the inner one was tiled: `(f % 4) * 32 + j`).
     fn pair(&self, a: &(Slot, Expr), b: &(Slot, Expr)) -> Option<(Slot, Expr)> {
         let (i1, q) = self.split_atom(&a.1, BinOp::FloorDiv)?;
-        let (i2, r) = self.split_atom(&b.1, BinOp::FloorMod)?;
-        let (ExprKind::Binary(_, x, e1), ExprKind::Binary(_, x2, e2)) = (q.kind(), r.kind()) else {
+        let ExprKind::Binary(_, x, e1) = q.kind() else {
             return None;
         };
-        if x != x2 || e1 != e2 || !self.invariant(e1) {
+        if !self.invariant(e1) {
             return None;
         }
+        let (i2, scale, rest) = self.split_scaled_mod(&b.1, &x.floormod(e1))?;
+        // `x = (x // E) * E + x % E` needs `E != 0` (rivet's `x // 0` and `x % 0` are 0: every
+        // iteration would touch the same element): a positive constant, or a product of
+        // factors of the loop's extent (`E = 0` then means no iteration: a fused loop's
+        // extent is the product of the loops it fused).
+        let nonzero = match e1.as_int() {
+            Some(e) => e > 0,
+            None => {
+                let fe = factors(e1);
+                !fe.is_empty() && fe.iter().all(|f| self.extent_factors.contains(f))
+            }
+        };
+        if !nonzero {
+            return None;
+        }
+        let key = if scale == 1 {
+            x.clone()
+        } else {
+            Expr::int(scale).mul(x)
+        };
+        let key = match rest {
+            Some(r) => key.add(&r),
+            None => key,
+        };
         Some((
             Slot::Pair(
                 Box::new(a.0.clone()),
@@ -345,9 +404,35 @@ impl<'a> Body<'a> {
                 e1.clone(),
                 i1,
                 i2,
+                scale,
             ),
-            x.clone(),
+            key,
         ))
+    }
+
+    /// `e = I + S * m + r` for the atom `m` (`x % E`), `S` a positive constant, `I` the
+    /// invariant terms and `r` the varying ones (`None` when there are none).
+    fn split_scaled_mod(&self, e: &Expr, m: &Expr) -> Option<(Expr, i64, Option<Expr>)> {
+        let l = linear(e)?;
+        let pos = l.terms.iter().position(|(t, c)| *c > 0 && t == m)?;
+        let scale = l.terms[pos].1;
+        let mut inv = crate::arith::simplify::Linear {
+            constant: l.constant,
+            ..Default::default()
+        };
+        let mut var = crate::arith::simplify::Linear::default();
+        for (k, (t, c)) in l.terms.iter().enumerate() {
+            if k == pos {
+                continue;
+            }
+            if self.invariant(t) {
+                inv.terms.push((t.clone(), *c));
+            } else {
+                var.terms.push((t.clone(), *c));
+            }
+        }
+        let rest = (!var.terms.is_empty()).then(|| var.to_expr());
+        Some((inv.to_expr(), scale, rest))
     }
 
     /// `e = rest + atom` with `atom` an `op` node (coefficient 1) and `rest` invariant.

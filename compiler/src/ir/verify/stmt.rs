@@ -57,7 +57,8 @@ impl<'a> Verifier<'a> {
             }
         }
         if matches!(kind, ForKind::Parallel | ForKind::Vectorized) && !self.flattened {
-            if let Err(r) = super::parallel::check_loop(self.func, var, body, &mut self.race_budget)
+            if let Err(r) =
+                super::parallel::check_loop(self.func, var, extent, body, &mut self.race_budget)
             {
                 let what = if kind == ForKind::Parallel {
                     "parallel"

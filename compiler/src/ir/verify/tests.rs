@@ -585,6 +585,72 @@ fn parallel_loops_must_be_race_free_in_loaded_functions() {
     );
 }
 
+/// `parallel for f in [0, 8): for j in [0, width): C[f // e, (f % e) * 32 + j] = 1` on a 2-D
+/// output: the digits of a fused loop whose inner loop was tiled by 32 (a default-scheduled
+/// GEMM's heads x column panels).
+fn fused_tiled(e: Expr, width: i64, extent: Expr) -> PrimFunc {
+    let b = base();
+    let n = b.n.clone();
+    let c2 = buffer(
+        1,
+        "C",
+        DType::F32,
+        vec![Expr::var(&n), Expr::var(&n)],
+        BufKind::Param { output: true },
+    );
+    let (f, j) = (Var::new("f"), Var::new("j"));
+    let fv = Expr::var(&f);
+    let col = fv.floormod(&e).mul(&Expr::int(32)).add(&Expr::var(&j));
+    let mut func = b.f.clone();
+    func.buffers[1] = c2.clone();
+    func.body = Stmt::For {
+        var: f.clone(),
+        min: Expr::int(0),
+        extent,
+        kind: ForKind::Parallel,
+        body: Box::new(Stmt::For {
+            var: j.clone(),
+            min: Expr::int(0),
+            extent: Expr::int(width),
+            kind: ForKind::Serial,
+            body: Box::new(Stmt::Store {
+                buf: c2.id,
+                indices: vec![fv.floordiv(&e), col],
+                value: Expr::constant(1.0, DType::F32),
+            }),
+        }),
+    };
+    func
+}
+
+#[test]
+fn a_fused_loops_tiled_digits_are_disjoint_and_an_overlap_is_not() {
+    let eight = || Expr::int(8);
+    // Each f writes row f // 4, columns [32 (f % 4), 32 (f % 4) + 32): disjoint.
+    verify_loaded(&fused_tiled(Expr::int(4), 32, eight())).unwrap();
+    // 33 columns per f: f and f + 1 share a column.
+    expect_loaded_err(&fused_tiled(Expr::int(4), 33, eight()), "disjoint elements");
+    // A symbolic divisor may be 0 (`x // 0 == x % 0 == 0`: every f the same element): taken
+    // only when it is a factor of the loop's extent (0 then means no iteration), as a fused
+    // loop's extent `rows * m` has it.
+    let m = Var::new("m");
+    let with_m = |mut f: PrimFunc| {
+        f.dims.push(m.clone());
+        f
+    };
+    let mv = Expr::var(&m);
+    expect_loaded_err(
+        &with_m(fused_tiled(mv.clone(), 32, eight())),
+        "disjoint elements",
+    );
+    verify_loaded(&with_m(fused_tiled(mv.clone(), 32, Expr::int(2).mul(&mv)))).unwrap();
+    expect_loaded_err(
+        &with_m(fused_tiled(mv.clone(), 33, Expr::int(2).mul(&mv))),
+        "disjoint elements",
+    );
+    expect_loaded_err(&fused_tiled(Expr::int(0), 32, eight()), "disjoint elements");
+}
+
 #[test]
 fn extents_and_resource_limits() {
     let b = base();
