@@ -38,7 +38,9 @@
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
 
-use super::vectorize::{coefficient_and_rest, conjuncts, has_load, within, NO_WRAP};
+use super::vectorize::{
+    coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
+};
 use crate::arith::simplify::{linear, simplify};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
@@ -234,23 +236,5 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
             )),
         }),
     };
-    Some(
-        match no_wrap
-            .into_iter()
-            .reduce(|x, y| Expr::new(ExprKind::Logic(LogicOp::And, x, y), DType::Bool))
-        {
-            None => split,
-            Some(c) => Stmt::If {
-                cond: c,
-                then: Box::new(split),
-                otherwise: Some(Box::new(Stmt::For {
-                    var: v.clone(),
-                    min: min.clone(),
-                    extent: extent.clone(),
-                    kind: ForKind::Vectorized,
-                    body: Box::new(body.clone()),
-                })),
-            },
-        },
-    )
+    Some(unless_wrapping(no_wrap, split, (v, min, extent, body)))
 }

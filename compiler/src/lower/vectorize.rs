@@ -165,23 +165,11 @@ fn vectorize_guarded(
         ext = ext.min_(&limit.sub(min));
     }
     let ext = simplify(&ext);
-    let mut inner = vectorize_loop(v, min, &ext, then, width)?;
-    if let Some(c) = no_wrap
-        .into_iter()
-        .reduce(|a, b| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool))
-    {
-        inner = Stmt::If {
-            cond: c,
-            then: Box::new(inner),
-            otherwise: Some(Box::new(Stmt::For {
-                var: v.clone(),
-                min: min.clone(),
-                extent: extent.clone(),
-                kind: ForKind::Vectorized,
-                body: Box::new(body.clone()),
-            })),
-        };
-    }
+    let inner = unless_wrapping(
+        no_wrap,
+        vectorize_loop(v, min, &ext, then, width)?,
+        (v, min, extent, body),
+    );
     Some(
         match hoisted
             .into_iter()
@@ -624,6 +612,34 @@ fn affine(op: BinOp, x: &Expr, y: &Expr) -> Option<Expr> {
         (BinOp::Mul, Some((b, s, l)), None) if scalar(y) => ramp(b.mul(y), s.mul(y), l),
         (BinOp::Mul, None, Some((b, s, l))) if scalar(x) => ramp(x.mul(&b), x.mul(&s), l),
         _ => None,
+    }
+}
+
+/// `fast` when every `no_wrap` condition holds at run time, else the original vectorized loop
+/// `for v in [min, min + extent): body` (`fast` alone when there is no condition): the
+/// rewrites that bound a loop by its guards keep the loop as written for operands where
+/// those bounds could wrap.
+pub(crate) fn unless_wrapping(
+    no_wrap: Vec<Expr>,
+    fast: Stmt,
+    (v, min, extent, body): (&Var, &Expr, &Expr, &Stmt),
+) -> Stmt {
+    match no_wrap
+        .into_iter()
+        .reduce(|a, b| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool))
+    {
+        None => fast,
+        Some(c) => Stmt::If {
+            cond: c,
+            then: Box::new(fast),
+            otherwise: Some(Box::new(Stmt::For {
+                var: v.clone(),
+                min: min.clone(),
+                extent: extent.clone(),
+                kind: ForKind::Vectorized,
+                body: Box::new(body.clone()),
+            })),
+        },
     }
 }
 

@@ -101,20 +101,7 @@ fn a_module_outgrowing_its_jit_region_is_compiled_in_a_larger_one() {
     let bv: Vec<f64> = (0..nn).map(|x| x as f64 * 0.5 - 100.0).collect();
     let mut outs = vec![];
     for k in [b.compile_growing(&f, page).unwrap(), compile(&plain)] {
-        let mut out = vec![f32::NAN; nn];
-        let mut cnt = vec![-1i32; nn];
-        let frame = CallFrame {
-            ptrs: vec![
-                av.as_ptr() as *mut u8,
-                bv.as_ptr() as *mut u8,
-                out.as_mut_ptr() as *mut u8,
-                cnt.as_mut_ptr() as *mut u8,
-            ]
-            .into(),
-            ints: vec![nn as i64, 1, 1, 1, 1].into(),
-        };
-        // SAFETY: buffers match the frame.
-        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
+        let (out, cnt) = run_parallel_program(&k, &av, &bv, nn);
         outs.push((out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), cnt));
     }
     assert_eq!(outs[0], outs[1]);
@@ -955,6 +942,33 @@ fn reduction_into_a_local_allocation() {
     );
 }
 
+/// Runs a kernel of `parallel_program` over `nn` elements of `av`, `bv` (at least one each):
+/// `out` starts as NaN and `cnt` as -1 (at least one element each, so an empty range is seen
+/// to write nothing).
+fn run_parallel_program(
+    k: &super::CraneliftKernel,
+    av: &[f32],
+    bv: &[f64],
+    nn: usize,
+) -> (Vec<f32>, Vec<i32>) {
+    assert!(av.len() >= nn.max(1) && bv.len() >= nn.max(1));
+    let mut out = vec![f32::NAN; nn.max(1)];
+    let mut cnt = vec![-1i32; nn.max(1)];
+    let frame = CallFrame {
+        ptrs: vec![
+            av.as_ptr() as *mut u8,
+            bv.as_ptr() as *mut u8,
+            out.as_mut_ptr() as *mut u8,
+            cnt.as_mut_ptr() as *mut u8,
+        ]
+        .into(),
+        ints: vec![nn as i64, 1, 1, 1, 1].into(),
+    };
+    // SAFETY: every buffer holds at least the `nn` elements the frame names.
+    unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
+    (out, cnt)
+}
+
 /// A parallel loop with a captured `Let`, an inner loop, a local and a nested parallel loop,
 /// against the same function with serial loops.
 fn parallel_program(kind: ForKind) -> PrimFunc {
@@ -1038,21 +1052,7 @@ fn parallel_loop_matches_serial() {
         if kind == ForKind::Parallel {
             assert!(k.source().contains("par.parallel0"), "{}", k.source());
         }
-        let mut out = vec![f32::NAN; nn];
-        let mut cnt = vec![-1i32; nn];
-        let frame = CallFrame {
-            ptrs: vec![
-                av.as_ptr() as *mut u8,
-                bv.as_ptr() as *mut u8,
-                out.as_mut_ptr() as *mut u8,
-                cnt.as_mut_ptr() as *mut u8,
-            ]
-            .into(),
-            ints: vec![nn as i64, 1, 1, 1, 1].into(),
-        };
-        // SAFETY: buffers match the frame.
-        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
-        results.push((out, cnt));
+        results.push(run_parallel_program(&k, &av, &bv, nn));
     }
     let (s, p) = (&results[0], &results[1]);
     for x in 0..nn {
@@ -1075,20 +1075,7 @@ fn parallel_loop_with_empty_and_tiny_ranges() {
         let k = compile(&f);
         let av = vec![1.5f32; nn.max(1)];
         let bv = vec![2.0f64; nn.max(1)];
-        let mut out = vec![f32::NAN; nn.max(1)];
-        let mut cnt = vec![-1i32; nn.max(1)];
-        let frame = CallFrame {
-            ptrs: vec![
-                av.as_ptr() as *mut u8,
-                bv.as_ptr() as *mut u8,
-                out.as_mut_ptr() as *mut u8,
-                cnt.as_mut_ptr() as *mut u8,
-            ]
-            .into(),
-            ints: vec![nn as i64, 1, 1, 1, 1].into(),
-        };
-        // SAFETY: buffers match the frame.
-        unsafe { k.launch(&frame, &LaunchContext::host()) }.unwrap();
+        let (out, cnt) = run_parallel_program(&k, &av, &bv, nn);
         for (x, &c) in cnt.iter().enumerate().take(nn) {
             assert_eq!(c, x as i32);
         }
