@@ -589,6 +589,11 @@ fn parallel_loops_must_be_race_free_in_loaded_functions() {
 /// output: the digits of a fused loop whose inner loop was tiled by 32 (a default-scheduled
 /// GEMM's heads x column panels).
 fn fused_tiled(e: Expr, width: i64, extent: Expr) -> PrimFunc {
+    fused_scaled(e, 32, width, extent)
+}
+
+/// `fused_tiled` with the column digit scaled by `scale` instead of 32.
+fn fused_scaled(e: Expr, scale: i64, width: i64, extent: Expr) -> PrimFunc {
     let b = base();
     let n = b.n.clone();
     let c2 = buffer(
@@ -600,7 +605,7 @@ fn fused_tiled(e: Expr, width: i64, extent: Expr) -> PrimFunc {
     );
     let (f, j) = (Var::new("f"), Var::new("j"));
     let fv = Expr::var(&f);
-    let col = fv.floormod(&e).mul(&Expr::int(32)).add(&Expr::var(&j));
+    let col = fv.floormod(&e).mul(&Expr::int(scale)).add(&Expr::var(&j));
     let mut func = b.f.clone();
     func.buffers[1] = c2.clone();
     func.body = Stmt::For {
@@ -649,6 +654,18 @@ fn a_fused_loops_tiled_digits_are_disjoint_and_an_overlap_is_not() {
         "disjoint elements",
     );
     expect_loaded_err(&fused_tiled(Expr::int(0), 32, eight()), "disjoint elements");
+    // Hostile scales: refused or accepted, never a panic or a wrapped window (the key's
+    // arithmetic stays in checked linear forms).
+    for scale in [1i64 << 31, 1 << 62, i64::MAX] {
+        if let Err(e) = verify_loaded(&fused_scaled(Expr::int(4), scale, 32, eight())) {
+            assert!(e.to_string().contains("disjoint elements"), "{scale}: {e}");
+        }
+    }
+    // A width past the scale overlaps whatever the scale.
+    expect_loaded_err(
+        &fused_scaled(Expr::int(4), 1 << 40, (1 << 40) + 1, eight()),
+        "disjoint elements",
+    );
 }
 
 #[test]
