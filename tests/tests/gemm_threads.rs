@@ -9,7 +9,11 @@
 //!   M and N off the tile (13, 45), constant (where packed) and symbolic sizes, float32 and
 //!   float64;
 //! - on 1, 2 and 3 threads (`RIVET_NUM_THREADS`, read once per process: one child process
-//!   each), and with the slice depth forced (`RIVET_GEMM_KC`: off, 16, 40).
+//!   each), and with the slice depth forced (`RIVET_GEMM_KC`: off, 16, 40);
+//! - blocked for the caches (`packed_gemm::Blocks`): K blocks (a constant K of 640 or 1000:
+//!   blocks of 160 or 250 products, C stored and reloaded between them) and M blocks whose
+//!   last one is ragged (its guard kept around the call), and with blocking turned off
+//!   (`RIVET_GEMM_BLOCKS=0`): the same bits in every case.
 
 use rivet_compiler::ir::Expr;
 use rivet_compiler::schedule::cpu_default::apply_default_cpu;
@@ -133,6 +137,39 @@ fn threads_child() {
         }
     }
     check(64, 256, 300, DType::F32, false, false);
+    blocked_child();
+}
+
+/// Sizes the cache blocking cuts: f32 K = 640 (four K blocks of 160, M blocks of 12 row
+/// panels: 26 panels give 12, 12 and 2; chunks of 2 column panels: 9 panels give four and
+/// a ragged one), f64 K = 1000 (blocks of 250, M blocks of 4: 9 panels give 4, 4, 1);
+/// symbolic sizes have M blocks and chunks only. The printed IR shows the blocks (unless
+/// `RIVET_GEMM_BLOCKS=0`).
+fn blocked_child() {
+    let blocking = std::env::var("RIVET_GEMM_BLOCKS").map_or(true, |v| v != "0");
+    for (m, n, k, dt) in [(301, 288, 640, DType::F32), (97, 40, 1000, DType::F64)] {
+        for symbolic in [false, true] {
+            check(m, n, k, dt, symbolic, false);
+        }
+        let args = program(m, n, k, dt, false);
+        let ir = build(
+            &Schedule::new(&args[2..]).unwrap(),
+            &args,
+            &Target::cpu(),
+            "g",
+        )
+        .unwrap()
+        .get_source("ir")
+        .unwrap_or_default();
+        // Four K blocks and three M blocks in both cases; five chunks of columns in the first.
+        let blocked = ir.contains("for p.outer in [0, 4)")
+            && ir.contains("for i.outer.outer in [0, 3)")
+            && (k != 640 || ir.contains("parallel for j.outer.outer in [0, 5)"));
+        assert_eq!(
+            blocked, blocking,
+            "{m}x{n}x{k}: K blocks and the M blocks' guard:\n{ir}"
+        );
+    }
 }
 
 #[test]
@@ -143,4 +180,5 @@ fn default_gemm_bits_do_not_depend_on_threads_or_slices() {
     for kc in ["0", "16", "40"] {
         rivet_tests::run_in_child("threads_child", &[("RIVET_GEMM_KC", kc)]);
     }
+    rivet_tests::run_in_child("threads_child", &[("RIVET_GEMM_BLOCKS", "0")]);
 }

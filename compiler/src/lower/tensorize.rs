@@ -22,6 +22,9 @@
 //! `K`), are first folded to `e + 0` and `c + v`: exact for those ranges, and what a tiled
 //! index (`A[i // MR, p, i % MR]` with `i = io*MR + ii`) needs to be recognised.
 //!
+//! A guard around the store that names none of the three loops (a ragged split of a loop
+//! outside the tile) is kept around the call instead.
+//!
 //! The loop found is the one (of the marked variable) whose nest updates its stage's tensor:
 //! a reduction's init nest reuses the data-parallel loop variables and is left alone.
 
@@ -236,6 +239,62 @@ pub(crate) fn fold_tiles(e: &Expr, ranges: &[(&Var, Option<i64>)]) -> Expr {
 
 fn match_gemm(func: &PrimFunc, s: &Stmt) -> std::result::Result<Stmt, String> {
     let (loops, inner) = peel(s);
+    // A guard that names none of the nest's loops (a split of a loop outside the tile whose
+    // factor does not divide its extent: a ragged block of row panels) holds or fails for the
+    // whole nest: it guards the call instead. Same iterations, same order.
+    if let Stmt::If {
+        cond,
+        then,
+        otherwise: None,
+    } = inner
+    {
+        if !loops.iter().any(|l| cond.uses(l.0)) {
+            let call = match_gemm_body(func, &loops, then)?;
+            return Ok(Stmt::If {
+                cond: canonical_sides(cond),
+                then: Box::new(call),
+                otherwise: None,
+            });
+        }
+    }
+    match_gemm_body(func, &loops, inner)
+}
+
+/// `cond` with each int64 comparison also written over linear forms (`a < b && a' < b`):
+/// the bounds proof applies a guard where its expression occurs structurally
+/// (`arith::interval`), and the call's regions index one operand with the tile fold's linear
+/// form (`4 * io.o + io.i`) and another with the split's (`(io.o * 4 + io.i) * 12`). Both
+/// comparisons have the same value, so the condition is the same.
+fn canonical_sides(cond: &Expr) -> Expr {
+    match cond.kind() {
+        ExprKind::Logic(op, a, b) => Expr::new(
+            ExprKind::Logic(*op, canonical_sides(a), canonical_sides(b)),
+            cond.dtype(),
+        ),
+        ExprKind::Cmp(op, a, b) if a.dtype() == DType::I64 => {
+            let Some(l) = linear(a) else {
+                return cond.clone();
+            };
+            let a2 = simplify(&l.to_expr());
+            if a2 == *a {
+                return cond.clone();
+            }
+            let also = Expr::new(ExprKind::Cmp(*op, a2, b.clone()), cond.dtype());
+            Expr::new(
+                ExprKind::Logic(crate::ir::expr::LogicOp::And, cond.clone(), also),
+                cond.dtype(),
+            )
+        }
+        _ => cond.clone(),
+    }
+}
+
+/// `match_gemm` for the nest `loops` around the statement `inner`.
+fn match_gemm_body(
+    func: &PrimFunc,
+    loops: &[(&Var, &Expr, &Expr, ForKind)],
+    inner: &Stmt,
+) -> std::result::Result<Stmt, String> {
     let ranges: Vec<(&Var, Option<i64>)> = loops.iter().map(|l| (l.0, l.2.as_int())).collect();
     let folded = inner.rewrite(&mut |e| fold_tiles(e, &ranges), &mut |s| s);
     let Stmt::Store {
@@ -252,7 +311,7 @@ fn match_gemm(func: &PrimFunc, s: &Stmt) -> std::result::Result<Stmt, String> {
             loops.len()
         ));
     }
-    for (v, min, _, kind) in &loops {
+    for (v, min, _, kind) in loops {
         if min.as_int() != Some(0) {
             return Err(format!("loop '{}' starts at {min}, not 0", v.name));
         }

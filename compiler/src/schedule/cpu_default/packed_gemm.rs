@@ -282,17 +282,42 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     }
     s.stages.splice(ti..ti, added);
 
-    // Cp: [batch.., jo] fused and parallel, io, then the tile (ii, ji, p) as one call.
+    // Cp: [batch.., column chunks] fused and parallel, then per chunk K blocks, row blocks,
+    // the chunk's column panels, the block's row panels, and the tile (ii, ji, p) as one
+    // call (`Blocks`).
     let st = s.stage(&cp)?;
     let (io, ii) = st.split(&cax[ci].var, Some(int(MR)), None)?;
     let (jo, ji) = st.split(&cax[cj].var, Some(int(NR)), None)?;
-    let pi = p.var.clone();
+    let blocks = Blocks::choose(&big_k, &mo, &no, dt.size() as i64);
+    let (jo, jl) = match blocks.nb {
+        Some(nb) => {
+            let (jc, jl) = st.split(&jo, Some(int(nb)), None)?;
+            (jc, Some(jl))
+        }
+        None => (jo, None),
+    };
     let others: Vec<Var> = (0..cax.len())
         .filter(|&d| d != ci && d != cj)
         .map(|d| cax[d].var.clone())
         .collect();
     let mut order = others.clone();
     order.push(jo.clone());
+    let pi = match blocks.kc {
+        Some(kc) => {
+            let (pko, pki) = st.split(&p.var, Some(int(kc)), None)?;
+            order.push(pko);
+            pki
+        }
+        None => p.var.clone(),
+    };
+    let io = if blocks.mb > 1 {
+        let (iob, iol) = st.split(&io, Some(int(blocks.mb)), None)?;
+        order.push(iob);
+        iol
+    } else {
+        io
+    };
+    order.extend(jl);
     order.extend([io, ii.clone(), ji, pi]);
     st.reorder(&order)?;
     let mut outer = jo;
@@ -340,6 +365,104 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How the product's tiles are blocked for the caches (Goto's order, each thread on its own
+/// chunks of column panels): `nb` column panels per chunk (the parallel loop runs over the
+/// chunks), `kc` products per K block (C's tiles stored and reloaded between blocks: each
+/// element's multiply-adds stay in order of `p`, so the same bits), `mb` row panels per M
+/// block. A block of row panels (`mb * MR` rows by the block's depth, about `A_BYTES`) is
+/// reused from L2 by every column panel of the chunk, and the chunk's B panels (about
+/// `B_BYTES`) by every row block, instead of all of packed A being re-read from L3 once per
+/// column panel. Measured by `benches/gemm_blocking.rs` and `benches/gemm_threads.py`.
+///
+/// Invariants: `kc` divides K (a constant), so the tile's depth loop needs no guard (a guard
+/// inside the tensorized nest would not match the micro-kernel); a ragged last M block or
+/// column chunk is guarded outside the tile (`lower::tensorize` keeps the guard around the
+/// call). `RIVET_GEMM_BLOCKS=0` turns blocking off (the order before it, for comparisons);
+/// `RIVET_GEMM_BLOCKS=KCxMBxNB` forces the blocks (`Blocks::forced`).
+struct Blocks {
+    nb: Option<i64>,
+    kc: Option<i64>,
+    mb: i64,
+}
+
+/// The bytes of A's block the blocking aims at: a quarter of the smallest L2 of the x86
+/// cores these builds run on (512 KiB).
+const A_BYTES: i64 = 96 << 10;
+/// The bytes of a chunk's B panels: half of that L2.
+const B_BYTES: i64 = 256 << 10;
+/// At least this many column chunks when N is constant (every thread of a 2- or 4-thread
+/// pool gets work); a symbolic N gets chunks of at most `SYMBOLIC_NB` panels.
+const MIN_CHUNKS: i64 = 4;
+const SYMBOLIC_NB: i64 = 4;
+
+impl Blocks {
+    fn choose(k: &Expr, mo: &Expr, no: &Expr, elem: i64) -> Blocks {
+        if let Some(forced) = Blocks::forced(k, mo, no) {
+            return forced;
+        }
+        let elem = elem.max(1);
+        // K blocks only for a constant K above 512 with a divisor from 128 to 256 (the
+        // largest: fewer C reloads; 256 measured best at 1024 and 2048); a symbolic K is
+        // assumed 512 deep.
+        let kc = k
+            .as_int()
+            .filter(|&k| k > 512)
+            .and_then(|k| (128..=256).rev().find(|d| k % d == 0));
+        let depth = kc.or(k.as_int()).unwrap_or(512).max(1);
+        let mut mb = (A_BYTES / (MR * depth * elem)).clamp(1, 16);
+        if let Some(m) = mo.as_int() {
+            mb = mb.min(m.max(1));
+        }
+        let mut nb = (B_BYTES / (NR * depth * elem)).clamp(1, 16);
+        nb = match no.as_int() {
+            Some(n) => nb.min((n / MIN_CHUNKS).max(1)),
+            None => nb.min(SYMBOLIC_NB),
+        };
+        Blocks {
+            nb: (nb > 1).then_some(nb),
+            kc,
+            mb,
+        }
+    }
+
+    /// `RIVET_GEMM_BLOCKS`: `0` turns blocking off; `KCxMBxNB` forces K blocks of KC products
+    /// (0: none; ignored unless KC divides a constant K), M blocks of MB row panels and
+    /// chunks of NB column panels, for comparisons (read per build: the build cache does not
+    /// key on it).
+    fn forced(k: &Expr, mo: &Expr, no: &Expr) -> Option<Blocks> {
+        let v = std::env::var("RIVET_GEMM_BLOCKS").ok()?;
+        let v = v.trim();
+        if v == "0" {
+            return Some(Blocks {
+                nb: None,
+                kc: None,
+                mb: 1,
+            });
+        }
+        let f: Vec<i64> = v
+            .split('x')
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        let [kc, mb, nb] = f[..] else {
+            return None;
+        };
+        let kc = k
+            .as_int()
+            .filter(|&k| kc > 0 && kc < k && k % kc == 0)
+            .map(|_| kc);
+        let cap = |b: i64, of: &Expr| {
+            let b = b.clamp(1, 1 << 20);
+            of.as_int().map_or(b, |n| b.min(n.max(1)))
+        };
+        let nb = cap(nb, no);
+        Some(Blocks {
+            nb: (nb > 1).then_some(nb),
+            kc,
+            mb: cap(mb, mo),
+        })
+    }
 }
 
 /// Whether some tensor read in `f` indexes its last dim with `v` (the read walks `v`
