@@ -140,14 +140,14 @@ fn threads_child() {
     blocked_child();
 }
 
-/// Sizes the cache blocking cuts: f32 K = 640 (four K blocks of 160, M blocks of 12 row
-/// panels: 26 panels give 12, 12 and 2; chunks of 2 column panels: 9 panels give four and
-/// a ragged one), f64 K = 1000 (blocks of 250, M blocks of 4: 9 panels give 4, 4, 1);
-/// symbolic sizes have M blocks and chunks only. The printed IR shows the blocks (unless
+/// Sizes the cache blocking cuts: f32 K = 1600 (eight K blocks of 200, M blocks of 10 row
+/// panels: 26 panels give 10, 10 and 6; chunks of 2 column panels: 9 panels give four and
+/// a ragged one), f64 K = 1000 (four blocks of 250, M blocks of 4: 9 panels give 4, 4, 1);
+/// symbolic sizes are not blocked. The printed IR shows the blocks (unless
 /// `RIVET_GEMM_BLOCKS=0`).
 fn blocked_child() {
-    let blocking = std::env::var("RIVET_GEMM_BLOCKS").map_or(true, |v| v != "0");
-    for (m, n, k, dt) in [(301, 288, 640, DType::F32), (97, 40, 1000, DType::F64)] {
+    let forced = std::env::var("RIVET_GEMM_BLOCKS").ok();
+    for (m, n, k, dt) in [(301, 288, 1600, DType::F32), (97, 40, 1000, DType::F64)] {
         for symbolic in [false, true] {
             check(m, n, k, dt, symbolic, false);
         }
@@ -161,14 +161,16 @@ fn blocked_child() {
         .unwrap()
         .get_source("ir")
         .unwrap_or_default();
-        // Four K blocks and three M blocks in both cases; five chunks of columns in the first.
-        let blocked = ir.contains("for p.outer in [0, 4)")
+        // Eight or four K blocks, three M blocks; five chunks of columns in the first.
+        let kb = if k == 1600 { 8 } else { 4 };
+        let blocked = ir.contains(&format!("for p.outer in [0, {kb})"))
             && ir.contains("for i.outer.outer in [0, 3)")
-            && (k != 640 || ir.contains("parallel for j.outer.outer in [0, 5)"));
-        assert_eq!(
-            blocked, blocking,
-            "{m}x{n}x{k}: K blocks and the M blocks' guard:\n{ir}"
-        );
+            && (k != 1600 || ir.contains("parallel for j.outer.outer in [0, 5)"));
+        match forced.as_deref() {
+            None => assert!(blocked, "{m}x{n}x{k}: no K and M blocks, or chunks:\n{ir}"),
+            Some("0") => assert!(!blocked, "{m}x{n}x{k}: blocked though turned off:\n{ir}"),
+            Some(_) => {}
+        }
     }
 }
 
@@ -181,4 +183,22 @@ fn default_gemm_bits_do_not_depend_on_threads_or_slices() {
         rivet_tests::run_in_child("threads_child", &[("RIVET_GEMM_KC", kc)]);
     }
     rivet_tests::run_in_child("threads_child", &[("RIVET_GEMM_BLOCKS", "0")]);
+    let small = [("RIVET_GEMM_BLOCKS", "16x3x2")];
+    rivet_tests::run_in_child("forced_blocks_child", &small);
+    rivet_tests::run_in_child("threads_child", &small);
+}
+
+/// Blocks forced at small sizes (`RIVET_GEMM_BLOCKS=16x3x2` in the parent's child: four K
+/// blocks of 16 where K = 64 is constant, M blocks of 3 row panels (9 give 3, 3, 3; 26 give
+/// a ragged last one), chunks of 2 column panels (10 give 5; 3 a ragged last one)), constant
+/// and symbolic: the CPU build equals the fused fold and the interpreter running the same
+/// defaulted schedule, bit for bit. Run as is, the default blocks (none at these sizes).
+#[test]
+fn forced_blocks_child() {
+    for dt in [DType::F32, DType::F64] {
+        for symbolic in [false, true] {
+            check(100, 300, 64, dt, symbolic, true);
+            check(301, 70, 64, dt, symbolic, true);
+        }
+    }
 }

@@ -24,9 +24,11 @@
 //! depth loop is split into one loop per reduction axis (`schedule_pack`), so gathering a
 //! window divides nothing: an implicit GEMM, no im2col buffer beyond the panels. When C is
 //! padded and not an output of the schedule, C is inlined (its readers read `Cp` in place). Each
-//! micro-kernel call runs all of K (no K padding, no guard; measured faster than KC-deep
-//! slices, see `rewrite`). `Cp`'s loops are `[batch.., jo] (fused, parallel), io, ii, ji, p`,
-//! tensorized at `ii` onto `gemm_update`. The padded extents are `ceil(M / MR) * MR`, which the
+//! micro-kernel call runs all of K (no K padding, no guard), unless a deep constant K makes
+//! the product blocked for the caches (`Blocks`: K blocks that divide K, blocks of row panels
+//! and chunks of column panels, their ragged ends guarded outside the tile). `Cp`'s loops are
+//! `[batch.., jo] (fused, parallel), io, ii, ji, p`, tensorized at `ii` onto `gemm_update`
+//! (blocked: `[batch.., jo chunk] (parallel), p block, io block, jo, io, ii, ji, p`). The padded extents are `ceil(M / MR) * MR`, which the
 //! loop nest splits by MR without a guard (`nest::split_divides`), so the tile loops match the
 //! intrinsic for symbolic sizes too.
 //!
@@ -86,9 +88,8 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     let red_ext: Vec<Expr> = m.red.iter().map(|r| simplify(&r.extent)).collect();
     let (big_m, big_n, big_k) = (product(&row_ext), product(&col_ext), product(&red_ext));
     let (mo, no) = (ceil_div(&big_m, MR), ceil_div(&big_n, NR));
-    // One slice of products spans all of K (no padding): measured side by side, cutting a
-    // constant K into KC-deep slices (B's slice in L1, C's tile loaded and stored once per
-    // slice) was no faster at 1024 and 15% slower at 2048 than one pass with B from L2.
+    // The depth is all of K (no padding); `Blocks` may cut a deep constant K into blocks
+    // that divide it (below its threshold, one pass with B from L2 measured as fast).
     let kp = big_k.clone();
     let multiple = |e: &Expr, tile: i64| e.as_int().is_some_and(|v| v % tile == 0);
     // One row and one column axis: the product keeps C's layout (C itself when aligned).
@@ -387,6 +388,9 @@ struct Blocks {
     mb: i64,
 }
 
+/// The bytes of one tile's panels over all of K (`(MR + NR) * K` elements) above which the
+/// product is blocked: half of the smallest L2 (512 KiB).
+const PANELS_BYTES: i64 = 256 << 10;
 /// The bytes of A's block the blocking aims at: a quarter of the smallest L2 of the x86
 /// cores these builds run on (512 KiB).
 const A_BYTES: i64 = 96 << 10;
@@ -403,26 +407,34 @@ impl Blocks {
             return forced;
         }
         let elem = elem.max(1);
-        // K blocks only for a constant K above 512 with a divisor from 128 to 256 (the
-        // largest: fewer C reloads; 256 measured best at 1024 and 2048); a symbolic K is
-        // assumed 512 deep.
-        let kc = k
-            .as_int()
-            .filter(|&k| k > 512)
-            .and_then(|k| (128..=256).rev().find(|d| k % d == 0));
-        let depth = kc.or(k.as_int()).unwrap_or(512).max(1);
-        let mut mb = (A_BYTES / (MR * depth * elem)).clamp(1, 16);
+        let off = Blocks {
+            nb: None,
+            kc: None,
+            mb: 1,
+        };
+        // Only when one tile's panels over all of K would crowd L2 (f32 from K = 1490, f64
+        // from 745): below that the order without blocks measured as fast or faster (C is
+        // then loaded and stored once per tile instead of once per K block). The K blocks
+        // divide a constant K (the largest divisor from 128 to 256: 256 measured best at
+        // 1024 and 2048); a symbolic K or one without such a divisor is not blocked.
+        let Some(k) = k.as_int().filter(|&k| (MR + NR) * k * elem > PANELS_BYTES) else {
+            return off;
+        };
+        let Some(kc) = (128..=256).rev().find(|d| k % d == 0) else {
+            return off;
+        };
+        let mut mb = (A_BYTES / (MR * kc * elem)).clamp(1, 16);
         if let Some(m) = mo.as_int() {
             mb = mb.min(m.max(1));
         }
-        let mut nb = (B_BYTES / (NR * depth * elem)).clamp(1, 16);
+        let mut nb = (B_BYTES / (NR * kc * elem)).clamp(1, 16);
         nb = match no.as_int() {
             Some(n) => nb.min((n / MIN_CHUNKS).max(1)),
             None => nb.min(SYMBOLIC_NB),
         };
         Blocks {
             nb: (nb > 1).then_some(nb),
-            kc,
+            kc: Some(kc),
             mb,
         }
     }
