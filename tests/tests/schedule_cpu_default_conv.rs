@@ -587,3 +587,20 @@ fn guarded_rows_are_partitioned() {
         assert!(ir.contains("ramp"), "{c:?}: no vector loop\n{ir}");
     }
 }
+
+/// The GEMM's cache blocks (`packed_gemm::Blocks`, which the default gives only deep
+/// constant reductions) forced small in child processes: K blocks of 9 products (one input
+/// channel's 3 x 3 window; 1 x 1 and 7 x 7 kernels leave K unblocked where 9 does not divide
+/// it), row blocks of 2 panels and column chunks of 2, their ragged ends guarded around the
+/// call. Each case keeps its checks: the same bits as the interpreter running the same
+/// blocked schedule, and within the bound of the program as written.
+#[test]
+fn convolutions_with_forced_blocks() {
+    for name in [
+        "conv_nhwc",
+        "conv_float64_and_constant_batch",
+        "conv_nchw_strides_kernels_padding",
+    ] {
+        rivet_tests::run_in_child(name, &[("RIVET_GEMM_BLOCKS", "9x2x2")]);
+    }
+}
