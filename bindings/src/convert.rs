@@ -370,16 +370,19 @@ unsafe fn import(
             if rc != 0 {
                 return Err(producer_error(obj, PyErr::take(obj.py())));
             }
-            // SAFETY (both): the call succeeded, so `dl` is filled; its data lives as long as
-            // `obj`, which the owner keeps alive (a borrow: for the call, then `CallArgs`
-            // references it if the view outlives the call, per this function's contract);
-            // shape and strides are copied before we return.
+            // SAFETY: the call succeeded, so `dl` is filled.
             let dl = unsafe { dl.assume_init_ref() };
+            // `dl`'s data lives as long as `obj`, which the view's owner keeps alive; shape and
+            // strides are copied before we return.
             let t = if borrow {
+                // SAFETY: this function's contract: the view goes into a call's `CallArgs`,
+                // which references `obj` if the view outlives the call.
                 let owner = unsafe { crate::keepalive::PyBorrow::new(obj) };
+                // SAFETY: `obj` lives for the call, and after it while the view does (above).
                 unsafe { dlpack::view_of(dl, owner, info.read_only) }
             } else {
                 let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
+                // SAFETY: `owner` holds a reference to `obj`.
                 unsafe { dlpack::view_of(dl, owner, info.read_only) }
             }?;
             join_work_stream(obj, api, &t, sync)?;
