@@ -319,7 +319,22 @@ fn check_no_grad(obj: &Bound<'_, PyAny>, getter: Option<GradGetter>) -> Result<(
 /// outside one (a callback's return value), whose CUDA producers are not asked for a stream.
 pub fn try_tensor_in(
     obj: &Bound<'_, PyAny>,
+    sync: Option<&mut CallStreams>,
+) -> Result<Option<Tensor>> {
+    // SAFETY: `borrow` is false: views reference their producers.
+    unsafe { import(obj, sync, false) }
+}
+
+/// `try_tensor_in`; with `borrow`, a view read through the exchange API borrows `obj`
+/// (`keepalive::PyBorrow`) instead of referencing it.
+///
+/// # Safety
+/// With `borrow`, the result must go into a call's `keepalive::CallArgs` (the contract of
+/// `PyBorrow::new`).
+unsafe fn import(
+    obj: &Bound<'_, PyAny>,
     mut sync: Option<&mut CallStreams>,
+    borrow: bool,
 ) -> Result<Option<Tensor>> {
     // Exact: `rivet.Tensor` cannot be subclassed, and a failed `cast` walks the MRO of
     // every foreign tensor (a torch.Tensor's is three classes long).
@@ -345,19 +360,31 @@ pub fn try_tensor_in(
         if info.grad {
             check_no_grad(obj, info.grad_getter)?;
         }
-        if let Some(borrow) = api.dltensor_from_py_object_no_sync {
+        if let Some(from_py) = api.dltensor_from_py_object_no_sync {
             // Borrowed DLTensor: no allocation on the producer's side. Its data stays valid
-            // while the Python object lives, so the view's owner is a reference to it.
+            // while the Python object lives, so the view's owner is a reference to it, or
+            // for a call's argument a borrow of it (`keepalive.rs`).
             let mut dl = std::mem::MaybeUninit::<DLTensor>::zeroed();
             // SAFETY: obj has the type the API was read from; the GIL is held.
-            let rc = unsafe { borrow(obj.as_ptr() as *mut c_void, dl.as_mut_ptr()) };
+            let rc = unsafe { from_py(obj.as_ptr() as *mut c_void, dl.as_mut_ptr()) };
             if rc != 0 {
                 return Err(producer_error(obj, PyErr::take(obj.py())));
             }
-            let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
-            // SAFETY: the call succeeded, so `dl` is filled; its data lives as long as `obj`,
-            // which `owner` keeps alive; shape/strides are copied before we return.
-            let t = unsafe { dlpack::view_of(dl.assume_init_ref(), owner, info.read_only) }?;
+            // SAFETY: the call succeeded, so `dl` is filled.
+            let dl = unsafe { dl.assume_init_ref() };
+            // `dl`'s data lives as long as `obj`, which the view's owner keeps alive; shape and
+            // strides are copied before we return.
+            let t = if borrow {
+                // SAFETY: this function's contract: the view goes into a call's `CallArgs`,
+                // which references `obj` if the view outlives the call.
+                let owner = unsafe { crate::keepalive::PyBorrow::new(obj) };
+                // SAFETY: `obj` lives for the call, and after it while the view does (above).
+                unsafe { dlpack::view_of(dl, owner, info.read_only) }
+            } else {
+                let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
+                // SAFETY: `owner` holds a reference to `obj`.
+                unsafe { dlpack::view_of(dl, owner, info.read_only) }
+            }?;
             join_work_stream(obj, api, &t, sync)?;
             return Ok(Some(t));
         }
@@ -508,6 +535,34 @@ pub fn to_value_in(
     arg: ArgName<'_>,
     sync: Option<&mut CallStreams>,
 ) -> Result<Value> {
+    // SAFETY: `borrow` is false.
+    unsafe { convert_value(obj, func, arg, sync, false) }
+}
+
+/// `to_value_in` for an argument of a `Function` call, whose tensor view may borrow `obj`
+/// (`keepalive.rs`).
+///
+/// # Safety
+/// The result must go into the call's `keepalive::CallArgs` (`PyBorrow::new`'s contract).
+pub unsafe fn call_arg(
+    obj: &Bound<'_, PyAny>,
+    func: &str,
+    arg: ArgName<'_>,
+    sync: &mut CallStreams,
+) -> Result<Value> {
+    // SAFETY: forwarded.
+    unsafe { convert_value(obj, func, arg, Some(sync), true) }
+}
+
+/// # Safety
+/// With `borrow`, the contract of `call_arg`.
+unsafe fn convert_value(
+    obj: &Bound<'_, PyAny>,
+    func: &str,
+    arg: ArgName<'_>,
+    sync: Option<&mut CallStreams>,
+    borrow: bool,
+) -> Result<Value> {
     // Exact checks first: the cheapest tests for the commonest scalars.
     if obj.is_exact_instance_of::<PyFloat>() {
         return Ok(Value::Float(
@@ -524,7 +579,9 @@ pub fn to_value_in(
             ))
         });
     }
-    if let Some(t) = try_tensor_in(obj, sync).map_err(|e| e.context(&format!("{func}: {arg}: ")))? {
+    // SAFETY: forwarded from this function's contract.
+    let t = unsafe { import(obj, sync, borrow) };
+    if let Some(t) = t.map_err(|e| e.context(&format!("{func}: {arg}: ")))? {
         return Ok(Value::Tensor(t));
     }
     if obj.is_none() {

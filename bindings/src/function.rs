@@ -4,16 +4,16 @@
 //! Wrappers made by `convert_func` / `to_*_func` carry a framework type: arguments of that
 //! type go through its `to_dlpack` function, tensor results come back as that type.
 
-use crate::convert::{self, tensor_as, to_value_in, wrap_callable};
+use crate::convert::{self, tensor_as, wrap_callable};
 use crate::cuda::{parse_stream, CallStreams};
 use crate::errors::IntoPyResult;
+use crate::keepalive::CallArgs;
 use crate::tensor::PyTensor;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{PyTraverseError, PyVisit};
 use rivet_compiler::codegen::cuda::driver::{self, Event};
 use rivet_runtime::{registry, ArgName, DeviceSpec, Dim, Function, ParamKind, Value};
-use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// The device of the first CUDA tensor in `v` (a list's items included).
@@ -51,7 +51,11 @@ impl PyFunction {
         }
     }
 
-    fn convert_arg(
+    /// One argument of a call. Its tensor view may borrow `obj` (`keepalive.rs`).
+    ///
+    /// # Safety
+    /// The result must go into the call's `CallArgs`.
+    unsafe fn convert_arg(
         &self,
         obj: &Bound<'_, PyAny>,
         index: usize,
@@ -72,10 +76,13 @@ impl PyFunction {
         {
             if obj.is_instance(ty.bind(py))? {
                 let cap = to_dlpack.bind(py).call1((obj,))?;
-                return to_value_in(&cap, self.func.name(), arg, Some(sync)).py_err(py);
+                // SAFETY: forwarded (`cap` is alive for the call: the view of a capsule owns
+                // its managed tensor, it never borrows).
+                return unsafe { convert::call_arg(&cap, self.func.name(), arg, sync) }.py_err(py);
             }
         }
-        to_value_in(obj, self.func.name(), arg, Some(sync)).py_err(py)
+        // SAFETY: forwarded.
+        unsafe { convert::call_arg(obj, self.func.name(), arg, sync) }.py_err(py)
     }
 
     fn convert_result(
@@ -133,16 +140,21 @@ impl PyFunction {
             None => None,
         };
         let mut sync = CallStreams::new(explicit);
-        let mut values: SmallVec<[Value; 8]> = SmallVec::with_capacity(args.len());
+        // The argument views borrow their producers, which `args` keeps alive for the call;
+        // `call_args` must drop before this function returns, on every path (`keepalive.rs`).
+        let mut call_args = CallArgs::with_capacity(py, args.len());
         for (i, a) in args.iter().enumerate() {
-            values.push(self.convert_arg(&a, i, &mut sync)?);
+            // SAFETY: the value goes into `call_args`, which drops while `args` lives.
+            let v = unsafe { self.convert_arg(&a, i, &mut sync) }?;
+            call_args.values.push(v);
         }
+        let values = &call_args.values;
         // The call's stream waits for the work pending on rivet tensor arguments.
         sync.begin().py_err(py)?;
         let func = &self.func;
         // Native bodies release the GIL themselves around real work (`host_lock::without_host_lock`),
         // as numpy does: for tiny calls the release would cost as much as the work.
-        let result = rivet_runtime::stream::with_call_stream(sync.stream, || func.call(&values));
+        let result = rivet_runtime::stream::with_call_stream(sync.stream, || func.call(values));
         // A call on CUDA tensors (whether or not an argument named a stream: capsules, v2
         // `__cuda_array_interface__` and IPC-opened tensors name none, and the call then ran
         // on the legacy default stream) ends with a completion event on its stream, which its
@@ -179,8 +191,9 @@ impl PyFunction {
                 }
             }
         }
-        // Drop the argument views (and so run producers' deleters) before converting back.
-        drop(values);
+        // Drop the argument views (and so run producers' deleters) before converting back; a
+        // view the result holds takes a reference to its producer here.
+        drop(call_args);
         self.convert_result(py, &result, done.as_ref())
     }
 

@@ -1,19 +1,33 @@
-//! `PyKeepalive`: a Python object that keeps a tensor view's memory alive (a torch tensor
-//! read through the DLPack exchange API, a `__cuda_array_interface__` producer), and
-//! `release`, how it and the other Python objects rivet's Rust values hold are let go.
+//! What keeps a tensor view's Python producer alive: `PyKeepalive`, a reference to it (a
+//! torch tensor read through the DLPack exchange API, a `__cuda_array_interface__` producer);
+//! `PyBorrow` and `CallArgs`, the argument views of one `Function` call, which borrow their
+//! producers and take a reference only when they outlive the call; and `release`, how the
+//! Python objects rivet's Rust values hold are let go.
 //!
-//! Invariant: the reference is released with the GIL really held. pyo3 decides whether it
-//! holds the GIL from its own per-thread count, and that count can be stale: torch releases
-//! the GIL while it destroys a tensor (`THPVariable_clear`), and if the storage it frees is
-//! rivet's export of a view over another torch tensor, the view drops inside torch's
+//! Invariant (release): the reference is released with the GIL really held. pyo3 decides
+//! whether it holds the GIL from its own per-thread count, and that count can be stale: torch
+//! releases the GIL while it destroys a tensor (`THPVariable_clear`), and if the storage it
+//! frees is rivet's export of a view over another torch tensor, the view drops inside torch's
 //! destructor, under pyo3's count from the outer `tp_dealloc`, without the GIL. A plain
 //! `Py` decref there aborts the interpreter (rivet -> torch -> rivet -> torch -> rivet, then
 //! `del`). So the release asks CPython (`PyGILState_Ensure`), which takes the GIL back when
 //! this thread released it and is a no-op when it holds it.
+//!
+//! Invariant (borrow): a `PyBorrow` view's producer is alive while its call runs (the call's
+//! argument tuple holds it), and when the call's `CallArgs` drop, every one of its views that
+//! is still held anywhere else (returned, stored by a callback, derived into another view,
+//! exported, handed to a thread) first takes a strong reference, released when the view's
+//! last handle drops. A view held by no one else drops with the call, and the producer is
+//! never referenced at all: this saves the reference and its GIL-checked release per tensor
+//! argument. "Held elsewhere" is exact: it is the view's `Arc` having another handle, and no
+//! handle can appear once ours is the only one.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use rivet_runtime::{Tensor, Value};
+use smallvec::SmallVec;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct PyKeepalive(ManuallyDrop<Py<PyAny>>);
 
@@ -33,9 +47,17 @@ impl Drop for PyKeepalive {
 /// Releases `obj` with the GIL really held (the module header says why `Py`'s own drop is
 /// not enough); also used for the Python callables packed functions hold (`gc::PyCallable`).
 pub fn release(obj: Py<PyAny>) {
-    let p = obj.into_ptr();
-    // SAFETY: `p` is a strong reference we own. During interpreter finalization nothing may
-    // run Python code: the reference is leaked then (the process is ending).
+    // SAFETY: a strong reference we own, given up here.
+    unsafe { release_ptr(obj.into_ptr()) }
+}
+
+/// `release` of a raw strong reference.
+///
+/// # Safety
+/// `p` must be a strong reference the caller owns; it is consumed.
+unsafe fn release_ptr(p: *mut ffi::PyObject) {
+    // SAFETY: per the contract. During interpreter finalization nothing may run Python code:
+    // the reference is leaked then (the process is ending).
     unsafe {
         if ffi::Py_IsInitialized() == 0 {
             return;
@@ -43,5 +65,80 @@ pub fn release(obj: Py<PyAny>) {
         let state = ffi::PyGILState_Ensure();
         ffi::Py_DECREF(p);
         ffi::PyGILState_Release(state);
+    }
+}
+
+/// The owner of an argument view made for one call: the producer's address, referenced only
+/// once the view outlives the call (`held`, set by `CallArgs`' drop; the module header).
+pub struct PyBorrow {
+    /// The producer, as an address: alive during the call, and after it only if `held`.
+    obj: usize,
+    /// A strong reference to `obj` was taken, to be released with the view.
+    held: AtomicBool,
+}
+
+impl PyBorrow {
+    /// The owner of a view of `obj`'s memory for the duration of one call.
+    ///
+    /// # Safety
+    /// The view must go into that call's `CallArgs` (and nowhere else before), which `obj`
+    /// outlives: `CallArgs`' drop takes a reference for views that are still held elsewhere.
+    pub unsafe fn new(obj: &Bound<'_, PyAny>) -> PyBorrow {
+        PyBorrow {
+            obj: obj.as_ptr() as usize,
+            held: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for PyBorrow {
+    fn drop(&mut self) {
+        if *self.held.get_mut() {
+            // SAFETY: `held`: the reference `CallArgs` took, released once, here.
+            unsafe { release_ptr(self.obj as *mut ffi::PyObject) }
+        }
+    }
+}
+
+/// The converted arguments of one call. Its drop ends the borrow of every `PyBorrow` view in
+/// it; it must drop while the call's Python arguments are still alive, with the GIL held.
+pub struct CallArgs<'py> {
+    pub values: SmallVec<[Value; 8]>,
+    /// The GIL is held for as long as this lives.
+    _py: Python<'py>,
+}
+
+impl<'py> CallArgs<'py> {
+    pub fn with_capacity(py: Python<'py>, n: usize) -> CallArgs<'py> {
+        CallArgs {
+            values: SmallVec::with_capacity(n),
+            _py: py,
+        }
+    }
+}
+
+impl Drop for CallArgs<'_> {
+    fn drop(&mut self) {
+        for v in self.values.drain(..) {
+            if let Value::Tensor(t) = v {
+                end_borrow(t);
+            }
+        }
+    }
+}
+
+/// Drops one argument view of a call that is ending, taking a reference to its producer first
+/// when the view is borrowed and held elsewhere too (the module header).
+fn end_borrow(mut t: Tensor) {
+    if t.is_unique() {
+        return; // the last handle: the view and its owner drop here, nothing referenced.
+    }
+    if let Some(b) = t.owner().downcast_ref::<PyBorrow>() {
+        // Once per view: a view put twice into one call's arguments is one `Arc`.
+        if !b.held.swap(true, Ordering::AcqRel) {
+            // SAFETY: the producer is alive (the call's arguments hold it) and the GIL is held
+            // (`CallArgs` carries the token); the reference is `PyBorrow`'s to release.
+            unsafe { ffi::Py_INCREF(b.obj as *mut ffi::PyObject) }
+        }
     }
 }

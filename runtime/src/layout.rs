@@ -19,6 +19,10 @@
 //!   address space nor reaches address 0.
 //!
 //! All of it is computed in checked `i128`, so no hostile value can wrap a check into a pass.
+//! The layouts of real tensors (non-negative dims and strides up to 2^31) first take a
+//! one-pass `i64` path whose bounds rule overflow out; it accepts only what the checked path
+//! accepts, with the same `Extent`, and hands everything else (negative strides, huge sizes)
+//! to the checked path, which words every refusal.
 
 use smallvec::SmallVec;
 
@@ -84,8 +88,68 @@ impl Extent {
     }
 }
 
+/// Largest dim and stride [`validate_common`] takes: with both at most 2^31, one dim's reach
+/// `(n - 1) * s` is below 2^62, so it cannot overflow `i64` whatever the rank.
+const COMMON_LIMIT: i64 = 1 << 31;
+
+/// Largest item size [`validate_common`] takes: `stride * itemsize` then stays below 2^47.
+const COMMON_ITEMSIZE: usize = 1 << 16;
+
 /// Checks a layout against the module's invariants (see the header).
 pub fn validate(shape: &[i64], strides: &[i64], itemsize: usize) -> Result<Extent, LayoutError> {
+    match validate_common(shape, strides, itemsize) {
+        Some(ext) => Ok(ext),
+        None => validate_checked(shape, strides, itemsize),
+    }
+}
+
+/// The layouts of real tensors (dims and strides in `0..=2^31`, a plain item size), proved
+/// valid in one pass of `i64` arithmetic; `None` for anything else, which
+/// [`validate_checked`] then decides and words. It answers only when that path would accept
+/// the layout, and with the same `Extent`: all strides are `>= 0`, so `lo` is 0 and `hi` is
+/// one item past the sum of the dims' reaches, which no step here can overflow (each reach is
+/// below 2^62; the sums and products that could leave `i64` are checked and give up).
+#[inline]
+fn validate_common(shape: &[i64], strides: &[i64], itemsize: usize) -> Option<Extent> {
+    if shape.len() > MAX_NDIM || shape.len() != strides.len() || itemsize > COMMON_ITEMSIZE {
+        return None;
+    }
+    // The product of the dims with zero dims counted as one (the header's bound), whether a
+    // dim is zero, and the highest element offset.
+    let (mut product, mut empty, mut reach) = (1i64, false, 0i64);
+    for (&n, &s) in shape.iter().zip(strides) {
+        // One unsigned compare each refuses negatives and values over the limit.
+        if n as u64 > COMMON_LIMIT as u64 || s as u64 > COMMON_LIMIT as u64 {
+            return None;
+        }
+        product = product.checked_mul(n.max(1))?;
+        empty |= n == 0;
+        // Cannot overflow: both factors are at most 2^31 (the sum is checked).
+        reach = reach.checked_add((n - 1).max(0) * s)?;
+    }
+    if empty {
+        return Some(Extent {
+            numel: 0,
+            lo: 0,
+            hi: 0,
+        });
+    }
+    let size = itemsize as i64;
+    // One past the last byte of the highest element; the span `hi - 0` must fit in isize.
+    let hi = reach.checked_mul(size)?.checked_add(size)?;
+    (hi as i128 <= isize::MAX as i128).then_some(Extent {
+        numel: product,
+        lo: 0,
+        hi,
+    })
+}
+
+/// [`validate`] for every layout, in checked `i128`: the path that words each refusal.
+fn validate_checked(
+    shape: &[i64],
+    strides: &[i64],
+    itemsize: usize,
+) -> Result<Extent, LayoutError> {
     if shape.len() > MAX_NDIM {
         return Err(LayoutError::TooManyDims(shape.len()));
     }
@@ -409,6 +473,62 @@ mod tests {
         let ext = validate(&[2], &[1 << 40], 8).unwrap();
         assert!(check_address(usize::MAX - 4096, 0, &ext).is_err());
         assert!(check_address(4096, 1 << 63, &validate(&[0], &[1], 4).unwrap()).is_err());
+    }
+
+    /// The one-pass path answers only where the checked path accepts, and with its extent;
+    /// around its limits (2^31 dims and strides, zero dims, ranks to 64) both agree.
+    #[test]
+    fn common_path_agrees_with_checked_path() {
+        let edges = [
+            0i64,
+            1,
+            2,
+            3,
+            7,
+            (1 << 31) - 1,
+            1 << 31,
+            (1 << 31) + 1,
+            1 << 32,
+            -1,
+            i64::MAX,
+            i64::MIN,
+        ];
+        let mut layouts: Vec<(Vec<i64>, Vec<i64>)> = Vec::new();
+        for &a in &edges {
+            for &b in &edges {
+                layouts.push((vec![a], vec![b]));
+                for &c in &edges {
+                    layouts.push((vec![a, 3], vec![b, c]));
+                    layouts.push((vec![a, b], vec![c, 1]));
+                }
+            }
+        }
+        // Products and sums that leave i64 only through many dims.
+        layouts.push((vec![1 << 31; 3], vec![1; 3]));
+        layouts.push((vec![1 << 31; 2], vec![1 << 31, 1]));
+        layouts.push((vec![2; 64], vec![1 << 31; 64]));
+        layouts.push((vec![2; 64], vec![1; 64]));
+        layouts.push((vec![0, 1 << 31, 1 << 31, 1 << 31], vec![0; 4]));
+        layouts.push((vec![2; 3], vec![1; 2]));
+        layouts.push((vec![1; 65], vec![1; 65]));
+        for (shape, strides) in &layouts {
+            for itemsize in [1, 2, 4, 8, 16, 1 << 16, (1 << 16) + 1, 1 << 40] {
+                let checked = validate_checked(shape, strides, itemsize);
+                if let Some(ext) = validate_common(shape, strides, itemsize) {
+                    assert_eq!(
+                        checked,
+                        Ok(ext),
+                        "{shape:?} {strides:?} itemsize {itemsize}"
+                    );
+                }
+                assert_eq!(validate(shape, strides, itemsize), checked);
+            }
+        }
+        // The path answers the tensors calls see.
+        assert!(validate_common(&[4], &[1], 4).is_some());
+        assert!(validate_common(&[56, 56], &[1, 56], 8).is_some());
+        assert!(validate_common(&[3, 0, 2], &[0, 5, 1], 4).is_some());
+        assert!(validate_common(&[4], &[-1], 4).is_none());
     }
 
     #[test]

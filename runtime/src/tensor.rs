@@ -67,7 +67,7 @@ struct View<K: ?Sized + Keepalive> {
     /// call (overlap rule, work size), so it is not re-derived from the shape each time.
     ext: layout::Extent,
     /// Exists to be dropped (running a deleter, freeing memory) last; read only to recognise
-    /// rivet's own owners behind a uniquely held view (`unique_owner_mut`).
+    /// an owner's type (`unique_owner_mut`, `owner`).
     _owner: K,
 }
 
@@ -260,6 +260,20 @@ impl Tensor {
     /// clone, no weak reference); the `&mut` borrow keeps it so while it lives.
     pub(crate) fn unique_owner_mut(&mut self) -> Option<&mut dyn Any> {
         Arc::get_mut(&mut self.0).map(|v| v._owner.as_any_mut())
+    }
+
+    /// Whether this handle is the only one to the view (no clone of it exists anywhere, so
+    /// dropping it drops the owner); the `&mut` borrow keeps it so while it lives. The Python
+    /// bindings ask it at the end of a call whose argument views only borrowed their
+    /// producers: a view still held elsewhere must then take a reference of its own.
+    pub fn is_unique(&mut self) -> bool {
+        Arc::get_mut(&mut self.0).is_some()
+    }
+
+    /// The owner that keeps this view's memory alive, to be recognised by its type (the
+    /// Python bindings find their own owners behind argument views this way).
+    pub fn owner(&self) -> &dyn Any {
+        self.0._owner.as_any()
     }
 
     /// A compact CPU tensor holding a copy of `values`.

@@ -53,6 +53,10 @@ pub struct CallPlan {
     /// The iteration count when it does not depend on the dims (static shapes): then no
     /// expression is evaluated per call.
     work_const: Option<i64>,
+    /// A function without symbolic dims: its checks, temporaries and work are constants,
+    /// decided once here (`Some(work)`: they pass; `None`: they fail, and every call takes
+    /// the full path, which reports why). No memo is locked per call.
+    fixed: Option<Option<i64>>,
     /// The dims of the last accepted call and its loops' iteration count. The bounds checks,
     /// the temporaries' sizes and the work are functions of the dims alone (`checks_pass` and
     /// `work` look up nothing else), and calls repeat shapes: a call with the same dims skips
@@ -107,14 +111,20 @@ impl CallPlan {
                 return None;
             }
         }
-        Some(CallPlan {
+        let mut plan = CallPlan {
             params,
             n_dims: f.dims.len(),
             needs_env: !f.checks.is_empty() || !c.temps.is_empty(),
             has_callbacks: !f.callbacks.is_empty(),
             work_const: c.work.constant(),
+            fixed: None,
             memo: Mutex::new(None),
-        })
+        };
+        if plan.n_dims == 0 {
+            let pass = !plan.needs_env || plan.checks_pass(c, &[]);
+            plan.fixed = Some(pass.then(|| plan.work(c, &[])));
+        }
+        Some(plan)
     }
 
     /// The frame for `args` when the call is well formed (module header), else `None`.
@@ -172,16 +182,19 @@ impl CallPlan {
             device.get_or_insert(t.device());
         }
         let dims = &ints[..self.n_dims];
-        let work = match self.remembered(dims) {
-            Some(w) => w,
-            None => {
-                if self.needs_env && !self.checks_pass(c, dims) {
-                    return None;
+        let work = match self.fixed {
+            Some(fixed) => fixed?,
+            None => match self.remembered(dims) {
+                Some(w) => w,
+                None => {
+                    if self.needs_env && !self.checks_pass(c, dims) {
+                        return None;
+                    }
+                    let w = self.work(c, dims);
+                    self.remember(dims, w);
+                    w
                 }
-                let w = self.work(c, dims);
-                self.remember(dims, w);
-                w
-            }
+            },
         };
         // Outputs may not share memory with any other argument.
         for (i, &(lo, hi, output)) in ranges.iter().enumerate() {
