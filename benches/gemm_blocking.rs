@@ -141,6 +141,33 @@ impl Order {
     }
 }
 
+/// The tile `(io, jo)` of an n x n GEMM on the packed layouts below, over products
+/// `k0..k0 + kn`.
+///
+/// # Safety
+/// `io < mo`, `jo < no`, `k0 + kn <= n` for the `Problem` whose buffers `a`, `b`, `c` are.
+unsafe fn tile_at<T: Elem>(
+    v: Variant,
+    n: usize,
+    (a, b, c): (*const T, *const T, *mut T),
+    (io, jo): (usize, usize),
+    (k0, kn): (usize, usize),
+) {
+    // SAFETY: forwarded (the caller vouches for the indices).
+    unsafe {
+        T::tile(
+            v,
+            kn,
+            c.add(io * MR * n + jo * NR),
+            n,
+            a.add(io * n * MR + k0 * MR),
+            MR,
+            b.add(jo * n * NR + k0 * NR),
+            NR,
+        )
+    }
+}
+
 /// Packed operands of an n x n GEMM: A `[mo][n][MR]`, B `[no][n][NR]`, C `(mo*MR) x n`.
 struct Problem<T> {
     n: usize,
@@ -174,18 +201,7 @@ impl<T: Elem> Problem<T> {
         let (a, b, c) = (self.a.as_ptr(), self.b.as_ptr(), self.c.as_mut_ptr());
         // SAFETY: every tile below is inside C, every panel slice inside A or B (io < mo,
         // jo < no, k0 + kn <= n).
-        let call = |io: usize, jo: usize, k0: usize, kn: usize| unsafe {
-            T::tile(
-                v,
-                kn,
-                c.add(io * MR * n + jo * NR),
-                n,
-                a.add(io * n * MR + k0 * MR),
-                MR,
-                b.add(jo * n * NR + k0 * NR),
-                NR,
-            )
-        };
+        let call = |io, jo, k0, kn| unsafe { tile_at(v, n, (a, b, c), (io, jo), (k0, kn)) };
         let t0 = cpu_time();
         match order {
             Order::Today => {
@@ -235,18 +251,7 @@ impl<T: Elem> Problem<T> {
         let work = move |t: usize| {
             let (a, b, c) = (a as *const T, b as *const T, c as *mut T);
             // SAFETY: as in `run`; the threads' tiles are disjoint (module header).
-            let call = |io: usize, jo: usize, k0: usize, kn: usize| unsafe {
-                T::tile(
-                    v,
-                    kn,
-                    c.add(io * MR * n + jo * NR),
-                    n,
-                    a.add(io * n * MR + k0 * MR),
-                    MR,
-                    b.add(jo * n * NR + k0 * NR),
-                    NR,
-                )
-            };
+            let call = |io, jo, k0, kn| unsafe { tile_at(v, n, (a, b, c), (io, jo), (k0, kn)) };
             let mine = move |x: usize| x % threads == t;
             match order {
                 Order::Today => {
