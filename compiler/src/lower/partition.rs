@@ -37,6 +37,18 @@
 //!   partial sum stays under `2^62`; when a comparison fails the original loop runs instead.
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
+//!
+//! Where it pays: a loop whose every varying conjunct is a tile's ragged end is left as it
+//! is too. That is a loop of constant extent `E <= 32` (a GEMM panel) whose conjunct is `k * v + c * o + rest`
+//! with `o` the variable of a loop around it, `|c| >= |k| * E` and `min` free of `o` (`jo *
+//! 32 + ji < N` in a GEMM's B pack): per step of `o` the bound moves past the whole loop, so
+//! the guard fails inside the loop for one `o` only, the last panel. Partitioning such a
+//! loop vectorizes its full panels but copies its body four more times (the interior's
+//! strip-mining and stride test, the edge, the loop kept for a wrap); measured on the default
+//! GEMM with a symbolic `n`, that was a sixth more instructions in a first build for no
+//! measured gain in its calls, where the pack is a percent or two of the time. A padding
+//! guard (`x + kw - 1 >= 0`: the bound moves by 1 per step of `kw`, not by the row's length)
+//! fails on many iterations of the loops around it, and is partitioned.
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -45,12 +57,21 @@ use crate::arith::simplify::{linear, simplify};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use rivet_runtime::DType;
+use std::collections::HashSet;
 
 /// Most distinct varying conjuncts one loop is partitioned on (each adds a `max` or `min`).
 const MAX_CONJUNCTS: usize = 8;
 
 /// Partitions `f`'s vectorized loops (module header).
 pub fn partition(f: &mut PrimFunc) {
+    // Every loop variable of the function: a variable one of them uses in a guard is that of
+    // a loop around it (a variable is bound once, and used only in its scope).
+    let mut loops: HashSet<u32> = HashSet::new();
+    f.body.visit(&mut |s| {
+        if let Stmt::For { var, .. } = s {
+            loops.insert(var.id);
+        }
+    });
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::For {
             var,
@@ -58,7 +79,7 @@ pub fn partition(f: &mut PrimFunc) {
             extent,
             body,
             kind: ForKind::Vectorized,
-        } => match partitioned(&var, &min, &extent, &body) {
+        } => match partitioned(&var, &min, &extent, &body, &loops) {
             Some(p) => p,
             None => Stmt::For {
                 var,
@@ -183,8 +204,59 @@ fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
     body.rewrite(&mut fe, &mut |s| s)
 }
 
-fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> {
+/// Longest loop whose ragged end is left whole: the default GEMM's panel (`NR` columns). A
+/// longer constant loop with such a guard is a chunk of an elementwise stage (a 1-d pad split
+/// by `schedule::cpu_default::CHUNK`), which is the kernel's whole work, not a pack beside it.
+const MAX_PANEL: i64 = crate::schedule::cpu_default::packed_gemm::NR;
+
+/// Whether conjunct `c` is a tile's ragged end on the loop `for v in [min, min + E)`, `E` a
+/// constant of at most `MAX_PANEL`: `k * v + c_o * o + rest` compared with 0, `o` the variable of a loop around it
+/// (in `loops`), `|c_o| >= |k| * E`, and `min` free of `o`. From one iteration of `o` to the
+/// next the bound on `v` the conjunct gives moves by at least `E` (the ceiling of a value
+/// moved by an integer `>= E` moves by `>= E`), so it falls strictly inside the loop's range
+/// (the loop neither all true nor all false) for at most one value of `o`, the others fixed:
+/// the guard can fail only on the last panel. `min` free of every such `o` is asked, not of
+/// the one found, which refuses more and is simpler to state.
+fn ragged_end(c: &Expr, v: &Var, min: &Expr, extent: &Expr, loops: &HashSet<u32>) -> bool {
+    let Some(e) = extent.as_int().filter(|&e| e > 0 && e <= MAX_PANEL) else {
+        return false;
+    };
+    let ExprKind::Cmp(op, a, b) = c.kind() else {
+        return false;
+    };
+    if matches!(op, CmpOp::Eq | CmpOp::Ne) {
+        return false;
+    }
+    let Some((k, rest)) = linear(&a.sub(b)).and_then(|l| coefficient_and_rest(&l, v)) else {
+        return false;
+    };
+    let span = (k as i128).abs() * e as i128;
+    k != 0
+        && rest.terms.iter().any(|(t, c_o)| {
+            t.as_var()
+                .is_some_and(|o| loops.contains(&o.id) && !min.uses(o))
+                && (*c_o as i128).abs() >= span
+        })
+}
+
+fn partitioned(
+    v: &Var,
+    min: &Expr,
+    extent: &Expr,
+    body: &Stmt,
+    loops: &HashSet<u32>,
+) -> Option<Stmt> {
     let conds = varying(body, v)?;
+    // A loop whose every guard is a tile's ragged end (a pack's last panel padded with zeros:
+    // the default GEMM's B pack) is left whole. Its full panels would run as vectors, but
+    // the split costs the body four more copies (the vector interior with its strip-mining
+    // tail and stride test, the scalar edge, the loop kept for a wrap), a sixth more
+    // instructions in a first build of the GEMM, for a pack that is a percent or two of the
+    // product it feeds (benches/RESULTS.md). A padding guard (a convolution's window) moves
+    // by less than the loop's range per outer iteration and fails in many: those stay.
+    if conds.iter().all(|c| ragged_end(c, v, min, extent, loops)) {
+        return None;
+    }
     let mut no_wrap: Vec<Expr> = Vec::new();
     let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
     for c in &conds {
@@ -237,4 +309,132 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
         }),
     };
     Some(unless_wrapping(no_wrap, split, (v, min, extent, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::test_util::{func, input, loop_over, output, store};
+    use crate::ir::verify::verify;
+
+    /// `for o in [0, outer): for v in [0, extent) vectorized: P[o * extent + v] =
+    /// select(guard(o, v), X[index(o, v)], 0)` over float32 buffers of `len` elements,
+    /// partitioned; the function's text.
+    fn partitioned_text(
+        outer: i64,
+        extent: i64,
+        len: Expr,
+        dims: Vec<Var>,
+        guard: impl Fn(&Expr, &Expr) -> Expr,
+        index: impl Fn(&Expr, &Expr) -> Expr,
+    ) -> String {
+        let x = input(0, "X", DType::F32, vec![len.clone()]);
+        let p = output(1, "P", DType::F32, vec![Expr::int(outer * extent)]);
+        let (xi, pi) = (x.id, p.id);
+        let body = loop_over("o", Expr::int(outer), ForKind::Serial, |o| {
+            loop_over("v", Expr::int(extent), ForKind::Vectorized, |v| {
+                let value = Expr::select(
+                    guard(o, v),
+                    Expr::load(xi, vec![index(o, v)], DType::F32),
+                    Expr::constant(0.0, DType::F32),
+                )
+                .unwrap();
+                store(pi, vec![o.mul(&Expr::int(extent)).add(v)], value)
+            })
+        });
+        let mut f = func("f", vec![x, p], dims, body);
+        partition(&mut f);
+        verify(&f, true).unwrap();
+        f.to_string()
+    }
+
+    /// A ragged last panel (a GEMM's B pack: `o * 32 + v < n`) is left whole; a guard whose
+    /// bound moves by less than the loop's range per outer step (tiles overlapping) is not a
+    /// ragged end, and is partitioned.
+    #[test]
+    fn a_ragged_last_panel_is_left_whole() {
+        let n = Var::new("n");
+        let flat = |o: &Expr, v: &Expr| o.mul(&Expr::int(32)).add(v);
+        let t = partitioned_text(
+            4,
+            32,
+            Expr::var(&n),
+            vec![n.clone()],
+            |o, v| flat(o, v).lt(&Expr::var(&n)),
+            flat,
+        );
+        assert!(!t.contains(".lo") && !t.contains(".hi"), "{t}");
+        assert!(t.contains("vectorized for v in [0, 32)"), "{t}");
+        // The same guard with the panels 16 apart: it fails inside the loop for two values
+        // of `o`, so it is not a ragged end.
+        let half = |o: &Expr, v: &Expr| o.mul(&Expr::int(16)).add(v);
+        let t = partitioned_text(
+            4,
+            32,
+            Expr::var(&n),
+            vec![n.clone()],
+            |o, v| half(o, v).lt(&Expr::var(&n)),
+            half,
+        );
+        assert!(t.contains("v.hi"), "{t}");
+        // A ragged end on a loop longer than a panel (an elementwise stage's chunk, the whole
+        // kernel's work): partitioned.
+        let wide = |o: &Expr, v: &Expr| o.mul(&Expr::int(64)).add(v);
+        let t = partitioned_text(
+            4,
+            64,
+            Expr::var(&n),
+            vec![n.clone()],
+            |o, v| wide(o, v).lt(&Expr::var(&n)),
+            wide,
+        );
+        assert!(t.contains("v.hi"), "{t}");
+    }
+
+    /// A convolution's padded row (`0 <= v + o - 1 < 16`, `o` the window's offset) keeps its
+    /// partition: scalar edges around an unguarded interior; so does a ragged panel that also
+    /// carries a padding guard.
+    #[test]
+    fn a_padded_row_is_partitioned() {
+        let w = Expr::int(16);
+        let shifted = |o: &Expr, v: &Expr| v.add(o).sub(&Expr::int(1));
+        let inside = |e: Expr, len: &Expr| {
+            let lo = Expr::cmp(CmpOp::Le, Expr::int(0), e.clone()).unwrap();
+            Expr::new(ExprKind::Logic(LogicOp::And, lo, e.lt(len)), DType::Bool)
+        };
+        let t = partitioned_text(
+            3,
+            16,
+            w.clone(),
+            vec![],
+            |o, v| inside(shifted(o, v), &w),
+            shifted,
+        );
+        assert!(
+            t.contains("let v.lo = ") && t.contains("let v.hi = "),
+            "{t}"
+        );
+        // The interior's store is the unguarded load.
+        assert!(t.contains("= X[((v + o) - 1)]"), "{t}");
+        // A ragged end (`o * 32 + v < n`) beside a padding (`0 <= v + o - 1`): partitioned.
+        // (`0 <= o * 32 + v - 1` would be a ragged end too: it fails inside the loop for
+        // `o = 0` only.)
+        let n = Var::new("n");
+        let t = partitioned_text(
+            4,
+            32,
+            Expr::var(&n),
+            vec![n.clone()],
+            |o, v| {
+                let pad = Expr::cmp(CmpOp::Le, Expr::int(0), shifted(o, v)).unwrap();
+                let end = o.mul(&Expr::int(32)).add(v).lt(&Expr::var(&n));
+                Expr::new(ExprKind::Logic(LogicOp::And, pad, end), DType::Bool)
+            },
+            shifted,
+        );
+        assert!(
+            t.contains("let v.lo = ") && t.contains("let v.hi = "),
+            "{t}"
+        );
+    }
 }
