@@ -2,12 +2,12 @@
 //! flattening, before `unswitch::selects` and `vectorize`). A `select` whose arm loads memory
 //! and whose condition varies with the loop variable keeps a vector loop scalar: `vectorize`
 //! must not load, for any lane, what the scalar loop would skip. A convolution's padding
-//! (`if_then_else(0 <= x + kw - 1 < W, X[.., x + kw - 1], 0)`) and the zero past a packed
-//! GEMM's ragged last panel (`select(jo * 32 + ji < N, .., 0)`) are such guards: in every
+//! (`if_then_else(0 <= x + kw - 1 < W, X[.., x + kw - 1], 0)`) is such a guard: in every
 //! row of the image pack, and of a depthwise convolution's output, only a lane or two at
 //! either end is outside. Here, when each condition's conjuncts that use the loop variable
 //! `v` are comparisons of `k * v + rest` with 0, `k` a non-zero constant (a stride) and `rest`
-//! free of `v` (bounds of an interval of `v`),
+//! free of `v` (bounds of an interval of `v`), and not all of them are a panel's ragged end
+//! (below),
 //!
 //! ```text
 //! for v in [min, end) vectorized { body }
@@ -38,17 +38,20 @@
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
 //!
-//! Where it pays: a loop whose every varying conjunct is a tile's ragged end is left as it
-//! is too. That is a loop of constant extent `E <= 32` (a GEMM panel) whose conjunct is `k * v + c * o + rest`
-//! with `o` the variable of a loop around it, `|c| >= |k| * E` and `min` free of `o` (`jo *
-//! 32 + ji < N` in a GEMM's B pack): per step of `o` the bound moves past the whole loop, so
-//! the guard fails inside the loop for one `o` only, the last panel. Partitioning such a
-//! loop vectorizes its full panels but copies its body four more times (the interior's
-//! strip-mining and stride test, the edge, the loop kept for a wrap); measured on the default
-//! GEMM with a symbolic `n`, that was a sixth more instructions in a first build for no
-//! measured gain in its calls, where the pack is a percent or two of the time. A padding
-//! guard (`x + kw - 1 >= 0`: the bound moves by 1 per step of `kw`, not by the row's length)
-//! fails on many iterations of the loops around it, and is partitioned.
+//! Where it pays: a loop whose every varying conjunct is a panel's ragged end is left as it
+//! is too. That is a loop of constant extent `E <= 32` (the default GEMM's panel width) whose
+//! conjunct is `k * v + c * o + rest` compared with 0, `o` the variable of a loop around it,
+//! `|c| >= |k| * E` and `min` free of `o` (the zero past a packed GEMM's last panel,
+//! `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves past the whole loop,
+//! so the guard fails inside the loop for one `o` only (the others fixed), the last panel.
+//! Partitioning such a loop would vectorize its full panels but copy its body four more
+//! times (the interior, its strip-mining tail and stride test, the edge, the loop kept for a
+//! wrap): measured on the default GEMM with a symbolic `n`, 29 % more instructions in a first
+//! build (benches/RESULTS.md), and no gain in its calls, where that pack is a percent or two
+//! of the time. A padding guard (`x + kw - 1 >= 0`: its bound moves by 1 per step of `kw`,
+//! not by the row's length) fails inside the loop on most iterations of the loops around it
+//! and is partitioned, as is a ragged end beside a padding, or on a loop longer than a panel
+//! (a chunk of an elementwise stage, which is the kernel's whole work).
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -57,19 +60,19 @@ use crate::arith::simplify::{linear, simplify};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use rivet_runtime::DType;
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// Most distinct varying conjuncts one loop is partitioned on (each adds a `max` or `min`).
 const MAX_CONJUNCTS: usize = 8;
 
 /// Partitions `f`'s vectorized loops (module header).
 pub fn partition(f: &mut PrimFunc) {
-    // Every loop variable of the function: a variable one of them uses in a guard is that of
-    // a loop around it (a variable is bound once, and used only in its scope).
-    let mut loops: HashSet<u32> = HashSet::new();
+    // Every loop variable of the function, with its extent: a variable a guard uses is bound
+    // by a loop around it, or by none (a variable is bound once, used only in its scope).
+    let mut loops: HashMap<u32, Expr> = HashMap::new();
     f.body.visit(&mut |s| {
-        if let Stmt::For { var, .. } = s {
-            loops.insert(var.id);
+        if let Stmt::For { var, extent, .. } = s {
+            loops.insert(var.id, simplify(extent));
         }
     });
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
@@ -209,15 +212,23 @@ fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
 /// by `schedule::cpu_default::CHUNK`), which is the kernel's whole work, not a pack beside it.
 const MAX_PANEL: i64 = crate::schedule::cpu_default::packed_gemm::NR;
 
-/// Whether conjunct `c` is a tile's ragged end on the loop `for v in [min, min + E)`, `E` a
-/// constant of at most `MAX_PANEL`: `k * v + c_o * o + rest` compared with 0, `o` the variable of a loop around it
-/// (in `loops`), `|c_o| >= |k| * E`, and `min` free of `o`. From one iteration of `o` to the
-/// next the bound on `v` the conjunct gives moves by at least `E` (the ceiling of a value
-/// moved by an integer `>= E` moves by `>= E`), so it falls strictly inside the loop's range
-/// (the loop neither all true nor all false) for at most one value of `o`, the others fixed:
-/// the guard can fail only on the last panel. `min` free of every such `o` is asked, not of
-/// the one found, which refuses more and is simpler to state.
-fn ragged_end(c: &Expr, v: &Var, min: &Expr, extent: &Expr, loops: &HashSet<u32>) -> bool {
+/// Fewest panels (iterations of the loop `o` around) for a ragged end to be left whole: with
+/// fewer, known when the nest is built, the ragged panel is a large share of the runs (an
+/// unpadded convolution's image rows of 56 in two panels of 32).
+const MIN_PANELS: i64 = 4;
+
+/// Whether conjunct `c` is a panel's ragged end on the loop `for v in [min, min + E)`, `E` a
+/// constant of at most `MAX_PANEL`: `k * v + c_o * o + rest` compared with 0, `o` the
+/// variable of a loop around it (in `loops`, with its extent) running `MIN_PANELS` or more
+/// times (or a symbolic number), `|c_o| >= |k| * E`, `min` free of `o`, and `rest` free of
+/// every loop variable. From one iteration of `o` to the next the bound on `v` the conjunct
+/// gives moves by at least `E` (`ceil(x + d) >= ceil(x) + E` for `d >= E`, `E` an integer),
+/// so it falls strictly inside the loop's range (the loop neither all true nor all false) for
+/// one value of `o` at most, and no other loop moves it: the guard fails inside the loop in
+/// one panel only, the last (or the first). A padding guard moves with the window's offset
+/// (`xo * 32 + xi + kw - 1 >= 0`: `kw` a loop), so it fails in a panel at either end of
+/// every row for several offsets; it is not a ragged end.
+fn ragged_end(c: &Expr, v: &Var, min: &Expr, extent: &Expr, loops: &HashMap<u32, Expr>) -> bool {
     let Some(e) = extent.as_int().filter(|&e| e > 0 && e <= MAX_PANEL) else {
         return false;
     };
@@ -231,12 +242,27 @@ fn ragged_end(c: &Expr, v: &Var, min: &Expr, extent: &Expr, loops: &HashSet<u32>
         return false;
     };
     let span = (k as i128).abs() * e as i128;
-    k != 0
-        && rest.terms.iter().any(|(t, c_o)| {
-            t.as_var()
-                .is_some_and(|o| loops.contains(&o.id) && !min.uses(o))
-                && (*c_o as i128).abs() >= span
+    let is_panel = |t: &Expr, c_o: i64| {
+        t.as_var().is_some_and(|o| {
+            loops
+                .get(&o.id)
+                .is_some_and(|n| n.as_int().is_none_or(|n| n >= MIN_PANELS))
+                && !min.uses(o)
+                && (c_o as i128).abs() >= span
         })
+    };
+    let Some(i) = rest.terms.iter().position(|(t, c_o)| is_panel(t, *c_o)) else {
+        return false;
+    };
+    let mut loop_free = true;
+    for (j, (t, _)) in rest.terms.iter().enumerate() {
+        if j != i {
+            t.visit_unique(&mut |x| {
+                loop_free &= x.as_var().is_none_or(|w| !loops.contains_key(&w.id));
+            });
+        }
+    }
+    k != 0 && loop_free
 }
 
 fn partitioned(
@@ -244,7 +270,7 @@ fn partitioned(
     min: &Expr,
     extent: &Expr,
     body: &Stmt,
-    loops: &HashSet<u32>,
+    loops: &HashMap<u32, Expr>,
 ) -> Option<Stmt> {
     let conds = varying(body, v)?;
     // A loop whose every guard is a tile's ragged end (a pack's last panel padded with zeros:
@@ -317,29 +343,36 @@ mod tests {
     use crate::ir::test_util::{func, input, loop_over, output, store};
     use crate::ir::verify::verify;
 
-    /// `for o in [0, outer): for v in [0, extent) vectorized: P[o * extent + v] =
-    /// select(guard(o, v), X[index(o, v)], 0)` over float32 buffers of `len` elements,
-    /// partitioned; the function's text.
+    /// A load of `X` guarded by a condition on its index.
+    type Guard<'a> = dyn Fn(&[&Expr]) -> Expr + 'a;
+
+    /// `for w in [0, 3): for o in [0, outer): for v in [0, extent) vectorized: P[(w * outer
+    /// + o) * extent + v] = select(guard(w, o, v), X[index(w, o, v)], 0)` over float32
+    /// buffers (`X` of `len` elements), partitioned; the function's text.
     fn partitioned_text(
-        outer: i64,
+        outer: Expr,
         extent: i64,
         len: Expr,
         dims: Vec<Var>,
-        guard: impl Fn(&Expr, &Expr) -> Expr,
-        index: impl Fn(&Expr, &Expr) -> Expr,
+        guard: &Guard<'_>,
+        index: &Guard<'_>,
     ) -> String {
         let x = input(0, "X", DType::F32, vec![len.clone()]);
-        let p = output(1, "P", DType::F32, vec![Expr::int(outer * extent)]);
+        let size = outer.mul(&Expr::int(3 * extent));
+        let p = output(1, "P", DType::F32, vec![size]);
         let (xi, pi) = (x.id, p.id);
-        let body = loop_over("o", Expr::int(outer), ForKind::Serial, |o| {
-            loop_over("v", Expr::int(extent), ForKind::Vectorized, |v| {
-                let value = Expr::select(
-                    guard(o, v),
-                    Expr::load(xi, vec![index(o, v)], DType::F32),
-                    Expr::constant(0.0, DType::F32),
-                )
-                .unwrap();
-                store(pi, vec![o.mul(&Expr::int(extent)).add(v)], value)
+        let body = loop_over("w", Expr::int(3), ForKind::Serial, |w| {
+            loop_over("o", outer.clone(), ForKind::Serial, |o| {
+                loop_over("v", Expr::int(extent), ForKind::Vectorized, |v| {
+                    let value = Expr::select(
+                        guard(&[w, o, v]),
+                        Expr::load(xi, vec![index(&[w, o, v])], DType::F32),
+                        Expr::constant(0.0, DType::F32),
+                    )
+                    .unwrap();
+                    let at = w.mul(&outer).add(o).mul(&Expr::int(extent)).add(v);
+                    store(pi, vec![at], value)
+                })
             })
         });
         let mut f = func("f", vec![x, p], dims, body);
@@ -348,93 +381,109 @@ mod tests {
         f.to_string()
     }
 
-    /// A ragged last panel (a GEMM's B pack: `o * 32 + v < n`) is left whole; a guard whose
-    /// bound moves by less than the loop's range per outer step (tiles overlapping) is not a
-    /// ragged end, and is partitioned.
+    /// `o * step + v + shift`.
+    fn at(step: i64, shift: Expr) -> impl Fn(&[&Expr]) -> Expr {
+        move |l: &[&Expr]| l[1].mul(&Expr::int(step)).add(l[2]).add(&shift)
+    }
+
+    fn and(a: Expr, b: Expr) -> Expr {
+        Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool)
+    }
+
+    /// `0 <= e < len`.
+    fn inside(e: Expr, len: &Expr) -> Expr {
+        and(
+            Expr::cmp(CmpOp::Le, Expr::int(0), e.clone()).unwrap(),
+            e.lt(len),
+        )
+    }
+
+    fn split(t: &str) -> bool {
+        t.contains("let v.lo = ") && t.contains("let v.hi = ")
+    }
+
+    /// A ragged last panel (a GEMM's B pack: `o * 32 + v < n`, the panels counted by `n`) is
+    /// left whole. Not a ragged end, so partitioned: panels 16 apart (the guard fails inside
+    /// the loop for two values of `o`), a loop longer than a panel (an elementwise chunk), a
+    /// constant of fewer than `MIN_PANELS` panels (the ragged one a large share).
     #[test]
     fn a_ragged_last_panel_is_left_whole() {
         let n = Var::new("n");
-        let flat = |o: &Expr, v: &Expr| o.mul(&Expr::int(32)).add(v);
+        let (en, zero) = (Expr::var(&n), Expr::int(0));
+        let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
+        let ragged = |step: i64| {
+            let at = at(step, Expr::int(0));
+            let en = en.clone();
+            move |l: &[&Expr]| at(l).lt(&en)
+        };
         let t = partitioned_text(
-            4,
+            panels.clone(),
             32,
-            Expr::var(&n),
+            en.clone(),
             vec![n.clone()],
-            |o, v| flat(o, v).lt(&Expr::var(&n)),
-            flat,
+            &ragged(32),
+            &at(32, zero.clone()),
         );
         assert!(!t.contains(".lo") && !t.contains(".hi"), "{t}");
         assert!(t.contains("vectorized for v in [0, 32)"), "{t}");
-        // The same guard with the panels 16 apart: it fails inside the loop for two values
-        // of `o`, so it is not a ragged end.
-        let half = |o: &Expr, v: &Expr| o.mul(&Expr::int(16)).add(v);
+        // A constant number of panels, at least `MIN_PANELS`: left whole too.
         let t = partitioned_text(
-            4,
+            Expr::int(4),
             32,
-            Expr::var(&n),
+            en.clone(),
             vec![n.clone()],
-            |o, v| half(o, v).lt(&Expr::var(&n)),
-            half,
+            &ragged(32),
+            &at(32, zero.clone()),
         );
-        assert!(t.contains("v.hi"), "{t}");
-        // A ragged end on a loop longer than a panel (an elementwise stage's chunk, the whole
-        // kernel's work): partitioned.
-        let wide = |o: &Expr, v: &Expr| o.mul(&Expr::int(64)).add(v);
-        let t = partitioned_text(
-            4,
-            64,
-            Expr::var(&n),
-            vec![n.clone()],
-            |o, v| wide(o, v).lt(&Expr::var(&n)),
-            wide,
-        );
-        assert!(t.contains("v.hi"), "{t}");
+        assert!(!t.contains(".lo"), "{t}");
+        for (outer, extent, step) in [
+            (panels.clone(), 32, 16),
+            (panels, 64, 64),
+            (Expr::int(2), 32, 32),
+        ] {
+            let t = partitioned_text(
+                outer,
+                extent,
+                en.clone(),
+                vec![n.clone()],
+                &ragged(step),
+                &at(step, zero.clone()),
+            );
+            assert!(t.contains("v.hi"), "{extent} {step}: {t}");
+        }
     }
 
-    /// A convolution's padded row (`0 <= v + o - 1 < 16`, `o` the window's offset) keeps its
-    /// partition: scalar edges around an unguarded interior; so does a ragged panel that also
-    /// carries a padding guard.
+    /// A convolution's padded row (`0 <= v + w - 1 < 16`, `w` the window's offset) keeps its
+    /// partition: scalar edges around an unguarded interior. So does a row in panels of 32
+    /// (an image pack's: `0 <= o * 32 + v + w - 1 < n` beside the ragged end `o * 32 + v <
+    /// n`): the offset `w` moves the padding's bound, so it fails in several panels.
     #[test]
     fn a_padded_row_is_partitioned() {
-        let w = Expr::int(16);
-        let shifted = |o: &Expr, v: &Expr| v.add(o).sub(&Expr::int(1));
-        let inside = |e: Expr, len: &Expr| {
-            let lo = Expr::cmp(CmpOp::Le, Expr::int(0), e.clone()).unwrap();
-            Expr::new(ExprKind::Logic(LogicOp::And, lo, e.lt(len)), DType::Bool)
-        };
+        let len = Expr::int(16);
+        let shifted = |l: &[&Expr]| l[2].add(l[0]).sub(&Expr::int(1));
         let t = partitioned_text(
-            3,
+            Expr::int(1),
             16,
-            w.clone(),
+            len.clone(),
             vec![],
-            |o, v| inside(shifted(o, v), &w),
-            shifted,
+            &|l| inside(shifted(l), &len),
+            &shifted,
         );
-        assert!(
-            t.contains("let v.lo = ") && t.contains("let v.hi = "),
-            "{t}"
-        );
+        assert!(split(&t), "{t}");
         // The interior's store is the unguarded load.
-        assert!(t.contains("= X[((v + o) - 1)]"), "{t}");
-        // A ragged end (`o * 32 + v < n`) beside a padding (`0 <= v + o - 1`): partitioned.
-        // (`0 <= o * 32 + v - 1` would be a ragged end too: it fails inside the loop for
-        // `o = 0` only.)
+        assert!(t.contains("= X[((v + w) - 1)]"), "{t}");
         let n = Var::new("n");
+        let en = Expr::var(&n);
+        let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
+        let pad = |l: &[&Expr]| at(32, Expr::int(-1))(l).add(l[0]);
         let t = partitioned_text(
-            4,
+            panels,
             32,
-            Expr::var(&n),
+            en.clone(),
             vec![n.clone()],
-            |o, v| {
-                let pad = Expr::cmp(CmpOp::Le, Expr::int(0), shifted(o, v)).unwrap();
-                let end = o.mul(&Expr::int(32)).add(v).lt(&Expr::var(&n));
-                Expr::new(ExprKind::Logic(LogicOp::And, pad, end), DType::Bool)
-            },
-            shifted,
+            &|l| and(at(32, Expr::int(0))(l).lt(&en), inside(pad(l), &en)),
+            &pad,
         );
-        assert!(
-            t.contains("let v.lo = ") && t.contains("let v.hi = "),
-            "{t}"
-        );
+        assert!(split(&t), "{t}");
     }
 }
