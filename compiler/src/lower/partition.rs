@@ -40,18 +40,21 @@
 //!
 //! Where it pays: a loop whose every varying conjunct is a panel's ragged end is left as it
 //! is too. That is a loop of constant extent `E <= 32` (the default GEMM's panel width) whose
-//! conjunct is `k * v + c * o + rest` compared with 0, `o` the variable of a loop around it,
-//! `|c| >= |k| * E` and `min` free of `o` (the zero past a packed GEMM's last panel,
-//! `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves past the whole loop,
-//! so the guard fails inside the loop for one `o` only (the others fixed), the last panel.
-//! Partitioning such a loop would vectorize its full panels but copy its body four more
-//! times (the interior, its strip-mining tail and stride test, the edge, the loop kept for a
-//! wrap): measured on the default GEMM with a symbolic `n`, 29 % more instructions in a first
-//! build (benches/RESULTS.md), and no gain in its calls, where that pack is a percent or two
-//! of the time. A padding guard (`x + kw - 1 >= 0`: its bound moves by 1 per step of `kw`,
-//! not by the row's length) fails inside the loop on most iterations of the loops around it
-//! and is partitioned, as is a ragged end beside a padding, or on a loop longer than a panel
-//! (a chunk of an elementwise stage, which is the kernel's whole work).
+//! conjunct is `k * v + c * o + rest` compared with 0, `o` the variable of a loop around it
+//! of 4 or more iterations (or a symbolic number), `|c| >= |k| * E`, `min` free of `o` and
+//! `rest` free of every loop variable (the zero past a packed GEMM's last panel,
+//! `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves past the whole loop
+//! and no other loop moves it, so the guard fails inside the loop in one panel only, the
+//! last. Partitioning such a loop would vectorize its full panels but copy its body four
+//! more times (the interior, its strip-mining tail and stride test, the edge, the loop kept
+//! for a wrap): measured on the default GEMM with a symbolic `n`, 29 % more instructions in
+//! a first build (benches/RESULTS.md, "The partition pass only where it pays"), and no gain
+//! in its calls, where that pack is a percent or two of the time. Partitioned, not ragged
+//! ends: a padding guard, whose bound the window's offset moves (`x + kw - 1 >= 0`, and in
+//! panels `xo * 32 + xi + kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end of
+//! each row for several offsets, a convolution's image pack); a loop longer than a panel (a
+//! chunk of an elementwise stage, the kernel's whole work); fewer than 4 panels, known when
+//! the nest is built (the ragged one a large share of the runs).
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -273,13 +276,8 @@ fn partitioned(
     loops: &HashMap<u32, Expr>,
 ) -> Option<Stmt> {
     let conds = varying(body, v)?;
-    // A loop whose every guard is a tile's ragged end (a pack's last panel padded with zeros:
-    // the default GEMM's B pack) is left whole. Its full panels would run as vectors, but
-    // the split costs the body four more copies (the vector interior with its strip-mining
-    // tail and stride test, the scalar edge, the loop kept for a wrap), a sixth more
-    // instructions in a first build of the GEMM, for a pack that is a percent or two of the
-    // product it feeds (benches/RESULTS.md). A padding guard (a convolution's window) moves
-    // by less than the loop's range per outer iteration and fails in many: those stay.
+    // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is left whole:
+    // four more copies of its body for one ragged panel do not pay (module header).
     if conds.iter().all(|c| ragged_end(c, v, min, extent, loops)) {
         return None;
     }
