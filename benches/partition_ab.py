@@ -29,6 +29,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GEMM_SIZES = [97, 500, 1000]
+if os.environ.get("PARTITION_AB_SIZES"):
+    GEMM_SIZES = [int(x) for x in os.environ["PARTITION_AB_SIZES"].split(",")]
 # name: (cin, cout, hw, k, stride, pad, depthwise), as benches/conv_bench.py.
 CONVS = ["3x3-64@56", "dw3x3-128@56"]
 

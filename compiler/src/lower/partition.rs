@@ -276,11 +276,10 @@ fn partitioned(
     loops: &HashMap<u32, Expr>,
 ) -> Option<Stmt> {
     let conds = varying(body, v)?;
-    // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is left whole:
-    // four more copies of its body for one ragged panel do not pay (module header).
-    if conds.iter().all(|c| ragged_end(c, v, min, extent, loops)) {
-        return None;
-    }
+    // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is versioned on
+    // the whole panel instead: one copy of its body fewer than the split's three loops, and
+    // the vector one of constant extent, so with no strip-mining tail (module header).
+    let ragged = conds.iter().all(|c| ragged_end(c, v, min, extent, loops));
     let mut no_wrap: Vec<Expr> = Vec::new();
     let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
     for c in &conds {
@@ -298,6 +297,34 @@ fn partitioned(
     }
     let (has_lo, has_hi) = (lo.is_some(), hi.is_some());
     let end = simplify(&min.add(extent));
+    if ragged {
+        // `lo <= min && end <= hi`: every dropped conjunct holds in the whole loop; with the
+        // no-wrap comparisons in the same `&&` (a bound that wrapped, computed by wrapping
+        // int64 arithmetic in every backend, is only compared where the condition is false
+        // anyway: the loop as written runs).
+        let and = |a: Expr, b: Expr| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool);
+        let inside = [
+            lo.map(|l| Expr::cmp(CmpOp::Le, l, min.clone())),
+            hi.map(|h| Expr::cmp(CmpOp::Le, end.clone(), h)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<crate::error::Result<Vec<Expr>>>()
+        .ok()?;
+        let cond = no_wrap.into_iter().chain(inside).reduce(and)?;
+        let whole = |kind: ForKind, body: Stmt| Stmt::For {
+            var: v.clone(),
+            min: min.clone(),
+            extent: extent.clone(),
+            kind,
+            body: Box::new(body),
+        };
+        return Some(Stmt::If {
+            cond: simplify(&cond),
+            then: Box::new(whole(ForKind::Vectorized, strip(body, &conds))),
+            otherwise: Some(Box::new(whole(ForKind::Vectorized, body.clone()))),
+        });
+    }
     let (a, b) = (
         Var::new(&format!("{}.lo", v.name)),
         Var::new(&format!("{}.hi", v.name)),
@@ -400,12 +427,21 @@ mod tests {
         t.contains("let v.lo = ") && t.contains("let v.hi = ")
     }
 
+    /// Versioned on the whole panel: the guard checked once, then the loop with no select
+    /// (an unguarded load), else the loop as written.
+    fn versioned(t: &str) -> bool {
+        !t.contains(".lo")
+            && t.matches("vectorized for v in [0, 32)").count() == 2
+            && t.contains("] = X[")
+            && t.contains("else:")
+    }
+
     /// A ragged last panel (a GEMM's B pack: `o * 32 + v < n`, the panels counted by `n`) is
-    /// left whole. Not a ragged end, so partitioned: panels 16 apart (the guard fails inside
+    /// versioned, not split. Not a ragged end, so split: panels 16 apart (the guard fails inside
     /// the loop for two values of `o`), a loop longer than a panel (an elementwise chunk), a
     /// constant of fewer than `MIN_PANELS` panels (the ragged one a large share).
     #[test]
-    fn a_ragged_last_panel_is_left_whole() {
+    fn a_ragged_last_panel_is_versioned() {
         let n = Var::new("n");
         let (en, zero) = (Expr::var(&n), Expr::int(0));
         let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
@@ -422,8 +458,7 @@ mod tests {
             &ragged(32),
             &at(32, zero.clone()),
         );
-        assert!(!t.contains(".lo") && !t.contains(".hi"), "{t}");
-        assert!(t.contains("vectorized for v in [0, 32)"), "{t}");
+        assert!(versioned(&t), "{t}");
         // A constant number of panels, at least `MIN_PANELS`: left whole too.
         let t = partitioned_text(
             Expr::int(4),
@@ -433,7 +468,7 @@ mod tests {
             &ragged(32),
             &at(32, zero.clone()),
         );
-        assert!(!t.contains(".lo"), "{t}");
+        assert!(versioned(&t), "{t}");
         for (outer, extent, step) in [
             (panels.clone(), 32, 16),
             (panels, 64, 64),
