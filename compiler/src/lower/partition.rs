@@ -7,7 +7,7 @@
 //! either end is outside. Here, when each condition's conjuncts that use the loop variable
 //! `v` are comparisons of `k * v + rest` with 0, `k` a non-zero constant (a stride) and `rest`
 //! free of `v` (bounds of an interval of `v`), and not all of them are a panel's ragged end
-//! (below),
+//! (below: versioned),
 //!
 //! ```text
 //! for v in [min, end) vectorized { body }
@@ -38,23 +38,34 @@
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
 //!
-//! Where it pays: a loop whose every varying conjunct is a panel's ragged end is left as it
-//! is too. That is a loop of constant extent `E <= 32` (the default GEMM's panel width) whose
-//! conjunct is `k * v + c * o + rest` compared with 0, `o` the variable of a loop around it
-//! of 4 or more iterations (or a symbolic number), `|c| >= |k| * E`, `min` free of `o` and
-//! `rest` free of every loop variable (the zero past a packed GEMM's last panel,
-//! `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves past the whole loop
-//! and no other loop moves it, so the guard fails inside the loop in one panel only, the
-//! last. Partitioning such a loop would vectorize its full panels but copy its body four
-//! more times (the interior, its strip-mining tail and stride test, the edge, the loop kept
-//! for a wrap): measured on the default GEMM with a symbolic `n`, 29 % more instructions in
-//! a first build (benches/RESULTS.md, "The partition pass only where it pays"), and no gain
-//! in its calls, where that pack is a percent or two of the time. Partitioned, not ragged
-//! ends: a padding guard, whose bound the window's offset moves (`x + kw - 1 >= 0`, and in
-//! panels `xo * 32 + xi + kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end of
-//! each row for several offsets, a convolution's image pack); a loop longer than a panel (a
-//! chunk of an elementwise stage, the kernel's whole work); fewer than 4 panels, known when
-//! the nest is built (the ragged one a large share of the runs).
+//! Where a split costs more than it gives: a loop whose every varying conjunct is a panel's
+//! ragged end is versioned instead. That is a loop of constant extent `E <= 32` (the default
+//! GEMM's panel width) whose conjunct is `k * v + c * o + rest` compared with 0, `o` the
+//! variable of a loop around it of 4 or more iterations (or a symbolic number), `|c| >= |k|
+//! * E`, `min` free of `o` and `rest` free of every loop variable (the zero past a packed
+//! GEMM's last panel, `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves
+//! past the whole loop and no other loop moves it, so the guard fails inside the loop in one
+//! panel only, the last. Such a loop becomes
+//!
+//! ```text
+//! if no-wrap checks && lo <= min && end <= hi {
+//!   for v in [min, end) vectorized { body' }   // a full panel: constant extent, no tail
+//! } else {
+//!   for v in [min, end) vectorized { body }    // the ragged panel (or a wrap): as written
+//! }
+//! ```
+//!
+//! the same iterations in the same order either way, each select in `body'` picking what it
+//! picked (every dropped conjunct holds in the whole loop). Two copies of the body instead of
+//! the split's five (the interior, its strip-mining tail and stride test, the edge, the loop
+//! kept for a wrap): the split made the default GEMM's first build (symbolic `n`) 29 % more
+//! instructions, and leaving the pack scalar instead made its calls 1.1-1.9x slower at `n`
+//! of 96-300 (benches/RESULTS.md, "The partition pass only where it pays"). Split, not
+//! ragged ends: a padding guard, whose bound the window's offset moves (`x + kw - 1 >= 0`,
+//! and in panels `xo * 32 + xi + kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end
+//! of each row for several offsets, a convolution's image pack); a loop longer than a panel
+//! (a chunk of an elementwise stage); fewer than 4 panels, known when the nest is built (the
+//! ragged one a large share of the runs, which the split keeps mostly vector).
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -210,12 +221,12 @@ fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
     body.rewrite(&mut fe, &mut |s| s)
 }
 
-/// Longest loop whose ragged end is left whole: the default GEMM's panel (`NR` columns). A
+/// Longest loop whose ragged end is versioned rather than split: the default GEMM's panel (`NR` columns). A
 /// longer constant loop with such a guard is a chunk of an elementwise stage (a 1-d pad split
 /// by `schedule::cpu_default::CHUNK`), which is the kernel's whole work, not a pack beside it.
 const MAX_PANEL: i64 = crate::schedule::cpu_default::packed_gemm::NR;
 
-/// Fewest panels (iterations of the loop `o` around) for a ragged end to be left whole: with
+/// Fewest panels (iterations of the loop `o` around) for a ragged end to be versioned: with
 /// fewer, known when the nest is built, the ragged panel is a large share of the runs (an
 /// unpadded convolution's image rows of 56 in two panels of 32).
 const MIN_PANELS: i64 = 4;
@@ -459,7 +470,7 @@ mod tests {
             &at(32, zero.clone()),
         );
         assert!(versioned(&t), "{t}");
-        // A constant number of panels, at least `MIN_PANELS`: left whole too.
+        // A constant number of panels, at least `MIN_PANELS`: versioned too.
         let t = partitioned_text(
             Expr::int(4),
             32,
