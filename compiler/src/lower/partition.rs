@@ -56,16 +56,19 @@
 //! ```
 //!
 //! the same iterations in the same order either way, each select in `body'` picking what it
-//! picked (every dropped conjunct holds in the whole loop). Two copies of the body instead of
-//! the split's five (the interior, its strip-mining tail and stride test, the edge, the loop
-//! kept for a wrap): the split made the default GEMM's first build (symbolic `n`) 29 % more
-//! instructions, and leaving the pack scalar instead made its calls 1.1-1.9x slower at `n`
-//! of 96-300 (benches/RESULTS.md, "The partition pass only where it pays"). Split, not
-//! ragged ends: a padding guard, whose bound the window's offset moves (`x + kw - 1 >= 0`,
-//! and in panels `xo * 32 + xi + kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end
-//! of each row for several offsets, a convolution's image pack); a loop longer than a panel
-//! (a chunk of an elementwise stage); fewer than 4 panels, known when the nest is built (the
-//! ragged one a large share of the runs, which the split keeps mostly vector).
+//! picked (every dropped conjunct holds in the whole loop). After `vectorize` that is three
+//! loops of the body (the vector panel, its scalar copy for a strided source, the loop as
+//! written) where the split makes six (the interior's vector loop, vector and scalar tails
+//! and strided copy, the edge, the loop kept for a wrap). Measured on the default GEMM with a
+//! symbolic `n` (benches/RESULTS.md, "The partition pass only where it pays"): its first
+//! build takes 16 % more instructions than with no partition, the split's 29 %; leaving the
+//! pack scalar instead took 5-12 % more instructions per call at `n` = 500 and 128, the
+//! versioned pack 1.5-2.6 % fewer than the split's. Split, not ragged ends: a padding guard,
+//! whose bound the window's offset moves (`x + kw - 1 >= 0`, and in panels `xo * 32 + xi +
+//! kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end of each row for several
+//! offsets, a convolution's image pack); a loop longer than a panel (a chunk of an
+//! elementwise stage); fewer than 4 panels, known when the nest is built (the ragged one a
+//! large share of the runs, which the split keeps mostly vector).
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -288,8 +291,8 @@ fn partitioned(
 ) -> Option<Stmt> {
     let conds = varying(body, v)?;
     // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is versioned on
-    // the whole panel instead: one copy of its body fewer than the split's three loops, and
-    // the vector one of constant extent, so with no strip-mining tail (module header).
+    // the whole panel instead: the vector loop of constant extent, with no strip-mining
+    // tail, and no edge loop (module header).
     let ragged = conds.iter().all(|c| ragged_end(c, v, min, extent, loops));
     let mut no_wrap: Vec<Expr> = Vec::new();
     let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
