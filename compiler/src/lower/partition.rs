@@ -41,11 +41,11 @@
 //! Where a split costs more than it gives: a loop whose every varying conjunct is a panel's
 //! ragged end is versioned instead. That is a loop of constant extent `E <= 32` (the default
 //! GEMM's panel width) whose conjunct is `k * v + c * o + rest` compared with 0, `o` the
-//! variable of a loop around it of 4 or more iterations (or a symbolic number), `|c| >= |k|
-//! * E`, `min` free of `o` and `rest` free of every loop variable (the zero past a packed
-//! GEMM's last panel, `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound moves
-//! past the whole loop and no other loop moves it, so the guard fails inside the loop in one
-//! panel only, the last. Such a loop becomes
+//! variable of a loop around it of 4 or more iterations (or a symbolic number),
+//! `|c| >= |k| * E`, `min` free of `o` and `rest` free of every loop variable (the zero past
+//! a packed GEMM's last panel, `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound
+//! moves past the whole loop and no other loop moves it, so the guard fails inside the loop
+//! in one panel only, the last. Such a loop becomes
 //!
 //! ```text
 //! if no-wrap checks && lo <= min && end <= hi {
