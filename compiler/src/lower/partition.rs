@@ -2,12 +2,12 @@
 //! flattening, before `unswitch::selects` and `vectorize`). A `select` whose arm loads memory
 //! and whose condition varies with the loop variable keeps a vector loop scalar: `vectorize`
 //! must not load, for any lane, what the scalar loop would skip. A convolution's padding
-//! (`if_then_else(0 <= x + kw - 1 < W, X[.., x + kw - 1], 0)`) and the zero past a packed
-//! GEMM's ragged last panel (`select(jo * 32 + ji < N, .., 0)`) are such guards: in every
+//! (`if_then_else(0 <= x + kw - 1 < W, X[.., x + kw - 1], 0)`) is such a guard: in every
 //! row of the image pack, and of a depthwise convolution's output, only a lane or two at
 //! either end is outside. Here, when each condition's conjuncts that use the loop variable
 //! `v` are comparisons of `k * v + rest` with 0, `k` a non-zero constant (a stride) and `rest`
-//! free of `v` (bounds of an interval of `v`),
+//! free of `v` (bounds of an interval of `v`), and not all of them are a panel's ragged end
+//! (below: versioned),
 //!
 //! ```text
 //! for v in [min, end) vectorized { body }
@@ -37,6 +37,38 @@
 //!   partial sum stays under `2^62`; when a comparison fails the original loop runs instead.
 //!
 //! A loop whose guards are not all of that form, or that has none, is left as it is.
+//!
+//! Where a split costs more than it gives: a loop whose every varying conjunct is a panel's
+//! ragged end is versioned instead. That is a loop of constant extent `E <= 32` (the default
+//! GEMM's panel width) whose conjunct is `k * v + c * o + rest` compared with 0, `o` the
+//! variable of a loop around it of 4 or more iterations (or a symbolic number),
+//! `|c| >= |k| * E`, `min` free of `o` and `rest` free of every loop variable (the zero past
+//! a packed GEMM's last panel, `select(jo * 32 + ji < N, .., 0)`): per step of `o` the bound
+//! moves past the whole loop and no other loop moves it, so the guard fails inside the loop
+//! in one panel only, the last. Such a loop becomes
+//!
+//! ```text
+//! if no-wrap checks && lo <= min && end <= hi {
+//!   for v in [min, end) vectorized { body' }   // a full panel: constant extent, no tail
+//! } else {
+//!   for v in [min, end) vectorized { body }    // the ragged panel (or a wrap): as written
+//! }
+//! ```
+//!
+//! the same iterations in the same order either way, each select in `body'` picking what it
+//! picked (every dropped conjunct holds in the whole loop). After `vectorize` that is three
+//! loops of the body (the vector panel, its scalar copy for a strided source, the loop as
+//! written) where the split makes six (the interior's vector loop, vector and scalar tails
+//! and strided copy, the edge, the loop kept for a wrap). Measured on the default GEMM with a
+//! symbolic `n` (benches/RESULTS.md, "The partition pass only where it pays"): its first
+//! build takes 16 % more instructions than with no partition, the split's 29 %; leaving the
+//! pack scalar instead took 5-12 % more instructions per call at `n` = 500 and 128, the
+//! versioned pack 1.5-2.6 % fewer than the split's. Split, not ragged ends: a padding guard,
+//! whose bound the window's offset moves (`x + kw - 1 >= 0`, and in panels `xo * 32 + xi +
+//! kw - 1 >= 0`, `kw` a loop: it fails in a panel at either end of each row for several
+//! offsets, a convolution's image pack); a loop longer than a panel (a chunk of an
+//! elementwise stage); fewer than 4 panels, known when the nest is built (the ragged one a
+//! large share of the runs, which the split keeps mostly vector).
 
 use super::vectorize::{
     coefficient_and_rest, conjuncts, has_load, unless_wrapping, within, NO_WRAP,
@@ -45,12 +77,21 @@ use crate::arith::simplify::{linear, simplify};
 use crate::ir::expr::{CmpOp, Expr, ExprKind, LogicOp, Var};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use rivet_runtime::DType;
+use std::collections::HashMap;
 
 /// Most distinct varying conjuncts one loop is partitioned on (each adds a `max` or `min`).
 const MAX_CONJUNCTS: usize = 8;
 
 /// Partitions `f`'s vectorized loops (module header).
 pub fn partition(f: &mut PrimFunc) {
+    // Every loop variable of the function, with its extent: a variable a guard uses is bound
+    // by a loop around it, or by none (a variable is bound once, used only in its scope).
+    let mut loops: HashMap<u32, Expr> = HashMap::new();
+    f.body.visit(&mut |s| {
+        if let Stmt::For { var, extent, .. } = s {
+            loops.insert(var.id, simplify(extent));
+        }
+    });
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
         Stmt::For {
             var,
@@ -58,7 +99,7 @@ pub fn partition(f: &mut PrimFunc) {
             extent,
             body,
             kind: ForKind::Vectorized,
-        } => match partitioned(&var, &min, &extent, &body) {
+        } => match partitioned(&var, &min, &extent, &body, &loops) {
             Some(p) => p,
             None => Stmt::For {
                 var,
@@ -183,8 +224,76 @@ fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
     body.rewrite(&mut fe, &mut |s| s)
 }
 
-fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> {
+/// Longest loop whose ragged end is versioned rather than split: the default GEMM's panel (`NR` columns). A
+/// longer constant loop with such a guard is a chunk of an elementwise stage (a 1-d pad split
+/// by `schedule::cpu_default::CHUNK`), which is the kernel's whole work, not a pack beside it.
+const MAX_PANEL: i64 = crate::schedule::cpu_default::packed_gemm::NR;
+
+/// Fewest panels (iterations of the loop `o` around) for a ragged end to be versioned: with
+/// fewer, known when the nest is built, the ragged panel is a large share of the runs (an
+/// unpadded convolution's image rows of 56 in two panels of 32).
+const MIN_PANELS: i64 = 4;
+
+/// Whether conjunct `c` is a panel's ragged end on the loop `for v in [min, min + E)`, `E` a
+/// constant of at most `MAX_PANEL`: `k * v + c_o * o + rest` compared with 0, `o` the
+/// variable of a loop around it (in `loops`, with its extent) running `MIN_PANELS` or more
+/// times (or a symbolic number), `|c_o| >= |k| * E`, `min` free of `o`, and `rest` free of
+/// every loop variable. From one iteration of `o` to the next the bound on `v` the conjunct
+/// gives moves by at least `E` (`ceil(x + d) >= ceil(x) + E` for `d >= E`, `E` an integer),
+/// so it falls strictly inside the loop's range (the loop neither all true nor all false) for
+/// one value of `o` at most, and no other loop moves it: the guard fails inside the loop in
+/// one panel only, the last (or the first). A padding guard moves with the window's offset
+/// (`xo * 32 + xi + kw - 1 >= 0`: `kw` a loop), so it fails in a panel at either end of
+/// every row for several offsets; it is not a ragged end.
+fn ragged_end(c: &Expr, v: &Var, min: &Expr, extent: &Expr, loops: &HashMap<u32, Expr>) -> bool {
+    let Some(e) = extent.as_int().filter(|&e| e > 0 && e <= MAX_PANEL) else {
+        return false;
+    };
+    let ExprKind::Cmp(op, a, b) = c.kind() else {
+        return false;
+    };
+    if matches!(op, CmpOp::Eq | CmpOp::Ne) {
+        return false;
+    }
+    let Some((k, rest)) = linear(&a.sub(b)).and_then(|l| coefficient_and_rest(&l, v)) else {
+        return false;
+    };
+    let span = (k as i128).abs() * e as i128;
+    let is_panel = |t: &Expr, c_o: i64| {
+        t.as_var().is_some_and(|o| {
+            loops
+                .get(&o.id)
+                .is_some_and(|n| n.as_int().is_none_or(|n| n >= MIN_PANELS))
+                && !min.uses(o)
+                && (c_o as i128).abs() >= span
+        })
+    };
+    let Some(i) = rest.terms.iter().position(|(t, c_o)| is_panel(t, *c_o)) else {
+        return false;
+    };
+    let mut loop_free = true;
+    for (j, (t, _)) in rest.terms.iter().enumerate() {
+        if j != i {
+            t.visit_unique(&mut |x| {
+                loop_free &= x.as_var().is_none_or(|w| !loops.contains_key(&w.id));
+            });
+        }
+    }
+    k != 0 && loop_free
+}
+
+fn partitioned(
+    v: &Var,
+    min: &Expr,
+    extent: &Expr,
+    body: &Stmt,
+    loops: &HashMap<u32, Expr>,
+) -> Option<Stmt> {
     let conds = varying(body, v)?;
+    // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is versioned on
+    // the whole panel instead: the vector loop of constant extent, with no strip-mining
+    // tail, and no edge loop (module header).
+    let ragged = conds.iter().all(|c| ragged_end(c, v, min, extent, loops));
     let mut no_wrap: Vec<Expr> = Vec::new();
     let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
     for c in &conds {
@@ -202,6 +311,34 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
     }
     let (has_lo, has_hi) = (lo.is_some(), hi.is_some());
     let end = simplify(&min.add(extent));
+    if ragged {
+        // `lo <= min && end <= hi`: every dropped conjunct holds in the whole loop; with the
+        // no-wrap comparisons in the same `&&` (a bound that wrapped, computed by wrapping
+        // int64 arithmetic in every backend, is only compared where the condition is false
+        // anyway: the loop as written runs).
+        let and = |a: Expr, b: Expr| Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool);
+        let inside = [
+            lo.map(|l| Expr::cmp(CmpOp::Le, l, min.clone())),
+            hi.map(|h| Expr::cmp(CmpOp::Le, end.clone(), h)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<crate::error::Result<Vec<Expr>>>()
+        .ok()?;
+        let cond = no_wrap.into_iter().chain(inside).reduce(and)?;
+        let whole = |kind: ForKind, body: Stmt| Stmt::For {
+            var: v.clone(),
+            min: min.clone(),
+            extent: extent.clone(),
+            kind,
+            body: Box::new(body),
+        };
+        return Some(Stmt::If {
+            cond: simplify(&cond),
+            then: Box::new(whole(ForKind::Vectorized, strip(body, &conds))),
+            otherwise: Some(Box::new(whole(ForKind::Vectorized, body.clone()))),
+        });
+    }
     let (a, b) = (
         Var::new(&format!("{}.lo", v.name)),
         Var::new(&format!("{}.hi", v.name)),
@@ -237,4 +374,163 @@ fn partitioned(v: &Var, min: &Expr, extent: &Expr, body: &Stmt) -> Option<Stmt> 
         }),
     };
     Some(unless_wrapping(no_wrap, split, (v, min, extent, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::test_util::{func, input, loop_over, output, store};
+    use crate::ir::verify::verify;
+
+    /// A load of `X` guarded by a condition on its index.
+    type Guard<'a> = dyn Fn(&[&Expr]) -> Expr + 'a;
+
+    /// `for w in [0, 3): for o in [0, outer): for v in [0, extent) vectorized: P[(w * outer
+    /// + o) * extent + v] = select(guard(w, o, v), X[index(w, o, v)], 0)` over float32
+    /// buffers (`X` of `len` elements), partitioned; the function's text.
+    fn partitioned_text(
+        outer: Expr,
+        extent: i64,
+        len: Expr,
+        dims: Vec<Var>,
+        guard: &Guard<'_>,
+        index: &Guard<'_>,
+    ) -> String {
+        let x = input(0, "X", DType::F32, vec![len.clone()]);
+        let size = outer.mul(&Expr::int(3 * extent));
+        let p = output(1, "P", DType::F32, vec![size]);
+        let (xi, pi) = (x.id, p.id);
+        let body = loop_over("w", Expr::int(3), ForKind::Serial, |w| {
+            loop_over("o", outer.clone(), ForKind::Serial, |o| {
+                loop_over("v", Expr::int(extent), ForKind::Vectorized, |v| {
+                    let value = Expr::select(
+                        guard(&[w, o, v]),
+                        Expr::load(xi, vec![index(&[w, o, v])], DType::F32),
+                        Expr::constant(0.0, DType::F32),
+                    )
+                    .unwrap();
+                    let at = w.mul(&outer).add(o).mul(&Expr::int(extent)).add(v);
+                    store(pi, vec![at], value)
+                })
+            })
+        });
+        let mut f = func("f", vec![x, p], dims, body);
+        partition(&mut f);
+        verify(&f, true).unwrap();
+        f.to_string()
+    }
+
+    /// `o * step + v + shift`.
+    fn at(step: i64, shift: Expr) -> impl Fn(&[&Expr]) -> Expr {
+        move |l: &[&Expr]| l[1].mul(&Expr::int(step)).add(l[2]).add(&shift)
+    }
+
+    fn and(a: Expr, b: Expr) -> Expr {
+        Expr::new(ExprKind::Logic(LogicOp::And, a, b), DType::Bool)
+    }
+
+    /// `0 <= e < len`.
+    fn inside(e: Expr, len: &Expr) -> Expr {
+        and(
+            Expr::cmp(CmpOp::Le, Expr::int(0), e.clone()).unwrap(),
+            e.lt(len),
+        )
+    }
+
+    fn split(t: &str) -> bool {
+        t.contains("let v.lo = ") && t.contains("let v.hi = ")
+    }
+
+    /// Versioned on the whole panel: the guard checked once, then the loop with no select
+    /// (an unguarded load), else the loop as written.
+    fn versioned(t: &str) -> bool {
+        !t.contains(".lo")
+            && t.matches("vectorized for v in [0, 32)").count() == 2
+            && t.contains("] = X[")
+            && t.contains("else:")
+    }
+
+    /// A ragged last panel (a GEMM's B pack: `o * 32 + v < n`, the panels counted by `n`) is
+    /// versioned, not split. Not a ragged end, so split: panels 16 apart (the guard fails inside
+    /// the loop for two values of `o`), a loop longer than a panel (an elementwise chunk), a
+    /// constant of fewer than `MIN_PANELS` panels (the ragged one a large share).
+    #[test]
+    fn a_ragged_last_panel_is_versioned() {
+        let n = Var::new("n");
+        let (en, zero) = (Expr::var(&n), Expr::int(0));
+        let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
+        let ragged = |step: i64| {
+            let at = at(step, Expr::int(0));
+            let en = en.clone();
+            move |l: &[&Expr]| at(l).lt(&en)
+        };
+        let t = partitioned_text(
+            panels.clone(),
+            32,
+            en.clone(),
+            vec![n.clone()],
+            &ragged(32),
+            &at(32, zero.clone()),
+        );
+        assert!(versioned(&t), "{t}");
+        // A constant number of panels, at least `MIN_PANELS`: versioned too.
+        let t = partitioned_text(
+            Expr::int(4),
+            32,
+            en.clone(),
+            vec![n.clone()],
+            &ragged(32),
+            &at(32, zero.clone()),
+        );
+        assert!(versioned(&t), "{t}");
+        for (outer, extent, step) in [
+            (panels.clone(), 32, 16),
+            (panels, 64, 64),
+            (Expr::int(2), 32, 32),
+        ] {
+            let t = partitioned_text(
+                outer,
+                extent,
+                en.clone(),
+                vec![n.clone()],
+                &ragged(step),
+                &at(step, zero.clone()),
+            );
+            assert!(t.contains("v.hi"), "{extent} {step}: {t}");
+        }
+    }
+
+    /// A convolution's padded row (`0 <= v + w - 1 < 16`, `w` the window's offset) keeps its
+    /// partition: scalar edges around an unguarded interior. So does a row in panels of 32
+    /// (an image pack's: `0 <= o * 32 + v + w - 1 < n` beside the ragged end `o * 32 + v <
+    /// n`): the offset `w` moves the padding's bound, so it fails in several panels.
+    #[test]
+    fn a_padded_row_is_partitioned() {
+        let len = Expr::int(16);
+        let shifted = |l: &[&Expr]| l[2].add(l[0]).sub(&Expr::int(1));
+        let t = partitioned_text(
+            Expr::int(1),
+            16,
+            len.clone(),
+            vec![],
+            &|l| inside(shifted(l), &len),
+            &shifted,
+        );
+        assert!(split(&t), "{t}");
+        // The interior's store is the unguarded load.
+        assert!(t.contains("= X[((v + w) - 1)]"), "{t}");
+        let n = Var::new("n");
+        let en = Expr::var(&n);
+        let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
+        let pad = |l: &[&Expr]| at(32, Expr::int(-1))(l).add(l[0]);
+        let t = partitioned_text(
+            panels,
+            32,
+            en.clone(),
+            vec![n.clone()],
+            &|l| and(at(32, Expr::int(0))(l).lt(&en), inside(pad(l), &en)),
+            &pad,
+        );
+        assert!(split(&t), "{t}");
+    }
 }

@@ -495,9 +495,9 @@ fn last_index_uses(f: &Expr, v: &Var) -> bool {
 /// `lower::tile_fold` folds the packed body's `p // e2 % e1` back to the loop `r1`, so the
 /// window gather divides nothing), a flat `x` split by `w` likewise (its last piece guarded),
 /// the outermost loop parallel. `along`: the source is read contiguously along the panel, so
-/// the panel loop runs innermost after the depth loops and is vectorized (a guarded panel,
-/// padding or N not a multiple of NR, is split by `lower::partition` into scalar edges and
-/// an unguarded vector interior).
+/// the panel loop runs innermost after the depth loops and is vectorized (a panel guarded by
+/// padding is split by `lower::partition` into scalar edges and an unguarded vector
+/// interior; one guarded only by N not a multiple of NR, its last panel ragged, is not).
 fn schedule_pack(
     s: &mut Schedule,
     pack: &Tensor,
