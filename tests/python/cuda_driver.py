@@ -25,7 +25,16 @@ import threading
 
 import numpy as np
 
-from dlpack_abi import DLDataType, DLDevice, DLTensor
+from dlpack_abi import (
+    DELETER,
+    DLDataType,
+    DLDevice,
+    DLManagedTensor,
+    DLManagedTensorVersioned,
+    DLPackVersion,
+    DLTensor,
+    capsule_of,
+)
 
 CUDA_SUCCESS = 0
 CU_STREAM_DEFAULT = 0
@@ -470,32 +479,8 @@ class Deleter:
             self.errors.append(repr(e))
 
 
-class DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [
-        ("version", DLPackVersion),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", _DELETER),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", DLTensor),
-    ]
-
-
 DLPACK_FLAG_READ_ONLY = 1
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
 _capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -512,7 +497,7 @@ def capsule(buf, shape, dtype, strides=None, byte_offset=0, versioned=True, dele
     elements (None: compact). `deleter`: a Deleter (a fresh one if None); returns (capsule,
     deleter). The capsule has no destructor: every test hands it to a consumer."""
     deleter = deleter or Deleter(buf)
-    deleter.callback = _DELETER(deleter)
+    deleter.callback = DELETER(deleter)
     _, code, bits = DTYPES[dtype]
     shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     strides_arr = None
@@ -540,7 +525,7 @@ def capsule(buf, shape, dtype, strides=None, byte_offset=0, versioned=True, dele
         managed = DLManagedTensor(dl_tensor=t, deleter=deleter.callback)
         name = b"dltensor"
     KEEP.append((deleter, shape_arr, strides_arr, managed))
-    return _capsule_new(ctypes.addressof(managed), name, None), deleter
+    return capsule_of(managed, name), deleter
 
 
 class Producer:

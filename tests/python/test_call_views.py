@@ -23,7 +23,15 @@ import torch
 import rivet
 from rivet import te
 
-from dlpack_abi import DLDataType, DLDevice, DLTensor
+from dlpack_abi import (
+    DELETER,
+    DLDataType,
+    DLDevice,
+    DLManagedTensorVersioned,
+    DLPackVersion,
+    DLTensor,
+    capsule_of,
+)
 
 nop = rivet.get_global_func("testing.nop")
 echo = rivet.get_global_func("testing.echo")
@@ -90,19 +98,25 @@ def test_a_view_stored_by_a_callback_keeps_its_producer_alive():
     rivet.register_func(name, lambda t: kept.append(t), override=True)
     keep = rivet.get_global_func(name)
     try:
-        x = torch.rand(5)
-        want = x.numpy().copy()
-        w = weakref.ref(x)
-        keep(x)
-        del x
-        gc.collect()
-        assert w() is not None
-        np.testing.assert_array_equal(values(kept[0]), want)
-        kept.clear()
-        gc.collect()
-        assert w() is None
+        assert_kept_view_holds_its_producer(keep, kept)
     finally:
         rivet.remove_global_func(name)
+
+
+def assert_kept_view_holds_its_producer(call, kept):
+    """`call(x)` leaves a view of a fresh tensor `x` in `kept`: the view keeps `x` alive with
+    its values after the caller drops `x`, and frees it when the view goes."""
+    x = torch.rand(5)
+    want = x.numpy().copy()
+    w = weakref.ref(x)
+    call(x)
+    del x
+    gc.collect()
+    assert w() is not None
+    np.testing.assert_array_equal(values(kept[0]), want)
+    kept.clear()
+    gc.collect()
+    assert w() is None
 
 
 def test_a_view_kept_by_a_callback_that_raises_keeps_its_producer_alive():
@@ -115,19 +129,13 @@ def test_a_view_kept_by_a_callback_that_raises_keeps_its_producer_alive():
     name = "test_call_views.keep_then_fail"
     rivet.register_func(name, keep_then_fail, override=True)
     f = rivet.get_global_func(name)
-    try:
-        x = torch.rand(3)
-        want = x.numpy().copy()
-        w = weakref.ref(x)
+
+    def call(x):
         with pytest.raises(ValueError, match="kept it, then failed"):
             f(x)
-        del x
-        gc.collect()
-        assert w() is not None
-        np.testing.assert_array_equal(values(kept[0]), want)
-        kept.clear()
-        gc.collect()
-        assert w() is None
+
+    try:
+        assert_kept_view_holds_its_producer(call, kept)
     finally:
         rivet.remove_global_func(name)
 
@@ -201,24 +209,6 @@ def test_the_same_tensor_returned_twice_is_released_once():
 
 # ---- hostile layouts: the checked path's own messages ----------------------------------------
 
-DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [
-        ("major", ctypes.c_uint32),
-        ("minor", ctypes.c_uint32),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", DELETER),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", DLTensor),
-    ]
-
-
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
 # Every producer lives for the session: its deleter is a ctypes callback inside it.
 _PRODUCERS = []
 
@@ -236,8 +226,7 @@ def capsule(shape, strides, buf, code_bits=(2, 32)):
 
     p.deleter = DELETER(deleter)
     p.managed = DLManagedTensorVersioned(
-        major=1,
-        minor=0,
+        version=DLPackVersion(1, 0),
         deleter=p.deleter,
         dl_tensor=DLTensor(
             data=buf.ctypes.data,
@@ -248,7 +237,7 @@ def capsule(shape, strides, buf, code_bits=(2, 32)):
             strides=ctypes.cast(p.strides, ctypes.POINTER(ctypes.c_int64)),
         ),
     )
-    p.capsule = _capsule_new(ctypes.addressof(p.managed), b"dltensor_versioned", None)
+    p.capsule = capsule_of(p.managed)
     return p
 
 

@@ -32,29 +32,16 @@ no_driver = pytest.mark.skipif(not NO_DRIVER, reason="a CUDA driver is present: 
 # ---- hand-made kDLCUDA capsules (ctypes mirrors of dlpack.h) --------------------------------
 
 
-from dlpack_abi import DLDataType, DLDevice, DLTensor  # noqa: E402
+from dlpack_abi import (  # noqa: E402
+    DELETER,
+    DLDataType,
+    DLDevice,
+    DLManagedTensorVersioned,
+    DLPackVersion,
+    DLTensor,
+    capsule_of,
+)
 
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [
-        ("version", DLPackVersion),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", DELETER),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", DLTensor),
-    ]
-
-
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 # Producers live for the session: a tensor's deleter (a ctypes callback) may run at any drop.
 _PRODUCERS = []
@@ -84,7 +71,7 @@ class CudaCapsule:
 
         self.deleter = DELETER(deleter)
         self.managed = DLManagedTensorVersioned(version=DLPackVersion(1, 0), deleter=self.deleter, dl_tensor=t)
-        self.capsule = _capsule_new(ctypes.addressof(self.managed), b"dltensor_versioned", None)
+        self.capsule = capsule_of(self.managed)
 
 
 def cuda_tensor(shape, device_id=0, offset_elems=0):

@@ -26,33 +26,17 @@ I64_MAX = 2**63 - 1
 # --------------------------------------------------------------------------------------
 
 
-from dlpack_abi import DLDataType, DLDevice, DLTensor  # noqa: E402
+from dlpack_abi import (  # noqa: E402
+    DELETER,
+    DLDataType,
+    DLDevice,
+    DLManagedTensor,
+    DLManagedTensorVersioned,
+    DLPackVersion,
+    DLTensor,
+    capsule_of,
+)
 
-
-DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class DLPackVersion(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [
-        ("version", DLPackVersion),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", DELETER),
-        ("flags", ctypes.c_uint64),
-        ("dl_tensor", DLTensor),
-    ]
-
-
-class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
-
-
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 DTYPES = {"float32": (2, 32), "uint8": (1, 8), "float64": (2, 64)}
 
@@ -98,7 +82,7 @@ class Hostile:
             self.managed = DLManagedTensorVersioned(
                 version=DLPackVersion(1, 0), deleter=self.deleter, dl_tensor=t)
             name = b"dltensor_versioned"
-        self.capsule = _capsule_new(ctypes.addressof(self.managed), name, None)
+        self.capsule = capsule_of(self.managed, name)
 
 
 def buffer():
