@@ -202,3 +202,51 @@ fn forced_blocks_child() {
         }
     }
 }
+
+/// Hostile `RIVET_GEMM_BLOCKS` values (a user's typo or a fuzzer's environment): sizes near
+/// 2^31, 2^62 and `i64::MIN`, zeros, negatives, too few or too many fields, garbage. Each
+/// either is ignored (the default blocks) or is clamped (K blocks only where they divide a
+/// constant K, M blocks and chunks within `1..=` the panel counts): never a failed build, a
+/// panic or other bits than the fused fold.
+#[test]
+fn hostile_blocks_are_ignored_or_clamped() {
+    for v in [
+        "2147483648x2147483648x2147483648",
+        "4611686018427387904x4611686018427387904x4611686018427387904",
+        "-9223372036854775808x-9223372036854775808x-9223372036854775808",
+        "9223372036854775807x9223372036854775807x9223372036854775807",
+        "0x0x0",
+        "-1x-1x-1",
+        "64x1x1",
+        "1x1x1",
+        "16x3",
+        "16x3x2x9",
+        "x",
+        "",
+        "blocks",
+        "18446744073709551616x3x2",
+    ] {
+        rivet_tests::run_in_child("hostile_blocks_child", &[("RIVET_GEMM_BLOCKS", v)]);
+    }
+}
+
+/// One constant and one symbolic product under the parent's `RIVET_GEMM_BLOCKS`, against the
+/// fused fold (K = 64: `1x1x1` makes 64 K blocks of one product).
+#[test]
+fn hostile_blocks_child() {
+    for symbolic in [false, true] {
+        check(37, 70, 64, DType::F32, symbolic, false);
+    }
+    check(29, 45, 64, DType::F64, false, false);
+    // The value reaches the build: `1x1x1` gives 64 K blocks of one product.
+    if std::env::var("RIVET_GEMM_BLOCKS").as_deref() == Ok("1x1x1") {
+        let args = program(37, 70, 64, DType::F32, false);
+        let s = Schedule::new(&args[2..]).unwrap();
+        let ir = build(&s, &args, &Target::cpu(), "g").unwrap();
+        let ir = ir.get_source("ir").unwrap_or_default();
+        assert!(
+            ir.contains("for p.outer in [0, 64)"),
+            "1x1x1 not applied:\n{ir}"
+        );
+    }
+}
