@@ -233,7 +233,9 @@ fn strip(body: &Stmt, drop: &[Expr]) -> Stmt {
 /// Longest loop whose ragged end is versioned rather than split: the default GEMM's panel (`NR` columns). A
 /// longer constant loop with such a guard is a chunk of an elementwise stage (a 1-d pad split
 /// by `schedule::cpu_default::CHUNK`), which is the kernel's whole work, not a pack beside it.
-const MAX_PANEL: i64 = crate::schedule::cpu_default::packed_gemm::NR;
+/// The value is the default GEMM's `packed_gemm::NR`, stated here because this pass sits
+/// below the schedules (tests/module_graph.py); a test there checks that the two agree.
+pub(crate) const MAX_PANEL: i64 = 32;
 
 /// Fewest panels (iterations of the loop `o` around) for a ragged end to be versioned: with
 /// fewer, known when the nest is built, the ragged panel is a large share of the runs (an

@@ -53,6 +53,10 @@ pub const MR: i64 = 12;
 pub const NR: i64 = 32;
 pub const KC: i64 = 256;
 
+// `lower::partition` versions a ragged panel of at most this width (its `MAX_PANEL`, stated
+// there because the lowering sits below the schedules): the B pack's panel must stay one.
+const _: () = assert!(NR == crate::lower::partition::MAX_PANEL);
+
 pub use super::contraction::{match_matmul, Matmul};
 
 /// `ceil(e / k)` for `k > 0`, written `(e - 1) // k + 1` as `schedule::loops::split_extents` writes a
