@@ -80,11 +80,14 @@ impl Drop for Managed {
 
 /// Reads a `DLTensor` into a view owned by `owner` (shape and strides are copied, so only
 /// the data must outlive the call). Every import, of either ABI and through the exchange
-/// fast path, comes through here and so through `Tensor::from_raw_parts`'s validation. Used directly for borrowed DLTensors whose data a
-/// foreign object keeps alive (the bindings pass a reference to that object as `owner`).
+/// fast path, comes through here and so through the validation of every view
+/// (`Tensor::from_raw_slices`: the arrays are copied once, into the view, and the copies are
+/// checked). Used directly for borrowed DLTensors whose data a foreign object keeps alive (the
+/// bindings pass a reference to that object as `owner`).
 ///
 /// # Safety
 /// `t` must be a valid DLTensor whose data lives as long as `owner`.
+#[inline]
 pub unsafe fn view_of(
     t: &DLTensor,
     owner: impl crate::tensor::Keepalive + 'static,
@@ -104,22 +107,24 @@ pub unsafe fn view_of(
     }
     let dtype = DType::from_dlpack(t.dtype)?;
     let device = Device::from_dlpack(t.device)?;
-    let shape: Dims = if ndim == 0 {
-        Dims::new()
+    let shape: &[i64] = if ndim == 0 {
+        &[]
     } else {
         // SAFETY: the producer promises `shape` (and `strides` if non-NULL) hold ndim entries.
-        Dims::from_slice(unsafe { std::slice::from_raw_parts(t.shape, ndim) })
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
     };
-    let strides: Dims = if t.strides.is_null() || ndim == 0 {
+    let compact: Dims;
+    let strides: &[i64] = if t.strides.is_null() || ndim == 0 {
         // NULL strides mean compact row-major (DLPack < 1.2).
-        layout::compact_strides(&shape)
+        compact = layout::compact_strides(shape);
+        &compact
     } else {
         // SAFETY: as above.
-        Dims::from_slice(unsafe { std::slice::from_raw_parts(t.strides, ndim) })
+        unsafe { std::slice::from_raw_parts(t.strides, ndim) }
     };
-    // SAFETY: forwarded from the caller's promise.
+    // SAFETY: forwarded from the caller's promise; the arrays are read before we return.
     unsafe {
-        Tensor::from_raw_parts(
+        Tensor::from_raw_slices(
             owner,
             t.data as *mut u8,
             t.byte_offset,

@@ -100,16 +100,38 @@ impl Tensor {
             .and_then(|parent| parent.0._owner.as_any().downcast_ref::<Tensor>())
             .cloned();
         match grandparent {
-            Some(root) => Tensor(Arc::new(View {
-                m,
-                ext,
-                _owner: root,
-            })),
-            None => Tensor(Arc::new(View {
-                m,
-                ext,
-                _owner: owner,
-            })),
+            Some(root) => Tensor::alloc(ext, root, |p| {
+                // SAFETY: `alloc` hands a writable, uninitialised `Meta`.
+                unsafe { p.write(m) }
+            }),
+            None => Tensor::alloc(ext, owner, |p| {
+                // SAFETY: as above.
+                unsafe { p.write(m) }
+            }),
+        }
+    }
+
+    /// The one allocation of a view, its fields written in their final place: `fill` must
+    /// initialise the whole `Meta` it is given. The call path makes a view per tensor argument
+    /// per call; building the `View` on the stack and moving it into `Arc::new` copied its
+    /// ~200 bytes (with `Meta`'s two inline `Dims`) several times through `memcpy`.
+    #[inline]
+    fn alloc<K: Keepalive + 'static>(
+        ext: layout::Extent,
+        owner: K,
+        fill: impl FnOnce(*mut Meta),
+    ) -> Tensor {
+        let a = Arc::<View<K>>::new_uninit();
+        // The allocation is fresh, so this handle is its only one: writing through its pointer
+        // races with nothing (what the unstable `Arc::get_mut_unchecked` does).
+        let p = Arc::as_ptr(&a) as *mut View<K>;
+        // SAFETY: `p` points to the uninitialised, uniquely held `View<K>`; every field is
+        // written once (`fill` initialises `m`, as its contract says) before `assume_init`.
+        unsafe {
+            fill(&raw mut (*p).m);
+            (&raw mut (*p).ext).write(ext);
+            (&raw mut (*p)._owner).write(owner);
+            Tensor(a.assume_init())
         }
     }
 }
@@ -165,6 +187,27 @@ fn check_view(m: &Meta, origin: Origin) -> Result<layout::Extent> {
     layout::check_address(m.data as usize, m.byte_offset, &ext)
         .map_err(|e| layout_error(e, origin))?;
     Ok(ext)
+}
+
+/// Writes `Dims` holding `values` at `p`, uninitialised: element by element, since a
+/// rank is a few entries and `Dims::from_slice` copies them with a `memcpy` call, then the
+/// whole inline array again into place.
+///
+/// # Safety
+/// `p` must be valid for writes and hold no value that needs dropping.
+#[inline]
+unsafe fn fill_dims(p: *mut Dims, values: &[i64]) {
+    // SAFETY: per the contract; `Dims::new()` is a valid value, then extended in place.
+    let d = unsafe {
+        p.write(Dims::new());
+        &mut *p
+    };
+    if values.len() > d.inline_size() {
+        d.reserve_exact(values.len());
+    }
+    for &v in values {
+        d.push(v);
+    }
 }
 
 /// The checks of a shape rivet allocates before any size arithmetic: rank and sign.
@@ -325,24 +368,98 @@ impl Tensor {
         Ok(Tensor::new(m, ext, owner))
     }
 
+    /// [`Tensor::from_raw_parts`] on borrowed shape and strides (a producer's arrays): they
+    /// are copied once, straight into the view's allocation, and the copies are validated
+    /// there (never the producer's arrays, which could change in between). The import path
+    /// of every call's tensor arguments. On a refusal `owner` is dropped before returning.
+    ///
+    /// # Safety
+    /// As [`Tensor::from_raw_parts`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn from_raw_slices<K: Keepalive + 'static>(
+        owner: K,
+        data: *mut u8,
+        byte_offset: u64,
+        shape: &[i64],
+        strides: &[i64],
+        dtype: DType,
+        device: Device,
+        read_only: bool,
+    ) -> Result<Tensor> {
+        if (&owner as &dyn Any).is::<Tensor>() {
+            // A tensor as owner: `new` keeps its root owner instead (rare, off the call path).
+            // SAFETY: forwarded.
+            return unsafe {
+                Tensor::from_raw_parts(
+                    owner,
+                    data,
+                    byte_offset,
+                    shape.into(),
+                    strides.into(),
+                    dtype,
+                    device,
+                    read_only,
+                )
+            };
+        }
+        let a = Arc::<View<K>>::new_uninit();
+        // A fresh allocation: this handle is its only one, so writing through its pointer
+        // races with nothing (what the unstable `Arc::get_mut_unchecked` does).
+        let p = Arc::as_ptr(&a) as *mut View<K>;
+        // SAFETY: `p` points to the uninitialised, uniquely held `View<K>`; every field is
+        // written once before `assume_init`.
+        unsafe {
+            let m = &raw mut (*p).m;
+            (&raw mut (*m).data).write(data);
+            (&raw mut (*m).byte_offset).write(byte_offset);
+            fill_dims(&raw mut (*m).shape, shape);
+            fill_dims(&raw mut (*m).strides, strides);
+            (&raw mut (*m).dtype).write(dtype);
+            (&raw mut (*m).device).write(device);
+            (&raw mut (*m).read_only).write(read_only);
+            (&raw mut (*p)._owner).write(owner);
+            let checked = check_view(&*m, Origin::Foreign);
+            let ext = match &checked {
+                Ok(ext) => *ext,
+                // Written only so that the refused view is whole when it drops (with `owner`).
+                Err(_) => layout::Extent {
+                    numel: 0,
+                    lo: 0,
+                    hi: 0,
+                },
+            };
+            (&raw mut (*p).ext).write(ext);
+            let t = Tensor(a.assume_init());
+            checked.map(|_| t)
+        }
+    }
+
+    #[inline]
     pub fn shape(&self) -> &[i64] {
         &self.0.m.shape
     }
+    #[inline]
     pub fn strides(&self) -> &[i64] {
         &self.0.m.strides
     }
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.0.m.shape.len()
     }
+    #[inline]
     pub fn dtype(&self) -> DType {
         self.0.m.dtype
     }
+    #[inline]
     pub fn device(&self) -> Device {
         self.0.m.device
     }
+    #[inline]
     pub fn is_read_only(&self) -> bool {
         self.0.m.read_only
     }
+    #[inline]
     pub fn numel(&self) -> i64 {
         // Validated to fit in i64 by every constructor.
         self.0.ext.numel
@@ -351,17 +468,21 @@ impl Tensor {
         layout::is_compact(&self.0.m.shape, &self.0.m.strides)
     }
     /// The base pointer as the producer gave it (before `byte_offset`).
+    #[inline]
     pub fn raw_data(&self) -> *mut u8 {
         self.0.m.data
     }
+    #[inline]
     pub fn byte_offset(&self) -> u64 {
         self.0.m.byte_offset
     }
     /// Address of the element at index (0, 0, ...).
+    #[inline]
     pub fn data_ptr(&self) -> *mut u8 {
         self.0.m.data.wrapping_add(self.0.m.byte_offset as usize)
     }
     /// Half-open byte range `[lo, hi)` the tensor touches; `None` when it is empty.
+    #[inline]
     pub fn byte_range(&self) -> Option<(usize, usize)> {
         let ext = self.extent();
         if ext.numel == 0 {
@@ -376,6 +497,7 @@ impl Tensor {
     }
 
     /// The validated element count and byte extent around the first element.
+    #[inline]
     pub fn extent(&self) -> layout::Extent {
         self.0.ext
     }
@@ -611,6 +733,134 @@ impl fmt::Debug for Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `from_raw_slices` (the call path's in-place import) and `from_raw_parts` agree on every
+    /// layout, hostile ones included: the same view or the same error, and the owner dropped
+    /// exactly once, right away on a refusal.
+    #[test]
+    fn from_raw_slices_matches_from_raw_parts() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Counted(Arc<AtomicUsize>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let base = 0x1000_0000usize as *mut u8;
+        let big = 1i64 << 31;
+        let cases: Vec<(*mut u8, u64, Vec<i64>, Vec<i64>)> = vec![
+            (base, 0, vec![4], vec![1]),
+            (base, 8, vec![2, 3], vec![3, 1]),
+            (base, 0, vec![], vec![]),
+            (base, 0, vec![3, 0], vec![-5, 1]),
+            (std::ptr::null_mut(), 0, vec![0], vec![1]),
+            (std::ptr::null_mut(), 0, vec![2], vec![1]),
+            (
+                base,
+                0,
+                vec![2, 2, 2, 2, 2, 2, 2, 2],
+                vec![128, 64, 32, 16, 8, 4, 2, 1],
+            ),
+            (base, 0, vec![big, 2], vec![1, big]),
+            (base, 0, vec![big + 1], vec![1]),
+            (base, 0, vec![2], vec![1 << 62]),
+            (base, 0, vec![2], vec![i64::MIN]),
+            (base, 0, vec![i64::MIN], vec![1]),
+            (base, 0, vec![-1], vec![1]),
+            (base, 0, vec![3], vec![-1]),
+            (base, 0, vec![1 << 62, 4], vec![0, 1]),
+            (base, u64::MAX, vec![1], vec![1]),
+            (usize::MAX as *mut u8, 0, vec![2], vec![1]),
+        ];
+        for (data, off, shape, strides) in cases {
+            let (n1, n2) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            // SAFETY: nothing reads the memory; the layouts are only validated and compared.
+            let a = unsafe {
+                Tensor::from_raw_parts(
+                    Counted(n1.clone()),
+                    data,
+                    off,
+                    Dims::from_slice(&shape),
+                    Dims::from_slice(&strides),
+                    DType::F32,
+                    Device::Cpu,
+                    true,
+                )
+            };
+            // SAFETY: as above.
+            let b = unsafe {
+                Tensor::from_raw_slices(
+                    Counted(n2.clone()),
+                    data,
+                    off,
+                    &shape,
+                    &strides,
+                    DType::F32,
+                    Device::Cpu,
+                    true,
+                )
+            };
+            match (&a, &b) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(
+                        (
+                            a.shape(),
+                            a.strides(),
+                            a.extent(),
+                            a.raw_data(),
+                            a.byte_offset()
+                        ),
+                        (
+                            b.shape(),
+                            b.strides(),
+                            b.extent(),
+                            b.raw_data(),
+                            b.byte_offset()
+                        )
+                    );
+                    assert!(b.is_read_only() && b.dtype() == DType::F32);
+                    assert_eq!(n2.load(Ordering::Relaxed), 0, "{shape:?}");
+                }
+                (Err(ea), Err(eb)) => {
+                    assert_eq!(ea.to_string(), eb.to_string());
+                    assert_eq!(
+                        n2.load(Ordering::Relaxed),
+                        1,
+                        "refused {shape:?}: owner dropped"
+                    );
+                }
+                _ => panic!(
+                    "{shape:?} {strides:?}: {:?} against {:?}",
+                    a.is_ok(),
+                    b.is_ok()
+                ),
+            }
+            drop((a, b));
+            assert_eq!(
+                (n1.load(Ordering::Relaxed), n2.load(Ordering::Relaxed)),
+                (1, 1)
+            );
+        }
+        // A tensor as owner keeps its root owner (the `new` rule) on this path too.
+        let t = Tensor::from_slice(&[1f32, 2., 3., 4.], &[4]).unwrap();
+        let v = t.as_strided(&[2], &[2], 0).unwrap();
+        // SAFETY: `v` keeps `t`'s memory alive.
+        let w = unsafe {
+            Tensor::from_raw_slices(
+                v.clone(),
+                v.raw_data(),
+                v.byte_offset(),
+                &[2],
+                &[1],
+                DType::F32,
+                Device::Cpu,
+                false,
+            )
+        }
+        .unwrap();
+        assert!(w.owner().downcast_ref::<Tensor>().is_some());
+        assert_eq!(w.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+    }
 
     #[test]
     fn from_slice_refuses_negative_dims_whose_product_matches() {

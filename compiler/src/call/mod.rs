@@ -25,7 +25,7 @@ pub mod plan;
 pub mod signature;
 
 use crate::artifact::{Compiled, Module};
-use crate::codegen::LaunchContext;
+use crate::codegen::{CallFrame, FrameInts, FramePtrs, LaunchContext};
 use crate::error::Result;
 use crate::target::TargetKind;
 use plan::CallPlan;
@@ -78,19 +78,26 @@ fn make_function_with(c: Arc<Compiled>, fast: bool) -> Function {
         move |args| {
             // Well-formed calls take the precomputed fast path; everything else (including every
             // error) the full one, which words the errors (`plan`'s header).
-            if let Some(fast) = plan.as_ref().and_then(|p| p.accept(&c, args)) {
-                let ctx = LaunchContext {
-                    device: fast.device,
-                    stream: rivet_runtime::stream::call_stream(),
-                    work: fast.work,
+            if let Some(plan) = &plan {
+                // The frame lives here, filled in place (`accept_into`), launched from here.
+                let mut frame = CallFrame {
+                    ptrs: FramePtrs::new(),
+                    ints: FrameInts::new(),
                 };
-                if !fast.nothing_to_do {
-                    // SAFETY: the plan made every check of the full path (module header of
-                    // `plan`) on these arguments.
-                    unsafe { c.kernel.launch(&fast.frame, &ctx) }
-                        .map_err(rivet_runtime::Error::from)?;
+                if let Some(fast) = plan.accept_into(&c, args, &mut frame) {
+                    if !fast.nothing_to_do {
+                        let ctx = LaunchContext {
+                            device: fast.device,
+                            stream: rivet_runtime::stream::call_stream(),
+                            work: fast.work,
+                        };
+                        // SAFETY: the plan made every check of the full path (module header
+                        // of `plan`) on these arguments.
+                        unsafe { c.kernel.launch(&frame, &ctx) }
+                            .map_err(rivet_runtime::Error::from)?;
+                    }
+                    return Ok(Value::Null);
                 }
-                return Ok(Value::Null);
             }
             call(&c, &name, &body_sig, &inputs_sig, args).map_err(rivet_runtime::Error::from)
         },

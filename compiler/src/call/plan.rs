@@ -75,6 +75,14 @@ pub struct FastCall {
     pub nothing_to_do: bool,
 }
 
+/// `FastCall` without its frame, which `CallPlan::accept_into` fills in the caller's place:
+/// the frame's inline arrays (some 200 bytes) are not moved through the return value.
+pub struct Accepted {
+    pub device: rivet_runtime::Device,
+    pub work: i64,
+    pub nothing_to_do: bool,
+}
+
 impl CallPlan {
     /// The plan of `c`, or `None` when its calls always take the full path (CUDA functions,
     /// whose device rule and stream handling live there; dims given by expressions).
@@ -128,16 +136,40 @@ impl CallPlan {
     }
 
     /// The frame for `args` when the call is well formed (module header), else `None`.
-    /// One pass over the arguments fills the frame (the dims' slots first, bound as they are
-    /// met), so a small call allocates nothing (`FramePtrs` / `FrameInts` are inline).
     pub fn accept(&self, c: &Compiled, args: &[Value]) -> Option<FastCall> {
+        let mut frame = CallFrame {
+            ptrs: FramePtrs::new(),
+            ints: FrameInts::new(),
+        };
+        let a = self.accept_into(c, args, &mut frame)?;
+        Some(FastCall {
+            frame,
+            device: a.device,
+            work: a.work,
+            nothing_to_do: a.nothing_to_do,
+        })
+    }
+
+    /// `accept`, filling `frame` (empty on entry; its contents are unspecified when the
+    /// call is refused). One pass over the arguments fills it (the dims' slots first, bound
+    /// as they are met), so a small call allocates nothing (`FramePtrs` / `FrameInts` are
+    /// inline) and copies no frame.
+    pub fn accept_into(
+        &self,
+        c: &Compiled,
+        args: &[Value],
+        frame: &mut CallFrame,
+    ) -> Option<Accepted> {
         // A bit per dim records which are bound; more dims than bits take the full path.
         if args.len() != self.params.len() || self.n_dims > 64 {
             return None;
         }
-        let mut ints = FrameInts::from_elem(0, self.n_dims);
+        let CallFrame { ptrs, ints } = frame;
+        debug_assert!(ptrs.is_empty() && ints.is_empty());
+        for _ in 0..self.n_dims {
+            ints.push(0);
+        }
         let mut seen = 0u64;
-        let mut ptrs = FramePtrs::with_capacity(args.len());
         // Byte ranges of the non-empty arguments, with whether each is an output.
         let mut ranges: SmallVec<[(usize, usize, bool); 8]> = SmallVec::new();
         let mut elements = 0i64;
@@ -174,8 +206,11 @@ impl CallPlan {
                 outputs_empty = false;
             }
             // The ABI's int slots (`codegen::int_slots`): the dims, then every parameter's
-            // strides.
-            ints.extend_from_slice(t.strides());
+            // strides. Pushed one by one: a rank is a few entries, and `extend_from_slice`
+            // calls `memmove` and `memcpy` for them.
+            for &s in t.strides() {
+                ints.push(s);
+            }
             ptrs.push(t.data_ptr());
             // Saturating: stride-0 views may claim i64::MAX elements each.
             elements = elements.saturating_add(t.numel());
@@ -210,8 +245,7 @@ impl CallPlan {
         // As the full path: the loops' iteration count, or the arguments' elements when that
         // is more.
         let work = work.max(elements);
-        Some(FastCall {
-            frame: CallFrame { ptrs, ints },
+        Some(Accepted {
             device: device.unwrap_or(rivet_runtime::Device::Cpu),
             work,
             nothing_to_do: outputs_empty
