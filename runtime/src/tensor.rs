@@ -100,26 +100,28 @@ impl Tensor {
             .and_then(|parent| parent.0._owner.as_any().downcast_ref::<Tensor>())
             .cloned();
         match grandparent {
-            Some(root) => Tensor::alloc(ext, root, |p| {
+            Some(root) => Tensor::alloc(root, |p| {
                 // SAFETY: `alloc` hands a writable, uninitialised `Meta`.
-                unsafe { p.write(m) }
+                unsafe { p.write(m) };
+                ext
             }),
-            None => Tensor::alloc(ext, owner, |p| {
+            None => Tensor::alloc(owner, |p| {
                 // SAFETY: as above.
-                unsafe { p.write(m) }
+                unsafe { p.write(m) };
+                ext
             }),
         }
     }
 
     /// The one allocation of a view, its fields written in their final place: `fill` must
-    /// initialise the whole `Meta` it is given. The call path makes a view per tensor argument
-    /// per call; building the `View` on the stack and moving it into `Arc::new` copied its
-    /// ~200 bytes (with `Meta`'s two inline `Dims`) several times through `memcpy`.
+    /// initialise the whole `Meta` it is given and returns the view's extent. The call path
+    /// makes a view per tensor argument per call; building the `View` on the stack and moving
+    /// it into `Arc::new` copied its ~200 bytes (with `Meta`'s two inline `Dims`) several
+    /// times through `memcpy`.
     #[inline]
     fn alloc<K: Keepalive + 'static>(
-        ext: layout::Extent,
         owner: K,
-        fill: impl FnOnce(*mut Meta),
+        fill: impl FnOnce(*mut Meta) -> layout::Extent,
     ) -> Tensor {
         let a = Arc::<View<K>>::new_uninit();
         // The allocation is fresh, so this handle is its only one: writing through its pointer
@@ -128,9 +130,9 @@ impl Tensor {
         // SAFETY: `p` points to the uninitialised, uniquely held `View<K>`; every field is
         // written once (`fill` initialises `m`, as its contract says) before `assume_init`.
         unsafe {
-            fill(&raw mut (*p).m);
-            (&raw mut (*p).ext).write(ext);
             (&raw mut (*p)._owner).write(owner);
+            let ext = fill(&raw mut (*p).m);
+            (&raw mut (*p).ext).write(ext);
             Tensor(a.assume_init())
         }
     }
@@ -403,36 +405,33 @@ impl Tensor {
                 )
             };
         }
-        let a = Arc::<View<K>>::new_uninit();
-        // A fresh allocation: this handle is its only one, so writing through its pointer
-        // races with nothing (what the unstable `Arc::get_mut_unchecked` does).
-        let p = Arc::as_ptr(&a) as *mut View<K>;
-        // SAFETY: `p` points to the uninitialised, uniquely held `View<K>`; every field is
-        // written once before `assume_init`.
-        unsafe {
-            let m = &raw mut (*p).m;
-            (&raw mut (*m).data).write(data);
-            (&raw mut (*m).byte_offset).write(byte_offset);
-            fill_dims(&raw mut (*m).shape, shape);
-            fill_dims(&raw mut (*m).strides, strides);
-            (&raw mut (*m).dtype).write(dtype);
-            (&raw mut (*m).device).write(device);
-            (&raw mut (*m).read_only).write(read_only);
-            (&raw mut (*p)._owner).write(owner);
-            let checked = check_view(&*m, Origin::Foreign);
-            let ext = match &checked {
-                Ok(ext) => *ext,
-                // Written only so that the refused view is whole when it drops (with `owner`).
-                Err(_) => layout::Extent {
-                    numel: 0,
-                    lo: 0,
-                    hi: 0,
-                },
-            };
-            (&raw mut (*p).ext).write(ext);
-            let t = Tensor(a.assume_init());
-            checked.map(|_| t)
-        }
+        let mut checked = Ok(());
+        let t = Tensor::alloc(owner, |m| {
+            // SAFETY: `alloc` hands a writable, uninitialised `Meta`; every field is written
+            // once before it is read.
+            unsafe {
+                (&raw mut (*m).data).write(data);
+                (&raw mut (*m).byte_offset).write(byte_offset);
+                fill_dims(&raw mut (*m).shape, shape);
+                fill_dims(&raw mut (*m).strides, strides);
+                (&raw mut (*m).dtype).write(dtype);
+                (&raw mut (*m).device).write(device);
+                (&raw mut (*m).read_only).write(read_only);
+                match check_view(&*m, Origin::Foreign) {
+                    Ok(ext) => ext,
+                    Err(e) => {
+                        checked = Err(e);
+                        // Only so that the refused view is whole when it drops (with `owner`).
+                        layout::Extent {
+                            numel: 0,
+                            lo: 0,
+                            hi: 0,
+                        }
+                    }
+                }
+            }
+        });
+        checked.map(|()| t)
     }
 
     #[inline]

@@ -398,21 +398,9 @@ mod tests {
     /// A load of `X` guarded by a condition on its index.
     type Guard<'a> = dyn Fn(&[&Expr]) -> Expr + 'a;
 
-    /// `for w in [0, 3): for o in [0, outer): for v in [0, extent) vectorized: P[(w * outer
+    /// `for w in [0, 3): for o in [0, outer): for v in [0, extent) (of kind `kind`): P[(w * outer
     /// + o) * extent + v] = select(guard(w, o, v), X[index(w, o, v)], 0)` over float32
     /// buffers (`X` of `len` elements), partitioned; the function's text.
-    fn partitioned_text(
-        outer: Expr,
-        extent: i64,
-        len: Expr,
-        dims: Vec<Var>,
-        guard: &Guard<'_>,
-        index: &Guard<'_>,
-    ) -> String {
-        partitioned_text_of(ForKind::Vectorized, outer, extent, len, dims, guard, index)
-    }
-
-    /// `partitioned_text` with the inner loop of kind `kind`.
     fn partitioned_text_of(
         kind: ForKind,
         outer: Expr,
@@ -490,7 +478,8 @@ mod tests {
             let en = en.clone();
             move |l: &[&Expr]| at(l).lt(&en)
         };
-        let t = partitioned_text(
+        let t = partitioned_text_of(
+            ForKind::Vectorized,
             panels.clone(),
             32,
             en.clone(),
@@ -500,7 +489,8 @@ mod tests {
         );
         assert!(versioned(&t), "{t}");
         // A constant number of panels, at least `MIN_PANELS`: versioned too.
-        let t = partitioned_text(
+        let t = partitioned_text_of(
+            ForKind::Vectorized,
             Expr::int(4),
             32,
             en.clone(),
@@ -514,7 +504,8 @@ mod tests {
             (panels, 64, 64),
             (Expr::int(2), 32, 32),
         ] {
-            let t = partitioned_text(
+            let t = partitioned_text_of(
+                ForKind::Vectorized,
                 outer,
                 extent,
                 en.clone(),
@@ -586,7 +577,8 @@ mod tests {
     fn a_padded_row_is_partitioned() {
         let len = Expr::int(16);
         let shifted = |l: &[&Expr]| l[2].add(l[0]).sub(&Expr::int(1));
-        let t = partitioned_text(
+        let t = partitioned_text_of(
+            ForKind::Vectorized,
             Expr::int(1),
             16,
             len.clone(),
@@ -601,7 +593,8 @@ mod tests {
         let en = Expr::var(&n);
         let panels = en.add(&Expr::int(31)).floordiv(&Expr::int(32));
         let pad = |l: &[&Expr]| at(32, Expr::int(-1))(l).add(l[0]);
-        let t = partitioned_text(
+        let t = partitioned_text_of(
+            ForKind::Vectorized,
             panels,
             32,
             en.clone(),
