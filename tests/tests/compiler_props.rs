@@ -3142,3 +3142,50 @@ fn split_by_parts_vectorized_inside_an_unrolled_outer_loop() {
     ];
     run_case(&build_ew(&c), &sc, &v, 0).unwrap();
 }
+
+/// The default GPU schedule of a contraction whose operand is read at both tiled axes
+/// (`C[n, m] = sum_r (P[n, r, m] + A[n, r, m]) * P[n, r, m]` over symbolic `n`, `m`) cached
+/// that operand in shared memory: a 64 x 4 x 64 tile, 65536 bytes, refused at build time by
+/// the 48 KiB limit ("schedule of 'A0.shared': ... a cache may use at most 49152 bytes").
+/// Such an operand has no reuse within a block; it is read from global memory.
+#[test]
+fn bug_gpu_default_contraction_caches_an_operand_read_at_both_tiled_axes() {
+    let c = RedCase {
+        main: Ty::I32,
+        dims: vec![
+            DimS { n: 1, sym: true },
+            DimS { n: 4, sym: false },
+            DimS { n: 1, sym: true },
+        ],
+        red: (Ix(31), Ix(0), false),
+        lo: [false, false],
+        op: ReduceOp::Sum,
+        n_in: 1,
+        flips: vec![[false; 3]; 2],
+        tree: E::Bin(
+            BinOp::Mul,
+            Box::new(E::Bin(
+                BinOp::Add,
+                Box::new(E::In(0, 0, Ty::I32)),
+                Box::new(E::In(1, 0, Ty::I32)),
+            )),
+            Box::new(E::In(0, 0, Ty::I32)),
+        ),
+        producer: Some(E::In(0, 0, Ty::I32)),
+    };
+    let g = GpuS {
+        f0: 1,
+        f1: 1,
+        two_d: false,
+        inline_producers: false,
+        default: true,
+        cross: None,
+    };
+    let plain = ViewS {
+        keys: [0; 3],
+        steps: [1; 3],
+        flips: [false; 3],
+        bcast: [false; 3],
+    };
+    run_gpu_case(&build_red(&c), &g, &vec![plain; 4], 0).unwrap();
+}

@@ -85,21 +85,37 @@ pub fn gpu_gemm(s: &mut Schedule, t: &Tensor) -> Result<()> {
     let n = axes.len();
     let def = s.current(t);
     // Inputs read at one place only: a tensor read twice (`A @ A`) would need a tile holding
-    // the union of both regions, not a constant shape; it is read from global memory.
-    let mut reads: Vec<(u32, usize)> = Vec::new();
+    // the union of both regions, not a constant shape; it is read from global memory. So is
+    // an input whose tile would not be a small matmul operand (`tiles_well`): read at both
+    // tiled axes (`A[i, k, j]`: no reuse within a block, and a BLOCK x BLOCK x K_TILE tile
+    // over the 48 KiB of shared memory), or with a tiled axis in two indices or scaled.
+    // (Each distinct node once: the body may be a shared DAG.)
+    let (ti, tj) = (&axes[n - 2], &axes[n - 1]);
+    let Some(k) = t.reduce_axis().first().map(|r| r.var.clone()) else {
+        return flat(s, t);
+    };
+    let mut reads: Vec<(u32, usize, bool)> = Vec::new();
     if let Some(body) = def.body() {
-        body.visit(&mut |e| {
-            if let crate::ir::expr::ExprKind::Read { tensor, .. } = e.kind() {
-                match reads.iter_mut().find(|(id, _)| *id == tensor.id()) {
-                    Some((_, n)) => *n += 1,
-                    None => reads.push((tensor.id(), 1)),
+        body.visit_unique(&mut |e| {
+            if let crate::ir::expr::ExprKind::Read { tensor, indices } = e.kind() {
+                let both = !tiles_well(indices, ti, tj, &k);
+                match reads.iter_mut().find(|(id, _, _)| *id == tensor.id()) {
+                    Some((_, n, b)) => {
+                        *n += 1;
+                        *b |= both;
+                    }
+                    None => reads.push((tensor.id(), 1, both)),
                 }
             }
         });
     }
     let ins: Vec<Tensor> = crate::te::tensor::inputs(&def)
         .into_iter()
-        .filter(|x| reads.iter().any(|&(id, n)| id == x.id() && n == 1))
+        .filter(|x| {
+            reads
+                .iter()
+                .any(|&(id, n, both)| id == x.id() && n == 1 && !both)
+        })
         .collect();
     let local = s.cache_write(t, "local")?;
     let mut shared = Vec::new();
@@ -172,6 +188,30 @@ pub fn gpu_gemm(s: &mut Schedule, t: &Tensor) -> Result<()> {
         xs.bind(&sx, ThreadTag::ThreadX)?;
     }
     Ok(())
+}
+
+/// Whether a read at `indices` has a small tile per block and reduction step, as a matmul
+/// operand does: not both tiled axes `ti`, `tj` used; each of `ti`, `tj`, `k` in at most one
+/// index, as a plain term (coefficient +-1, `i + k` allowed). Its tile then spans at most two
+/// dims of at most BLOCK + K_TILE elements, a few KiB of shared memory.
+fn tiles_well(indices: &[Expr], ti: &Var, tj: &Var, k: &Var) -> bool {
+    use crate::arith::simplify::linear;
+    let mut used = [0usize; 3];
+    for x in indices {
+        let Some(l) = linear(x) else {
+            return false;
+        };
+        for (atom, c) in &l.terms {
+            let var = [ti, tj, k].iter().position(|v| atom.as_var() == Some(*v));
+            match var {
+                Some(p) if *c == 1 || *c == -1 => used[p] += 1,
+                Some(_) => return false,
+                None if [ti, tj, k].iter().any(|v| atom.uses(v)) => return false,
+                None => {}
+            }
+        }
+    }
+    !(used[0] > 0 && used[1] > 0) && used.iter().all(|&u| u <= 1)
 }
 
 /// Whether `t` is matmul-like: a sum, over axes of its own, of a product of two tensor
