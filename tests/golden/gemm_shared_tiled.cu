@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0(
                 }
                 for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
                   if ((((((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) >= 0) && (((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) < k)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) >= 0)) && (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) < n)) {
-                    B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)] = B[(((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) * B_s0) + (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) * B_s1)];
+                    B_shared[((256 * ax0_ax1_fused_outer_1) + (16 * i_inner_outer)) + j_inner_outer] = B[(((r_outer * 16LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64))) * B_s0) + (((j_outer * 64LL) + ((long long)(((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64))) * B_s1)];
                   }
                 }
                 __syncthreads();
@@ -121,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_kernel0_i32(
                 }
                 for (int ax0_ax1_fused_outer_1 = 0; ax0_ax1_fused_outer_1 < 4; ++ax0_ax1_fused_outer_1) {
                   if ((((((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) >= 0) && (((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) < k)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) >= 0)) && (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) < n)) {
-                    B_shared[((((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64) * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)] = B[(((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) * B_s0) + (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) * B_s1)];
+                    B_shared[((256 * ax0_ax1_fused_outer_1) + (16 * i_inner_outer)) + j_inner_outer] = B[(((r_outer * 16) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) / 64)) * B_s0) + (((j_outer * 64) + (((ax0_ax1_fused_outer_1 * 256) + ((i_inner_outer * 16) + j_inner_outer)) % 64)) * B_s1)];
                   }
                 }
                 __syncthreads();

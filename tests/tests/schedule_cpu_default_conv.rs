@@ -277,6 +277,27 @@ fn packed(s: &Schedule) -> bool {
         .any(|st| st.tensor.name().ends_with(".A_packed"))
 }
 
+/// Whether a pack of the defaulted schedule is indexed by the product's rows
+/// (`packed_gemm::Rows`: an axis `<pack>.rows`, the batch axes flattened).
+fn by_rows(s: &Schedule) -> bool {
+    s.stages.iter().any(|st| {
+        st.tensor.name().ends_with("_packed")
+            && st
+                .tensor
+                .axis()
+                .iter()
+                .any(|a| a.var.name.ends_with(".rows"))
+    })
+}
+
+/// `check`, and whether the default ran the product row by row.
+fn check_rows(c: &Conv) -> bool {
+    check(c);
+    let mut s = Schedule::new(&c.program()[2..]).unwrap();
+    apply_default_cpu(&mut s).unwrap();
+    by_rows(&s)
+}
+
 fn check(c: &Conv) {
     let dt = c.dtype();
     let args = c.program();
@@ -603,4 +624,40 @@ fn convolutions_with_forced_blocks() {
     ] {
         rivet_tests::run_in_child(name, &[("RIVET_GEMM_BLOCKS", "9x2x2")]);
     }
+}
+
+/// Constant batches of images whose rows fill a panel (`packed_gemm::Rows`): the product runs
+/// row by row (its parallel loop over `(n, y)`), each image row's panels packed inside it
+/// (`lower::fuse_rows`) into a per-iteration buffer (`lower::row_locals`). NCHW packs the
+/// image as B, NHWC as A; 1x1 and 3x3 kernels, stride 1 and 2, ragged channel counts, float32
+/// and float64. Each is checked as above (the CPU's fused loop bit for bit against the
+/// interpreter running the unfused default), and that the path was taken; a symbolic batch
+/// or too few rows keep the product parallel over its column panels.
+#[test]
+fn conv_row_by_row() {
+    for f64 in [false, true] {
+        for &(layout, hw, k, stride) in &[
+            (Layout::Nchw, 25i64, 3i64, 1i64),
+            (Layout::Nchw, 25, 1, 1),
+            (Layout::Nchw, 49, 3, 2),
+            (Layout::Nhwc, 24, 3, 1),
+            (Layout::Nhwc, 24, 1, 1),
+        ] {
+            let c = Conv {
+                layout,
+                symbolic: false,
+                f64,
+                stride,
+                pad: k / 2,
+                ..base(3, 17, hw, k)
+            };
+            assert!(check_rows(&c), "{c:?}: not row by row");
+        }
+    }
+    // A symbolic batch, and too few rows (2 x 9 < 32): the column-panel schedule.
+    assert!(!check_rows(&base(3, 17, 25, 3)));
+    assert!(!check_rows(&Conv {
+        symbolic: false,
+        ..base(3, 17, 9, 3)
+    }));
 }

@@ -226,7 +226,7 @@ fn simplify_node(e: &Expr) -> Option<Expr> {
         }
         if matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul) {
             if let Some(l) = linear(e) {
-                let canon = l.to_expr();
+                let canon = merge_div_mod(l).to_expr();
                 if node_count(&canon) < node_count(e) {
                     return Some(canon);
                 }
@@ -234,6 +234,56 @@ fn simplify_node(e: &Expr) -> Option<Expr> {
         }
     }
     None
+}
+
+/// Most terms of a linear form searched for `merge_div_mod` pairs (the search is quadratic).
+const MERGE_TERMS: usize = 16;
+
+/// `l` with every pair `c*K * (x // K) + c * (x % K)` (constant `K > 0`) replaced by `c * x`:
+/// exact for any integer `x` under floor division (`x == K * (x // K) + x % K`). A fused loop
+/// `f` over `(n, y)` has `n = f // 56`, `y = f % 56`; a buffer indexed `n * 56 + y` over the
+/// fused dims then reads back as `f` (row fusion recognises its own row by that).
+fn merge_div_mod(mut l: Linear) -> Linear {
+    if l.terms.len() > MERGE_TERMS {
+        return l;
+    }
+    // Each merge removes a `%` atom for smaller ones (x's): bounded, capped all the same.
+    'again: for _ in 0..MERGE_TERMS {
+        for i in 0..l.terms.len() {
+            let ExprKind::Binary(BinOp::FloorMod, x, k) = l.terms[i].0.kind() else {
+                continue;
+            };
+            let Some(kv) = int_of(k).filter(|&v| v > 0) else {
+                continue;
+            };
+            let c = l.terms[i].1;
+            let Some(ck) = c.checked_mul(kv) else {
+                continue;
+            };
+            let pair = l.terms.iter().position(|(t, cj)| {
+                *cj == ck
+                    && matches!(t.kind(), ExprKind::Binary(BinOp::FloorDiv, y, k2)
+                        if y == x && int_of(k2) == Some(kv))
+            });
+            let Some(j) = pair else {
+                continue;
+            };
+            let Some(whole) = linear(x).and_then(|lx| lx.scale(c)) else {
+                continue;
+            };
+            // Each atom occurs once in a linear form: removing the pair removes `x`'s terms.
+            let mut rest = l.clone();
+            rest.terms.remove(i.max(j));
+            rest.terms.remove(i.min(j));
+            let Some(merged) = rest.plus(whole, 1) else {
+                continue;
+            };
+            l = merged;
+            continue 'again;
+        }
+        return l;
+    }
+    l
 }
 
 fn node_count(e: &Expr) -> usize {
@@ -361,6 +411,34 @@ mod tests {
             prove_nonneg(&Expr::var(&n).mul(&Expr::var(&i)).sub(&Expr::int(1))),
             None
         );
+    }
+
+    #[test]
+    fn a_fused_index_split_back_by_div_and_mod_merges() {
+        let f = Expr::var(&Var::new("f"));
+        let k = Expr::int(56);
+        // (f // 56) * 56 + f % 56 == f
+        let e = f.floordiv(&k).mul(&k).add(&f.floormod(&k));
+        assert_eq!(simplify(&e), f);
+        // Three dims fused in two steps: ((g // 7) // 5) * 35 + ((g // 7) % 5) * 7 + g % 7 == g,
+        // with a constant and another term alongside.
+        let g = Expr::var(&Var::new("g"));
+        let (five, seven) = (Expr::int(5), Expr::int(7));
+        let q = g.floordiv(&seven);
+        let e = q
+            .floordiv(&five)
+            .mul(&Expr::int(35))
+            .add(&q.floormod(&five).mul(&seven))
+            .add(&g.floormod(&seven))
+            .add(&Expr::int(3))
+            .add(&f);
+        assert_eq!(simplify(&e), simplify(&g.add(&Expr::int(3)).add(&f)));
+        // Not a pair: the coefficients do not match (f // 56 * 55 + f % 56), or the divisors
+        // differ; left as they are.
+        let e = f.floordiv(&k).mul(&Expr::int(55)).add(&f.floormod(&k));
+        assert_ne!(simplify(&e), f);
+        let e = f.floordiv(&k).mul(&k).add(&f.floormod(&Expr::int(8)));
+        assert_ne!(simplify(&e), f);
     }
 
     #[test]

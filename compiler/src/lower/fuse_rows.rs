@@ -7,15 +7,20 @@
 //! per stage: each sweeps the whole tensor, so a 4096 x 1024 softmax read or wrote 16 MiB ten
 //! times from memory. Fused, one thread runs every stage on a row while it is in its cache.
 //!
-//! Legal when, in every loop of the group, every access (load or store) to a buffer that any
-//! loop of the group stores to has the loop's own variable as its first index (after
-//! simplification): iteration `v` of every loop then reads and writes only row `v` of those
+//! Legal when every buffer that two loops of the group touch and one of them writes is
+//! accessed (load, store, or an intrinsic's region) only with the accessing loop's own
+//! variable as its first index (after simplification; a region must also not extend along
+//! the first dim): iteration `v` of every loop then reads and writes only row `v` of those
 //! buffers, so running the loops' bodies one after the other per row computes exactly what
 //! running the loops one after the other does — same operations on the same values in the
-//! same order per element; buffers no loop writes cannot change. A loop with an intrinsic
-//! call (whose regions are not plain indexed accesses) is never fused. The fused loop is still
-//! race-free by `verify::parallel`'s disjointness rule (a slot holding `v` in every access), and
-//! the bounds proof runs after this pass, on the fused loop.
+//! same order per element; buffers no loop writes cannot change, and a buffer only one loop
+//! touches sees that loop's iterations in their order. A serial or vectorized loop must also
+//! keep to its own rows in every buffer it writes (the fused loop is parallel); a parallel
+//! one's iterations are independent by its schedule. The fused loop is still race-free by
+//! `verify::parallel`'s disjointness rule, and the bounds proof runs after this pass, on the
+//! fused loop. An implicit GEMM's image pack (rows `(n, y)` of panels) and its product
+//! (`gemm_update` calls reading those panels, writing C's rows) fuse so: each thread packs
+//! one image row's panels and multiplies them while they are in its cache.
 //!
 //! A serial or vectorized loop over the same range joins a group of parallel loops on the same
 //! terms (a 1-d stage between two row loops, as layer_norm's backward has one: `sqsum_grad_Y`
@@ -25,9 +30,11 @@
 //!
 //! A loop that is not next in line may still join a group: a later parallel loop over the same
 //! range (at most `WINDOW` statements on) is brought up when it commutes with every statement
-//! it passes — it reads no buffer they write and writes none they read or write (a statement
-//! with a call, launch, barrier or cross-thread reduction is passed by nothing) — so each of
-//! them and the loop see the same values in either order. Two column sums of one input
+//! it passes — it reads no buffer they write and writes none they read or write (an
+//! intrinsic call touches its regions; a host callback, launch, barrier or cross-thread
+//! reduction is passed by nothing) — so each of them and the loop see the same values in either order. A
+//! statement it does not commute with may instead move before the group, when it commutes
+//! with the group and with what it passes (`bring_up_past`). Two column sums of one input
 //! (layer_norm's weight and bias gradients) are separated by the first one's zeroing and
 //! combination; brought together, one thread sums its chunk of rows into both while the chunk
 //! is in cache.
@@ -40,6 +47,7 @@
 
 use crate::arith::simplify::simplify;
 use crate::ir::expr::{BufId, Expr, ExprKind, Var};
+use crate::ir::intrin::Intrin;
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use std::collections::{HashSet, VecDeque};
 
@@ -164,24 +172,35 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
         // Each loop's accesses are summarised once; a group's legality is then a check of the
         // summaries' unions, so joining a loop costs its own size, not the group's.
         let mut acc = Accesses::of(&first);
+        let mut effects = Effects::of(head);
         let mut group = vec![first];
-        // A loop that strays into a buffer it writes itself starts no group (`can_join` checks
-        // only what a newcomer adds to a group that passes the rule).
-        while acc.row_local() {
-            let Some(((l, a), _)) = bring_up(&mut rest, |s, _| {
-                // A serial or vectorized loop over the same rows joins too: under the rule its
-                // iterations touch only their own rows, so they may run in any order.
+        // Statements taken out from between the group and a loop joining it, placed before
+        // the group (`bring_up_past`).
+        let mut before: Vec<&Stmt> = Vec::new();
+        while !acc.opaque {
+            let Some(((l, a), e, hoisted)) = bring_up_past(&mut rest, &effects, |s| {
+                // A serial or vectorized loop over the same rows joins too, when its own
+                // iterations are independent (`Accesses::can_join`).
                 let l = as_loop(s, |k| {
                     matches!(k, ForKind::Parallel | ForKind::Serial | ForKind::Vectorized)
                 })
                 .filter(|l| l.min == group[0].min && l.extent == group[0].extent)?;
                 let a = Accesses::of(&l);
-                acc.can_join(&a).then_some((l, a))
+                acc.can_join(&a, l.kind == ForKind::Parallel)
+                    .then_some((l, a))
             }) else {
                 break;
             };
             acc.extend(a);
+            effects.extend(e);
             group.push(l);
+            before.extend(hoisted);
+        }
+        for s in before {
+            out.push(match as_parallel(s) {
+                Some(_) => fuse_siblings(s),
+                None => fuse_stmt(s),
+            });
         }
         if group.len() == 1 {
             out.push(fuse_siblings(head));
@@ -190,6 +209,52 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
         }
     }
     out
+}
+
+/// Like `bring_up`, for a loop joining a group of loops whose effects are `group`: a
+/// statement between the group and the loop that the loop does not commute with may instead
+/// move before the group, when it commutes with the group and with every statement it passes
+/// on the way (those that stay between). So the product of an implicit GEMM joins the pack
+/// of its image rows although the product's zeroing (which it does not commute with) sits
+/// between them: the zeroing runs first. Returns the loop, its effects and the statements to
+/// place before the group (in their order).
+fn bring_up_past<'a, T>(
+    rest: &mut VecDeque<&'a Stmt>,
+    group: &Effects,
+    mut join: impl FnMut(&'a Stmt) -> Option<T>,
+) -> Option<(T, Effects, Vec<&'a Stmt>)> {
+    let mut effects: Vec<Effects> = Vec::new();
+    for p in 0..rest.len().min(WINDOW) {
+        let s = rest[p];
+        let e = Effects::of(s);
+        if let Some(t) = join(s) {
+            // Which of the statements before it stay (the loop passes them) and which go
+            // before the group.
+            let mut stay = Effects::default();
+            let mut hoist = Vec::new();
+            let mut ok = true;
+            for (q, eq) in effects.iter().enumerate() {
+                if eq.commutes(&e) {
+                    stay.extend_ref(eq);
+                } else if group.commutes(eq) && stay.commutes(eq) {
+                    hoist.push(q);
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                let hoisted: Vec<&Stmt> = hoist.iter().map(|&q| rest[q]).collect();
+                rest.remove(p);
+                for &q in hoist.iter().rev() {
+                    rest.remove(q);
+                }
+                return Some((t, e, hoisted));
+            }
+        }
+        effects.push(e);
+    }
+    None
 }
 
 /// Inside a parallel loop: consecutive serial (or vectorized) loops over one range whose
@@ -254,9 +319,22 @@ impl Effects {
             Stmt::Store { buf, .. } => {
                 e.writes.insert(*buf);
             }
-            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
-                e.opaque = true
+            // A tensor intrinsic touches exactly its regions (the bounds proof checks each);
+            // a host callback is user code: nothing moves past it.
+            Stmt::Call {
+                intrin: Intrin::Callback(_),
+                ..
+            } => e.opaque = true,
+            Stmt::Call { regions, .. } => {
+                for r in regions {
+                    if r.write {
+                        e.writes.insert(r.buf);
+                    } else {
+                        e.reads.insert(r.buf);
+                    }
+                }
             }
+            Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => e.opaque = true,
             _ => {}
         });
         s.visit_exprs(&mut |x| {
@@ -283,6 +361,12 @@ impl Effects {
     fn extend(&mut self, o: Effects) {
         self.reads.extend(o.reads);
         self.writes.extend(o.writes);
+        self.opaque |= o.opaque;
+    }
+
+    fn extend_ref(&mut self, o: &Effects) {
+        self.reads.extend(o.reads.iter().copied());
+        self.writes.extend(o.writes.iter().copied());
         self.opaque |= o.opaque;
     }
 }
@@ -316,13 +400,15 @@ fn fused(group: &[Loop<'_>]) -> Stmt {
 /// What loops do to buffers, for the legality rule of the module doc.
 #[derive(Default)]
 struct Accesses {
-    /// Buffers stored to.
+    /// Buffers loaded, stored or passed to an intrinsic.
+    touched: HashSet<BufId>,
+    /// Buffers stored to (or written by an intrinsic).
     written: HashSet<BufId>,
     /// Buffers allocated inside a body: private to one iteration of its loop.
     private: HashSet<BufId>,
     /// Buffers loaded or stored somewhere other than the loop's own row.
     strays: HashSet<BufId>,
-    /// An intrinsic call, launch, barrier or cross-thread reduction: never fused.
+    /// A host callback, launch, barrier or cross-thread reduction: never fused.
     opaque: bool,
 }
 
@@ -334,62 +420,276 @@ impl Accesses {
                 .first()
                 .is_some_and(|i| simplify(i).as_var() == Some(l.var))
         };
-        l.body.visit(&mut |s| match s {
-            Stmt::Store { buf, indices, .. } => {
-                a.written.insert(*buf);
-                if !own(indices) {
-                    a.strays.insert(*buf);
-                }
+        let touch = |a: &mut Accesses, buf: BufId, write: bool, own: bool| {
+            a.touched.insert(buf);
+            if write {
+                a.written.insert(buf);
             }
+            if !own {
+                a.strays.insert(buf);
+            }
+        };
+        l.body.visit(&mut |s| match s {
+            Stmt::Store { buf, indices, .. } => touch(&mut a, *buf, true, own(indices)),
             Stmt::Allocate { bufs, .. } => {
                 a.private.extend(bufs.iter().copied());
             }
-            Stmt::Call { .. } | Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => {
-                a.opaque = true
+            // An intrinsic's region is in the loop's own row when its base's first index is
+            // the loop's variable and it does not extend along the first dim; a host callback
+            // is never fused.
+            Stmt::Call {
+                intrin: Intrin::Callback(_),
+                ..
+            } => a.opaque = true,
+            Stmt::Call { regions, .. } => {
+                for r in regions {
+                    let row = own(&r.base) && r.axes.iter().all(|x| x.dim != 0);
+                    touch(&mut a, r.buf, r.write, row);
+                }
             }
+            Stmt::Launch { .. } | Stmt::AllReduce { .. } | Stmt::Barrier => a.opaque = true,
             _ => {}
         });
         l.body.visit_exprs(&mut |e| {
             e.visit(&mut |n| {
                 if let ExprKind::Load { buf, indices } = n.kind() {
-                    if !own(indices) {
-                        a.strays.insert(*buf);
-                    }
+                    touch(&mut a, *buf, false, own(indices));
                 }
             })
         });
         a
     }
 
-    /// The rule for the loops summarised by `self`: no stray into a buffer they write (private
-    /// buffers aside), nothing opaque.
-    fn row_local(&self) -> bool {
-        !self.opaque
-            && self
-                .strays
-                .iter()
-                .all(|b| !self.written.contains(b) || self.private.contains(b))
-    }
-
-    /// Whether the loops summarised by `self` (a legal group) and `o` make a legal group:
-    /// `o`'s strays must not be written by anyone, nor `o`'s writes strayed into by anyone
-    /// (private buffers aside). Costs `o`'s size.
-    fn can_join(&self, o: &Accesses) -> bool {
+    /// Whether the loops summarised by `self` (a legal group) and `o` make a legal group.
+    /// Every buffer both touch (private buffers aside) is either written by neither or
+    /// touched by both only in their own rows; a buffer only one of them touches may be
+    /// anywhere (only that loop's iterations see it, in their order). `o`, unless it is a
+    /// parallel loop (whose iterations are independent by its schedule, which
+    /// `verify::parallel` proves), must also keep to its own rows in the buffers it writes:
+    /// the fused loop runs its iterations in parallel. Costs `o`'s size.
+    fn can_join(&self, o: &Accesses, parallel: bool) -> bool {
         let private = |b: &BufId| self.private.contains(b) || o.private.contains(b);
         !self.opaque
             && !o.opaque
-            && o.strays
-                .iter()
-                .all(|b| !(self.written.contains(b) || o.written.contains(b)) || private(b))
-            && o.written
-                .iter()
-                .all(|b| !self.strays.contains(b) || private(b))
+            && o.touched.iter().all(|b| {
+                private(b)
+                    || !self.touched.contains(b)
+                    || !(self.written.contains(b) || o.written.contains(b))
+                    || !(self.strays.contains(b) || o.strays.contains(b))
+            })
+            && (parallel
+                || o.strays
+                    .iter()
+                    .all(|b| !o.written.contains(b) || private(b)))
     }
 
     fn extend(&mut self, o: Accesses) {
+        self.touched.extend(o.touched);
         self.written.extend(o.written);
         self.private.extend(o.private);
         self.strays.extend(o.strays);
         self.opaque |= o.opaque;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::intrin::{Region, RegionAxis};
+    use crate::ir::stmt::BufKind;
+    use crate::ir::test_util::{buffer, func as prim, input, loop_over, output, store};
+    use rivet_runtime::DType;
+
+    const X: BufId = BufId(0);
+    const Y: BufId = BufId(1);
+    const T: BufId = BufId(2);
+    const Z: BufId = BufId(3);
+
+    /// `f(X[n, m], Y[n, m] out)` with locals `T`, `Z` (`[n, m]`) around `items(n, m)`.
+    fn func(items: impl FnOnce(&Expr, &Expr) -> Vec<Stmt>) -> PrimFunc {
+        let (n, m) = (Var::new("n"), Var::new("m"));
+        let shape = vec![Expr::var(&n), Expr::var(&m)];
+        let body = Stmt::Allocate {
+            bufs: vec![T, Z],
+            body: Box::new(Stmt::seq(items(&Expr::var(&n), &Expr::var(&m)))),
+        };
+        let buffers = vec![
+            input(X.0, "X", DType::F32, shape.clone()),
+            output(Y.0, "Y", DType::F32, shape.clone()),
+            buffer(T.0, "T", DType::F32, shape.clone(), BufKind::Local),
+            buffer(Z.0, "Z", DType::F32, shape, BufKind::Local),
+        ];
+        prim("f", buffers, vec![n, m], body)
+    }
+
+    /// `kind for i in [0, rows): for j in [0, m): body(i, j)`.
+    fn rows(kind: ForKind, rows: &Expr, m: &Expr, body: impl FnOnce(&Expr, &Expr) -> Stmt) -> Stmt {
+        loop_over("i", rows.clone(), kind, |i| {
+            loop_over("j", m.clone(), ForKind::Serial, |j| body(i, j))
+        })
+    }
+
+    fn ld(b: BufId, i: &Expr, j: &Expr) -> Expr {
+        Expr::load(b, vec![i.clone(), j.clone()], DType::F32)
+    }
+
+    fn st(b: BufId, i: &Expr, j: &Expr, value: Expr) -> Stmt {
+        store(b, vec![i.clone(), j.clone()], value)
+    }
+
+    /// A `gemm_update`-like call writing row `i` of Y from `from`'s region at `base` spanning
+    /// `dims` (extent `m` each).
+    fn call(from: BufId, base: [Expr; 2], dims: &[u32], i: &Expr, m: &Expr) -> Stmt {
+        let axes = |dims: &[u32]| {
+            dims.iter()
+                .map(|&dim| RegionAxis {
+                    dim,
+                    extent: m.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
+        Stmt::Call {
+            intrin: Intrin::GemmUpdate,
+            regions: vec![
+                Region {
+                    buf: Y,
+                    base: vec![i.clone(), Expr::int(0)],
+                    axes: axes(&[1]),
+                    write: true,
+                },
+                Region {
+                    buf: from,
+                    base: base.to_vec(),
+                    axes: axes(dims),
+                    write: false,
+                },
+            ],
+            scalars: vec![],
+        }
+    }
+
+    /// The root statements after fusion (under the locals' `Allocate`).
+    fn roots(f: &PrimFunc) -> Vec<Stmt> {
+        let Stmt::Allocate { body, .. } = &f.body else {
+            panic!("{f}")
+        };
+        match &**body {
+            Stmt::Seq(v) => v.clone(),
+            s => vec![s.clone()],
+        }
+    }
+
+    fn parallel_loops(f: &PrimFunc) -> usize {
+        roots(f)
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    Stmt::For {
+                        kind: ForKind::Parallel,
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_loop_of_intrinsic_calls_joins_in_its_own_rows() {
+        // T's row i packed, then a call reading T's row i (its region along dim 1 only).
+        let prog = |dims: &'static [u32]| {
+            func(|n, m| {
+                vec![
+                    rows(ForKind::Parallel, n, m, |i, j| st(T, i, j, ld(X, i, j))),
+                    loop_over("i", n.clone(), ForKind::Parallel, |i| {
+                        call(T, [i.clone(), Expr::int(0)], dims, i, m)
+                    }),
+                ]
+            })
+        };
+        let mut f = prog(&[1]);
+        fuse(&mut f);
+        assert_eq!(parallel_loops(&f), 1, "{f}");
+        // A region spanning T's first dim reads other rows of T: not fused.
+        let mut f = prog(&[0, 1]);
+        fuse(&mut f);
+        assert_eq!(parallel_loops(&f), 2, "{f}");
+    }
+
+    #[test]
+    fn a_buffer_only_one_loop_touches_may_be_anywhere() {
+        // The second loop writes Z at rows other than its own (`i // 2`), and no other loop
+        // touches Z: fused when the loop is parallel (its own schedule makes its iterations
+        // independent), not when it is serial (the fused loop would run them in parallel).
+        let prog = |kind: ForKind| {
+            func(|n, m| {
+                vec![
+                    rows(ForKind::Parallel, n, m, |i, j| st(T, i, j, ld(X, i, j))),
+                    rows(kind, n, m, |i, j| {
+                        let half = i.floordiv(&Expr::int(2));
+                        Stmt::seq(vec![st(Z, &half, j, ld(T, i, j)), st(Y, i, j, ld(T, i, j))])
+                    }),
+                ]
+            })
+        };
+        let mut f = prog(ForKind::Parallel);
+        fuse(&mut f);
+        assert_eq!(roots(&f).len(), 1, "{f}");
+        let mut f = prog(ForKind::Serial);
+        fuse(&mut f);
+        assert_eq!(roots(&f).len(), 2, "{f}");
+        // Shared with a stray: the second loop reads row `i // 2` of T, which the first writes.
+        let mut f = func(|n, m| {
+            vec![
+                rows(ForKind::Parallel, n, m, |i, j| st(T, i, j, ld(X, i, j))),
+                rows(ForKind::Parallel, n, m, |i, j| {
+                    st(Y, i, j, ld(T, &i.floordiv(&Expr::int(2)), j))
+                }),
+            ]
+        });
+        fuse(&mut f);
+        assert_eq!(parallel_loops(&f), 2, "{f}");
+    }
+
+    #[test]
+    fn a_statement_in_the_way_moves_before_the_group() {
+        // Z zeroed over 2 rows between the pack of T and the loop that reads T and adds into
+        // Z: the zeroing does not commute with the second loop but does with the first, so it
+        // runs first and the two loops fuse.
+        let two = Expr::int(2);
+        let mut f = func(|n, m| {
+            vec![
+                rows(ForKind::Parallel, n, m, |i, j| st(T, i, j, ld(X, i, j))),
+                rows(ForKind::Parallel, &two, m, |i, j| {
+                    st(Z, i, j, Expr::constant(0.0, DType::F32))
+                }),
+                rows(ForKind::Parallel, n, m, |i, j| {
+                    let z = ld(Z, i, j);
+                    st(
+                        Z,
+                        i,
+                        j,
+                        Expr::binary(crate::ir::expr::BinOp::Add, z, ld(T, i, j)).unwrap(),
+                    )
+                }),
+            ]
+        });
+        fuse(&mut f);
+        let r = roots(&f);
+        assert_eq!(r.len(), 2, "{f}");
+        let Stmt::For { extent, .. } = &r[0] else {
+            panic!("{f}")
+        };
+        assert_eq!(extent, &two, "the zeroing first: {f}");
+        // It may not move when it does not commute with the group either (it reads T).
+        let mut f = func(|n, m| {
+            vec![
+                rows(ForKind::Parallel, n, m, |i, j| st(T, i, j, ld(X, i, j))),
+                rows(ForKind::Parallel, &two, m, |i, j| st(Z, i, j, ld(T, i, j))),
+                rows(ForKind::Parallel, n, m, |i, j| st(Z, i, j, ld(T, i, j))),
+            ]
+        });
+        fuse(&mut f);
+        assert_eq!(roots(&f).len(), 3, "{f}");
     }
 }

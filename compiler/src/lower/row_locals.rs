@@ -11,9 +11,10 @@
 //! Legal for a local `b` allocated in the function's root `Allocate`s when:
 //! - exactly one statement of the sequence under that chain mentions `b`, and it is a
 //!   parallel loop over `v`;
-//! - every load and store of `b` in it has first index `v` (after simplification), and `b`
-//!   appears in no intrinsic region, cross-thread reduction or launch, and no expression names
-//!   its stride variables;
+//! - every load and store of `b` in it has first index `v` (after simplification), as has
+//!   the base of every intrinsic region of `b` (which does not extend along the first dim);
+//!   `b` appears in no cross-thread reduction or launch, and no expression names its stride
+//!   variables;
 //! - `b` is not allocated again inside the loop.
 //!
 //! Then iteration `v` reads and writes only row `v` of `b`, which before the pass started zeroed
@@ -117,6 +118,20 @@ pub fn shrink(f: &mut PrimFunc) {
                         value,
                     }
                 }
+                Stmt::Call {
+                    intrin,
+                    mut regions,
+                    scalars,
+                } => {
+                    for r in regions.iter_mut().filter(|r| mine.contains(&r.buf)) {
+                        r.base[0] = Expr::int(0);
+                    }
+                    Stmt::Call {
+                        intrin,
+                        regions,
+                        scalars,
+                    }
+                }
                 s => s,
             });
             let body = Stmt::allocate_all(mine, body);
@@ -181,9 +196,15 @@ impl Usage {
                 }
             }
             Stmt::AllReduce { dst, .. } => touch(&mut u, *dst, false),
+            // A region in the loop's own row: its base's first index is the loop's variable
+            // and it does not extend along the first dim.
             Stmt::Call { regions, .. } => {
                 for r in regions {
-                    touch(&mut u, r.buf, false)
+                    touch(
+                        &mut u,
+                        r.buf,
+                        own(&r.base) && r.axes.iter().all(|a| a.dim != 0),
+                    )
                 }
             }
             _ => {}
@@ -297,6 +318,51 @@ mod tests {
         assert!(text.contains("T[0, "), "{text}");
         assert!(!text.contains("T[i"), "{text}");
         crate::ir::verify::verify(&f, false).unwrap();
+    }
+
+    /// T written in row i, then read by an intrinsic's region `T[i, 0; dim1: m]`: one row
+    /// per iteration, the region's base moved to row 0 with the accesses. A region spanning
+    /// T's first dim keeps it whole.
+    #[test]
+    fn a_local_read_by_an_intrinsic_in_its_own_row_becomes_one_row() {
+        use crate::ir::intrin::{Intrin, Region, RegionAxis};
+        let prog = |dims: &'static [u32]| {
+            func(|n, m, _| {
+                vec![loop_over("i", n.clone(), ForKind::Parallel, |i| {
+                    let region = |buf: BufId, write: bool, dims: &[u32]| Region {
+                        buf,
+                        base: vec![i.clone(), Expr::int(0)],
+                        axes: dims
+                            .iter()
+                            .map(|&dim| RegionAxis {
+                                dim,
+                                extent: m.clone(),
+                            })
+                            .collect(),
+                        write,
+                    };
+                    Stmt::seq(vec![
+                        loop_over("j", m.clone(), ForKind::Serial, |j| {
+                            st(T, i, j, ld(X, i, j))
+                        }),
+                        Stmt::Call {
+                            intrin: Intrin::GemmUpdate,
+                            regions: vec![region(Y, true, &[1]), region(T, false, dims)],
+                            scalars: vec![],
+                        },
+                    ])
+                })]
+            })
+        };
+        let mut f = prog(&[1]);
+        shrink(&mut f);
+        assert!(!allocated_at_root(&f), "{}", f);
+        assert_eq!(f.buffer(T).shape[0], Expr::int(1));
+        let text = f.to_string();
+        assert!(text.contains("T[0, 0; dim1:m]"), "{text}");
+        let mut f = prog(&[0, 1]);
+        shrink(&mut f);
+        assert!(allocated_at_root(&f), "{}", f);
     }
 
     #[test]

@@ -127,19 +127,25 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
                 total: &Expr,
                 tile: i64,
                 outer: &Expr,
-                name: &str|
+                name: &str,
+                rows: bool|
      -> Result<(Tensor, Vec<usize>)> {
         let ba = batch(u, g);
-        let mut pax: Vec<IterVar> = ba
-            .iter()
-            .map(|&d| {
-                fresh(
-                    &format!("{}.{}", name, axes[d].var.name),
-                    axes[d].extent.clone(),
-                    false,
-                )
-            })
-            .collect();
+        // `rows`: the batch axes as one dim (`Rows`), indexed by the product's parallel loop.
+        let bext: Vec<Expr> = ba.iter().map(|&d| simplify(&axes[d].extent)).collect();
+        let mut pax: Vec<IterVar> = if rows {
+            vec![fresh(&format!("{name}.rows"), product(&bext), false)]
+        } else {
+            ba.iter()
+                .map(|&d| {
+                    fresh(
+                        &format!("{}.{}", name, axes[d].var.name),
+                        axes[d].extent.clone(),
+                        false,
+                    )
+                })
+                .collect()
+        };
         let flat = g.len() > 1;
         let (xo, p, xi) = (
             fresh("xo", outer.clone(), false),
@@ -153,8 +159,14 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
             Expr::var(&xo.var).mul(&int(tile)).add(&Expr::var(&xi.var))
         };
         let mut map: HashMap<u32, Expr> = HashMap::new();
-        for (k, &d) in ba.iter().enumerate() {
-            map.insert(axes[d].var.id, Expr::var(&pax[k].var));
+        if rows {
+            for (&d, v) in ba.iter().zip(unflatten(&Expr::var(&pax[0].var), &bext)) {
+                map.insert(axes[d].var.id, v);
+            }
+        } else {
+            for (k, &d) in ba.iter().enumerate() {
+                map.insert(axes[d].var.id, Expr::var(&pax[k].var));
+            }
         }
         for (&d, v) in g.iter().zip(unflatten(&xval, gext)) {
             map.insert(axes[d].var.id, v);
@@ -179,9 +191,15 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
             ba,
         ))
     };
-    let (ap, ba) = pack(&m.fa, &ua, &m.rows, &row_ext, &big_m, MR, &mo, "A_packed")?;
-    let (bp, bb) = pack(&m.fb, &ub, &m.cols, &col_ext, &big_n, NR, &no, "B_packed")?;
     let aligned = simple && multiple(&big_m, MR) && multiple(&big_n, NR);
+    let blocks = Blocks::choose(&big_k, &mo, &no, dt.size() as i64);
+    let rows = Rows::choose(&axes, m, &blocks, &|u, g| batch(u, g), &ua, &ub);
+    let (ap, ba) = pack(
+        &m.fa, &ua, &m.rows, &row_ext, &big_m, MR, &mo, "A_packed", rows.a,
+    )?;
+    let (bp, bb) = pack(
+        &m.fb, &ub, &m.cols, &col_ext, &big_n, NR, &no, "B_packed", rows.b,
+    )?;
     // The reduction over the packed panels, on axes `cax` (C's own when aligned; C's with
     // the row and column axes padded when simple; else C's other axes, then the fused rows
     // `i` and columns `j`, padded), rows at `ci` and columns at `cj`.
@@ -229,12 +247,18 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     };
     let p = crate::te::reduce_axis(int(0), kp.clone(), "p")?;
     let cv = |d: usize| Expr::var(&cax[d].var);
-    let read = |t: &Tensor, bat: &[usize], x: usize, tile: i64| {
+    let read = |t: &Tensor, bat: &[usize], x: usize, tile: i64, rows: bool| {
         let mut idx: Vec<Expr> = bat
             .iter()
             .map(|&d| cv(cpos[d].expect("a batch axis is not fused")))
             .collect();
-        if t.ndim() == bat.len() + 2 {
+        if rows {
+            // The pack's one `rows` dim: the batch axes flattened (the product's parallel
+            // loop fuses the same axes, so this simplifies to its variable).
+            let bext: Vec<Expr> = bat.iter().map(|&d| simplify(&axes[d].extent)).collect();
+            idx = vec![flatten(&idx, &bext)];
+        }
+        if t.ndim() == idx.len() + 2 {
             // A fused group's flat pack (`pack`).
             idx.extend([Expr::var(&p.var), cv(x)]);
         } else {
@@ -246,7 +270,11 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         }
         t.idx(&idx)
     };
-    let product = Expr::binary(BinOp::Mul, read(&ap, &ba, ci, MR), read(&bp, &bb, cj, NR))?;
+    let product = Expr::binary(
+        BinOp::Mul,
+        read(&ap, &ba, ci, MR, rows.a),
+        read(&bp, &bb, cj, NR, rows.b),
+    )?;
     let sum = crate::te::reduce(
         crate::ir::expr::ReduceOp::Sum,
         product,
@@ -293,7 +321,6 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     let st = s.stage(&cp)?;
     let (io, ii) = st.split(&cax[ci].var, Some(int(MR)), None)?;
     let (jo, ji) = st.split(&cax[cj].var, Some(int(NR)), None)?;
-    let blocks = Blocks::choose(&big_k, &mo, &no, dt.size() as i64);
     let (jo, jl) = match blocks.nb {
         Some(nb) => {
             let (jc, jl) = st.split(&jo, Some(int(nb)), None)?;
@@ -325,8 +352,19 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     order.extend(jl);
     order.extend([io, ii.clone(), ji, pi]);
     st.reorder(&order)?;
-    let mut outer = jo;
-    for b in others.iter().rev() {
+    // The parallel loop: C's other axes and the column chunks, or (`Rows`) the other axes
+    // alone, the column panels serial inside.
+    let mut outer = if rows.on {
+        others[others.len() - 1].clone()
+    } else {
+        jo
+    };
+    let fused = if rows.on {
+        &others[..others.len() - 1]
+    } else {
+        &others[..]
+    };
+    for b in fused.iter().rev() {
         outer = st.fuse(b, &outer)?;
     }
     st.parallel(&outer)?;
@@ -370,6 +408,75 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether the product runs row by row (`on`): its parallel loop over C's axes outside the
+/// GEMM's rows and columns only (a convolution's `(n, y)`: image rows), the column panels
+/// serial inside, and each pack whose batch axes are exactly those (`a`, `b`) indexed by that
+/// loop's variable (its batch axes flattened into one `rows` dim). `lower::fuse_rows` then
+/// fuses such a pack's loop with the product's, and `lower::row_locals` gives each iteration
+/// its own row of the pack: an implicit GEMM packs one image row's panels (a convolution's
+/// 3x3x64-deep windows of one row: 147 KiB) and multiplies them while they are in cache,
+/// instead of writing and re-reading panels for the whole batch (66 MB for 8x64x56x56).
+///
+/// Taken when the product is not cache-blocked (`Blocks` off: the panels of a tile over all
+/// of K fit in L2), a pack has batch axes and they are all of C's other axes in order (the
+/// other pack has none or the same: NCHW's image is B, NHWC's is A), and their product is a
+/// constant of at least `MIN_ROWS` (every thread gets many rows).
+struct Rows {
+    on: bool,
+    a: bool,
+    b: bool,
+}
+
+/// Fewest rows for `Rows`: a 16-thread pool still gets two each.
+const MIN_ROWS: i64 = 32;
+
+impl Rows {
+    fn choose(
+        axes: &[IterVar],
+        m: &Matmul,
+        blocks: &Blocks,
+        batch: &dyn Fn(&std::collections::HashSet<u32>, &[usize]) -> Vec<usize>,
+        ua: &std::collections::HashSet<u32>,
+        ub: &std::collections::HashSet<u32>,
+    ) -> Rows {
+        let off = Rows {
+            on: false,
+            a: false,
+            b: false,
+        };
+        if blocks.nb.is_some() || blocks.kc.is_some() || blocks.mb != 1 {
+            return off;
+        }
+        // C's axes outside the rows and columns, in order.
+        let others: Vec<usize> = (0..axes.len())
+            .filter(|d| !m.rows.contains(d) && !m.cols.contains(d))
+            .collect();
+        let (ba, bb) = (batch(ua, &m.rows), batch(ub, &m.cols));
+        let fits = |x: &Vec<usize>| x.is_empty() || *x == others;
+        if others.is_empty() || !(ba == others || bb == others) || !fits(&ba) || !fits(&bb) {
+            return off;
+        }
+        let mut n: i64 = 1;
+        for &d in &others {
+            match simplify(&axes[d].extent).as_int() {
+                Some(e) if e >= 1 => match n.checked_mul(e) {
+                    Some(x) if x <= super::contraction::MAX_FUSED => n = x,
+                    _ => return off,
+                },
+                _ => return off,
+            }
+        }
+        if n < MIN_ROWS || std::env::var("RIVET_GEMM_ROWS").is_ok_and(|v| v == "0") {
+            return off;
+        }
+        Rows {
+            on: true,
+            a: !ba.is_empty(),
+            b: !bb.is_empty(),
+        }
+    }
 }
 
 /// How the product's tiles are blocked for the caches (Goto's order, each thread on its own
