@@ -193,7 +193,13 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     };
     let aligned = simple && multiple(&big_m, MR) && multiple(&big_n, NR);
     let blocks = Blocks::choose(&big_k, &mo, &no, dt.size() as i64);
-    let rows = Rows::choose(&axes, m, &blocks, &|u, g| batch(u, g), &ua, &ub);
+    let rows = Rows::choose(
+        &axes,
+        m,
+        &blocks,
+        &batch(&ua, &m.rows),
+        &batch(&ub, &m.cols),
+    );
     let (ap, ba) = pack(
         &m.fa, &ua, &m.rows, &row_ext, &big_m, MR, &mo, "A_packed", rows.a,
     )?;
@@ -433,14 +439,7 @@ struct Rows {
 const MIN_ROWS: i64 = 32;
 
 impl Rows {
-    fn choose(
-        axes: &[IterVar],
-        m: &Matmul,
-        blocks: &Blocks,
-        batch: &dyn Fn(&std::collections::HashSet<u32>, &[usize]) -> Vec<usize>,
-        ua: &std::collections::HashSet<u32>,
-        ub: &std::collections::HashSet<u32>,
-    ) -> Rows {
+    fn choose(axes: &[IterVar], m: &Matmul, blocks: &Blocks, ba: &[usize], bb: &[usize]) -> Rows {
         let off = Rows {
             on: false,
             a: false,
@@ -453,9 +452,8 @@ impl Rows {
         let others: Vec<usize> = (0..axes.len())
             .filter(|d| !m.rows.contains(d) && !m.cols.contains(d))
             .collect();
-        let (ba, bb) = (batch(ua, &m.rows), batch(ub, &m.cols));
-        let fits = |x: &Vec<usize>| x.is_empty() || *x == others;
-        if others.is_empty() || !(ba == others || bb == others) || !fits(&ba) || !fits(&bb) {
+        let fits = |x: &[usize]| x.is_empty() || x == others;
+        if others.is_empty() || !(ba == others || bb == others) || !fits(ba) || !fits(bb) {
             return off;
         }
         let mut n: i64 = 1;
