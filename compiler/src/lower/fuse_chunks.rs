@@ -21,6 +21,10 @@
 //! what one iteration of `B` did plus rows `c*R + q` of `A`'s buffers: disjoint between
 //! chunks (`verify::parallel`'s rule with coefficient `R` and window `[0, R)`).
 //!
+//! The chunk loop may be up to `fuse_rows::WINDOW` statements on, past statements it commutes
+//! with; one it does not commute with (the zeroing of a tail it adds into) moves before `A`
+//! when it commutes with `A` and with what it passes (`fuse_rows::bring_up_past`).
+//!
 //! Taken only where it pays: `B`'s row loop must load some buffer at row `lo + c*R + q` (the
 //! same rows as `A`). Runs after `row_locals` (a row's locals are allocated inside `A`'s body
 //! and come with it) and, like row fusion, only on the default CPU schedule, on the nest: saved
@@ -30,7 +34,7 @@ use crate::arith::simplify::simplify;
 use crate::ir::expr::{Expr, ExprKind};
 use crate::ir::stmt::{ForKind, PrimFunc, Stmt};
 use crate::lower::fuse_rows::{
-    as_parallel, at_root, bring_up, fuse_siblings, splice, Effects, Loop,
+    as_parallel, at_root, bring_up_past, fuse_siblings, splice, Effects, Loop,
 };
 use std::collections::VecDeque;
 
@@ -44,9 +48,11 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
     let mut out = Vec::new();
     let mut rest: VecDeque<&Stmt> = items.iter().collect();
     while let Some(head) = rest.pop_front() {
+        // A statement in the way that the chunk loop does not commute with (the zeroing of a
+        // tail the chunk loop adds into) goes before the row loop when it commutes with it.
         let taken = as_parallel(head).and_then(|a| {
             let ea = Effects::of(head);
-            bring_up(&mut rest, |s, e| {
+            bring_up_past(&mut rest, &ea, |s, e| {
                 if ea.commutes(e) {
                     into_chunks(&a, s)
                 } else {
@@ -55,7 +61,10 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
             })
         });
         match taken {
-            Some((fused, _)) => out.extend(fused),
+            Some((fused, _, before)) => {
+                out.extend(before.into_iter().cloned());
+                out.extend(fused)
+            }
             None => out.push(head.clone()),
         }
     }

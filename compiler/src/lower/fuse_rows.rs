@@ -178,7 +178,7 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
         // the group (`bring_up_past`).
         let mut before: Vec<&Stmt> = Vec::new();
         while !acc.opaque {
-            let Some(((l, a), e, hoisted)) = bring_up_past(&mut rest, &effects, |s| {
+            let Some(((l, a), e, hoisted)) = bring_up_past(&mut rest, &effects, |s, _| {
                 // A serial or vectorized loop over the same rows joins too, when its own
                 // iterations are independent (`Accesses::can_join`).
                 let l = as_loop(s, |k| {
@@ -218,16 +218,16 @@ fn fuse_seq(items: &[Stmt]) -> Vec<Stmt> {
 /// of its image rows although the product's zeroing (which it does not commute with) sits
 /// between them: the zeroing runs first. Returns the loop, its effects and the statements to
 /// place before the group (in their order).
-fn bring_up_past<'a, T>(
+pub(crate) fn bring_up_past<'a, T>(
     rest: &mut VecDeque<&'a Stmt>,
     group: &Effects,
-    mut join: impl FnMut(&'a Stmt) -> Option<T>,
+    mut join: impl FnMut(&'a Stmt, &Effects) -> Option<T>,
 ) -> Option<(T, Effects, Vec<&'a Stmt>)> {
     let mut effects: Vec<Effects> = Vec::new();
     for p in 0..rest.len().min(WINDOW) {
         let s = rest[p];
         let e = Effects::of(s);
-        if let Some(t) = join(s) {
+        if let Some(t) = join(s, &e) {
             // Which of the statements before it stay (the loop passes them) and which go
             // before the group.
             let mut stay = Effects::default();

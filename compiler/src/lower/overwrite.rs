@@ -26,6 +26,11 @@
 //! initialisation that row fusion put inside a parallel loop with other stages qualify (the
 //! second GEMM's pack and attention's padded scores, first written in the loop over heads).
 //! Loops of any kind (parallel, vectorized, unrolled) qualify: each iteration runs once.
+//! Directly inside the outermost loop `v`, statements after the store's branch may name `b`
+//! when they touch only row `v` of it (first index `v`, a region not extending along the
+//! first dim) and the store's first index is `v`: iteration `v` stores all of row `v` before
+//! they run, and no iteration touches another's row (an accumulator's initialisation that
+//! row fusion put in the loop over heads, before the product's calls that add into it).
 //!
 //! A store of `+0.0` qualifies only on such a non-perfect path: a perfect nest of zero stores
 //! reached first is dropped by `lower::zero_init`, which keeps the `Allocate`'s zeroing (one
@@ -147,6 +152,8 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
     // allocation with other statements lies on it (the nest is not perfect).
     let mut loops: Vec<(&Var, &Expr)> = Vec::new();
     let mut perfect = true;
+    // The outermost loop's variable, when statements after the store's nest touch its row.
+    let mut rowed: Option<&Var> = None;
     let mut cur = s;
     let (indices, value) = loop {
         match cur {
@@ -165,13 +172,24 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
             }
             Stmt::Seq(items) => {
                 // Exactly one item names `buf`; the others name nothing of it (a launch,
-                // which may name anything, counts as naming it).
-                let mut naming = items.iter().filter(|x| names(x, buf));
-                let (Some(only), None) = (naming.next(), naming.next()) else {
+                // which may name anything, counts as naming it). Directly inside the
+                // outermost loop, items after the first one naming `buf` may touch its row
+                // of `buf` (`row_only`), when the store's first index is that loop's variable.
+                let Some(at) = items.iter().position(|x| names(x, buf)) else {
                     return false;
                 };
+                let later = &items[at + 1..];
+                if later.iter().any(|x| names(x, buf)) {
+                    let [(v, _)] = loops[..] else {
+                        return false;
+                    };
+                    if rowed.is_some() || !later.iter().all(|x| row_only(x, buf, v)) {
+                        return false;
+                    }
+                    rowed = Some(v);
+                }
                 perfect &= items.len() == 1;
-                cur = only;
+                cur = &items[at];
             }
             Stmt::Let { value, body, .. } => {
                 if reads(buf, value) {
@@ -209,6 +227,11 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
     if indices.len() != b.shape.len() {
         return false;
     }
+    if let Some(v) = rowed {
+        if simplify(&indices[0]).as_var() != Some(v) {
+            return false;
+        }
+    }
     let mut used = vec![false; loops.len()];
     for (d, ix) in indices.iter().enumerate() {
         let ix = simplify(ix);
@@ -228,6 +251,38 @@ fn covering(buf: BufId, s: &Stmt, f: &PrimFunc) -> bool {
     // A loop whose variable no index uses would store the same elements again (harmless) but
     // could also have an extent of 0, storing nothing: refused.
     used.iter().all(|u| *u)
+}
+
+/// Whether `s` touches `buf` only in row `v`: every load, store and intrinsic region of it
+/// has first index `v` (a region not extending along the first dim), and nothing allocates,
+/// reduces into or may name it otherwise (a launch).
+fn row_only(s: &Stmt, buf: BufId, v: &Var) -> bool {
+    let own = |ix: &[Expr]| ix.first().is_some_and(|i| simplify(i).as_var() == Some(v));
+    let mut ok = true;
+    s.visit(&mut |x| match x {
+        Stmt::Store {
+            buf: b, indices, ..
+        } if *b == buf => ok &= own(indices),
+        Stmt::Allocate { bufs, .. } if bufs.contains(&buf) => ok = false,
+        Stmt::AllReduce { dst, .. } if *dst == buf => ok = false,
+        Stmt::Call { regions, .. } => {
+            for r in regions.iter().filter(|r| r.buf == buf) {
+                ok &= own(&r.base) && r.axes.iter().all(|a| a.dim != 0);
+            }
+        }
+        Stmt::Launch { .. } => ok = false,
+        _ => {}
+    });
+    s.visit_exprs(&mut |e| {
+        e.visit(&mut |n| {
+            if let ExprKind::Load { buf: b, indices } = n.kind() {
+                if *b == buf {
+                    ok &= own(indices);
+                }
+            }
+        })
+    });
+    ok
 }
 
 /// Whether `s` names `buf` anywhere (or may: a launch).
@@ -349,6 +404,67 @@ mod tests {
                 assert_eq!(out, vec![0.0; 4]);
             }
         }
+    }
+
+    /// Inside the outermost loop `i`, the row's initialisation first, then statements that
+    /// read and write only row `i` of T (a load, and an intrinsic's region along dim 1): the
+    /// initialisation covers. Reading another row (`i // 2`), a region spanning dim 0, or an
+    /// initialisation whose first index is not `i` keeps the zeroing.
+    #[test]
+    fn a_row_initialised_before_its_own_row_is_used_marks_the_local() {
+        use crate::ir::intrin::{Intrin, Region, RegionAxis};
+        let shape = |n: &Expr| vec![n.clone(), Expr::int(4)];
+        let zero = || Expr::constant(0.0, DType::F32);
+        let prog = |n: &Expr, later: &dyn Fn(&Expr) -> Stmt, swap: bool| {
+            lp(n.clone(), ForKind::Parallel, |i| {
+                let init = ser(4, |j| {
+                    let ix = if swap {
+                        vec![j.clone(), i.clone()]
+                    } else {
+                        vec![i.clone(), j.clone()]
+                    };
+                    st(T, ix, zero())
+                });
+                Stmt::seq(vec![init, later(i)])
+            })
+        };
+        let read_row = |row: fn(&Expr) -> Expr| {
+            move |i: &Expr| {
+                let t = Expr::load(T, vec![row(i), Expr::int(1)], DType::F32);
+                st(X, vec![i.clone()], t)
+            }
+        };
+        let call = |dims: &'static [u32]| {
+            move |i: &Expr| Stmt::Call {
+                intrin: Intrin::GemmUpdate,
+                regions: vec![Region {
+                    buf: T,
+                    base: vec![i.clone(), Expr::int(0)],
+                    axes: dims
+                        .iter()
+                        .map(|&dim| RegionAxis {
+                            dim,
+                            extent: Expr::int(4),
+                        })
+                        .collect(),
+                    write: true,
+                }],
+                scalars: vec![],
+            }
+        };
+        assert!(marks(shape, |n| prog(n, &read_row(|i| i.clone()), false)));
+        assert!(marks(shape, |n| prog(n, &call(&[1]), false)));
+        assert!(!marks(shape, |n| prog(
+            n,
+            &read_row(|i| i.floordiv(&Expr::int(2))),
+            false
+        )));
+        assert!(!marks(shape, |n| prog(n, &call(&[0, 1]), false)));
+        // T[4, 4] stored transposed (`T[j, i]`), then row i read: not its own row.
+        assert!(!marks(
+            |_| vec![Expr::int(4), Expr::int(4)],
+            |_| prog(&Expr::int(4), &read_row(|i| i.clone()), true)
+        ));
     }
 
     #[test]
@@ -500,10 +616,10 @@ mod tests {
                 ser(4, |j| st(T, vec![h.clone(), j.clone()], one())),
             ]))
         ));
-        // An initialisation then an accumulation reading it (a GEMM's tile): two statements
-        // name T, refused (the zeros of the `Allocate` are not needed, but this rule does not
-        // follow the accumulation).
-        assert!(!marks(
+        // An initialisation then an accumulation reading it (a GEMM's tile): the second
+        // statement touches only the iteration's own row, which the first stored in full, so
+        // the zeros of the `Allocate` are not needed (the module doc's row rule).
+        assert!(marks(
             rows4,
             fused(|h, _| Stmt::seq(vec![
                 ser(4, |j| st(T, vec![h.clone(), j.clone()], one())),
