@@ -93,9 +93,17 @@ pub fn partition(f: &mut PrimFunc) {
     // Every loop variable of the function, with its extent: a variable a guard uses is bound
     // by a loop around it, or by none (a variable is bound once, used only in its scope).
     let mut loops: HashMap<u32, Expr> = HashMap::new();
+    let mut ranges = Ranges::new();
     f.body.visit(&mut |s| {
-        if let Stmt::For { var, extent, .. } = s {
-            loops.insert(var.id, simplify(extent));
+        if let Stmt::For {
+            var, min, extent, ..
+        } = s
+        {
+            let extent = simplify(extent);
+            if let (Some(lo), Some(n)) = (simplify(min).as_int(), extent.as_int()) {
+                ranges.insert(var.id, (lo, n));
+            }
+            loops.insert(var.id, extent);
         }
     });
     f.body = f.body.rewrite(&mut |e| e.clone(), &mut |s| match s {
@@ -105,7 +113,7 @@ pub fn partition(f: &mut PrimFunc) {
             extent,
             body,
             kind: kind @ (ForKind::Vectorized | ForKind::Serial),
-        } => match partitioned(&var, &min, &extent, &body, kind, &loops) {
+        } => match partitioned(&var, &min, &extent, &body, kind, &loops, &ranges) {
             Some(p) => p,
             None => Stmt::For {
                 var,
@@ -132,7 +140,27 @@ const MAX_COEF: i64 = 1 << 20;
 /// computation from wrapping pushed onto `no_wrap`; `None` when `c` is not `k * v + rest`
 /// compared with 0 (after moving everything to one side; `0 < |k| <= MAX_COEF`, a strided
 /// window `(x * 2 + kw - 1 >= 0)` included), `rest` free of `v`.
-fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
+/// The loops of constant range: variable id -> (min, extent).
+type Ranges = HashMap<u32, (i64, i64)>;
+
+/// `within(t, lim)` pushed onto `no_wrap`, unless `t` is a loop variable whose constant range
+/// already lies in `[-lim, lim]` (a panel index `xo in [0, 2)`: the check would be true on
+/// every iteration, and it runs once per row of a pack). `None` when `within` fails.
+fn push_within(no_wrap: &mut Vec<Expr>, t: &Expr, lim: i64, ranges: &Ranges) -> Option<()> {
+    let known = t
+        .as_var()
+        .and_then(|x| ranges.get(&x.id))
+        .is_some_and(|&(lo, n)| {
+            let last = lo.checked_add(n.max(1) - 1);
+            lo >= -lim && last.is_some_and(|l| l <= lim)
+        });
+    if !known {
+        no_wrap.push(within(t, lim)?);
+    }
+    Some(())
+}
+
+fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>, ranges: &Ranges) -> Option<Bound> {
     let ExprKind::Cmp(op, a, b) = c.kind() else {
         return None;
     };
@@ -149,7 +177,7 @@ fn bound(c: &Expr, v: &Var, no_wrap: &mut Vec<Expr>) -> Option<Bound> {
         return None;
     }
     for (t, k) in &rest.terms {
-        no_wrap.push(within(t, NO_WRAP / k.unsigned_abs().max(1) as i64)?);
+        push_within(no_wrap, t, NO_WRAP / k.unsigned_abs().max(1) as i64, ranges)?;
     }
     // `k * v + rest OP 0` with k < 0 is `-k * v - rest OP' 0`, OP' the mirrored comparison.
     let (k, r, op) = if coef > 0 {
@@ -297,6 +325,7 @@ fn partitioned(
     body: &Stmt,
     kind: ForKind,
     loops: &HashMap<u32, Expr>,
+    ranges: &Ranges,
 ) -> Option<Stmt> {
     let conds = varying(body, v)?;
     // A loop whose every guard is a panel's ragged end (the GEMM's B pack) is versioned on
@@ -310,7 +339,7 @@ fn partitioned(
     let mut no_wrap: Vec<Expr> = Vec::new();
     let (mut lo, mut hi): (Option<Expr>, Option<Expr>) = (None, None);
     for c in &conds {
-        match bound(c, v, &mut no_wrap)? {
+        match bound(c, v, &mut no_wrap, ranges)? {
             Bound::Lower(e) => lo = Some(lo.map_or(e.clone(), |l| l.max_(&e))),
             Bound::Upper(e) => hi = Some(hi.map_or(e.clone(), |h| h.min_(&e))),
         }
@@ -319,7 +348,7 @@ fn partitioned(
         match e.as_int() {
             Some(x) if x.unsigned_abs() <= NO_WRAP as u64 => {}
             Some(_) => return None,
-            None => no_wrap.push(within(e, NO_WRAP)?),
+            None => push_within(&mut no_wrap, e, NO_WRAP, ranges)?,
         }
     }
     let (has_lo, has_hi) = (lo.is_some(), hi.is_some());

@@ -209,8 +209,28 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     // The reduction over the packed panels, on axes `cax` (C's own when aligned; C's with
     // the row and column axes padded when simple; else C's other axes, then the fused rows
     // `i` and columns `j`, padded), rows at `ci` and columns at `cj`.
+    // Row by row with a padded product: its axes are the rows (C's other axes flattened, as
+    // the packs' `rows` dim), then the fused rows and columns, padded: every loop over it
+    // (its zeroing, the product, the copy into C) indexes it by the rows loop's variable, so
+    // row fusion puts them in one loop and row locals keep one row of it (a convolution's
+    // 72 x 64 outputs of one image row) instead of the whole padded output.
+    let others_c: Vec<usize> = (0..axes.len())
+        .filter(|d| !m.rows.contains(d) && !m.cols.contains(d))
+        .collect();
+    let others_ext: Vec<Expr> = others_c
+        .iter()
+        .map(|&d| simplify(&axes[d].extent))
+        .collect();
+    let rows_layout = rows.on && !aligned;
     let (cax, ci, cj): (Vec<IterVar>, usize, usize) = if aligned {
         (axes.clone(), m.rows[0], m.cols[0])
+    } else if rows_layout {
+        let cax = vec![
+            fresh("rows", product(&others_ext), false),
+            fresh("i", simplify(&mo.mul(&int(MR))), false),
+            fresh("j", simplify(&no.mul(&int(NR))), false),
+        ];
+        (cax, 1, 2)
     } else if simple {
         let cax = axes
             .iter()
@@ -238,7 +258,10 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         (cax, n - 2, n - 1)
     };
     // Where each of C's axes is among `cax` (None: inside the fused rows or columns).
-    let cpos: Vec<Option<usize>> = if simple {
+    let cpos: Vec<Option<usize>> = if rows_layout {
+        // Only the packs' `rows` dims read C's other axes, as the one rows axis (`read`).
+        vec![None; axes.len()]
+    } else if simple {
         (0..axes.len()).map(Some).collect()
     } else {
         let mut k = 0;
@@ -254,11 +277,14 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
     let p = crate::te::reduce_axis(int(0), kp.clone(), "p")?;
     let cv = |d: usize| Expr::var(&cax[d].var);
     let read = |t: &Tensor, bat: &[usize], x: usize, tile: i64, rows: bool| {
-        let mut idx: Vec<Expr> = bat
-            .iter()
-            .map(|&d| cv(cpos[d].expect("a batch axis is not fused")))
-            .collect();
-        if rows {
+        let mut idx: Vec<Expr> = if rows && rows_layout {
+            vec![cv(0)]
+        } else {
+            bat.iter()
+                .map(|&d| cv(cpos[d].expect("a batch axis is not fused")))
+                .collect()
+        };
+        if rows && !rows_layout {
             // The pack's one `rows` dim: the batch axes flattened (the product's parallel
             // loop fuses the same axes, so this simplifies to its variable).
             let bext: Vec<Expr> = bat.iter().map(|&d| simplify(&axes[d].extent)).collect();
@@ -297,12 +323,17 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
         let name = if m.simple() { "padded" } else { "packed_gemm" };
         let cp = compute_from(&shape, cax.clone(), sum, &format!("{}.{name}", cur.name()))?;
         let var = |d: usize| Expr::var(&axes[d].var);
-        let idx: Vec<Expr> = if simple {
+        let group =
+            |g: &[usize], e: &[Expr]| flatten(&g.iter().map(|&d| var(d)).collect::<Vec<_>>(), e);
+        let idx: Vec<Expr> = if rows_layout {
+            vec![
+                group(&others_c, &others_ext),
+                group(&m.rows, &row_ext),
+                group(&m.cols, &col_ext),
+            ]
+        } else if simple {
             (0..axes.len()).map(var).collect()
         } else {
-            let group = |g: &[usize], e: &[Expr]| {
-                flatten(&g.iter().map(|&d| var(d)).collect::<Vec<_>>(), e)
-            };
             let mut idx: Vec<Expr> = (0..axes.len())
                 .filter(|&d| cpos[d].is_some())
                 .map(var)
@@ -394,7 +425,24 @@ pub fn rewrite(s: &mut Schedule, t: &Tensor, m: &Matmul) -> Result<()> {
                         .iter()
                         .any(|x| x.id() == new_t.id())
             });
-        if whole {
+        if whole && rows_layout {
+            // The copy into C row by row: C's other axes fused into the parallel loop (the
+            // product's rows), the rest inside in order, the innermost vectorized.
+            let st = s.stage(&new_t)?;
+            let mut order: Vec<Var> = others_c.iter().map(|&d| axes[d].var.clone()).collect();
+            order.extend(
+                (0..axes.len())
+                    .filter(|d| !others_c.contains(d))
+                    .map(|d| axes[d].var.clone()),
+            );
+            st.reorder(&order)?;
+            let mut outer = order[0].clone();
+            for a in &order[1..others_c.len()] {
+                outer = st.fuse(&outer, a)?;
+            }
+            st.parallel(&outer)?;
+            st.vectorize(&axes[axes.len() - 1].var)?;
+        } else if whole {
             // The copy into C: every axis but the innermost fused into the parallel loop (a
             // batch of 1 leaves no thread idle), the innermost vectorized.
             let st = s.stage(&new_t)?;
@@ -454,6 +502,10 @@ impl Rows {
             .collect();
         let fits = |x: &[usize]| x.is_empty() || x == others;
         if others.is_empty() || !(ba == others || bb == others) || !fits(ba) || !fits(bb) {
+            return off;
+        }
+        // C's innermost axis is among the rows or columns (the copy into C vectorizes it).
+        if others.contains(&(axes.len() - 1)) {
             return off;
         }
         let mut n: i64 = 1;
