@@ -913,3 +913,47 @@ fn chunk_fusion_at_hostile_row_counts() {
         }
     }
 }
+
+/// A batched GEMM with a constant batch of at least 32 runs batch by batch
+/// (`packed_gemm::Rows`): the product's parallel loop over the batch, each batch element's
+/// panels packed inside it (B broadcast: only A's; with 17 rows a broadcast B's GEMM takes
+/// the batch into its rows instead, 40 x 17 rows in whole panels). Checked as above, and the
+/// path taken.
+#[test]
+fn default_batched_gemm_row_by_row() {
+    let by_rows = |g: &Gemm| {
+        let mut s = Schedule::new(&g.program()[2..]).unwrap();
+        apply_default_cpu(&mut s).unwrap();
+        s.stages.iter().any(|st| {
+            st.tensor.name().ends_with("_packed")
+                && st
+                    .tensor
+                    .axis()
+                    .iter()
+                    .any(|a| a.var.name.ends_with(".rows"))
+        })
+    };
+    for (b_batched, m) in [(true, 17), (true, 24), (false, 24), (false, 17)] {
+        for f64 in [false, true] {
+            for a_t in [false, true] {
+                let g = Gemm {
+                    batch: 40,
+                    b_batched,
+                    symbolic: false,
+                    f64,
+                    a_t,
+                    ..base(m, 40, 33)
+                };
+                check(&g);
+                assert_eq!(by_rows(&g), b_batched || m == 24, "{g:?}");
+            }
+        }
+    }
+    // A symbolic batch: parallel over the batch and the column panels, as before.
+    let g = Gemm {
+        batch: 40,
+        ..base(17, 40, 33)
+    };
+    check(&g);
+    assert!(!by_rows(&g));
+}
