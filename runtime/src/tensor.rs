@@ -883,10 +883,10 @@ mod tests {
             if let Ok(b) = b {
                 let held = b.clone();
                 // Another handle: refused, the view given back whole.
-                let b = b.into_spare::<Counted>().unwrap_err();
+                let b = b.into_spare::<Counted>().err().expect("another handle");
                 drop(held);
                 // Another owner type: refused likewise.
-                let b = b.into_spare::<()>().unwrap_err();
+                let b = b.into_spare::<()>().err().expect("another owner type");
                 assert_eq!(n2.load(Ordering::Relaxed), 0);
                 spare = Some(
                     b.into_spare::<Counted>()
