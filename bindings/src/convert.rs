@@ -321,12 +321,13 @@ pub fn try_tensor_in(
     obj: &Bound<'_, PyAny>,
     sync: Option<&mut CallStreams>,
 ) -> Result<Option<Tensor>> {
-    // SAFETY: `borrow` is false: views reference their producers.
-    unsafe { import(obj, sync, false) }
+    // SAFETY: `borrow` is None: views reference their producers.
+    unsafe { import(obj, sync, None) }
 }
 
-/// `try_tensor_in`; with `borrow`, a view read through the exchange API borrows `obj`
-/// (`keepalive::PyBorrow`) instead of referencing it.
+/// `try_tensor_in`; with `borrow` (the call's spare view allocations), a view read through the
+/// exchange API borrows `obj` (`keepalive::PyBorrow`) instead of referencing it, in a spare
+/// allocation when there is one.
 ///
 /// # Safety
 /// With `borrow`, the result must go into a call's `keepalive::CallArgs` (the contract of
@@ -334,7 +335,7 @@ pub fn try_tensor_in(
 unsafe fn import(
     obj: &Bound<'_, PyAny>,
     mut sync: Option<&mut CallStreams>,
-    borrow: bool,
+    borrow: Option<&mut crate::keepalive::Spares>,
 ) -> Result<Option<Tensor>> {
     // Exact: `rivet.Tensor` cannot be subclassed, and a failed `cast` walks the MRO of
     // every foreign tensor (a torch.Tensor's is three classes long).
@@ -374,12 +375,12 @@ unsafe fn import(
             let dl = unsafe { dl.assume_init_ref() };
             // `dl`'s data lives as long as `obj`, which the view's owner keeps alive; shape and
             // strides are copied before we return.
-            let t = if borrow {
+            let t = if let Some(spares) = borrow {
                 // SAFETY: this function's contract: the view goes into a call's `CallArgs`,
                 // which references `obj` if the view outlives the call.
                 let owner = unsafe { crate::keepalive::PyBorrow::new(obj) };
                 // SAFETY: `obj` lives for the call, and after it while the view does (above).
-                unsafe { dlpack::view_of(dl, owner, info.read_only) }
+                unsafe { dlpack::view_in(spares.take_one(), dl, owner, info.read_only) }
             } else {
                 let owner = crate::keepalive::PyKeepalive::new(obj.clone().unbind());
                 // SAFETY: `owner` holds a reference to `obj`.
@@ -536,7 +537,7 @@ pub fn to_value_in(
     sync: Option<&mut CallStreams>,
 ) -> Result<Value> {
     // SAFETY: `borrow` is false.
-    unsafe { convert_value(obj, func, arg, sync, false) }
+    unsafe { convert_value(obj, func, arg, sync, None) }
 }
 
 /// `to_value_in` for an argument of a `Function` call, whose tensor view may borrow `obj`
@@ -549,9 +550,10 @@ pub unsafe fn call_arg(
     func: &str,
     arg: ArgName<'_>,
     sync: &mut CallStreams,
+    spares: &mut crate::keepalive::Spares,
 ) -> Result<Value> {
     // SAFETY: forwarded.
-    unsafe { convert_value(obj, func, arg, Some(sync), true) }
+    unsafe { convert_value(obj, func, arg, Some(sync), Some(spares)) }
 }
 
 /// # Safety
@@ -561,7 +563,7 @@ unsafe fn convert_value(
     func: &str,
     arg: ArgName<'_>,
     sync: Option<&mut CallStreams>,
-    borrow: bool,
+    borrow: Option<&mut crate::keepalive::Spares>,
 ) -> Result<Value> {
     // Exact checks first: the cheapest tests for the commonest scalars.
     if obj.is_exact_instance_of::<PyFloat>() {

@@ -60,6 +60,7 @@ impl PyFunction {
         obj: &Bound<'_, PyAny>,
         index: usize,
         sync: &mut CallStreams,
+        spares: &mut crate::keepalive::Spares,
     ) -> PyResult<Value> {
         let py = obj.py();
         let name = self
@@ -78,11 +79,12 @@ impl PyFunction {
                 let cap = to_dlpack.bind(py).call1((obj,))?;
                 // SAFETY: forwarded (`cap` is alive for the call: the view of a capsule owns
                 // its managed tensor, it never borrows).
-                return unsafe { convert::call_arg(&cap, self.func.name(), arg, sync) }.py_err(py);
+                return unsafe { convert::call_arg(&cap, self.func.name(), arg, sync, spares) }
+                    .py_err(py);
             }
         }
         // SAFETY: forwarded.
-        unsafe { convert::call_arg(obj, self.func.name(), arg, sync) }.py_err(py)
+        unsafe { convert::call_arg(obj, self.func.name(), arg, sync, spares) }.py_err(py)
     }
 
     fn convert_result(
@@ -145,7 +147,7 @@ impl PyFunction {
         let mut call_args = CallArgs::with_capacity(py, args.len());
         for (i, a) in args.iter().enumerate() {
             // SAFETY: the value goes into `call_args`, which drops while `args` lives.
-            let v = unsafe { self.convert_arg(&a, i, &mut sync) }?;
+            let v = unsafe { self.convert_arg(&a, i, &mut sync, &mut call_args.spares) }?;
             call_args.values.push(v);
         }
         let values = &call_args.values;

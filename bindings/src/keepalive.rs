@@ -21,11 +21,17 @@
 //! never referenced at all: this saves the reference and its GIL-checked release per tensor
 //! argument. "Held elsewhere" is exact: it is the view's `Arc` having another handle, and no
 //! handle can appear once ours is the only one.
+//!
+//! Invariant (spares): a view that only its call held, over a `PyBorrow`, leaves its
+//! allocation to the thread's next call (`Spares`, `Tensor::into_spare`): its fields and
+//! owner drop as they would, only the memory is kept, at most `MAX_SPARES` per thread.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use rivet_runtime::tensor::SpareView;
 use rivet_runtime::{Tensor, Value};
 use smallvec::SmallVec;
+use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -100,10 +106,39 @@ impl Drop for PyBorrow {
     }
 }
 
+/// Spare view allocations kept per thread: a call's tensor arguments, a few more for calls
+/// nested in callbacks.
+const MAX_SPARES: usize = 8;
+
+thread_local! {
+    /// The allocations of this thread's last call's argument views (`Spares`).
+    static SPARES: Cell<Vec<SpareView<PyBorrow>>> = const { Cell::new(Vec::new()) };
+}
+
+/// A call's spare view allocations: taken from the thread's on the first borrowed view
+/// (`take_one`), refilled with the call's own views as `CallArgs` drops and given back then.
+/// A nested call (a callback calling rivet) finds the thread's empty and allocates; the spares
+/// the last call to end gives back replace the thread's, the others are freed.
+#[derive(Default)]
+pub struct Spares(Option<Vec<SpareView<PyBorrow>>>);
+
+impl Spares {
+    /// An allocation for the call's next borrowed view, if the thread has one to spare.
+    #[inline]
+    pub fn take_one(&mut self) -> Option<SpareView<PyBorrow>> {
+        self.0
+            // After the thread's destructors ran, nothing is spared.
+            .get_or_insert_with(|| SPARES.try_with(Cell::take).unwrap_or_default())
+            .pop()
+    }
+}
+
 /// The converted arguments of one call. Its drop ends the borrow of every `PyBorrow` view in
 /// it; it must drop while the call's Python arguments are still alive, with the GIL held.
 pub struct CallArgs<'py> {
     pub values: SmallVec<[Value; 8]>,
+    /// Where the call's borrowed views are built, and their allocations go when it ends.
+    pub spares: Spares,
     /// The GIL is held for as long as this lives.
     _py: Python<'py>,
 }
@@ -113,6 +148,7 @@ impl<'py> CallArgs<'py> {
     pub fn with_capacity(py: Python<'py>, n: usize) -> CallArgs<'py> {
         let mut args = CallArgs {
             values: SmallVec::new(),
+            spares: Spares(None),
             _py: py,
         };
         // Reserved in place: `SmallVec::with_capacity` built the inline array (`8` values)
@@ -128,9 +164,28 @@ impl Drop for CallArgs<'_> {
     fn drop(&mut self) {
         // In place: the values then drop with `values` (no `Drain` moving each out).
         for v in self.values.iter_mut() {
-            if let Value::Tensor(t) = v {
+            let Value::Tensor(t) = v else { continue };
+            if !t.is_unique() {
                 end_borrow(t);
+                continue;
             }
+            // The last handle: the view and its owner drop with it, nothing referenced; a
+            // borrowed view's allocation is kept for the next call (the module header).
+            let Some(spares) = &mut self.spares.0 else {
+                continue; // no view of this call was borrowed
+            };
+            if spares.len() < MAX_SPARES && t.owner().is::<PyBorrow>() {
+                if let Value::Tensor(t) = std::mem::take(v) {
+                    // Unique and over a `PyBorrow` (checked above): a spare, never an error.
+                    if let Ok(s) = t.into_spare::<PyBorrow>() {
+                        spares.push(s);
+                    }
+                }
+            }
+        }
+        if let Some(spares) = self.spares.0.take() {
+            // Replaces (frees) what a nested call gave back meanwhile.
+            let _ = SPARES.try_with(|s| s.set(spares));
         }
     }
 }
@@ -138,9 +193,6 @@ impl Drop for CallArgs<'_> {
 /// Readies one argument view of a call that is ending for its drop, taking a reference to its
 /// producer first when the view is borrowed and held elsewhere too (the module header).
 fn end_borrow(t: &mut Tensor) {
-    if t.is_unique() {
-        return; // the last handle: the view and its owner drop with it, nothing referenced.
-    }
     if let Some(b) = t.owner().downcast_ref::<PyBorrow>() {
         // Once per view: a view put twice into one call's arguments is one `Arc`.
         if !b.held.swap(true, Ordering::AcqRel) {

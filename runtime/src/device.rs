@@ -35,25 +35,36 @@ impl Device {
         }
     }
 
+    /// Inlined into every tensor argument's import; the refusals are out of line.
+    #[inline]
     pub fn from_dlpack(d: DLDevice) -> Result<Device> {
         match d.device_type {
             DLDeviceType::kDLCPU => Ok(Device::Cpu),
             DLDeviceType::kDLCUDA if d.device_id >= 0 => Ok(Device::Cuda(d.device_id)),
-            DLDeviceType::kDLCUDA => Err(Error::DLPack(format!(
-                "DLPack tensor on CUDA device {}: a device ordinal is >= 0",
-                d.device_id
-            ))),
             DLDeviceType::kDLCUDAHost => Ok(Device::CudaHost),
-            other => Err(Error::Device(format!(
-                "unsupported DLPack device type {other} (device id {}); rivet supports cpu (1), cuda (2) and cuda_host (3)",
-                d.device_id
-            ))),
+            _ => Err(unsupported_dlpack(d)),
         }
     }
 
     /// True when CPU code may read and write the memory directly.
     pub fn is_host(self) -> bool {
         matches!(self, Device::Cpu | Device::CudaHost)
+    }
+}
+
+/// `Device::from_dlpack`'s refusals: a negative CUDA ordinal, an unsupported device type.
+#[cold]
+#[inline(never)]
+fn unsupported_dlpack(d: DLDevice) -> Error {
+    match d.device_type {
+        DLDeviceType::kDLCUDA => Error::DLPack(format!(
+            "DLPack tensor on CUDA device {}: a device ordinal is >= 0",
+            d.device_id
+        )),
+        other => Error::Device(format!(
+            "unsupported DLPack device type {other} (device id {}); rivet supports cpu (1), cuda (2) and cuda_host (3)",
+            d.device_id
+        )),
     }
 }
 

@@ -93,6 +93,22 @@ pub unsafe fn view_of(
     owner: impl crate::tensor::Keepalive + 'static,
     read_only: bool,
 ) -> Result<Tensor> {
+    // SAFETY: forwarded.
+    unsafe { view_in(None, t, owner, read_only) }
+}
+
+/// `view_of` in `spare`'s allocation when given one (`Tensor::into_spare`): the call path
+/// reuses its argument views' allocations from call to call.
+///
+/// # Safety
+/// As `view_of`.
+#[inline]
+pub unsafe fn view_in<K: crate::tensor::Keepalive + 'static>(
+    spare: Option<crate::tensor::SpareView<K>>,
+    t: &DLTensor,
+    owner: K,
+    read_only: bool,
+) -> Result<Tensor> {
     if t.ndim < 0 || t.ndim > MAX_NDIM {
         return Err(Error::DLPack(format!(
             "DLPack tensor has ndim {}; expected 0..={MAX_NDIM}",
@@ -125,6 +141,7 @@ pub unsafe fn view_of(
     // SAFETY: forwarded from the caller's promise; the arrays are read before we return.
     unsafe {
         Tensor::from_raw_slices(
+            spare,
             owner,
             t.data as *mut u8,
             t.byte_offset,

@@ -121,30 +121,51 @@ impl DType {
         }
     }
 
+    /// The inverse of `to_dlpack` (a test checks it over every code and size), as one match:
+    /// every tensor argument of every call comes through here, and a search of `ALL` through
+    /// `to_dlpack` was a loop of calls. Some producers (older MXNet, numpy<1.25) export bool
+    /// as uint8 with the bool code missing; those arrive as uint8 and stay uint8, which is
+    /// what they are in memory.
+    #[inline]
     pub fn from_dlpack(t: DLDataType) -> Result<DType> {
-        let unsupported = || {
-            Error::DType(format!(
-                "unsupported DLPack dtype (code={}, bits={}, lanes={}); rivet supports {}",
-                t.code,
-                t.bits,
-                t.lanes,
-                DType::ALL.map(|d| d.name()).join(", ")
-            ))
-        };
+        const BOOL: u8 = DLDataTypeCode::kDLBool as u8;
+        const INT: u8 = DLDataTypeCode::kDLInt as u8;
+        const UINT: u8 = DLDataTypeCode::kDLUInt as u8;
+        const FLOAT: u8 = DLDataTypeCode::kDLFloat as u8;
+        const BFLOAT: u8 = DLDataTypeCode::kDLBfloat as u8;
         if t.lanes != 1 {
-            return Err(unsupported());
+            return Err(unsupported_dlpack(t));
         }
-        // The inverse of `to_dlpack`, so the two cannot disagree. Some producers (older
-        // MXNet, numpy<1.25) export bool as uint8 with the bool code missing; those arrive as
-        // uint8 and stay uint8, which is what they are in memory.
-        DType::ALL
-            .into_iter()
-            .find(|d| {
-                let e = d.to_dlpack();
-                (e.code, e.bits) == (t.code, t.bits)
-            })
-            .ok_or_else(unsupported)
+        Ok(match (t.code, t.bits) {
+            (BOOL, 8) => DType::Bool,
+            (INT, 8) => DType::I8,
+            (INT, 16) => DType::I16,
+            (INT, 32) => DType::I32,
+            (INT, 64) => DType::I64,
+            (UINT, 8) => DType::U8,
+            (UINT, 16) => DType::U16,
+            (UINT, 32) => DType::U32,
+            (UINT, 64) => DType::U64,
+            (FLOAT, 16) => DType::F16,
+            (FLOAT, 32) => DType::F32,
+            (FLOAT, 64) => DType::F64,
+            (BFLOAT, 16) => DType::BF16,
+            _ => return Err(unsupported_dlpack(t)),
+        })
     }
+}
+
+/// `from_dlpack`'s refusal, out of line: the accepted path stays small enough to inline.
+#[cold]
+#[inline(never)]
+fn unsupported_dlpack(t: DLDataType) -> Error {
+    Error::DType(format!(
+        "unsupported DLPack dtype (code={}, bits={}, lanes={}); rivet supports {}",
+        t.code,
+        t.bits,
+        t.lanes,
+        DType::ALL.map(|d| d.name()).join(", ")
+    ))
 }
 
 impl fmt::Display for DType {
@@ -199,6 +220,28 @@ mod tests {
             assert_eq!(DType::from_dlpack(d.to_dlpack()).unwrap(), d);
             assert_eq!(d.name().parse::<DType>().unwrap(), d);
             assert_eq!(d.to_string(), d.name());
+        }
+    }
+
+    /// `from_dlpack`'s match accepts exactly the encodings `to_dlpack` makes, each as its
+    /// dtype, over every code and size (and one lane count besides 1).
+    #[test]
+    fn from_dlpack_is_to_dlpacks_inverse_everywhere() {
+        for code in 0..=u8::MAX {
+            for bits in 0..=u8::MAX {
+                for lanes in [1, 2] {
+                    let t = DLDataType { code, bits, lanes };
+                    let want = DType::ALL.into_iter().find(|d| {
+                        let e = d.to_dlpack();
+                        (e.code, e.bits, e.lanes) == (code, bits, lanes)
+                    });
+                    match (DType::from_dlpack(t), want) {
+                        (Ok(d), Some(w)) => assert_eq!(d, w),
+                        (Err(Error::DType(_)), None) => {}
+                        (got, want) => panic!("{code}/{bits}/{lanes}: {got:?} vs {want:?}"),
+                    }
+                }
+            }
         }
     }
 

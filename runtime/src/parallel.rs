@@ -167,11 +167,26 @@ pub const MIN_CHUNK_WORK: i64 = 1 << 14;
 /// long contiguous run of rows, streamed by one core through its own cache and prefetcher.
 pub const CHUNKS_PER_THREAD: i64 = 4;
 
+/// The call running on this thread, as its parallel loops see it: one thread-local for both,
+/// so the inline launch of a small compiled call (`serially_with_call_work`) sets and
+/// restores them with one thread-local lookup (in the Python extension every lookup is a
+/// `__tls_get_addr` call).
+struct CallState {
+    /// Inside `serially`: parallel loops run inline.
+    serial: std::cell::Cell<bool>,
+    /// `with_call_work`'s work; `i64::MAX` when unknown.
+    work: std::cell::Cell<i64>,
+}
+
 thread_local! {
-    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static CALL: CallState = const {
+        CallState {
+            serial: std::cell::Cell::new(false),
+            work: std::cell::Cell::new(i64::MAX),
+        }
+    };
     /// True while this thread runs chunks of a parallel loop it started (`for_each_chunk`).
     static IN_REGION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static CALL_WORK: std::cell::Cell<i64> = const { std::cell::Cell::new(i64::MAX) };
 }
 
 /// How many contiguous chunks a parallel loop of `extent` iterations is split into, on
@@ -195,16 +210,16 @@ pub fn with_call_work<R>(work: i64, f: impl FnOnce() -> R) -> R {
     struct Restore(i64);
     impl Drop for Restore {
         fn drop(&mut self) {
-            CALL_WORK.with(|s| s.set(self.0));
+            CALL.with(|s| s.work.set(self.0));
         }
     }
-    let _restore = Restore(CALL_WORK.with(|s| s.replace(work)));
+    let _restore = Restore(CALL.with(|s| s.work.replace(work)));
     f()
 }
 
 /// The work of the call running on this thread (`with_call_work`); `i64::MAX` when unknown.
 pub fn call_work() -> i64 {
-    CALL_WORK.with(|s| s.get())
+    CALL.with(|s| s.work.get())
 }
 
 /// True on one of rivet's pool threads, or on a thread running chunks of a parallel loop it
@@ -221,16 +236,32 @@ pub fn serially<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {
         fn drop(&mut self) {
-            SERIAL.with(|s| s.set(self.0));
+            CALL.with(|s| s.serial.set(self.0));
         }
     }
-    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
+    let _restore = Restore(CALL.with(|s| s.serial.replace(true)));
     f()
+}
+
+/// `with_call_work(work, || serially(f))` with one thread-local lookup: the launch of every
+/// compiled call too small to leave the calling thread.
+pub fn serially_with_call_work<R>(work: i64, f: impl FnOnce() -> R) -> R {
+    struct Restore<'a>(&'a CallState, bool, i64);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            self.0.serial.set(self.1);
+            self.0.work.set(self.2);
+        }
+    }
+    CALL.with(|s| {
+        let _restore = Restore(s, s.serial.replace(true), s.work.replace(work));
+        f()
+    })
 }
 
 /// True inside `serially` on this thread.
 pub fn serial_requested() -> bool {
-    SERIAL.with(|s| s.get())
+    CALL.with(|s| s.serial.get())
 }
 
 #[cfg(test)]
@@ -343,5 +374,24 @@ mod tests {
         assert!(!serial_requested());
         let caught = std::panic::catch_unwind(|| serially(|| panic!("boom")));
         assert!(caught.is_err() && !serial_requested());
+    }
+
+    #[test]
+    fn serially_with_call_work_sets_and_restores_both() {
+        let before = call_work();
+        let inner = serially_with_call_work(7, || {
+            (
+                serial_requested(),
+                call_work(),
+                with_call_work(9, call_work),
+                call_work(),
+            )
+        });
+        assert_eq!(inner, (true, 7, 9, 7));
+        assert!(!serial_requested());
+        assert_eq!(call_work(), before);
+        let caught = std::panic::catch_unwind(|| serially_with_call_work(3, || panic!("boom")));
+        assert!(caught.is_err() && !serial_requested());
+        assert_eq!(call_work(), before);
     }
 }

@@ -33,14 +33,18 @@ pub fn call_stream() -> Option<u64> {
 
 /// Runs `f` with `stream` as this thread's call stream, restoring the previous one after.
 pub fn with_call_stream<R>(stream: Option<u64>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<u64>);
-    impl Drop for Restore {
+    struct Restore<'a>(&'a Cell<Option<u64>>, Option<u64>);
+    impl Drop for Restore<'_> {
         fn drop(&mut self) {
-            STREAM.with(|s| s.set(self.0));
+            self.0.set(self.1);
         }
     }
-    let _restore = Restore(STREAM.with(|s| s.replace(stream)));
-    f()
+    // `f` runs inside `with`: set and restore through one thread-local lookup (every Python
+    // call comes through here).
+    STREAM.with(|s| {
+        let _restore = Restore(s, s.replace(stream));
+        f()
+    })
 }
 
 /// Whether two stream handles name the same stream (0 and [`LEGACY`] are both the legacy

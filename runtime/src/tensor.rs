@@ -6,7 +6,9 @@
 //!   span of the layout fit in `i64` / `isize`;
 //! - for a non-empty tensor, every index inside `shape` addresses memory that the owner
 //!   keeps alive (for foreign memory this is the producer's promise, checked for sanity only);
-//! - clones share the owner: the producer's deleter runs once, when the last view drops.
+//! - clones share the owner: the producer's deleter runs once, when the last view drops;
+//! - a view's allocation may outlive the view (`SpareView`, reused by the next import), its
+//!   owner never: `into_spare` drops the owner and the fields as the last view's drop would.
 
 use crate::alloc::Allocation;
 use crate::device::Device;
@@ -16,6 +18,7 @@ use crate::layout::{self, Dims};
 use crate::shm::Segment;
 use std::any::Any;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Something that keeps a tensor's memory alive; dropped when the last view goes.
@@ -100,12 +103,12 @@ impl Tensor {
             .and_then(|parent| parent.0._owner.as_any().downcast_ref::<Tensor>())
             .cloned();
         match grandparent {
-            Some(root) => Tensor::alloc(root, |p| {
+            Some(root) => Tensor::alloc(None, root, |p| {
                 // SAFETY: `alloc` hands a writable, uninitialised `Meta`.
                 unsafe { p.write(m) };
                 ext
             }),
-            None => Tensor::alloc(owner, |p| {
+            None => Tensor::alloc(None, owner, |p| {
                 // SAFETY: as above.
                 unsafe { p.write(m) };
                 ext
@@ -117,15 +120,20 @@ impl Tensor {
     /// initialise the whole `Meta` it is given and returns the view's extent. The call path
     /// makes a view per tensor argument per call; building the `View` on the stack and moving
     /// it into `Arc::new` copied its ~200 bytes (with `Meta`'s two inline `Dims`) several
-    /// times through `memcpy`.
+    /// times through `memcpy`. With `spare`, that allocation is reused instead of a new one.
     #[inline]
     fn alloc<K: Keepalive + 'static>(
+        spare: Option<SpareView<K>>,
         owner: K,
         fill: impl FnOnce(*mut Meta) -> layout::Extent,
     ) -> Tensor {
-        let a = Arc::<View<K>>::new_uninit();
-        // The allocation is fresh, so this handle is its only one: writing through its pointer
-        // races with nothing (what the unstable `Arc::get_mut_unchecked` does).
+        let a = match spare {
+            Some(s) => s.0,
+            None => Arc::<View<K>>::new_uninit(),
+        };
+        // The allocation is fresh or a `SpareView`'s, so this handle is its only one (a spare
+        // is never cloned): writing through its pointer races with nothing (what the unstable
+        // `Arc::get_mut_unchecked` does).
         let p = Arc::as_ptr(&a) as *mut View<K>;
         // SAFETY: `p` points to the uninitialised, uniquely held `View<K>`; every field is
         // written once (`fill` initialises `m`, as its contract says) before `assume_init`.
@@ -137,6 +145,11 @@ impl Tensor {
         }
     }
 }
+
+/// The allocation of a dropped view whose owner was a `K`, kept to hold the next one
+/// (`Tensor::into_spare`, `Tensor::from_raw_slices`). Holds no value: dropping it only frees
+/// the memory. Never cloned, so its handle is always the allocation's only one.
+pub struct SpareView<K: Keepalive + 'static>(Arc<MaybeUninit<View<K>>>);
 
 /// Rust element types with a rivet dtype.
 ///
@@ -315,6 +328,31 @@ impl Tensor {
         Arc::get_mut(&mut self.0).is_some()
     }
 
+    /// This view's allocation, for the next view with an owner of type `K`
+    /// (`from_raw_slices`), when this handle is the only one to the view and its owner is a
+    /// `K`; else the view back, untouched. The view's fields and owner drop here (the
+    /// producer's deleter, if any, runs now), the memory is kept. A call makes and frees a
+    /// view per tensor argument: keeping the allocations saves a `malloc` and a `free` each.
+    pub fn into_spare<K: Keepalive + 'static>(
+        mut self,
+    ) -> std::result::Result<SpareView<K>, Tensor> {
+        if !Arc::get_mut(&mut self.0).is_some_and(|v| v._owner.as_any().is::<K>()) {
+            return Err(self);
+        }
+        // `as_any` is the blanket impl's, so the owner's type is the type the view was made
+        // with: the allocation is an `ArcInner<View<K>>`, unsized to `View<dyn Keepalive>`.
+        let p = Arc::into_raw(self.0) as *const View<K>;
+        // SAFETY: `p` is the unique handle's value (checked above: no other strong or weak
+        // handle, and none can appear without this one), a `View<K>`; it is dropped once,
+        // here, and the allocation is taken back as the same `ArcInner` with the value
+        // uninitialised (`MaybeUninit<View<K>>` has `View<K>`'s size and alignment, as
+        // `Arc::from_raw` requires).
+        unsafe {
+            std::ptr::drop_in_place(p as *mut View<K>);
+            Ok(SpareView(Arc::from_raw(p as *const MaybeUninit<View<K>>)))
+        }
+    }
+
     /// The owner that keeps this view's memory alive, to be recognised by its type (the
     /// Python bindings find their own owners behind argument views this way).
     pub fn owner(&self) -> &dyn Any {
@@ -374,12 +412,14 @@ impl Tensor {
     /// are copied once, straight into the view's allocation, and the copies are validated
     /// there (never the producer's arrays, which could change in between). The import path
     /// of every call's tensor arguments. On a refusal `owner` is dropped before returning.
+    /// With `spare` (an earlier view's allocation, `into_spare`) no memory is allocated.
     ///
     /// # Safety
     /// As [`Tensor::from_raw_parts`].
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub unsafe fn from_raw_slices<K: Keepalive + 'static>(
+        spare: Option<SpareView<K>>,
         owner: K,
         data: *mut u8,
         byte_offset: u64,
@@ -406,7 +446,7 @@ impl Tensor {
             };
         }
         let mut checked = Ok(());
-        let t = Tensor::alloc(owner, |m| {
+        let t = Tensor::alloc(spare, owner, |m| {
             // SAFETY: `alloc` hands a writable, uninitialised `Meta`; every field is written
             // once before it is read.
             unsafe {
@@ -735,7 +775,8 @@ mod tests {
 
     /// `from_raw_slices` (the call path's in-place import) and `from_raw_parts` agree on every
     /// layout, hostile ones included: the same view or the same error, and the owner dropped
-    /// exactly once, right away on a refusal.
+    /// exactly once, right away on a refusal. `from_raw_slices` runs in the previous case's
+    /// spare allocation (`into_spare`, which drops the owner) whenever there is one.
     #[test]
     fn from_raw_slices_matches_from_raw_parts() {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -771,6 +812,8 @@ mod tests {
             (base, u64::MAX, vec![1], vec![1]),
             (usize::MAX as *mut u8, 0, vec![2], vec![1]),
         ];
+        let mut spare: Option<SpareView<Counted>> = None;
+        let mut reused = 0;
         for (data, off, shape, strides) in cases {
             let (n1, n2) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
             // SAFETY: nothing reads the memory; the layouts are only validated and compared.
@@ -787,8 +830,10 @@ mod tests {
                 )
             };
             // SAFETY: as above.
+            reused += usize::from(spare.is_some());
             let b = unsafe {
                 Tensor::from_raw_slices(
+                    spare.take(),
                     Counted(n2.clone()),
                     data,
                     off,
@@ -834,18 +879,34 @@ mod tests {
                     b.is_ok()
                 ),
             }
-            drop((a, b));
+            drop(a);
+            if let Ok(b) = b {
+                let held = b.clone();
+                // Another handle: refused, the view given back whole.
+                let b = b.into_spare::<Counted>().err().expect("another handle");
+                drop(held);
+                // Another owner type: refused likewise.
+                let b = b.into_spare::<()>().err().expect("another owner type");
+                assert_eq!(n2.load(Ordering::Relaxed), 0);
+                spare = Some(
+                    b.into_spare::<Counted>()
+                        .ok()
+                        .expect("unique, owned by Counted"),
+                );
+            }
             assert_eq!(
                 (n1.load(Ordering::Relaxed), n2.load(Ordering::Relaxed)),
                 (1, 1)
             );
         }
+        assert!(reused >= 5, "{reused}");
         // A tensor as owner keeps its root owner (the `new` rule) on this path too.
         let t = Tensor::from_slice(&[1f32, 2., 3., 4.], &[4]).unwrap();
         let v = t.as_strided(&[2], &[2], 0).unwrap();
         // SAFETY: `v` keeps `t`'s memory alive.
         let w = unsafe {
             Tensor::from_raw_slices(
+                None,
                 v.clone(),
                 v.raw_data(),
                 v.byte_offset(),

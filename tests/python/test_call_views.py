@@ -57,6 +57,45 @@ def test_a_call_leaves_no_reference_to_its_arguments():
     assert w() is None  # freed by its last reference, no collection needed
 
 
+def test_views_in_reused_allocations_are_each_calls_own():
+    """A call's argument views are built in the allocations of the thread's last call's views
+    (keepalive.rs, spares): calls of other ranks (past the 6 dims kept inline), dtypes,
+    strides and argument counts, calls nested in a callback and views kept past their call
+    in between, each still sees exactly its own tensors, and no producer stays referenced."""
+    ts = [
+        torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        torch.arange(24, dtype=torch.int64).reshape(2, 3, 4).transpose(0, 2),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.arange(8, dtype=torch.int16)[::2],
+        torch.arange(256, dtype=torch.uint8).reshape([2] * 8),
+        torch.zeros(0, 3),
+    ]
+    counts = [sys.getrefcount(t) for t in ts]
+    name = "test_call_views.nested"
+    inner = []
+    rivet.register_func(name, lambda a, b: inner.append(echo(b)), override=True)
+    nested = rivet.get_global_func(name)
+    try:
+        for i in range(60):
+            args = [ts[(i + 5 * k) % len(ts)] for k in range(1 + i % 4)]
+            nop(*args)
+            if i % 5 == 0:
+                nested(args[0], args[-1])
+                r = inner.pop()
+            else:
+                r = echo(args[-1])
+            want = args[-1]
+            got = torch.from_dlpack(r)
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+            assert r.data_ptr == want.data_ptr()
+            assert torch.equal(got, want)
+            del r, got, want, args
+    finally:
+        rivet.remove_global_func(name)
+    gc.collect()
+    assert [sys.getrefcount(t) for t in ts] == counts
+
+
 def test_a_failed_call_leaves_no_reference_either():
     axpy = rivet.get_global_func("testing.axpy")
     x = torch.rand(4)

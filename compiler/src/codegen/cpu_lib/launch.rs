@@ -33,9 +33,14 @@ pub fn policy(work: i64) -> Policy {
 /// Runs `run` under the CPU policy (`policy`), as the runtime's native functions do, with the
 /// call's work recorded for the parallel loops' chunk sizes.
 pub fn run_with_policy(ctx: &LaunchContext, run: impl FnOnce() -> Result<()>) -> Result<()> {
+    if policy(ctx.work) == Policy::Inline {
+        // The common small call: both settings with one thread-local lookup.
+        return parallel::serially_with_call_work(ctx.work, run);
+    }
     parallel::with_call_work(ctx.work, || match policy(ctx.work) {
         Policy::Pool => host_lock::without_host_lock(run),
         Policy::InlineUnlocked => parallel::serially(|| host_lock::without_host_lock(run)),
+        // Not reached: `Inline` returned above.
         Policy::Inline => parallel::serially(run),
     })
 }

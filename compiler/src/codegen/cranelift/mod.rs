@@ -441,9 +441,11 @@ impl CraneliftKernel {
                 self.n_ints
             )));
         }
-        // A fault left by an earlier launch on this thread is not this launch's.
+        // A fault left by an earlier launch on this thread is not this launch's. The callback
+        // error needs no such clearing: a callback records it only on a failure, which makes
+        // the launch fail, and every failed launch takes it below (whatever its fault), so
+        // none outlives its launch; skipping it saves a thread-local lookup per call.
         helpers::take_fault();
-        callback::take_callback_error();
         // SAFETY: the entry function follows the CallFrame ABI; the frame has the expected
         // number of entries (checked above) and the caller guarantees (`launch`'s contract)
         // that the pointers address memory matching the buffers under these ints.
@@ -453,9 +455,10 @@ impl CraneliftKernel {
         }
         use rivet_runtime::Error as R;
         let name = &self.name;
+        let callback_error = callback::take_callback_error();
         Err(match helpers::take_fault() {
             // The callback's own error, unchanged (a Python exception stays that exception).
-            Some(helpers::Fault::Callback) => match callback::take_callback_error() {
+            Some(helpers::Fault::Callback) => match callback_error {
                 Some(e) => Error::Runtime(e),
                 None => Error::Internal(format!("{name}: a callback failed without an error")),
             },
