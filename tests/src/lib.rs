@@ -103,3 +103,16 @@ mod docs_book {
     #[doc = include_str!("../../docs/testing.md")]
     struct Testing;
 }
+
+/// Whether a pack of the defaulted schedule `s` is indexed by the product's rows (the default
+/// CPU schedule's row-by-row GEMM: an axis `<pack>.rows`, the batch axes flattened).
+pub fn packs_by_rows(s: &rivet_compiler::Schedule) -> bool {
+    s.stages.iter().any(|st| {
+        st.tensor.name().ends_with("_packed")
+            && st
+                .tensor
+                .axis()
+                .iter()
+                .any(|a| a.var.name.ends_with(".rows"))
+    })
+}

@@ -924,14 +924,7 @@ fn default_batched_gemm_row_by_row() {
     let by_rows = |g: &Gemm| {
         let mut s = Schedule::new(&g.program()[2..]).unwrap();
         apply_default_cpu(&mut s).unwrap();
-        s.stages.iter().any(|st| {
-            st.tensor.name().ends_with("_packed")
-                && st
-                    .tensor
-                    .axis()
-                    .iter()
-                    .any(|a| a.var.name.ends_with(".rows"))
-        })
+        rivet_tests::packs_by_rows(&s)
     };
     for (b_batched, m) in [(true, 17), (true, 24), (false, 24), (false, 17)] {
         for f64 in [false, true] {

@@ -277,25 +277,12 @@ fn packed(s: &Schedule) -> bool {
         .any(|st| st.tensor.name().ends_with(".A_packed"))
 }
 
-/// Whether a pack of the defaulted schedule is indexed by the product's rows
-/// (`packed_gemm::Rows`: an axis `<pack>.rows`, the batch axes flattened).
-fn by_rows(s: &Schedule) -> bool {
-    s.stages.iter().any(|st| {
-        st.tensor.name().ends_with("_packed")
-            && st
-                .tensor
-                .axis()
-                .iter()
-                .any(|a| a.var.name.ends_with(".rows"))
-    })
-}
-
 /// `check`, and whether the default ran the product row by row.
 fn check_rows(c: &Conv) -> bool {
     check(c);
     let mut s = Schedule::new(&c.program()[2..]).unwrap();
     apply_default_cpu(&mut s).unwrap();
-    by_rows(&s)
+    rivet_tests::packs_by_rows(&s)
 }
 
 fn check(c: &Conv) {
